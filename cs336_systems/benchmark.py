@@ -1,0 +1,126 @@
+"""python -m cs336_systems.benchmark: time one configuration and print a Markdown table.
+
+Example:
+    python -m cs336_systems.benchmark --model-size xl --context-length 512 \
+        --pass-type forward-backward --precision bf16 --output results/xl.csv
+"""
+
+from __future__ import annotations
+
+import sys
+
+from tabulate import tabulate
+
+from cs336_systems.cli import (
+    ATTENTION_KINDS,
+    PASS_TYPE_CHOICES,
+    PRECISIONS,
+    ArgumentParser,
+    add_execution_arguments,
+    add_shape_arguments,
+    fail,
+    model_config_from_args,
+    positive_int,
+)
+from cs336_systems.models import (
+    MODEL_SIZES,
+    ConfigError,
+    ModelFactoryError,
+    count_parameters_for,
+    load_model_factory,
+)
+from cs336_systems.results import ResultFileError, ResultSink, check_output_paths, render_markdown
+from cs336_systems.runner import BenchmarkConfig, DeviceError, resolve_device, run_benchmark
+
+PROG = "python -m cs336_systems.benchmark"
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    parser.add_argument("--model-size", default="small", help=f"one of {', '.join(MODEL_SIZES)} (default small)")
+    parser.add_argument("--context-length", type=positive_int, default=512)
+    parser.add_argument("--batch-size", type=positive_int, default=4)
+    parser.add_argument("--pass-type", choices=PASS_TYPE_CHOICES, default="forward-backward")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    parser.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
+    parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
+    parser.add_argument("--list-sizes", action="store_true", help="print the size table and exit")
+    add_shape_arguments(parser)
+    add_execution_arguments(parser)
+    return parser
+
+
+def size_table(args) -> str:
+    rows = []
+    for name in MODEL_SIZES:
+        config = model_config_from_args(args, name, args.context_length, args.attention)
+        params = count_parameters_for(config)
+        rows.append(
+            [
+                name,
+                config.d_model,
+                config.d_ff,
+                config.num_layers,
+                config.num_heads,
+                config.vocab_size,
+                params,
+                f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.1f}M",
+            ]
+        )
+    headers = ["size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "num_params", "approx"]
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def config_from_args(args) -> BenchmarkConfig:
+    model = model_config_from_args(args, args.model_size, args.context_length, args.attention)
+    if args.context_length > model.context_length:
+        raise ConfigError(
+            f"--context-length {args.context_length} is longer than the model supports "
+            f"(--max-context-length {model.context_length})"
+        )
+    return BenchmarkConfig(
+        model=model,
+        context_length=args.context_length,
+        batch_size=args.batch_size,
+        pass_type=args.pass_type,
+        precision=args.precision,
+        compile=args.compile,
+        device=args.device,
+        timer=args.timer,
+        warmup_steps=args.warmup_steps,
+        measure_steps=args.measure_steps,
+        seed=args.seed,
+        model_factory=args.model_factory,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.list_sizes:
+            print(size_table(args))
+            return 0
+        config = config_from_args(args)
+        device = resolve_device(config.device)
+        if config.timer == "cuda-event" and device.type != "cuda":
+            raise DeviceError("--timer cuda-event needs a CUDA device")
+        if config.model_factory:
+            load_model_factory(config.model_factory)
+        sink = ResultSink(check_output_paths(args.output))
+    except (ConfigError, DeviceError, ModelFactoryError, ResultFileError) as exc:
+        return fail(PROG, str(exc))
+
+    record = run_benchmark(config.replace(device=str(device)))
+    sink.write(record)
+    print(render_markdown([record.to_row()]))
+    for path in args.output:
+        print(f"wrote {path}", file=sys.stderr)
+    if record.status == "error":
+        print(f"{PROG}: error: {record.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

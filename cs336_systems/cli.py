@@ -1,0 +1,129 @@
+"""Argument definitions shared by every command, so each flag means the same everywhere.
+
+User errors end in one line on stderr and exit status 2 (never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cs336_systems.models import ATTENTION_KINDS, ModelConfig
+from cs336_systems.precision import PRECISIONS
+from cs336_systems.timing import TIMERS
+
+PASS_TYPE_CHOICES = ("forward", "forward-backward", "train-step")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line: 'prog: error: message'."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def fail(prog: str, message: str) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def positive_int(text: str) -> int:
+    value = _parse(int, text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _parse(int, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _parse(float, text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _parse(kind, text: str):
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
+        ) from None
+
+
+def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model shape (overrides on top of the named size)")
+    group.add_argument("--d-model", type=positive_int)
+    group.add_argument("--d-ff", type=positive_int)
+    group.add_argument("--num-layers", type=positive_int)
+    group.add_argument("--num-heads", type=positive_int)
+    group.add_argument("--vocab-size", type=positive_int)
+    group.add_argument("--rope-theta", type=positive_float)
+    group.add_argument(
+        "--max-context-length",
+        type=positive_int,
+        help="longest sequence the model supports (default: the benchmarked context length)",
+    )
+    group.add_argument(
+        "--model-factory",
+        metavar="package.module:callable",
+        help="benchmark your own model: called with vocab_size, context_length, d_model, num_layers, "
+        "num_heads, d_ff, rope_theta; must return an nn.Module mapping (B, T) int64 tokens to (B, T, V) logits",
+    )
+
+
+def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("execution")
+    group.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
+    group.add_argument("--warmup-steps", type=non_negative_int, default=5)
+    group.add_argument("--measure-steps", type=positive_int, default=10)
+    group.add_argument(
+        "--timer",
+        choices=TIMERS,
+        default="host",
+        help="host: synchronise + host clock around each step; cuda-event: CUDA event pair per step",
+    )
+    group.add_argument("--seed", type=int, default=0)
+    group.add_argument(
+        "--output",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="write results to PATH (.csv, .md or .jsonl; repeatable)",
+    )
+
+
+def model_config_from_args(args: argparse.Namespace, size: str, context_length: int, attention: str) -> ModelConfig:
+    """The model for one (size, context, attention) with the shape overrides applied."""
+    return ModelConfig.from_size(
+        size,
+        d_model=args.d_model,
+        d_ff=args.d_ff,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        vocab_size=args.vocab_size,
+        rope_theta=args.rope_theta,
+        context_length=args.max_context_length or context_length,
+        attention=attention,
+    )
+
+
+__all__ = [
+    "ATTENTION_KINDS",
+    "PASS_TYPE_CHOICES",
+    "PRECISIONS",
+    "ArgumentParser",
+    "add_execution_arguments",
+    "add_shape_arguments",
+    "fail",
+    "model_config_from_args",
+    "non_negative_int",
+    "positive_float",
+    "positive_int",
+]

@@ -1,0 +1,327 @@
+"""The CS336 Transformer LM, its table of named sizes, and loading a user's own model.
+
+Architecture (CS336 assignment 2): pre-norm blocks, RMSNorm computed in fp32,
+causal multi-head self-attention with RoPE, SwiGLU feed-forward, no biases,
+untied embedding and LM head, final RMSNorm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+ATTENTION_KINDS = ("naive", "sdpa")
+DEFAULT_VOCAB_SIZE = 10_000
+DEFAULT_ROPE_THETA = 10_000.0
+DEFAULT_CONTEXT_LENGTH = 512
+CUSTOM_SIZE_NAME = "custom"
+
+# The CS336 assignment 2 sizes; a size is a name looked up here and nowhere else.
+MODEL_SIZES: dict[str, dict[str, int]] = {
+    "small": dict(d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+    "medium": dict(d_model=1024, d_ff=4096, num_layers=24, num_heads=16),
+    "large": dict(d_model=1280, d_ff=5120, num_layers=36, num_heads=20),
+    "xl": dict(d_model=1600, d_ff=6400, num_layers=48, num_heads=25),
+    "2.7B": dict(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
+}
+
+
+class ConfigError(ValueError):
+    """A model shape or option the user asked for that cannot be built."""
+
+
+class ModelFactoryError(RuntimeError):
+    """A user's --model-factory that cannot be imported, called or used."""
+
+
+def canonical_size_name(name: str) -> str:
+    """Map a size name to its key in MODEL_SIZES, ignoring case ('XL' -> 'xl')."""
+    by_lower = {key.lower(): key for key in MODEL_SIZES}
+    try:
+        return by_lower[name.lower()]
+    except KeyError:
+        choices = ", ".join(MODEL_SIZES)
+        raise ConfigError(f"unknown model size {name!r}; choose one of: {choices}") from None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a Transformer LM. `context_length` is the longest sequence it supports."""
+
+    d_model: int
+    d_ff: int
+    num_layers: int
+    num_heads: int
+    vocab_size: int = DEFAULT_VOCAB_SIZE
+    context_length: int = DEFAULT_CONTEXT_LENGTH
+    rope_theta: float = DEFAULT_ROPE_THETA
+    attention: str = "sdpa"
+    size_name: str = CUSTOM_SIZE_NAME
+
+    @classmethod
+    def from_size(cls, size: str, **overrides) -> ModelConfig:
+        """A named size with optional overrides; the name becomes 'custom' if the shape changes."""
+        name = canonical_size_name(size)
+        shape = dict(MODEL_SIZES[name])
+        given = {key: value for key, value in overrides.items() if value is not None}
+        changed = any(given.get(key, shape[key]) != shape[key] for key in shape)
+        if given.get("vocab_size", DEFAULT_VOCAB_SIZE) != DEFAULT_VOCAB_SIZE:
+            changed = True
+        shape.update(given)
+        shape["size_name"] = CUSTOM_SIZE_NAME if changed else name
+        config = cls(**shape)
+        config.validate()
+        return config
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    def validate(self) -> None:
+        for field in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length"):
+            if getattr(self, field) <= 0:
+                raise ConfigError(f"{field} must be positive, got {getattr(self, field)}")
+        if self.rope_theta <= 0:
+            raise ConfigError(f"rope_theta must be positive, got {self.rope_theta}")
+        if self.d_model % self.num_heads:
+            raise ConfigError(f"d_model {self.d_model} is not divisible by num_heads {self.num_heads}")
+        if self.head_dim % 2:
+            raise ConfigError(f"RoPE needs an even head dimension, got d_model/num_heads = {self.head_dim}")
+        if self.attention not in ATTENTION_KINDS:
+            raise ConfigError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+
+    def factory_kwargs(self) -> dict:
+        """The keyword arguments a user's --model-factory callable receives."""
+        return dict(
+            vocab_size=self.vocab_size,
+            context_length=self.context_length,
+            d_model=self.d_model,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            d_ff=self.d_ff,
+            rope_theta=self.rope_theta,
+        )
+
+    def replace(self, **changes) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def formula_num_params(config: ModelConfig) -> int:
+    """P = 2*V*d + L*(4*d^2 + 3*d*d_ff + 2*d) + d  (REFERENCE.md section 1)."""
+    d, d_ff, V, L = config.d_model, config.d_ff, config.vocab_size, config.num_layers
+    return 2 * V * d + L * (4 * d * d + 3 * d * d_ff + 2 * d) + d
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d_model: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 whatever the activation dtype, as the handout does.
+        normed = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps)
+        return normed.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE in the rotate-half layout: the handout's interleaved pairs up to a fixed
+    permutation of the query/key features, with contiguous slices instead of strided ones."""
+
+    def __init__(self, head_dim: int, context_length: int, theta: float):
+        super().__init__()
+        inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        angles = torch.outer(torch.arange(context_length, dtype=torch.float32), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        seq_len = x.shape[-2]
+        cos = self.cos[:seq_len].to(x.dtype)
+        sin = self.sin[:seq_len].to(x.dtype)
+        first, second = x.chunk(2, dim=-1)
+        return x * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+def naive_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The handout's attention: explicit scores, causal mask, softmax, weighted sum."""
+    seq_len = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return probs.to(v.dtype) @ v
+
+
+def sdpa_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+ATTENTION_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "naive": naive_causal_attention,
+    "sdpa": sdpa_causal_attention,
+}
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        d = config.d_model
+        self.num_heads = config.num_heads
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, d, bias=False)
+        self.v_proj = nn.Linear(d, d, bias=False)
+        self.output_proj = nn.Linear(d, d, bias=False)
+        self.rope = RotaryEmbedding(config.head_dim, config.context_length, config.rope_theta)
+        self.attend = ATTENTION_FUNCTIONS[config.attention]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (
+            rearrange(proj(x), "b t (h d) -> b h t d", h=self.num_heads)
+            for proj in (self.q_proj, self.k_proj, self.v_proj)
+        )
+        out = self.attend(self.rope(q), self.rope(k), v)
+        return self.output_proj(rearrange(out, "b h t d -> b t (h d)"))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff, bias=False)
+        self.w2 = nn.Linear(d_ff, d_model, bias=False)
+        self.w3 = nn.Linear(d_model, d_ff, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.ln1 = RMSNorm(config.d_model)
+        self.attn = CausalSelfAttention(config)
+        self.ln2 = RMSNorm(config.d_model)
+        self.ffn = SwiGLU(config.d_model, config.d_ff)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.ffn(self.ln2(x))
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.token_embeddings = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.num_layers))
+        self.ln_final = RMSNorm(config.d_model)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        # The handout's initialisation: truncated normals at +-3 std.
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                std = math.sqrt(2.0 / (module.in_features + module.out_features))
+                nn.init.trunc_normal_(module.weight, std=std, a=-3 * std, b=3 * std)
+            elif isinstance(module, nn.Embedding):
+                nn.init.trunc_normal_(module.weight, std=1.0, a=-3.0, b=3.0)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.shape[-1] > self.config.context_length:
+            raise ValueError(
+                f"sequence length {tokens.shape[-1]} exceeds the model's context length {self.config.context_length}"
+            )
+        x = self.token_embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.ln_final(x))
+
+
+def load_model_factory(spec: str) -> Callable[..., nn.Module]:
+    """Resolve 'package.module:callable' (the callable may be a dotted attribute path)."""
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ModelFactoryError(f"--model-factory must look like package.module:callable, got {spec!r}")
+    try:
+        target = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module may fail in any way while importing
+        raise ModelFactoryError(f"cannot import {module_name!r} for --model-factory: {exc}") from exc
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ModelFactoryError(f"{module_name!r} has no attribute {attribute!r} (--model-factory {spec})")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ModelFactoryError(f"--model-factory {spec} is not callable")
+    return target
+
+
+def build_model(
+    config: ModelConfig,
+    device: torch.device | str,
+    model_factory: str | None = None,
+) -> nn.Module:
+    """Build the model directly on `device` (initialising 3B parameters on a GPU is fast)."""
+    with torch.device(device):
+        if model_factory is None:
+            return TransformerLM(config)
+        factory = load_model_factory(model_factory)
+        try:
+            model = factory(**config.factory_kwargs())
+        except (torch.OutOfMemoryError, MemoryError):
+            raise
+        except Exception as exc:
+            raise ModelFactoryError(f"--model-factory {model_factory} raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(model, nn.Module):
+        raise ModelFactoryError(
+            f"--model-factory {model_factory} returned {type(model).__name__}, expected a torch.nn.Module"
+        )
+    return model.to(device)
+
+
+def count_parameters_for(config: ModelConfig, model_factory: str | None = None) -> int | None:
+    """Parameter count without allocating: the model is built on the meta device.
+
+    Returns None for a user's model that cannot be built on the meta device.
+    """
+    if model_factory is None:
+        return count_parameters(build_model(config, "meta"))
+    try:
+        return count_parameters(build_model(config, "meta", model_factory))
+    except Exception:  # a user's model need not support the meta device
+        return None
+
+
+def check_model_output(model: nn.Module, config: ModelConfig, device: torch.device | str, label: str) -> None:
+    """One tiny forward pass: the model must map int64 (B, T) tokens to (B, T, V) logits."""
+    seq_len = min(8, config.context_length)
+    tokens = torch.randint(0, config.vocab_size, (2, seq_len), device=device)
+    try:
+        with torch.inference_mode():
+            out = model(tokens)
+    except (torch.OutOfMemoryError, MemoryError):
+        raise
+    except Exception as exc:
+        raise ModelFactoryError(f"{label} failed on int64 tokens of shape (2, {seq_len}): {exc}") from exc
+    expected = (2, seq_len, config.vocab_size)
+    if not isinstance(out, torch.Tensor):
+        raise ModelFactoryError(f"{label} returned {type(out).__name__}, expected a logits tensor of shape {expected}")
+    if tuple(out.shape) != expected or not out.is_floating_point():
+        raise ModelFactoryError(
+            f"{label} returned {out.dtype} logits of shape {tuple(out.shape)}, expected floating (B, T, V) = {expected}"
+        )

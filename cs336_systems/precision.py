@@ -1,0 +1,97 @@
+"""Numeric modes: fp32 / tf32 / bf16 / fp16 autocast, and what was really in effect.
+
+fp32  float32 matmuls at "highest" precision, cuDNN TF32 off: true IEEE fp32.
+tf32  float32 tensors, matmuls and convolutions on TF32 tensor cores ("high").
+bf16  torch.autocast to bfloat16 (fp32 weights and master copy), fp32 matmul "highest".
+fp16  torch.autocast to float16; backward passes go through a GradScaler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+MATMUL_PRECISION = {"fp32": "highest", "tf32": "high", "bf16": "highest", "fp16": "highest"}
+
+
+@dataclass(frozen=True)
+class PrecisionState:
+    """What was in effect while a configuration ran, read back from torch."""
+
+    precision: str
+    autocast_dtype: str | None
+    matmul_precision: str
+    cuda_matmul_allow_tf32: bool
+    cudnn_allow_tf32: bool
+    grad_scaler: bool
+
+
+def unsupported_reason(precision: str, device: torch.device) -> str | None:
+    """Why `precision` cannot run on `device`, or None if it can."""
+    if precision not in PRECISIONS:
+        return f"unknown precision {precision!r}"
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if precision in ("tf32", "bf16") and major < 8:
+            return f"{precision} needs an Ampere or newer GPU (compute capability 8.0+), this one is {major}.{minor}"
+    elif device.type == "cpu" and precision == "tf32":
+        return "TF32 is an NVIDIA tensor-core mode (Ampere+); CPUs have no TF32 matmul"
+    return None
+
+
+def cpu_has_native_bf16() -> bool:
+    is_supported = getattr(torch._C._cpu, "_is_avx512_bf16_supported", None)
+    amx = getattr(torch._C._cpu, "_is_amx_tile_supported", None)
+    return bool((is_supported and is_supported()) or (amx and amx()))
+
+
+def _current_flags() -> tuple[str, bool, bool]:
+    return (
+        torch.get_float32_matmul_precision(),
+        bool(torch.backends.cuda.matmul.allow_tf32),
+        bool(torch.backends.cudnn.allow_tf32),
+    )
+
+
+@contextlib.contextmanager
+def precision_mode(precision: str, device: torch.device) -> Iterator[PrecisionState]:
+    """Set the global float32 matmul flags for `precision`; restore them on exit.
+
+    Autocast itself is applied per step by `autocast`, so the step functions decide
+    what runs inside it (forward and loss) and what does not (backward, optimizer).
+    """
+    saved = _current_flags()
+    use_tf32 = precision == "tf32"
+    torch.set_float32_matmul_precision(MATMUL_PRECISION[precision])
+    torch.backends.cudnn.allow_tf32 = use_tf32
+    try:
+        matmul_precision, cuda_tf32, cudnn_tf32 = _current_flags()
+        dtype = AUTOCAST_DTYPES.get(precision)
+        yield PrecisionState(
+            precision=precision,
+            autocast_dtype=str(dtype).removeprefix("torch.") if dtype is not None else None,
+            matmul_precision=matmul_precision,
+            cuda_matmul_allow_tf32=cuda_tf32,
+            cudnn_allow_tf32=cudnn_tf32,
+            grad_scaler=precision == "fp16",
+        )
+    finally:
+        torch.set_float32_matmul_precision(saved[0])
+        torch.backends.cuda.matmul.allow_tf32 = saved[1]
+        torch.backends.cudnn.allow_tf32 = saved[2]
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    dtype = AUTOCAST_DTYPES.get(precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
+    return torch.amp.GradScaler(device.type) if precision == "fp16" else None

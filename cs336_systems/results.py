@@ -1,0 +1,413 @@
+"""The result record, the environment it ran in, and the CSV / Markdown / JSONL writers.
+
+Every row carries its full configuration and environment, so a number pasted into a
+write-up can be traced back to the machine, library versions, numeric flags and commit
+that produced it. CSV and JSONL files accumulate rows (each appended and flushed the
+moment it exists); a Markdown file is a rendering, rewritten after every row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import pandas as pd
+import torch
+from tabulate import tabulate
+
+from cs336_systems.stats import Summary, is_noisy
+
+STATUSES = ("ok", "oom", "error", "unsupported", "timeout")
+OUTPUT_SUFFIXES = (".csv", ".md", ".jsonl")
+GIT_COMMIT_ENV = "CS336_SYSTEMS_GIT_COMMIT"  # set where the harness runs from a copy without .git
+
+
+class ResultFileError(ValueError):
+    """An output path we cannot write to as asked (bad suffix, mismatched columns)."""
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Where a row was measured. Collected once per process and device."""
+
+    device_name: str
+    torch_version: str
+    cuda_version: str | None
+    cudnn_version: int | None
+    python_version: str
+    platform: str
+    cpu_name: str
+    num_threads: int
+    hostname: str
+    git_commit: str
+    git_dirty: bool | None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.cache
+def harness_commit() -> tuple[str, bool | None]:
+    """(commit, dirty) of the checkout this package runs from; 'unknown' outside git."""
+    if os.environ.get(GIT_COMMIT_ENV):
+        return os.environ[GIT_COMMIT_ENV], None
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return "unknown", None
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", None
+    return commit, bool(status.strip())
+
+
+def collect_environment(device: torch.device) -> Environment:
+    commit, dirty = harness_commit()
+    cpu_name = _cpu_name()
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name
+    return Environment(
+        device_name=device_name,
+        torch_version=torch.__version__,
+        cuda_version=torch.version.cuda,
+        cudnn_version=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        python_version=platform.python_version(),
+        platform=platform.platform(),
+        cpu_name=cpu_name,
+        num_threads=torch.get_num_threads(),
+        hostname=socket.gethostname(),
+        git_commit=commit,
+        git_dirty=dirty,
+    )
+
+
+def utc_timestamp() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class ResultRecord(Protocol):
+    def to_row(self) -> dict[str, object]:
+        """Flat scalar fields: one CSV / Markdown row."""
+        ...
+
+    def to_json(self) -> dict[str, object]:
+        """The row plus raw samples: one JSONL line."""
+        ...
+
+
+@dataclass
+class BenchmarkRecord:
+    """One configuration of `benchmark`: what was asked, what happened, where."""
+
+    # configuration
+    model_size: str
+    d_model: int
+    d_ff: int
+    num_layers: int
+    num_heads: int
+    vocab_size: int
+    rope_theta: float
+    model_context_length: int
+    attention: str
+    model_factory: str | None
+    num_params: int | None
+    context_length: int
+    batch_size: int
+    pass_type: str
+    precision: str
+    compile: bool
+    device: str
+    timer: str
+    warmup_steps: int
+    measure_steps: int
+    seed: int
+    # outcome
+    status: str
+    error: str | None = None
+    mean_ms: float | None = None
+    std_ms: float | None = None
+    cv_pct: float | None = None
+    median_ms: float | None = None
+    min_ms: float | None = None
+    max_ms: float | None = None
+    p10_ms: float | None = None
+    p90_ms: float | None = None
+    tokens_per_s: float | None = None
+    compile_s: float | None = None
+    notes: str | None = None
+    # numeric mode really in effect (read back from torch while the configuration ran)
+    autocast_dtype: str | None = None
+    matmul_precision: str | None = None
+    cuda_matmul_allow_tf32: bool | None = None
+    cudnn_allow_tf32: bool | None = None
+    grad_scaler: bool | None = None
+    timestamp: str = field(default_factory=utc_timestamp)
+    environment: Environment | None = None
+    # raw samples, written to JSONL only
+    step_ms: list[float] = field(default_factory=list)
+    warmup_step_ms: list[float] = field(default_factory=list)
+
+    def add_summary(self, summary: Summary) -> None:
+        for name, value in summary.as_dict(suffix="_ms").items():
+            setattr(self, name, value)
+
+    def to_row(self) -> dict[str, object]:
+        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _NOT_IN_ROW}
+        row.update(dataclasses.asdict(self.environment) if self.environment else dict.fromkeys(ENVIRONMENT_FIELDS))
+        return row
+
+    def to_json(self) -> dict[str, object]:
+        return {**self.to_row(), "step_ms": list(self.step_ms), "warmup_step_ms": list(self.warmup_step_ms)}
+
+
+_NOT_IN_ROW = {"environment", "step_ms", "warmup_step_ms"}
+ENVIRONMENT_FIELDS = tuple(f.name for f in dataclasses.fields(Environment))
+BENCHMARK_FIELDS = (
+    tuple(f.name for f in dataclasses.fields(BenchmarkRecord) if f.name not in _NOT_IN_ROW) + ENVIRONMENT_FIELDS
+)
+
+
+# -- Markdown rendering -------------------------------------------------------------
+
+# Columns of the human-readable table; headers are the record's field names so the
+# table parses back (read_markdown).
+MARKDOWN_COLUMNS = (
+    "model_size",
+    "num_params",
+    "context_length",
+    "batch_size",
+    "pass_type",
+    "precision",
+    "compile",
+    "attention",
+    "device",
+    "status",
+    "mean_ms",
+    "std_ms",
+    "cv_pct",
+    "median_ms",
+    "p10_ms",
+    "p90_ms",
+    "tokens_per_s",
+    "compile_s",
+)
+MARKDOWN_ENVIRONMENT = (
+    "device_name",
+    "torch_version",
+    "cuda_version",
+    "cudnn_version",
+    "matmul_precision",
+    "cuda_matmul_allow_tf32",
+    "cudnn_allow_tf32",
+    "num_threads",
+    "cpu_name",
+    "hostname",
+    "git_commit",
+    "git_dirty",
+)
+_DECIMALS = {"tokens_per_s": 1, "cv_pct": 1, "compile_s": 2}
+
+
+def _is_missing(value: object) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
+
+
+def format_cell(name: str, value: object) -> str:
+    if _is_missing(value):
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.{_DECIMALS.get(name, 3)}f}"
+    return str(value)
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[str] = MARKDOWN_COLUMNS) -> str:
+    body = [[format_cell(c, row.get(c)) for c in columns] for row in rows]
+    return tabulate(body, headers=list(columns), tablefmt="github", disable_numparse=True)
+
+
+def row_warnings(row: dict) -> list[str]:
+    """Lines a reader must see below the table: noise, failures, caveats."""
+    label = f"{row.get('model_size')} ctx={row.get('context_length')} {row.get('pass_type')} {row.get('precision')}"
+    lines = []
+    if row.get("status") not in (None, "ok"):
+        lines.append(f"{label}: status {row['status']}: {row.get('error') or ''}".rstrip(": "))
+    if is_noisy(None if _is_missing(row.get("cv_pct")) else float(row["cv_pct"])):
+        lines.append(f"{label}: WARNING high variance, CV {float(row['cv_pct']):.1f}% > 10%; treat the mean with care")
+    if not _is_missing(row.get("notes")) and row.get("notes"):
+        lines.append(f"{label}: note: {row['notes']}")
+    return lines
+
+
+def environment_lines(rows: Sequence[dict]) -> list[str]:
+    lines = []
+    for name in MARKDOWN_ENVIRONMENT:
+        values = sorted({format_cell(name, row.get(name)) for row in rows} - {""})
+        if values:
+            lines.append(f"- {name}: {', '.join(values)}")
+    return lines
+
+
+def render_markdown(rows: Sequence[dict], title: str = "cs336-systems benchmark results") -> str:
+    parts = [f"# {title}", "", markdown_table(rows), ""]
+    warnings = [line for row in rows for line in row_warnings(row)]
+    if warnings:
+        parts += ["Notes:", "", *(f"- {line}" for line in warnings), ""]
+    env = environment_lines(rows)
+    if env:
+        parts += ["Environment:", "", *env, ""]
+    parts.append("std is the sample standard deviation (ddof=1); cv_pct = 100*std/mean; p10/p90 interpolate linearly.")
+    return "\n".join(parts) + "\n"
+
+
+# -- writers ------------------------------------------------------------------------
+
+
+class CsvWriter:
+    """Appends rows; writes the header only to a new file; refuses a file with other columns."""
+
+    def __init__(self, path: Path, fields: Sequence[str]):
+        self.path, self.fields = path, list(fields)
+        existing = _read_csv_header(path)
+        if existing is not None and existing != self.fields:
+            raise ResultFileError(f"{path} already holds results with different columns; write to a new file")
+        self._needs_header = existing is None
+
+    def write(self, record: ResultRecord) -> None:
+        row = record.to_row()
+        frame = pd.DataFrame([[row.get(name) for name in self.fields]], columns=self.fields)
+        with self.path.open("a", newline="") as handle:
+            frame.to_csv(handle, header=self._needs_header, index=False)
+            handle.flush()
+        self._needs_header = False
+
+
+def _read_csv_header(path: Path) -> list[str] | None:
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    with path.open(newline="") as handle:
+        return pd.read_csv(handle, nrows=0).columns.tolist()
+
+
+class JsonlWriter:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def write(self, record: ResultRecord) -> None:
+        line = json.dumps(record.to_json(), default=str, allow_nan=True)
+        with self.path.open("a") as handle:
+            handle.write(line + "\n")
+            handle.flush()
+
+
+class MarkdownWriter:
+    """Re-renders the whole document after each row, atomically (temp file + rename)."""
+
+    def __init__(self, path: Path, render: Callable[[Sequence[dict]], str], rows: Iterable[dict] = ()):
+        self.path, self.render, self.rows = path, render, list(rows)
+
+    def write(self, record: ResultRecord) -> None:
+        self.rows.append(record.to_row())
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        temporary.write_text(self.render(self.rows))
+        os.replace(temporary, self.path)
+
+
+def check_output_paths(paths: Iterable[str | Path]) -> list[Path]:
+    """Validate suffixes and parent directories before any work starts."""
+    checked = []
+    for raw in paths:
+        path = Path(raw)
+        if path.suffix not in OUTPUT_SUFFIXES:
+            raise ResultFileError(f"--output {raw}: unknown suffix, use one of {', '.join(OUTPUT_SUFFIXES)}")
+        if path.parent and not path.parent.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+        checked.append(path)
+    return checked
+
+
+class ResultSink:
+    """Sends each finished record to every output file at once."""
+
+    def __init__(
+        self,
+        paths: Iterable[str | Path],
+        fields: Sequence[str] = BENCHMARK_FIELDS,
+        render: Callable[[Sequence[dict]], str] = render_markdown,
+        previous_rows: Iterable[dict] = (),
+    ):
+        self.writers = []
+        for path in check_output_paths(paths):
+            if path.suffix == ".csv":
+                self.writers.append(CsvWriter(path, fields))
+            elif path.suffix == ".jsonl":
+                self.writers.append(JsonlWriter(path))
+            else:
+                self.writers.append(MarkdownWriter(path, render, previous_rows))
+
+    def write(self, record: ResultRecord) -> None:
+        for writer in self.writers:
+            writer.write(record)
+
+
+# -- readers ------------------------------------------------------------------------
+
+
+def read_markdown(path: str | Path) -> pd.DataFrame:
+    """The first pipe table of a Markdown file, with numbers parsed back."""
+    lines = [line.strip() for line in Path(path).read_text().splitlines()]
+    table = []
+    for line in lines:
+        if line.startswith("|"):
+            table.append(line)
+        elif table:
+            break
+    if len(table) < 2:
+        return pd.DataFrame()
+    split = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
+    header, body = split[0], split[2:]
+    frame = pd.DataFrame(body, columns=header).replace("", None)
+    for column in frame.columns:
+        converted = pd.to_numeric(frame[column], errors="coerce")
+        if converted.notna().sum() == frame[column].notna().sum():
+            frame[column] = converted
+    return frame
+
+
+def read_results(path: str | Path) -> pd.DataFrame:
+    """Rows of a .csv, .jsonl or .md result file as a DataFrame."""
+    path = Path(path)
+    if path.suffix == ".csv":
+        return pd.read_csv(path)
+    if path.suffix == ".jsonl":
+        return pd.read_json(path, lines=True, dtype=False)
+    if path.suffix == ".md":
+        return read_markdown(path)
+    raise ResultFileError(f"{path}: unknown suffix, expected one of {', '.join(OUTPUT_SUFFIXES)}")

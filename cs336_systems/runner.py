@@ -1,0 +1,284 @@
+"""Run one benchmark configuration: build, step, time, record.
+
+Flow: BenchmarkConfig -> model -> step function -> time_steps -> BenchmarkRecord.
+Out-of-memory anywhere (building, first step, measured steps) is a result with
+status 'oom', never a crash; the memory is released so a sweep can go on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cs336_systems.models import (
+    ModelConfig,
+    ModelFactoryError,
+    build_model,
+    check_model_output,
+    count_parameters,
+    count_parameters_for,
+)
+from cs336_systems.precision import (
+    autocast,
+    cpu_has_native_bf16,
+    grad_scaler,
+    precision_mode,
+    unsupported_reason,
+)
+from cs336_systems.results import BenchmarkRecord, Environment, collect_environment
+from cs336_systems.stats import summarize
+from cs336_systems.timing import HostTimer, device_synchronizer, make_timer, time_steps
+
+PASS_TYPES = ("forward", "forward-backward", "train-step")
+OOM_MESSAGE_MARKERS = ("out of memory", "can't allocate memory", "defaultcpuallocator")
+OPTIMIZER_STATE_NOTE = "first measured step includes creating the AdamW state (no warmup step ran before it)"
+
+
+class DeviceError(ValueError):
+    """A device the user asked for that this machine does not have."""
+
+
+@dataclass(frozen=True)
+class BenchmarkConfig:
+    model: ModelConfig
+    context_length: int = 512
+    batch_size: int = 4
+    pass_type: str = "forward-backward"
+    precision: str = "fp32"
+    compile: bool = False
+    device: str = "cpu"
+    timer: str = "host"
+    warmup_steps: int = 5
+    measure_steps: int = 10
+    seed: int = 0
+    model_factory: str | None = None
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.context_length
+
+    def replace(self, **changes) -> BenchmarkConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' is CUDA when present, else CPU. Asking for CUDA without it is a user error."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise DeviceError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"--device {name}: CUDA is not available on this machine")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise DeviceError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) present")
+        device = torch.device("cuda", index)
+    elif device.type != "cpu":
+        raise DeviceError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N")
+    return device
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MESSAGE_MARKERS)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def release_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def compile_unsupported_reason(device: torch.device) -> str | None:
+    if not torch._dynamo.is_dynamo_supported():
+        return "torch.compile is not supported on this Python/platform"
+    if device.type == "cpu" and not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
+        return "torch.compile on CPU needs a C++ compiler (g++ or clang++) on PATH"
+    return None
+
+
+def make_optimizer(model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    # Fused AdamW: one kernel for all parameters instead of several per tensor.
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type in ("cuda", "cpu"))
+
+
+def make_step(
+    config: BenchmarkConfig,
+    model: nn.Module,
+    device: torch.device,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> Callable[[], None]:
+    """The function one timed step calls. Each training step starts by setting grads to None."""
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+    shape = (config.batch_size, config.context_length)
+    vocab = config.model.vocab_size
+    tokens = torch.randint(0, vocab, shape, device=device, generator=generator)
+    targets = torch.randint(0, vocab, shape, device=device, generator=generator)
+    scaler = grad_scaler(config.precision, device)
+
+    def forward() -> None:
+        with torch.inference_mode(), autocast(config.precision, device):
+            model(tokens)
+
+    def backward() -> None:
+        with autocast(config.precision, device):
+            logits = model(tokens)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        (scaler.scale(loss) if scaler else loss).backward()
+
+    def forward_backward() -> None:
+        model.zero_grad(set_to_none=True)
+        backward()
+
+    def train_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        backward()
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+
+    if config.pass_type == "forward":
+        return forward
+    if config.pass_type == "forward-backward":
+        return forward_backward
+    if config.pass_type == "train-step":
+        if optimizer is None:
+            raise ValueError("train-step needs an optimizer")
+        return train_step
+    raise ValueError(f"unknown pass type {config.pass_type!r}; choose one of {PASS_TYPES}")
+
+
+def _record_for(
+    config: BenchmarkConfig, device: torch.device, env: Environment, num_params: int | None
+) -> BenchmarkRecord:
+    m = config.model
+    return BenchmarkRecord(
+        model_size=m.size_name,
+        d_model=m.d_model,
+        d_ff=m.d_ff,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        vocab_size=m.vocab_size,
+        rope_theta=m.rope_theta,
+        model_context_length=m.context_length,
+        attention=m.attention,
+        model_factory=config.model_factory,
+        num_params=num_params,
+        context_length=config.context_length,
+        batch_size=config.batch_size,
+        pass_type=config.pass_type,
+        precision=config.precision,
+        compile=config.compile,
+        device=str(device),
+        timer=config.timer,
+        warmup_steps=config.warmup_steps,
+        measure_steps=config.measure_steps,
+        seed=config.seed,
+        status="ok",
+        environment=env,
+    )
+
+
+def run_benchmark(
+    config: BenchmarkConfig,
+    *,
+    model: nn.Module | None = None,
+    environment: Environment | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> BenchmarkRecord:
+    """Measure one configuration. Pass `model` to reuse one already built (sweeps)."""
+    device = resolve_device(config.device)
+    env = environment or collect_environment(device)
+    num_params = (
+        count_parameters(model) if model is not None else count_parameters_for(config.model, config.model_factory)
+    )
+    record = _record_for(config, device, env, num_params)
+    notes = []
+
+    reason = unsupported_reason(config.precision, device)
+    if reason is None and config.compile:
+        reason = compile_unsupported_reason(device)
+    if reason is not None:
+        record.status, record.error = "unsupported", reason
+        return record
+    if config.precision == "bf16" and device.type == "cpu" and not cpu_has_native_bf16():
+        notes.append("this CPU has no native bf16: bf16 is emulated and far slower than fp32")
+
+    owns_model = model is None
+    optimizer = None
+    failure: tuple[str, str] | None = None
+    with precision_mode(config.precision, device) as state:
+        record.autocast_dtype = state.autocast_dtype
+        record.matmul_precision = state.matmul_precision
+        record.cuda_matmul_allow_tf32 = state.cuda_matmul_allow_tf32
+        record.cudnn_allow_tf32 = state.cudnn_allow_tf32
+        record.grad_scaler = state.grad_scaler
+        try:
+            torch.manual_seed(config.seed)
+            if model is None:
+                model = build_model(config.model, device, config.model_factory)
+                if config.model_factory:
+                    check_model_output(model, config.model, device, f"--model-factory {config.model_factory}")
+            record.num_params = count_parameters(model)
+            model.train(config.pass_type != "forward")
+            if config.pass_type == "train-step":
+                optimizer = make_optimizer(model, device)
+            runnable = model
+            if config.compile:
+                torch._dynamo.reset()  # a fresh compile per configuration, so compile_s is comparable
+                runnable = torch.compile(model)
+            step = make_step(config, runnable, device, optimizer)
+            if config.compile:
+                record.compile_s = HostTimer(clock, device_synchronizer(device)).time_ms(step) / 1e3
+            elif config.pass_type == "train-step" and config.warmup_steps == 0:
+                notes.append(OPTIMIZER_STATE_NOTE)
+            times = time_steps(
+                step,
+                warmup_steps=config.warmup_steps,
+                measure_steps=config.measure_steps,
+                timer=make_timer(config.timer, device, clock),
+            )
+        except ModelFactoryError as exc:
+            failure = ("error", str(exc))
+        except Exception as exc:  # any failure is a row; OOM is told apart from the rest
+            failure = (
+                ("oom", first_line(exc))
+                if is_out_of_memory(exc)
+                else ("error", f"{type(exc).__name__}: {first_line(exc)}")
+            )
+        finally:
+            if model is not None:
+                model.zero_grad(set_to_none=True)
+            del optimizer
+            if owns_model:
+                model = None
+            step = runnable = None
+            release_memory(device)
+
+    if failure is not None:
+        record.status, record.error = failure
+    else:
+        record.step_ms, record.warmup_step_ms = list(times.measured_ms), list(times.warmup_ms)
+        record.add_summary(summarize(times.measured_ms))
+        record.tokens_per_s = config.tokens_per_step / (record.mean_ms / 1e3)
+    record.notes = "; ".join(notes) or None
+    return record

@@ -1,0 +1,109 @@
+import subprocess
+
+import pandas as pd
+import pytest
+
+from cs336_systems import benchmark
+from tests.conftest import PYTHON, child_env
+
+TINY = [
+    "--d-model",
+    "32",
+    "--d-ff",
+    "64",
+    "--num-layers",
+    "2",
+    "--num-heads",
+    "2",
+    "--vocab-size",
+    "97",
+    "--context-length",
+    "16",
+    "--batch-size",
+    "2",
+    "--warmup-steps",
+    "1",
+    "--measure-steps",
+    "2",
+    "--device",
+    "cpu",
+]
+
+
+def run_cli(capsys, *args):
+    try:
+        code = benchmark.main(list(args))
+    except SystemExit as exc:  # argparse exits on usage errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model-size", "huge"], "unknown model size 'huge'"),
+        (["--batch-size", "0"], "must be a positive integer"),
+        (["--context-length", "-5"], "must be a positive integer"),
+        (["--warmup-steps", "-1"], "must be zero or more"),
+        (["--measure-steps", "x"], "expected an integer"),
+        (["--precision", "fp8"], "invalid choice"),
+        (["--context-length", "64", "--max-context-length", "32"], "longer than the model supports"),
+        (["--num-heads", "7"], "not divisible"),
+        (["--output", "out.xlsx"], "unknown suffix"),
+        (["--model-factory", "nonexistent_pkg_xyz:make"], "cannot import 'nonexistent_pkg_xyz'"),
+        (["--device", "tpu"], "unknown device 'tpu': use auto, cpu, cuda or cuda:N"),
+        (["--device", "meta"], "unknown device 'meta'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
+    code, out, err = run_cli(capsys, *args)
+    assert code == 2
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+    assert err.startswith("python -m cs336_systems.benchmark: error:")
+
+
+def test_cuda_without_cuda_exits_2(capsys, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    code, _, err = run_cli(capsys, "--device", "cuda")
+    assert code == 2 and "CUDA is not available" in err
+    code, _, err = run_cli(capsys, "--device", "cpu", "--timer", "cuda-event")
+    assert code == 2 and "cuda-event needs a CUDA device" in err
+
+
+def test_list_sizes_prints_exact_counts(capsys):
+    code, out, _ = run_cli(capsys, "--list-sizes")
+    assert code == 0
+    for count in ("128625408", "423183360", "969411840", "1998235200", "3406809600"):
+        assert count in out
+
+
+def test_run_prints_table_and_writes_every_format(capsys, tmp_path):
+    outputs = [tmp_path / "r.csv", tmp_path / "r.md", tmp_path / "r.jsonl"]
+    code, out, err = run_cli(capsys, *TINY, *sum((["--output", str(p)] for p in outputs), []))
+    assert code == 0, err
+    assert out.startswith("# cs336-systems benchmark results") and "| custom " in out
+    assert all(p.exists() for p in outputs)
+    frame = pd.read_csv(outputs[0])
+    assert frame.loc[0, "status"] == "ok" and frame.loc[0, "d_model"] == 32
+
+
+def test_wrong_user_model_output_is_one_line(capsys, tmp_path, fixtures_on_path):
+    code, out, err = run_cli(capsys, *TINY, "--model-factory", "user_models:wrong_shape")
+    assert code == 1
+    assert err.strip().count("\n") == 0 and "expected floating (B, T, V)" in err and "Traceback" not in err
+
+
+def test_module_entry_point_in_a_child_process(tmp_path):
+    result = subprocess.run(
+        [PYTHON, "-m", "cs336_systems.benchmark", "--model-size", "nope"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "python -m cs336_systems.benchmark: error: unknown model size 'nope'; "
+        "choose one of: small, medium, large, xl, 2.7B"
+    )

@@ -1,0 +1,66 @@
+import pytest
+import torch
+
+from cs336_systems.precision import autocast, grad_scaler, precision_mode, unsupported_reason
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("precision", "matmul", "tf32", "dtype"),
+    [
+        ("fp32", "highest", False, None),
+        ("tf32", "high", True, None),
+        ("bf16", "highest", False, "bfloat16"),
+        ("fp16", "highest", False, "float16"),
+    ],
+)
+def test_precision_mode_sets_and_restores_flags(precision, matmul, tf32, dtype):
+    before = (
+        torch.get_float32_matmul_precision(),
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+    )
+    with precision_mode(precision, CPU) as state:
+        assert torch.get_float32_matmul_precision() == matmul
+        assert torch.backends.cuda.matmul.allow_tf32 is tf32
+        assert torch.backends.cudnn.allow_tf32 is tf32
+        assert (state.matmul_precision, state.cuda_matmul_allow_tf32, state.cudnn_allow_tf32) == (matmul, tf32, tf32)
+        assert state.autocast_dtype == dtype
+        assert state.grad_scaler is (precision == "fp16")
+    after = (
+        torch.get_float32_matmul_precision(),
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+    )
+    assert after == before
+
+
+def test_flags_restored_after_an_exception():
+    before = torch.get_float32_matmul_precision()
+    with pytest.raises(RuntimeError), precision_mode("tf32", CPU):
+        raise RuntimeError("boom")
+    assert torch.get_float32_matmul_precision() == before
+
+
+def test_autocast_contexts():
+    layer = torch.nn.Linear(4, 4)
+    with autocast("bf16", CPU):
+        assert layer(torch.randn(2, 4)).dtype == torch.bfloat16
+    with autocast("fp32", CPU):
+        assert layer(torch.randn(2, 4)).dtype == torch.float32
+    assert grad_scaler("fp16", CPU) is not None and grad_scaler("bf16", CPU) is None
+
+
+def test_unsupported_combinations():
+    assert "TF32" in unsupported_reason("tf32", CPU)
+    assert unsupported_reason("fp32", CPU) is None
+    assert unsupported_reason("bf16", CPU) is None
+
+
+def test_old_gpu_cannot_do_bf16_or_tf32(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    gpu = torch.device("cuda", 0)
+    assert "compute capability 8.0" in unsupported_reason("bf16", gpu)
+    assert "compute capability 8.0" in unsupported_reason("tf32", gpu)
+    assert unsupported_reason("fp16", gpu) is None

@@ -1,0 +1,146 @@
+import math
+
+import pytest
+import torch
+
+from cs336_systems import runner
+from cs336_systems.precision import cpu_has_native_bf16
+from cs336_systems.runner import OPTIMIZER_STATE_NOTE, PASS_TYPES, is_out_of_memory, run_benchmark
+from tests.conftest import tiny_benchmark_config
+
+
+@pytest.mark.parametrize("pass_type", PASS_TYPES)
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_every_pass_type_and_cpu_precision_runs(pass_type, precision):
+    record = run_benchmark(tiny_benchmark_config(pass_type=pass_type, precision=precision))
+    assert record.status == "ok", record.error
+    assert len(record.step_ms) == 3 and len(record.warmup_step_ms) == 1
+    assert record.mean_ms > 0 and record.min_ms <= record.median_ms <= record.max_ms
+    assert record.tokens_per_s == pytest.approx(2 * 16 / (record.mean_ms / 1e3))
+    assert record.num_params > 0
+    assert record.autocast_dtype == {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}[precision]
+    assert record.grad_scaler is (precision == "fp16")
+    assert record.matmul_precision == "highest" and record.cuda_matmul_allow_tf32 is False
+
+
+def test_tf32_is_unsupported_on_cpu():
+    record = run_benchmark(tiny_benchmark_config(precision="tf32"))
+    assert record.status == "unsupported" and "TF32" in record.error
+    assert record.mean_ms is None
+
+
+def test_bf16_on_cpu_without_native_support_is_noted():
+    record = run_benchmark(tiny_benchmark_config(precision="bf16", pass_type="forward"))
+    assert ("no native bf16" in (record.notes or "")) is not cpu_has_native_bf16()
+
+
+def test_forward_runs_without_autograd(monkeypatch):
+    seen = []
+    original = runner.make_step
+
+    def spying_make_step(config, model, device, optimizer=None):
+        model.register_forward_hook(lambda module, args, out: seen.append((torch.is_grad_enabled(), out.requires_grad)))
+        return original(config, model, device, optimizer)
+
+    monkeypatch.setattr(runner, "make_step", spying_make_step)
+    run_benchmark(tiny_benchmark_config(pass_type="forward"))
+    assert seen and all(not grad and not requires for grad, requires in seen)
+
+
+def test_train_step_actually_updates_weights():
+    config = tiny_benchmark_config(pass_type="train-step")
+    model = runner.build_model(config.model, "cpu")
+    before = [p.detach().clone() for p in model.parameters()]
+    record = run_benchmark(config, model=model)
+    assert record.status == "ok"
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(p.grad is None for p in model.parameters())  # released after the run
+
+
+def test_zero_warmup_train_step_says_optimizer_state_is_included():
+    record = run_benchmark(tiny_benchmark_config(pass_type="train-step", warmup_steps=0))
+    assert OPTIMIZER_STATE_NOTE in record.notes
+    assert run_benchmark(tiny_benchmark_config(pass_type="train-step", warmup_steps=1)).notes is None
+
+
+def test_seed_makes_inputs_reproducible():
+    config = tiny_benchmark_config(pass_type="forward")
+    model = runner.build_model(config.model, "cpu")
+    outputs = []
+    model.register_forward_hook(lambda module, args, out: outputs.append(args[0].clone()))
+    run_benchmark(config, model=model)
+    run_benchmark(config, model=model)
+    assert torch.equal(outputs[0], outputs[-1])
+
+
+def test_injected_oom_during_step_is_a_result(monkeypatch):
+    def exploding_make_step(*args, **kwargs):
+        def step():
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore detail")
+
+        return step
+
+    monkeypatch.setattr(runner, "make_step", exploding_make_step)
+    record = run_benchmark(tiny_benchmark_config())
+    assert record.status == "oom"
+    assert record.error == "CUDA out of memory. Tried to allocate 20.00 GiB"
+    assert math.isnan(record.mean_ms or math.nan)
+
+
+def test_injected_cpu_allocator_failure_while_building(monkeypatch):
+    def failing_build(*args, **kwargs):
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 123 bytes"
+        )
+
+    monkeypatch.setattr(runner, "build_model", failing_build)
+    record = run_benchmark(tiny_benchmark_config())
+    assert record.status == "oom" and "can't allocate memory" in record.error
+    assert record.num_params is not None  # counted on the meta device before building
+    # the process carries on: the next configuration still runs
+    monkeypatch.undo()
+    assert run_benchmark(tiny_benchmark_config()).status == "ok"
+
+
+def test_other_failures_are_errors(monkeypatch):
+    monkeypatch.setattr(runner, "make_step", lambda *a, **k: (_ for _ in ()).throw(KeyError("surprise")))
+    record = run_benchmark(tiny_benchmark_config())
+    assert record.status == "error" and record.error.startswith("KeyError")
+
+
+@pytest.mark.parametrize(
+    ("exc", "is_oom"),
+    [
+        (MemoryError(), True),
+        (torch.OutOfMemoryError("x"), True),
+        (RuntimeError("CUDA error: out of memory"), True),
+        (RuntimeError("shape mismatch"), False),
+        (ValueError("can't allocate memory"), False),
+    ],
+)
+def test_oom_classification(exc, is_oom):
+    assert is_out_of_memory(exc) is is_oom
+
+
+def test_user_model_factory_end_to_end(fixtures_on_path):
+    record = run_benchmark(tiny_benchmark_config(model_factory="user_models:make_model", pass_type="train-step"))
+    assert record.status == "ok", record.error
+    assert record.model_factory == "user_models:make_model"
+    assert record.num_params == 97 * 32 + 32 * 97 + 97
+
+
+def test_user_model_with_wrong_output_is_an_error_row(fixtures_on_path):
+    record = run_benchmark(tiny_benchmark_config(model_factory="user_models:wrong_shape"))
+    assert record.status == "error"
+    assert "expected floating (B, T, V)" in record.error
+
+
+@pytest.mark.slow
+def test_compile_measures_compile_time_apart():
+    if runner.compile_unsupported_reason(torch.device("cpu")):
+        pytest.skip("torch.compile unavailable here")
+    record = run_benchmark(tiny_benchmark_config(compile=True, pass_type="forward", warmup_steps=1, measure_steps=2))
+    assert record.status == "ok", record.error
+    assert record.compile_s > 0
+    # the compile call is not among the measured steps
+    assert record.compile_s * 1e3 > 5 * record.max_ms

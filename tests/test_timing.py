@@ -1,0 +1,102 @@
+import pytest
+import torch
+
+from cs336_systems.timing import CudaEventTimer, HostTimer, device_synchronizer, make_timer, time_steps
+
+
+class FakeClock:
+    """Advances only when the fake step runs, by a scripted duration."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.reads = 0
+
+    def __call__(self):
+        self.reads += 1
+        return self.now
+
+
+def test_loop_excludes_warmup_and_times_each_step():
+    clock = FakeClock()
+    durations = iter([0.5, 0.4, 0.010, 0.020, 0.030])  # two warmup steps, three measured (seconds)
+    events = []
+
+    def step():
+        events.append("step")
+        clock.now += next(durations)
+
+    def synchronize():
+        events.append("sync")
+
+    times = time_steps(step, warmup_steps=2, measure_steps=3, timer=HostTimer(clock, synchronize))
+    assert times.warmup_ms == pytest.approx((500.0, 400.0))
+    assert times.measured_ms == pytest.approx((10.0, 20.0, 30.0))
+    # synchronize before starting the clock and before reading it, around every step
+    assert events == ["sync", "step", "sync"] * 5
+    assert clock.reads == 10
+
+
+def test_synchronize_is_inside_the_clock_window():
+    """Work still queued on the device at the end of a step must be counted."""
+    clock = FakeClock()
+
+    def step():
+        clock.now += 0.001  # host-side launch only
+
+    def synchronize():
+        clock.now += 0.002  # device drains its queue: happens after the clock started
+
+    times = time_steps(step, warmup_steps=0, measure_steps=1, timer=HostTimer(clock, synchronize))
+    # first sync (before start) is excluded; the one before reading is included
+    assert times.measured_ms == pytest.approx((3.0,))
+
+
+def test_fake_cuda_device_synchronizes(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    sync = device_synchronizer(torch.device("cuda", 0))
+    timer = HostTimer(FakeClock(), sync)
+    time_steps(lambda: None, warmup_steps=1, measure_steps=4, timer=timer)
+    assert len(calls) == 2 * 5
+    assert device_synchronizer(torch.device("cpu"))() is None
+
+
+class FakeEvent:
+    log = []
+
+    def __init__(self):
+        self.time = None
+
+    def record(self):
+        FakeEvent.log.append("record")
+        self.time = FakeEvent.now
+
+    def synchronize(self):
+        FakeEvent.log.append("wait")
+
+    def elapsed_time(self, end):
+        return end.time - self.time
+
+
+def test_cuda_event_timer_records_a_pair_per_step():
+    FakeEvent.log, FakeEvent.now = [], 0.0
+    durations = iter([5.0, 7.0, 9.0])
+
+    def step():
+        FakeEvent.now += next(durations)
+
+    times = time_steps(step, warmup_steps=1, measure_steps=2, timer=CudaEventTimer(FakeEvent))
+    assert times.measured_ms == (7.0, 9.0)
+    assert FakeEvent.log == ["record", "record", "wait"] * 3
+
+
+def test_bad_step_counts_rejected():
+    with pytest.raises(ValueError):
+        time_steps(lambda: None, warmup_steps=0, measure_steps=0, timer=HostTimer())
+    with pytest.raises(ValueError):
+        time_steps(lambda: None, warmup_steps=-1, measure_steps=1, timer=HostTimer())
+
+
+def test_cuda_event_timer_refused_on_cpu():
+    with pytest.raises(ValueError, match="CUDA"):
+        make_timer("cuda-event", torch.device("cpu"))
