@@ -121,11 +121,46 @@ class ResultRecord(Protocol):
         ...
 
 
+def samples_field():
+    """A list of raw samples: kept in JSONL, left out of CSV and Markdown rows."""
+    return field(default_factory=list, metadata={"samples": True})
+
+
+class Record:
+    """Base of every result record (a dataclass with an `environment` field).
+
+    The row is the record's scalar fields followed by the environment's fields; raw
+    samples (fields made with `samples_field`) go to JSONL only.
+    """
+
+    environment: Environment | None
+
+    @classmethod
+    def _scalar_fields(cls) -> list[dataclasses.Field]:
+        return [f for f in dataclasses.fields(cls) if f.name != "environment" and not f.metadata.get("samples")]
+
+    @classmethod
+    def row_fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in cls._scalar_fields()) + ENVIRONMENT_FIELDS
+
+    def to_row(self) -> dict[str, object]:
+        row = {f.name: getattr(self, f.name) for f in self._scalar_fields()}
+        env = dataclasses.asdict(self.environment) if self.environment else dict.fromkeys(ENVIRONMENT_FIELDS)
+        return {**row, **env}
+
+    def to_json(self) -> dict[str, object]:
+        samples = {f.name: list(getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata.get("samples")}
+        return {**self.to_row(), **samples}
+
+
+ENVIRONMENT_FIELDS = tuple(f.name for f in dataclasses.fields(Environment))
+
+
 @dataclass
-class BenchmarkRecord:
+class BenchmarkRecord(Record):
     """One configuration of `benchmark`: what was asked, what happened, where."""
 
-    # configuration
+    # configuration (the fields before `num_params` identify a configuration; see CONFIG_FIELDS)
     model_size: str
     d_model: int
     d_ff: int
@@ -136,7 +171,6 @@ class BenchmarkRecord:
     model_context_length: int
     attention: str
     model_factory: str | None
-    num_params: int | None
     context_length: int
     batch_size: int
     pass_type: str
@@ -148,6 +182,7 @@ class BenchmarkRecord:
     measure_steps: int
     seed: int
     # outcome
+    num_params: int | None
     status: str
     error: str | None = None
     mean_ms: float | None = None
@@ -169,28 +204,17 @@ class BenchmarkRecord:
     grad_scaler: bool | None = None
     timestamp: str = field(default_factory=utc_timestamp)
     environment: Environment | None = None
-    # raw samples, written to JSONL only
-    step_ms: list[float] = field(default_factory=list)
-    warmup_step_ms: list[float] = field(default_factory=list)
+    step_ms: list[float] = samples_field()
+    warmup_step_ms: list[float] = samples_field()
 
     def add_summary(self, summary: Summary) -> None:
         for name, value in summary.as_dict(suffix="_ms").items():
             setattr(self, name, value)
 
-    def to_row(self) -> dict[str, object]:
-        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _NOT_IN_ROW}
-        row.update(dataclasses.asdict(self.environment) if self.environment else dict.fromkeys(ENVIRONMENT_FIELDS))
-        return row
 
-    def to_json(self) -> dict[str, object]:
-        return {**self.to_row(), "step_ms": list(self.step_ms), "warmup_step_ms": list(self.warmup_step_ms)}
-
-
-_NOT_IN_ROW = {"environment", "step_ms", "warmup_step_ms"}
-ENVIRONMENT_FIELDS = tuple(f.name for f in dataclasses.fields(Environment))
-BENCHMARK_FIELDS = (
-    tuple(f.name for f in dataclasses.fields(BenchmarkRecord) if f.name not in _NOT_IN_ROW) + ENVIRONMENT_FIELDS
-)
+BENCHMARK_FIELDS = BenchmarkRecord.row_fields()
+# What identifies a configuration: resume skips rows with these equal, compare matches on them.
+CONFIG_FIELDS = BENCHMARK_FIELDS[: BENCHMARK_FIELDS.index("num_params")]
 
 
 # -- Markdown rendering -------------------------------------------------------------
@@ -253,9 +277,16 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[str] = MARKDOWN_COLUM
     return tabulate(body, headers=list(columns), tablefmt="github", disable_numparse=True)
 
 
-def row_warnings(row: dict) -> list[str]:
+LABEL_COLUMNS = ("model_size", "context_length", "batch_size", "pass_type", "precision")
+
+
+def row_label(row: dict, label_columns: Sequence[str] = LABEL_COLUMNS) -> str:
+    return " ".join(f"{name}={format_cell(name, row.get(name))}" for name in label_columns if name in row)
+
+
+def row_warnings(row: dict, label_columns: Sequence[str] = LABEL_COLUMNS) -> list[str]:
     """Lines a reader must see below the table: noise, failures, caveats."""
-    label = f"{row.get('model_size')} ctx={row.get('context_length')} {row.get('pass_type')} {row.get('precision')}"
+    label = row_label(row, label_columns)
     lines = []
     if row.get("status") not in (None, "ok"):
         lines.append(f"{label}: status {row['status']}: {row.get('error') or ''}".rstrip(": "))
@@ -275,9 +306,15 @@ def environment_lines(rows: Sequence[dict]) -> list[str]:
     return lines
 
 
-def render_markdown(rows: Sequence[dict], title: str = "cs336-systems benchmark results") -> str:
-    parts = [f"# {title}", "", markdown_table(rows), ""]
-    warnings = [line for row in rows for line in row_warnings(row)]
+def render_markdown(
+    rows: Sequence[dict],
+    title: str = "cs336-systems benchmark results",
+    columns: Sequence[str] = MARKDOWN_COLUMNS,
+    label_columns: Sequence[str] = LABEL_COLUMNS,
+) -> str:
+    """Title, table, per-row notes (failures, noise, caveats), environment, conventions."""
+    parts = [f"# {title}", "", markdown_table(rows, columns), ""]
+    warnings = [line for row in rows for line in row_warnings(row, label_columns)]
     if warnings:
         parts += ["Notes:", "", *(f"- {line}" for line in warnings), ""]
     env = environment_lines(rows)
