@@ -167,7 +167,7 @@ def make_step(
     raise ValueError(f"unknown pass type {config.pass_type!r}; choose one of {PASS_TYPES}")
 
 
-def _record_for(
+def new_record(
     config: BenchmarkConfig, device: torch.device, env: Environment, num_params: int | None
 ) -> BenchmarkRecord:
     m = config.model
@@ -211,7 +211,7 @@ def run_benchmark(
     num_params = (
         count_parameters(model) if model is not None else count_parameters_for(config.model, config.model_factory)
     )
-    record = _record_for(config, device, env, num_params)
+    record = new_record(config, device, env, num_params)
     notes = []
 
     reason = unsupported_reason(config.precision, device)
