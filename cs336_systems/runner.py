@@ -170,6 +170,7 @@ def make_step(
 def new_record(
     config: BenchmarkConfig, device: torch.device, env: Environment, num_params: int | None
 ) -> BenchmarkRecord:
+    """A record holding `config` with status 'ok' and nothing measured yet."""
     m = config.model
     return BenchmarkRecord(
         model_size=m.size_name,
