@@ -30,7 +30,7 @@ from cs336_systems.models import (
     load_model_factory,
 )
 from cs336_systems.results import ResultFileError, ResultSink, check_output_paths, render_markdown
-from cs336_systems.runner import BenchmarkConfig, DeviceError, resolve_device, run_benchmark
+from cs336_systems.runner import COMPILE_SCOPES, BenchmarkConfig, DeviceError, resolve_device, run_benchmark
 
 PROG = "python -m cs336_systems.benchmark"
 
@@ -43,6 +43,13 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--pass-type", choices=PASS_TYPE_CHOICES, default="forward-backward")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     parser.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
+    parser.add_argument(
+        "--compile-scope",
+        choices=COMPILE_SCOPES,
+        default="model",
+        help="with --compile: the whole model, or each block (regional compilation: identical blocks share one "
+        "compiled graph, so compiling takes about num_layers times less)",
+    )
     parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
     parser.add_argument("--list-sizes", action="store_true", help="print the size table and exit")
     add_shape_arguments(parser)
@@ -85,12 +92,15 @@ def config_from_args(args) -> BenchmarkConfig:
         pass_type=args.pass_type,
         precision=args.precision,
         compile=args.compile,
+        compile_scope=args.compile_scope,
         device=args.device,
         timer=args.timer,
         warmup_steps=args.warmup_steps,
         measure_steps=args.measure_steps,
         seed=args.seed,
         model_factory=args.model_factory,
+        peak=args.peak,
+        peak_tflops=args.peak_tflops,
     )
 
 

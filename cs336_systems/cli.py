@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cs336_systems.flops import PEAK_CHOICES
 from cs336_systems.models import ATTENTION_KINDS, ModelConfig
 from cs336_systems.precision import PRECISIONS
 from cs336_systems.timing import TIMERS
@@ -90,6 +91,14 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
         help="host: synchronise + host clock around each step; cuda-event: CUDA event pair per step",
     )
     group.add_argument("--seed", type=int, default=0)
+    group.add_argument(
+        "--peak",
+        choices=PEAK_CHOICES,
+        default="auto",
+        help="MFU denominator: the spec-sheet table for known GPUs, or a matmul probe in the same dtype on the "
+        "same device (auto: table when the GPU is known, probe otherwise and on CPUs)",
+    )
+    group.add_argument("--peak-tflops", type=positive_float, help="your own peak TFLOP/s for MFU (overrides --peak)")
     group.add_argument(
         "--output",
         action="append",

@@ -44,10 +44,15 @@ def unsupported_reason(precision: str, device: torch.device) -> str | None:
     return None
 
 
-def cpu_has_native_bf16() -> bool:
-    is_supported = getattr(torch._C._cpu, "_is_avx512_bf16_supported", None)
-    amx = getattr(torch._C._cpu, "_is_amx_tile_supported", None)
-    return bool((is_supported and is_supported()) or (amx and amx()))
+def cpu_has_native(precision: str) -> bool:
+    """Whether this CPU has matmul instructions for the autocast dtype (else it is emulated)."""
+    probes = {
+        "bf16": ("_is_avx512_bf16_supported", "_is_amx_tile_supported"),
+        "fp16": ("_is_amx_fp16_supported",),
+    }.get(precision, ())
+    if not probes:
+        return True
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
 
 
 def _current_flags() -> tuple[str, bool, bool]:

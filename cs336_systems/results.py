@@ -176,6 +176,7 @@ class BenchmarkRecord(Record):
     pass_type: str
     precision: str
     compile: bool
+    compile_scope: str | None
     device: str
     timer: str
     warmup_steps: int
@@ -195,6 +196,13 @@ class BenchmarkRecord(Record):
     p90_ms: float | None = None
     tokens_per_s: float | None = None
     compile_s: float | None = None
+    # work and utilisation (cs336_systems.flops)
+    flops_per_step: int | None = None
+    flops_source: str | None = None
+    achieved_tflops: float | None = None
+    peak_tflops: float | None = None
+    peak_source: str | None = None
+    mfu: float | None = None
     notes: str | None = None
     # numeric mode really in effect (read back from torch while the configuration ran)
     autocast_dtype: str | None = None
@@ -239,6 +247,8 @@ MARKDOWN_COLUMNS = (
     "p10_ms",
     "p90_ms",
     "tokens_per_s",
+    "achieved_tflops",
+    "mfu",
     "compile_s",
 )
 MARKDOWN_ENVIRONMENT = (
@@ -255,7 +265,7 @@ MARKDOWN_ENVIRONMENT = (
     "git_commit",
     "git_dirty",
 )
-_DECIMALS = {"tokens_per_s": 1, "cv_pct": 1, "compile_s": 2}
+_DECIMALS = {"tokens_per_s": 1, "cv_pct": 1, "compile_s": 2, "achieved_tflops": 4, "peak_tflops": 4}
 
 
 def _is_missing(value: object) -> bool:

@@ -7,17 +7,19 @@ status 'oom', never a crash; the memory is released so a sweep can go on.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cs336_systems.flops import flops_per_step, mfu, resolve_peak
 from cs336_systems.models import (
     ModelConfig,
     ModelFactoryError,
@@ -28,14 +30,14 @@ from cs336_systems.models import (
 )
 from cs336_systems.precision import (
     autocast,
-    cpu_has_native_bf16,
+    cpu_has_native,
     grad_scaler,
     precision_mode,
     unsupported_reason,
 )
 from cs336_systems.results import BenchmarkRecord, Environment, collect_environment
 from cs336_systems.stats import summarize
-from cs336_systems.timing import HostTimer, device_synchronizer, make_timer, time_steps
+from cs336_systems.timing import HostTimer, StepTimes, device_synchronizer, make_timer, time_steps
 
 PASS_TYPES = ("forward", "forward-backward", "train-step")
 OOM_MESSAGE_MARKERS = ("out of memory", "can't allocate memory", "defaultcpuallocator")
@@ -54,12 +56,15 @@ class BenchmarkConfig:
     pass_type: str = "forward-backward"
     precision: str = "fp32"
     compile: bool = False
+    compile_scope: str = "model"  # "model": torch.compile(model); "blocks": each block (regional)
     device: str = "cpu"
     timer: str = "host"
     warmup_steps: int = 5
     measure_steps: int = 10
     seed: int = 0
     model_factory: str | None = None
+    peak: str = "auto"  # where the MFU denominator comes from: auto, table or measure
+    peak_tflops: float | None = None  # a user's own peak, overriding `peak`
 
     @property
     def tokens_per_step(self) -> int:
@@ -112,6 +117,33 @@ def compile_unsupported_reason(device: torch.device) -> str | None:
     if device.type == "cpu" and not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
         return "torch.compile on CPU needs a C++ compiler (g++ or clang++) on PATH"
     return None
+
+
+COMPILE_SCOPES = ("model", "blocks")
+
+
+@contextlib.contextmanager
+def compiled(model: nn.Module, scope: str) -> Iterator[nn.Module]:
+    """The model to step: compiled whole, or block by block (regional compilation).
+
+    Identical blocks share one compiled graph, so "blocks" compiles about num_layers
+    times faster; the blocks are swapped back afterwards so a reused model stays eager.
+    """
+    torch._dynamo.reset()  # a fresh compile per configuration, so compile_s is comparable
+    if scope == "model":
+        yield torch.compile(model)
+        return
+    blocks = getattr(model, "layers", None)
+    if not isinstance(blocks, nn.ModuleList):
+        raise ModelFactoryError("--compile-scope blocks needs a model whose blocks are in a `layers` ModuleList")
+    originals = list(blocks)
+    try:
+        for index, block in enumerate(originals):
+            blocks[index] = torch.compile(block)
+        yield model
+    finally:
+        for index, block in enumerate(originals):
+            blocks[index] = block
 
 
 def make_optimizer(model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
@@ -189,6 +221,7 @@ def new_record(
         pass_type=config.pass_type,
         precision=config.precision,
         compile=config.compile,
+        compile_scope=config.compile_scope if config.compile else None,
         device=str(device),
         timer=config.timer,
         warmup_steps=config.warmup_steps,
@@ -197,6 +230,32 @@ def new_record(
         status="ok",
         environment=env,
     )
+
+
+def _measure(
+    config: BenchmarkConfig,
+    model: nn.Module,
+    device: torch.device,
+    clock: Callable[[], float],
+    record: BenchmarkRecord,
+    notes: list[str],
+) -> StepTimes:
+    """Compile (if asked, timed apart), then the warmup and measured steps."""
+    model.train(config.pass_type != "forward")
+    optimizer = make_optimizer(model, device) if config.pass_type == "train-step" else None
+    with contextlib.ExitStack() as stack:
+        runnable = stack.enter_context(compiled(model, config.compile_scope)) if config.compile else model
+        step = make_step(config, runnable, device, optimizer)
+        if config.compile:
+            record.compile_s = HostTimer(clock, device_synchronizer(device)).time_ms(step) / 1e3
+        elif config.pass_type == "train-step" and config.warmup_steps == 0:
+            notes.append(OPTIMIZER_STATE_NOTE)
+        return time_steps(
+            step,
+            warmup_steps=config.warmup_steps,
+            measure_steps=config.measure_steps,
+            timer=make_timer(config.timer, device, clock),
+        )
 
 
 def run_benchmark(
@@ -214,6 +273,11 @@ def run_benchmark(
     )
     record = new_record(config, device, env, num_params)
     notes = []
+    step_flops = flops_per_step(
+        config.model, config.batch_size, config.context_length, config.pass_type, config.model_factory, device
+    )
+    if step_flops is not None:
+        record.flops_per_step, record.flops_source = step_flops.flops_per_step, step_flops.source
 
     reason = unsupported_reason(config.precision, device)
     if reason is None and config.compile:
@@ -221,12 +285,11 @@ def run_benchmark(
     if reason is not None:
         record.status, record.error = "unsupported", reason
         return record
-    if config.precision == "bf16" and device.type == "cpu" and not cpu_has_native_bf16():
-        notes.append("this CPU has no native bf16: bf16 is emulated and far slower than fp32")
+    if device.type == "cpu" and not cpu_has_native(config.precision):
+        notes.append(f"this CPU has no native {config.precision} matmul: it is emulated and far slower than fp32")
 
     owns_model = model is None
-    optimizer = None
-    failure: tuple[str, str] | None = None
+    times = failure = None
     with precision_mode(config.precision, device) as state:
         record.autocast_dtype = state.autocast_dtype
         record.matmul_precision = state.matmul_precision
@@ -240,24 +303,7 @@ def run_benchmark(
                 if config.model_factory:
                     check_model_output(model, config.model, device, f"--model-factory {config.model_factory}")
             record.num_params = count_parameters(model)
-            model.train(config.pass_type != "forward")
-            if config.pass_type == "train-step":
-                optimizer = make_optimizer(model, device)
-            runnable = model
-            if config.compile:
-                torch._dynamo.reset()  # a fresh compile per configuration, so compile_s is comparable
-                runnable = torch.compile(model)
-            step = make_step(config, runnable, device, optimizer)
-            if config.compile:
-                record.compile_s = HostTimer(clock, device_synchronizer(device)).time_ms(step) / 1e3
-            elif config.pass_type == "train-step" and config.warmup_steps == 0:
-                notes.append(OPTIMIZER_STATE_NOTE)
-            times = time_steps(
-                step,
-                warmup_steps=config.warmup_steps,
-                measure_steps=config.measure_steps,
-                timer=make_timer(config.timer, device, clock),
-            )
+            times = _measure(config, model, device, clock, record, notes)
         except ModelFactoryError as exc:
             failure = ("error", str(exc))
         except Exception as exc:  # any failure is a row; OOM is told apart from the rest
@@ -267,12 +313,11 @@ def run_benchmark(
                 else ("error", f"{type(exc).__name__}: {first_line(exc)}")
             )
         finally:
+            # Drop every reference to the failed step's tensors before freeing memory.
             if model is not None:
                 model.zero_grad(set_to_none=True)
-            del optimizer
             if owns_model:
                 model = None
-            step = runnable = None
             release_memory(device)
 
     if failure is not None:
@@ -281,5 +326,8 @@ def run_benchmark(
         record.step_ms, record.warmup_step_ms = list(times.measured_ms), list(times.warmup_ms)
         record.add_summary(summarize(times.measured_ms))
         record.tokens_per_s = config.tokens_per_step / (record.mean_ms / 1e3)
+        peak = resolve_peak(device, env.device_name, config.precision, config.peak, config.peak_tflops)
+        record.peak_tflops, record.peak_source = peak.tflops, peak.source
+        record.achieved_tflops, record.mfu = mfu(record.flops_per_step, record.mean_ms / 1e3, peak)
     record.notes = "; ".join(notes) or None
     return record

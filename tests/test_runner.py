@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from cs336_systems import runner
-from cs336_systems.precision import cpu_has_native_bf16
+from cs336_systems.precision import cpu_has_native
 from cs336_systems.runner import OPTIMIZER_STATE_NOTE, PASS_TYPES, is_out_of_memory, run_benchmark
 from tests.conftest import tiny_benchmark_config
 
@@ -29,9 +29,10 @@ def test_tf32_is_unsupported_on_cpu():
     assert record.mean_ms is None
 
 
-def test_bf16_on_cpu_without_native_support_is_noted():
-    record = run_benchmark(tiny_benchmark_config(precision="bf16", pass_type="forward"))
-    assert ("no native bf16" in (record.notes or "")) is not cpu_has_native_bf16()
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_emulated_half_precision_on_cpu_is_noted(precision):
+    record = run_benchmark(tiny_benchmark_config(precision=precision, pass_type="forward"))
+    assert (f"no native {precision} matmul" in (record.notes or "")) is not cpu_has_native(precision)
 
 
 def test_forward_runs_without_autograd(monkeypatch):
@@ -144,3 +145,22 @@ def test_compile_measures_compile_time_apart():
     assert record.compile_s > 0
     # the compile call is not among the measured steps
     assert record.compile_s * 1e3 > 5 * record.max_ms
+
+
+@pytest.mark.slow
+def test_regional_compile_restores_the_blocks():
+    if runner.compile_unsupported_reason(torch.device("cpu")):
+        pytest.skip("torch.compile unavailable here")
+    config = tiny_benchmark_config(compile=True, compile_scope="blocks", pass_type="forward", measure_steps=2)
+    model = runner.build_model(config.model, "cpu")
+    blocks = list(model.layers)
+    record = run_benchmark(config, model=model)
+    assert record.status == "ok", record.error
+    assert record.compile_scope == "blocks" and record.compile_s > 0
+    assert list(model.layers) == blocks  # a reused model is eager again
+
+
+def test_blocks_scope_needs_layers(fixtures_on_path):
+    config = tiny_benchmark_config(compile=True, compile_scope="blocks", model_factory="user_models:make_model")
+    record = run_benchmark(config)
+    assert record.status == "error" and "needs a model whose blocks are in a `layers` ModuleList" in record.error

@@ -1,0 +1,206 @@
+"""FLOPs per step, peak FLOP/s per device and precision, and MFU.
+
+Analytic matmul FLOPs of one forward pass of the built-in model, per token
+(REFERENCE.md section 2):
+    dense      2 * (L * (4*d^2 + 3*d*d_ff) + d*V)      projections, SwiGLU, LM head
+    attention  2 * 2 * L * T * d                       QK^T and the weighted sum
+The attention term counts the full T x T square, as FlopCounterMode and the PaLM/nanoGPT
+MFU convention do; a causal kernel skips about half of it (`causal_discount=True`
+gives that count). Backward is 2x forward, so forward-backward and a training step are
+3x forward (the optimizer's elementwise work is not counted).
+
+MFU = achieved FLOP/s / peak FLOP/s, with the peak chosen for the device *and* the
+precision in effect (hard-coding one GPU's peak gives >100% "MFU" on another).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from cs336_systems.models import ModelConfig, build_model
+from cs336_systems.precision import precision_mode
+from cs336_systems.timing import device_synchronizer
+
+PASS_FLOP_MULTIPLIER = {"forward": 1, "forward-backward": 3, "train-step": 3}
+PEAK_CHOICES = ("auto", "table", "measure")
+
+# Dense peak TFLOP/s from the vendors' spec sheets (no sparsity), REFERENCE.md section 2.
+# Matched against the lower-cased device name: first entry whose every word is present
+# and none of whose excluded words is, so "H100 PCIe" is not read as the SXM part and a
+# laptop RTX 4090 is not read as the desktop card.
+PEAK_TFLOPS_TABLE: tuple[tuple[tuple[str, ...], tuple[str, ...], dict[str, float]], ...] = (
+    (("h100", "pcie"), (), {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0}),
+    (("h100",), ("nvl", "pcie"), {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4}),
+    (("h200",), ("nvl",), {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4}),
+    (("a100",), (), {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0}),
+    (("a10g",), (), {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0}),
+    (("l4",), ("l40",), {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0}),
+    (("rtx 4090",), ("laptop", "mobile"), {"fp32": 82.6, "tf32": 82.6, "bf16": 165.0}),
+)
+PRECISION_COLUMN = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "bf16"}
+
+
+def forward_flops_per_token(config: ModelConfig, seq_len: int, causal_discount: bool = False) -> int:
+    d, d_ff, V, L = config.d_model, config.d_ff, config.vocab_size, config.num_layers
+    dense = 2 * (L * (4 * d * d + 3 * d * d_ff) + d * V)
+    attention = 2 * 2 * L * seq_len * d
+    return dense + (attention // 2 if causal_discount else attention)
+
+
+def analytic_flops_per_step(
+    config: ModelConfig, batch_size: int, seq_len: int, pass_type: str, causal_discount: bool = False
+) -> int:
+    per_token = forward_flops_per_token(config, seq_len, causal_discount)
+    return PASS_FLOP_MULTIPLIER[pass_type] * per_token * batch_size * seq_len
+
+
+# FlopCounterMode has no formula for the CPU flash-attention kernels SDPA dispatches to on
+# a real CPU; count them with torch's own SDPA formulas (shapes in, FLOPs out).
+_aten = torch.ops.aten
+CPU_SDPA_FLOP_FORMULAS = {
+    _aten._scaled_dot_product_flash_attention_for_cpu: lambda q, k, v, *args, out_shape=None, **kwargs: sdpa_flop_count(
+        q, k, v
+    ),
+    _aten._scaled_dot_product_flash_attention_for_cpu_backward: lambda grad_out, q, k, v, *args, out_shape=None, **kwargs: (
+        sdpa_backward_flop_count(grad_out, q, k, v)
+    ),
+}
+
+
+def counted_flops_per_step(
+    build: Callable[[], torch.nn.Module],
+    vocab_size: int,
+    batch_size: int,
+    seq_len: int,
+    pass_type: str,
+    device: torch.device | str = "meta",
+) -> int:
+    """Matmul FLOPs of one step counted by FlopCounterMode, for any model.
+
+    On the meta device nothing is computed; on a real device one step runs.
+    """
+    model = build()
+    tokens = torch.randint(0, vocab_size, (batch_size, seq_len), device=device)
+    counter = FlopCounterMode(display=False, custom_mapping=CPU_SDPA_FLOP_FORMULAS)
+    with counter:
+        if pass_type == "forward":
+            with torch.no_grad():
+                model(tokens)
+        else:
+            logits = model(tokens)
+            F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1)).backward()
+    return int(counter.get_total_flops())
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    flops_per_step: int
+    source: str  # "analytic" (built-in model) or "counted" (FlopCounterMode)
+
+
+def flops_per_step(
+    config: ModelConfig,
+    batch_size: int,
+    seq_len: int,
+    pass_type: str,
+    model_factory: str | None = None,
+    device: torch.device | str = "meta",
+) -> StepFlops | None:
+    """Analytic for the built-in model; counted for a user's model (meta device first)."""
+    if model_factory is None:
+        return StepFlops(analytic_flops_per_step(config, batch_size, seq_len, pass_type), "analytic")
+    for where in ("meta", device):
+        try:
+            count = counted_flops_per_step(
+                lambda where=where: build_model(config, where, model_factory),
+                config.vocab_size,
+                batch_size,
+                seq_len,
+                pass_type,
+                where,
+            )
+        except Exception:  # a user's model need not support the meta device
+            continue
+        return StepFlops(count, "counted")
+    return None
+
+
+def table_peak_tflops(device_name: str, precision: str) -> float | None:
+    name = device_name.lower()
+    for words, excluded, peaks in PEAK_TFLOPS_TABLE:
+        if all(w in name for w in words) and not any(x in name for x in excluded):
+            return peaks[PRECISION_COLUMN[precision]]
+    return None
+
+
+PROBE_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@functools.cache
+def measure_peak_tflops(device: torch.device, precision: str) -> float:
+    """A short square-matmul probe in the precision's dtype: the best sustained rate.
+
+    The size doubles until one product takes long enough to time well (so emulated bf16
+    on a CPU stays quick), then the median of several products gives the rate.
+    """
+    dtype = PROBE_DTYPES[precision]
+    sync = device_synchronizer(device)
+    target_s, max_n = (0.002, 8192) if device.type == "cuda" else (0.05, 2048)
+    generator = torch.Generator(device=device).manual_seed(0)
+    with precision_mode(precision, device):
+        n = 256
+        while True:
+            a = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
+            b = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
+            elapsed = _time_matmul(a, b, sync, repeats=1)
+            if elapsed >= target_s or n >= max_n:
+                break
+            n *= 2
+        _time_matmul(a, b, sync, repeats=2)  # warm caches and kernels at the final size
+        times = sorted(_time_matmul(a, b, sync, repeats=1) for _ in range(7))
+    return 2 * n**3 / times[len(times) // 2] / 1e12
+
+
+def _time_matmul(a: torch.Tensor, b: torch.Tensor, sync: Callable[[], None], repeats: int) -> float:
+    sync()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        torch.mm(a, b)
+    sync()
+    return (time.perf_counter() - start) / repeats
+
+
+@dataclass(frozen=True)
+class Peak:
+    tflops: float | None
+    source: str  # "table", "measured", "user" or "unknown"
+
+
+def resolve_peak(
+    device: torch.device, device_name: str, precision: str, peak: str = "auto", peak_tflops: float | None = None
+) -> Peak:
+    """`peak_tflops` (user) wins; `auto` uses the table for known GPUs, else the probe."""
+    if peak_tflops is not None:
+        return Peak(peak_tflops, "user")
+    if peak in ("auto", "table") and device.type == "cuda":
+        value = table_peak_tflops(device_name, precision)
+        if value is not None:
+            return Peak(value, "table")
+    if peak == "table":
+        return Peak(None, "unknown")
+    return Peak(measure_peak_tflops(device, precision), "measured")
+
+
+def mfu(flops: int | None, seconds: float | None, peak: Peak) -> tuple[float | None, float | None]:
+    """(achieved TFLOP/s, model FLOPs utilisation) for one step of `seconds`."""
+    if not flops or not seconds:
+        return None, None
+    achieved = flops / seconds / 1e12
+    return achieved, (achieved / peak.tflops if peak.tflops else None)
