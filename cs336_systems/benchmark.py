@@ -52,6 +52,11 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
     parser.add_argument("--list-sizes", action="store_true", help="print the size table and exit")
+    parser.add_argument(
+        "--memory-snapshot",
+        metavar="PATH.pickle",
+        help="CUDA: record the allocator's history over the measured steps and dump it (view at pytorch.org/memory_viz)",
+    )
     add_shape_arguments(parser)
     add_execution_arguments(parser)
     return parser
@@ -115,16 +120,18 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(config.device)
         if config.timer == "cuda-event" and device.type != "cuda":
             raise DeviceError("--timer cuda-event needs a CUDA device")
+        if args.memory_snapshot and device.type != "cuda":
+            raise DeviceError("--memory-snapshot needs a CUDA device (it records the CUDA allocator's history)")
         if config.model_factory:
             load_model_factory(config.model_factory)
         sink = ResultSink(check_output_paths(args.output))
     except (ConfigError, DeviceError, ModelFactoryError, ResultFileError) as exc:
         return fail(PROG, str(exc))
 
-    record = run_benchmark(config.replace(device=str(device)))
+    record = run_benchmark(config.replace(device=str(device)), memory_snapshot=args.memory_snapshot)
     sink.write(record)
     print(render_markdown([record.to_row()]))
-    for path in args.output:
+    for path in [*args.output, *([args.memory_snapshot] if args.memory_snapshot else [])]:
         print(f"wrote {path}", file=sys.stderr)
     if record.status == "error":
         print(f"{PROG}: error: {record.error}", file=sys.stderr)

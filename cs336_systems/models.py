@@ -131,9 +131,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 whatever the activation dtype, as the handout does.
-        normed = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps)
-        return normed.to(x.dtype)
+        # Normalise in fp32 whatever the activation dtype, as the handout does. Written
+        # out rather than F.rms_norm so what autograd saves (x, normed, 1/rms) is the
+        # same on every device, which keeps the memory estimator exact.
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * normed).to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):

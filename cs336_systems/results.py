@@ -203,6 +203,20 @@ class BenchmarkRecord(Record):
     peak_tflops: float | None = None
     peak_source: str | None = None
     mfu: float | None = None
+    # memory (cs336_systems.memory): steady state = the last step, first = the first step run
+    memory_source: str | None = None
+    peak_memory_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    predicted_memory_bytes: int | None = None
+    forward_peak_bytes: int | None = None
+    backward_peak_bytes: int | None = None
+    optimizer_peak_bytes: int | None = None
+    first_step_peak_bytes: int | None = None
+    first_step_reserved_bytes: int | None = None
+    first_forward_peak_bytes: int | None = None
+    first_backward_peak_bytes: int | None = None
+    first_optimizer_peak_bytes: int | None = None
+    memory_baseline_bytes: int | None = None
     notes: str | None = None
     # numeric mode really in effect (read back from torch while the configuration ran)
     autocast_dtype: str | None = None
@@ -249,6 +263,8 @@ MARKDOWN_COLUMNS = (
     "tokens_per_s",
     "achieved_tflops",
     "mfu",
+    "peak_memory_gib",
+    "predicted_memory_gib",
     "compile_s",
 )
 MARKDOWN_ENVIRONMENT = (
@@ -265,6 +281,21 @@ MARKDOWN_ENVIRONMENT = (
     "git_commit",
     "git_dirty",
 )
+
+
+def _gib(name: str) -> Callable[[dict], float | None]:
+    def convert(row: dict) -> float | None:
+        value = row.get(name)
+        return None if _is_missing(value) else float(value) / 2**30
+
+    return convert
+
+
+# Display columns computed from a row's fields (bytes are easier to read in GiB).
+DERIVED_COLUMNS: dict[str, Callable[[dict], object]] = {
+    "peak_memory_gib": _gib("peak_memory_bytes"),
+    "predicted_memory_gib": _gib("predicted_memory_bytes"),
+}
 _DECIMALS = {"tokens_per_s": 1, "cv_pct": 1, "compile_s": 2, "achieved_tflops": 4, "peak_tflops": 4}
 
 
@@ -283,7 +314,12 @@ def format_cell(name: str, value: object) -> str:
 
 
 def markdown_table(rows: Sequence[dict], columns: Sequence[str] = MARKDOWN_COLUMNS) -> str:
-    body = [[format_cell(c, row.get(c)) for c in columns] for row in rows]
+    def value(row: dict, column: str) -> object:
+        if column not in row and column in DERIVED_COLUMNS:
+            return DERIVED_COLUMNS[column](row)
+        return row.get(column)
+
+    body = [[format_cell(c, value(row, c)) for c in columns] for row in rows]
     return tabulate(body, headers=list(columns), tablefmt="github", disable_numparse=True)
 
 

@@ -8,7 +8,10 @@ status 'oom', never a crash; the memory is released so a sweep can go on.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import dataclasses
+import functools
 import gc
 import shutil
 import time
@@ -20,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cs336_systems.flops import flops_per_step, mfu, resolve_peak
+from cs336_systems.memory import PhaseMemory, current_memory_bytes, estimate_memory, step_peak
 from cs336_systems.models import (
     ModelConfig,
     ModelFactoryError,
@@ -105,10 +109,33 @@ def first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def return_freed_heap_to_os() -> None:
+    """glibc keeps freed memory resident; without this a process's RSS only ever grows,
+    and RSS-based measurements of a later configuration would reuse an earlier one's pages."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def _tensor_bytes(model: nn.Module) -> int:
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def release_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    else:
+        return_freed_heap_to_os()
 
 
 def compile_unsupported_reason(device: torch.device) -> str | None:
@@ -151,13 +178,22 @@ def make_optimizer(model: nn.Module, device: torch.device) -> torch.optim.Optimi
     return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type in ("cuda", "cpu"))
 
 
+Phase = Callable[[str], contextlib.AbstractContextManager]
+
+
+def no_phase(name: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
 def make_step(
     config: BenchmarkConfig,
     model: nn.Module,
     device: torch.device,
     optimizer: torch.optim.Optimizer | None = None,
+    phase: Phase = no_phase,
 ) -> Callable[[], None]:
-    """The function one timed step calls. Each training step starts by setting grads to None."""
+    """The function one timed step calls, its parts wrapped in `phase("forward")`,
+    `phase("backward")` and `phase("optimizer")`. Training steps start by setting grads to None."""
     generator = torch.Generator(device=device).manual_seed(config.seed)
     shape = (config.batch_size, config.context_length)
     vocab = config.model.vocab_size
@@ -166,27 +202,29 @@ def make_step(
     scaler = grad_scaler(config.precision, device)
 
     def forward() -> None:
-        with torch.inference_mode(), autocast(config.precision, device):
+        with phase("forward"), torch.inference_mode(), autocast(config.precision, device):
             model(tokens)
 
-    def backward() -> None:
-        with autocast(config.precision, device):
-            logits = model(tokens)
+    def forward_and_backward() -> None:
+        with phase("forward"), autocast(config.precision, device):
+            logits = model(tokens)  # held until backward ends, as in a training loop
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        (scaler.scale(loss) if scaler else loss).backward()
+        with phase("backward"):
+            (scaler.scale(loss) if scaler else loss).backward()
 
     def forward_backward() -> None:
         model.zero_grad(set_to_none=True)
-        backward()
+        forward_and_backward()
 
     def train_step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        backward()
-        if scaler:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
+        forward_and_backward()
+        with phase("optimizer"):
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
 
     if config.pass_type == "forward":
         return forward
@@ -197,6 +235,33 @@ def make_step(
             raise ValueError("train-step needs an optimizer")
         return train_step
     raise ValueError(f"unknown pass type {config.pass_type!r}; choose one of {PASS_TYPES}")
+
+
+def combine_phases(*phases: Phase) -> Phase:
+    """One phase callback that enters each of `phases` in order."""
+
+    @contextlib.contextmanager
+    def combined(name: str) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for phase in phases:
+                stack.enter_context(phase(name))
+            yield
+
+    return combined
+
+
+@contextlib.contextmanager
+def cuda_memory_history(path: str | None, device: torch.device) -> Iterator[None]:
+    """Record the CUDA allocator's history (for pytorch.org/memory_viz) and dump it to `path`."""
+    if path is None:
+        yield
+        return
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, device=device)
+    try:
+        yield
+    finally:
+        torch.cuda.memory._dump_snapshot(path)
+        torch.cuda.memory._record_memory_history(enabled=None, device=device)
 
 
 def new_record(
@@ -239,13 +304,15 @@ def _measure(
     clock: Callable[[], float],
     record: BenchmarkRecord,
     notes: list[str],
+    memory: PhaseMemory,
+    memory_snapshot: str | None,
 ) -> StepTimes:
     """Compile (if asked, timed apart), then the warmup and measured steps."""
     model.train(config.pass_type != "forward")
     optimizer = make_optimizer(model, device) if config.pass_type == "train-step" else None
     with contextlib.ExitStack() as stack:
         runnable = stack.enter_context(compiled(model, config.compile_scope)) if config.compile else model
-        step = make_step(config, runnable, device, optimizer)
+        step = make_step(config, runnable, device, optimizer, phase=memory.phase)
         if config.compile:
             record.compile_s = HostTimer(clock, device_synchronizer(device)).time_ms(step) / 1e3
         elif config.pass_type == "train-step" and config.warmup_steps == 0:
@@ -255,7 +322,36 @@ def _measure(
             warmup_steps=config.warmup_steps,
             measure_steps=config.measure_steps,
             timer=make_timer(config.timer, device, clock),
+            during_measurement=cuda_memory_history(memory_snapshot, device),
         )
+
+
+def _record_memory(record: BenchmarkRecord, memory: PhaseMemory, baseline: int, measure_steps: int) -> None:
+    """First step (optimizer state created) and steady state (the last step), per phase.
+
+    CUDA figures are the allocator's absolute counters; CPU figures are RSS minus the
+    RSS before the model was built, and peak_memory_bytes is the highest over all
+    measured steps.
+    """
+    offset = baseline if memory.source == "rss_high_water_mark" else 0
+    first, steady = memory.steps[0], memory.steps[-1]
+    record.memory_source, record.memory_baseline_bytes = memory.source, baseline
+
+    def phase_peak(step: dict, name: str) -> int | None:
+        return step[name][0] - offset if name in step else None
+
+    record.forward_peak_bytes = phase_peak(steady, "forward")
+    record.backward_peak_bytes = phase_peak(steady, "backward")
+    record.optimizer_peak_bytes = phase_peak(steady, "optimizer")
+    record.first_forward_peak_bytes = phase_peak(first, "forward")
+    record.first_backward_peak_bytes = phase_peak(first, "backward")
+    record.first_optimizer_peak_bytes = phase_peak(first, "optimizer")
+    first_allocated, first_reserved = step_peak(first)
+    record.first_step_peak_bytes, record.first_step_reserved_bytes = first_allocated - offset, first_reserved
+    if memory.source == "cuda_allocator":
+        record.peak_memory_bytes, record.peak_reserved_bytes = step_peak(steady)
+    else:
+        record.peak_memory_bytes = max(step_peak(step)[0] for step in memory.steps[-measure_steps:]) - offset
 
 
 def run_benchmark(
@@ -264,8 +360,16 @@ def run_benchmark(
     model: nn.Module | None = None,
     environment: Environment | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    memory_baseline_bytes: int | None = None,
+    memory_snapshot: str | None = None,
 ) -> BenchmarkRecord:
-    """Measure one configuration. Pass `model` to reuse one already built (sweeps)."""
+    """Measure one configuration.
+
+    Pass `model` to reuse one already built (sweeps), with `memory_baseline_bytes` the
+    device memory in use before it was built (else it is estimated as the memory in use
+    now minus the model's parameters and buffers). `memory_snapshot` (CUDA) records the
+    allocator's history over the measured steps to that pickle file.
+    """
     device = resolve_device(config.device)
     env = environment or collect_environment(device)
     num_params = (
@@ -278,6 +382,10 @@ def run_benchmark(
     )
     if step_flops is not None:
         record.flops_per_step, record.flops_source = step_flops.flops_per_step, step_flops.source
+    if config.model_factory is None:
+        record.predicted_memory_bytes = estimate_memory(
+            config.model, config.batch_size, config.context_length, config.pass_type, config.precision, device.type
+        ).peak_bytes
 
     reason = unsupported_reason(config.precision, device)
     if reason is None and config.compile:
@@ -290,6 +398,15 @@ def run_benchmark(
 
     owns_model = model is None
     times = failure = None
+    memory = PhaseMemory(device)
+    if model is None:
+        release_memory(device)
+        baseline = current_memory_bytes(device)
+    elif memory_baseline_bytes is not None:
+        baseline = memory_baseline_bytes
+    else:
+        baseline = current_memory_bytes(device) - _tensor_bytes(model)
+        notes.append("memory baseline estimated as memory in use minus the reused model's parameters")
     with precision_mode(config.precision, device) as state:
         record.autocast_dtype = state.autocast_dtype
         record.matmul_precision = state.matmul_precision
@@ -303,7 +420,7 @@ def run_benchmark(
                 if config.model_factory:
                     check_model_output(model, config.model, device, f"--model-factory {config.model_factory}")
             record.num_params = count_parameters(model)
-            times = _measure(config, model, device, clock, record, notes)
+            times = _measure(config, model, device, clock, record, notes, memory, memory_snapshot)
         except ModelFactoryError as exc:
             failure = ("error", str(exc))
         except Exception as exc:  # any failure is a row; OOM is told apart from the rest
@@ -329,5 +446,6 @@ def run_benchmark(
         peak = resolve_peak(device, env.device_name, config.precision, config.peak, config.peak_tflops)
         record.peak_tflops, record.peak_source = peak.tflops, peak.source
         record.achieved_tflops, record.mfu = mfu(record.flops_per_step, record.mean_ms / 1e3, peak)
+        _record_memory(record, memory, baseline, config.measure_steps)
     record.notes = "; ".join(notes) or None
     return record

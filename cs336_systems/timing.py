@@ -7,6 +7,7 @@ asynchronously and an unsynchronised clock times only the kernel launches.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,9 +88,22 @@ class StepTimes:
     measured_ms: tuple[float, ...]
 
 
-def time_steps(step: Step, *, warmup_steps: int, measure_steps: int, timer: StepTimer) -> StepTimes:
+def time_steps(
+    step: Step,
+    *,
+    warmup_steps: int,
+    measure_steps: int,
+    timer: StepTimer,
+    during_measurement: contextlib.AbstractContextManager | None = None,
+) -> StepTimes:
+    """Warmup steps, then measured steps, each timed on its own.
+
+    `during_measurement` is entered around the measured steps only (a memory-history
+    recording, a profiler capture range).
+    """
     if warmup_steps < 0 or measure_steps < 1:
         raise ValueError(f"need warmup_steps >= 0 and measure_steps >= 1, got {warmup_steps}, {measure_steps}")
     warmup = tuple(timer.time_ms(step) for _ in range(warmup_steps))
-    measured = tuple(timer.time_ms(step) for _ in range(measure_steps))
+    with during_measurement or contextlib.nullcontext():
+        measured = tuple(timer.time_ms(step) for _ in range(measure_steps))
     return StepTimes(warmup_ms=warmup, measured_ms=measured)

@@ -39,9 +39,9 @@ def test_forward_runs_without_autograd(monkeypatch):
     seen = []
     original = runner.make_step
 
-    def spying_make_step(config, model, device, optimizer=None):
+    def spying_make_step(config, model, device, optimizer=None, **kwargs):
         model.register_forward_hook(lambda module, args, out: seen.append((torch.is_grad_enabled(), out.requires_grad)))
-        return original(config, model, device, optimizer)
+        return original(config, model, device, optimizer, **kwargs)
 
     monkeypatch.setattr(runner, "make_step", spying_make_step)
     run_benchmark(tiny_benchmark_config(pass_type="forward"))
