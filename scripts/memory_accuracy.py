@@ -1,0 +1,171 @@
+"""Predicted vs measured peak memory, and the 16 GiB laptop verdicts.
+
+    python scripts/memory_accuracy.py                 # CPU: results/memory_accuracy_cpu.{csv,md}
+    python scripts/memory_accuracy.py --device cuda   # GPU: small..xl x context 128..1024
+
+CPU: each configuration runs in a fresh process twice: with glibc returning freed memory
+(MALLOC_MMAP_THRESHOLD_ pinned, so RSS tracks live tensors: the accuracy figure) and with
+glibc's defaults (the RSS a training script would really see; the difference is memory
+glibc keeps resident after tensors are freed). GPU: the caching allocator's max allocated.
+Targets (issue 5): within 15% on CPU above 1 GB, within 10% on GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+from tabulate import tabulate
+
+from cs336_systems.memory import estimate_memory, pin_mmap_threshold
+from cs336_systems.models import ModelConfig, build_model
+from cs336_systems.results import collect_environment, environment_lines
+from cs336_systems.runner import BenchmarkConfig, release_memory, resolve_device, run_benchmark
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+GIB = 2**30
+CPU_CONFIGS = [
+    # (label, model shape, batch, context, pass type, precision)
+    ("small", dict(size="small"), 4, 256, "forward-backward", "fp32"),
+    ("small", dict(size="small"), 4, 256, "train-step", "fp32"),
+    ("small naive", dict(size="small", attention="naive"), 4, 256, "forward-backward", "fp32"),
+    ("small", dict(size="small"), 4, 256, "train-step", "bf16"),
+    ("d1024 L4", dict(d_model=1024, d_ff=2816, num_layers=4, num_heads=16), 8, 512, "forward-backward", "fp32"),
+    ("d1024 L4", dict(d_model=1024, d_ff=2816, num_layers=4, num_heads=16), 8, 512, "train-step", "fp32"),
+]
+
+
+def model_for(shape: dict, context: int) -> ModelConfig:
+    shape = dict(shape)
+    if "size" in shape:
+        return ModelConfig.from_size(shape.pop("size"), context_length=context, **shape)
+    return ModelConfig(**shape, context_length=context)
+
+
+def child(spec: str) -> int:
+    """Measure one configuration in this (fresh) process and print its row as JSON."""
+    label, shape, batch, context, pass_type, precision, pin = json.loads(spec)
+    if pin:
+        pin_mmap_threshold()
+    config = BenchmarkConfig(model=model_for(shape, context), context_length=context, batch_size=batch,
+                             pass_type=pass_type, precision=precision, warmup_steps=1, measure_steps=2,
+                             peak_tflops=1.0, device="cpu")  # fmt: skip
+    print(json.dumps(run_benchmark(config).to_row(), default=str))
+    return 0
+
+
+def cpu_rows() -> list[dict]:
+    rows = []
+    for label, shape, batch, context, pass_type, precision in CPU_CONFIGS:
+        measured = {}
+        for pin in (True, False):
+            spec = json.dumps([label, shape, batch, context, pass_type, precision, pin])
+            env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))}
+            out = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True, text=True,
+                                 env=env, check=True).stdout  # fmt: skip
+            measured[pin] = json.loads(out.strip().splitlines()[-1])
+        row = measured[True]
+        rows.append(_row(label, row, default_rss=measured[False]["peak_memory_bytes"]))
+        print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def cuda_rows(device, sizes: list[str], contexts: list[int], pass_types: list[str], precision: str) -> list[dict]:
+    rows = []
+    for size in sizes:
+        model_config = ModelConfig.from_size(size, context_length=max(contexts))
+        model = build_model(model_config, device)
+        for context in contexts:
+            for pass_type in pass_types:
+                config = BenchmarkConfig(model=model_config, context_length=context, batch_size=4,
+                                         pass_type=pass_type, precision=precision, warmup_steps=1,
+                                         measure_steps=2, device=str(device))  # fmt: skip
+                record = run_benchmark(config, model=model)
+                rows.append(_row(size, record.to_row()))
+                print(rows[-1], file=sys.stderr, flush=True)
+        del model
+        release_memory(device)
+    return rows
+
+
+def _row(label: str, row: dict, default_rss: int | None = None) -> dict:
+    predicted, measured = row["predicted_memory_bytes"], row["peak_memory_bytes"]
+    ok = row["status"] == "ok" and measured
+    out = dict(
+        model=label,
+        context_length=row["context_length"],
+        batch_size=row["batch_size"],
+        pass_type=row["pass_type"],
+        precision=row["precision"],
+        attention=row["attention"],
+        status=row["status"],
+        predicted_gib=predicted / GIB,
+        measured_gib=measured / GIB if ok else None,
+        error_pct=100 * (predicted - measured) / measured if ok else None,
+        reserved_gib=row["peak_reserved_bytes"] / GIB if row.get("peak_reserved_bytes") else None,
+    )
+    if default_rss is not None:
+        out["glibc_default_rss_gib"] = default_rss / GIB
+        out["glibc_retention_pct"] = 100 * (default_rss - measured) / measured
+    return out
+
+
+def laptop_rows() -> list[dict]:
+    """REFERENCE.md section 3: RTX 4090 laptop, 16 GiB, fp32, context 512, batch 4, forward-backward."""
+    rows = []
+    for attention in ("naive", "sdpa"):
+        for size in ("small", "medium", "large", "xl", "2.7B"):
+            model = ModelConfig.from_size(size, context_length=512, attention=attention)
+            e = estimate_memory(model, 4, 512, "forward-backward", "fp32", "cuda", device_memory_bytes=16 * GIB)
+            rows.append(dict(attention=attention, model=size, peak_gib=e.peak_bytes / GIB,
+                             total_gib=e.total_bytes / GIB, fits_16gib=e.fits))  # fmt: skip
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--sizes", nargs="+", default=["small", "medium", "large", "xl"])
+    parser.add_argument("--contexts", nargs="+", type=int, default=[128, 256, 512, 1024])
+    parser.add_argument("--pass-types", nargs="+", default=["forward-backward", "train-step"])
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--output-dir", type=Path, default=RESULTS)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child)
+    device = resolve_device(args.device)
+    if device.type == "cuda":
+        rows = cuda_rows(device, args.sizes, args.contexts, args.pass_types, args.precision)
+        target, command = 10, f"python scripts/memory_accuracy.py --device {args.device}"
+    else:
+        rows = cpu_rows()
+        target, command = 15, "python scripts/memory_accuracy.py"
+    frame = pd.DataFrame(rows)
+    frame["within_target"] = frame["error_pct"].abs() <= target
+    stem = args.output_dir / f"memory_accuracy_{device.type}"
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(stem.with_suffix(".csv"), index=False)
+    laptop = pd.DataFrame(laptop_rows())
+    env = collect_environment(device)
+    text = "\n".join([
+        f"# Memory: predicted vs measured peak ({device.type})", "", f"Command: `{command}`", "",
+        tabulate(frame, headers="keys", tablefmt="github", showindex=False, floatfmt=".3f"), "",
+        f"error_pct = (predicted - measured) / measured; target |error| <= {target}%. "
+        f"Worst: {frame['error_pct'].abs().max():.1f}%.", "",
+        "## The 16 GiB laptop (REFERENCE.md section 3), by prediction", "",
+        tabulate(laptop, headers="keys", tablefmt="github", showindex=False, floatfmt=".2f"), "",
+        "Environment:", "", *environment_lines([env.__dict__]), "",
+    ])  # fmt: skip
+    stem.with_suffix(".md").write_text(text)
+    print(text)
+    return 0 if frame["within_target"].all() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
