@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 from tabulate import tabulate
 
+from cs336_systems.anomalies import flag_anomalies
 from cs336_systems.stats import Summary, is_noisy
 
 STATUSES = ("ok", "oom", "error", "unsupported", "timeout")
@@ -48,6 +49,7 @@ class Environment:
     python_version: str
     platform: str
     cpu_name: str
+    device_memory_bytes: int | None
     num_threads: int
     hostname: str
     git_commit: str
@@ -62,6 +64,13 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def _physical_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 @functools.cache
@@ -91,6 +100,10 @@ def harness_commit() -> tuple[str, bool | None]:
 def collect_environment(device: torch.device) -> Environment:
     commit, dirty = harness_commit()
     cpu_name = _cpu_name()
+    if device.type == "cuda":
+        device_memory = torch.cuda.get_device_properties(device).total_memory
+    else:
+        device_memory = _physical_memory_bytes()
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name
     return Environment(
         device_name=device_name,
@@ -100,6 +113,7 @@ def collect_environment(device: torch.device) -> Environment:
         python_version=platform.python_version(),
         platform=platform.platform(),
         cpu_name=cpu_name,
+        device_memory_bytes=device_memory,
         num_threads=torch.get_num_threads(),
         hostname=socket.gethostname(),
         git_commit=commit,
@@ -269,6 +283,7 @@ MARKDOWN_COLUMNS = (
 )
 MARKDOWN_ENVIRONMENT = (
     "device_name",
+    "device_memory_bytes",
     "torch_version",
     "cuda_version",
     "cudnn_version",
@@ -361,6 +376,8 @@ def render_markdown(
     """Title, table, per-row notes (failures, noise, caveats), environment, conventions."""
     parts = [f"# {title}", "", markdown_table(rows, columns), ""]
     warnings = [line for row in rows for line in row_warnings(row, label_columns)]
+    anomalies = flag_anomalies(rows)
+    warnings += [f"{row_label(rows[i], label_columns)}: SLOW: {why}" for i, why in sorted(anomalies.items())]
     if warnings:
         parts += ["Notes:", "", *(f"- {line}" for line in warnings), ""]
     env = environment_lines(rows)

@@ -1,0 +1,69 @@
+"""Flag rows that ran far below what comparable rows achieved, with their likely cause.
+
+A row is anomalous when its achieved FLOP/s is below a third of the best row measured on
+the same device, in the same precision and pass type. Likely causes, checked in order:
+  memory oversubscription  the predicted peak exceeds the device's memory, so the driver
+                           spills to host memory or the allocator thrashes (REFERENCE.md
+                           section 3: large at 17.8 s vs medium at 0.93 s on a 16 GB laptop);
+  launch-bound             each layer does under 1/8 of the best row's work, so kernel
+                           launches and small, under-filled kernels dominate;
+  unexplained              neither: look at cv_pct, clocks and other processes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+SLOW_FRACTION = 1 / 3
+LAUNCH_BOUND_WORK_FRACTION = 1 / 8
+GROUP_FIELDS = ("device_name", "precision", "pass_type")
+
+
+def _number(row: dict, name: str) -> float | None:
+    value = row.get(name)
+    if value is None or isinstance(value, str):
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def flag_anomalies(rows: Sequence[dict]) -> dict[int, str]:
+    """{row index: 'why it is slow'} for the rows that ran below a third of their group's best."""
+    best: dict[tuple, dict] = {}
+    for row in rows:
+        achieved = _number(row, "achieved_tflops")
+        if row.get("status") != "ok" or achieved is None:
+            continue
+        key = tuple(row.get(name) for name in GROUP_FIELDS)
+        if key not in best or achieved > _number(best[key], "achieved_tflops"):
+            best[key] = row
+    flags = {}
+    for index, row in enumerate(rows):
+        achieved = _number(row, "achieved_tflops")
+        reference = best.get(tuple(row.get(name) for name in GROUP_FIELDS))
+        if achieved is None or reference is None or reference is row:
+            continue
+        best_achieved = _number(reference, "achieved_tflops")
+        if achieved >= SLOW_FRACTION * best_achieved:
+            continue
+        flags[index] = f"{achieved / best_achieved:.0%} of the best comparable row's FLOP/s: {_cause(row, reference)}"
+    return flags
+
+
+def _cause(row: dict, reference: dict) -> str:
+    predicted, capacity = _number(row, "predicted_memory_bytes"), _number(row, "device_memory_bytes")
+    if predicted is not None and capacity is not None and predicted > capacity:
+        return (
+            f"memory oversubscription (predicted peak {predicted / 2**30:.1f} GiB > "
+            f"{capacity / 2**30:.1f} GiB on the device: expect host spill)"
+        )
+    work, best_work = _work_per_layer(row), _work_per_layer(reference)
+    if work is not None and best_work and work < LAUNCH_BOUND_WORK_FRACTION * best_work:
+        return "launch-bound (too little work per kernel: each layer does under 1/8 of the best row's FLOPs)"
+    return "unexplained (not predicted to overflow memory, not small): check cv_pct, clocks, other processes"
+
+
+def _work_per_layer(row: dict) -> float | None:
+    flops, layers = _number(row, "flops_per_step"), _number(row, "num_layers")
+    return flops / layers if flops and layers else None

@@ -1,0 +1,55 @@
+import pytest
+
+from cs336_systems.anomalies import flag_anomalies
+from cs336_systems.flops import analytic_flops_per_step
+from cs336_systems.memory import estimate_memory
+from cs336_systems.models import ModelConfig
+from cs336_systems.results import render_markdown
+
+LAPTOP = "NVIDIA GeForce RTX 4090 Laptop GPU"
+
+
+def laptop_row(size: str, mean_ms: float, **changes) -> dict:
+    """REFERENCE.md section 3: fp32, context 512, batch 4, forward-backward, the handout's attention."""
+    model = ModelConfig.from_size(size, context_length=512, attention="naive")
+    flops = analytic_flops_per_step(model, 4, 512, "forward-backward")
+    row = dict(
+        model_size=size, num_layers=model.num_layers, context_length=512, batch_size=4, pass_type="forward-backward",
+        precision="fp32", device_name=LAPTOP, status="ok", mean_ms=mean_ms, flops_per_step=flops,
+        achieved_tflops=flops / (mean_ms / 1e3) / 1e12, device_memory_bytes=16 * 2**30,
+        predicted_memory_bytes=estimate_memory(model, 4, 512, "forward-backward", "fp32", "cuda").peak_bytes,
+    )  # fmt: skip
+    row.update(changes)
+    return row
+
+
+def test_laptop_large_is_flagged_as_memory_oversubscription():
+    rows = [laptop_row("small", 308.0), laptop_row("medium", 928.0), laptop_row("large", 17_800.0)]
+    flags = flag_anomalies(rows)
+    assert set(flags) == {2}
+    assert "memory oversubscription" in flags[2] and "> 16.0 GiB" in flags[2]
+    assert "SLOW: " in render_markdown(rows) and "memory oversubscription" in render_markdown(rows)
+
+
+def test_small_work_is_flagged_as_launch_bound():
+    big = laptop_row("medium", 928.0, predicted_memory_bytes=1)
+    tiny_flops = big["flops_per_step"] / 1000
+    tiny = dict(big, model_size="tiny", num_layers=2, flops_per_step=tiny_flops, mean_ms=50.0,
+                achieved_tflops=tiny_flops / 0.05 / 1e12)  # fmt: skip
+    flags = flag_anomalies([big, tiny])
+    assert list(flags) == [1] and "launch-bound" in flags[1]
+
+
+def test_slow_but_unexplained_and_groups_kept_apart():
+    fast = laptop_row("medium", 928.0, predicted_memory_bytes=1)
+    slow = laptop_row("medium", 4000.0, predicted_memory_bytes=1)
+    assert "unexplained" in flag_anomalies([fast, slow])[1]
+    other_precision = dict(slow, precision="bf16")
+    other_device = dict(slow, device_name="NVIDIA H100 80GB HBM3")
+    assert flag_anomalies([fast, other_precision, other_device]) == {}
+
+
+@pytest.mark.parametrize("status", ["oom", "error"])
+def test_failed_rows_are_not_compared(status):
+    rows = [laptop_row("medium", 928.0), laptop_row("large", 17_800.0, status=status, achieved_tflops=None)]
+    assert flag_anomalies(rows) == {}
