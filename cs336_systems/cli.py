@@ -123,6 +123,28 @@ def model_config_from_args(args: argparse.Namespace, size: str, context_length: 
     )
 
 
+def config_to_args(config) -> list[str]:
+    """The `benchmark` flags that rebuild `config` (a runner.BenchmarkConfig) in a child process."""
+    m = config.model
+    args = [
+        "--d-model", m.d_model, "--d-ff", m.d_ff, "--num-layers", m.num_layers, "--num-heads", m.num_heads,
+        "--vocab-size", m.vocab_size, "--rope-theta", m.rope_theta, "--max-context-length", m.context_length,
+        "--attention", m.attention, "--context-length", config.context_length, "--batch-size", config.batch_size,
+        "--pass-type", config.pass_type, "--precision", config.precision, "--device", config.device,
+        "--timer", config.timer, "--warmup-steps", config.warmup_steps, "--measure-steps", config.measure_steps,
+        "--seed", config.seed, "--peak", config.peak,
+    ]  # fmt: skip
+    if m.size_name != "custom":
+        args += ["--model-size", m.size_name]
+    if config.compile:
+        args += ["--compile", "--compile-scope", config.compile_scope]
+    if config.model_factory:
+        args += ["--model-factory", config.model_factory]
+    if config.peak_tflops is not None:
+        args += ["--peak-tflops", config.peak_tflops]
+    return [str(a) for a in args]
+
+
 __all__ = [
     "ATTENTION_KINDS",
     "PASS_TYPE_CHOICES",
@@ -130,6 +152,7 @@ __all__ = [
     "ArgumentParser",
     "add_execution_arguments",
     "add_shape_arguments",
+    "config_to_args",
     "fail",
     "model_config_from_args",
     "non_negative_int",

@@ -182,7 +182,6 @@ class BenchmarkRecord(Record):
     num_heads: int
     vocab_size: int
     rope_theta: float
-    model_context_length: int
     attention: str
     model_factory: str | None
     context_length: int
@@ -198,6 +197,7 @@ class BenchmarkRecord(Record):
     seed: int
     # outcome
     num_params: int | None
+    model_context_length: int  # longest sequence the model was built for (sweeps: the longest context)
     status: str
     error: str | None = None
     mean_ms: float | None = None

@@ -1,0 +1,63 @@
+"""python -m cs336_systems.benchmark_direct: a grid of configurations in this one process.
+
+No process start-up per configuration: each model is built once per (size, shape,
+attention) and reused for every precision, context, batch and pass type after it in the
+grid, then freed before the next. An out-of-memory is a row; memory is released and the
+sweep goes on. For configurations that may crash or hang, use run_benchmarks.
+
+Example:
+    python -m cs336_systems.benchmark_direct --model-sizes small medium --context-lengths 128 256 \
+        --precisions fp32 bf16 --pass-types forward forward-backward --output results/sweep.csv
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+from cs336_systems.memory import current_memory_bytes
+from cs336_systems.models import ModelFactoryError, build_model, check_model_output
+from cs336_systems.runner import first_line, is_out_of_memory, release_memory, resolve_device, run_benchmark
+from cs336_systems.sweep import failed_record, sweep_main
+
+PROG = "python -m cs336_systems.benchmark_direct"
+
+
+def execute(pending, args, env, writer) -> None:
+    for model_config, group in itertools.groupby(pending, key=lambda config: config.model):
+        group = list(group)
+        device = resolve_device(group[0].device)
+        release_memory(device)
+        baseline = current_memory_bytes(device)
+        model, failure = None, None
+        try:
+            model = build_model(model_config, device, args.model_factory)
+            if args.model_factory:
+                check_model_output(model, model_config, device, f"--model-factory {args.model_factory}")
+        except ModelFactoryError as exc:
+            failure = ("error", str(exc))
+        except Exception as exc:  # building can fail like a step can
+            failure = (
+                ("oom", first_line(exc))
+                if is_out_of_memory(exc)
+                else ("error", f"{type(exc).__name__}: {first_line(exc)}")
+            )
+        for config in group:
+            if not writer.start(config):
+                break
+            if failure is not None:
+                writer.write(failed_record(config, env, *failure))
+            else:
+                writer.write(run_benchmark(config, model=model, environment=env, memory_baseline_bytes=baseline))
+        model = None
+        release_memory(device)
+        if writer.stop.requested:
+            return
+
+
+def main(argv: list[str] | None = None) -> int:
+    return sweep_main(PROG, __doc__.split("\n")[0], argv, execute, child_processes=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

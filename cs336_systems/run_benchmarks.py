@@ -1,0 +1,36 @@
+"""python -m cs336_systems.run_benchmarks: a grid of configurations, each in a fresh process.
+
+An out-of-memory, a segfault or a hang in one configuration cannot touch the next:
+each runs `python -m cs336_systems.benchmark` in its own process session; --timeout
+kills it and all its children (status 'timeout'); a child that dies without a row gives
+status 'error' with the last lines of its stderr. --memory-limit (CPU) emulates a
+smaller machine.
+
+Example:
+    python -m cs336_systems.run_benchmarks --model-sizes small medium large xl 2.7B \
+        --context-lengths 128 256 512 1024 --precisions fp32 bf16 --timeout 600 \
+        --output results/sweep.csv --output results/sweep.md
+"""
+
+from __future__ import annotations
+
+import sys
+
+from cs336_systems.sweep import run_in_child, sweep_main
+
+PROG = "python -m cs336_systems.run_benchmarks"
+
+
+def execute(pending, args, env, writer) -> None:
+    for config in pending:
+        if not writer.start(config):
+            return
+        writer.write(run_in_child(config, args.child_limits, env))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return sweep_main(PROG, __doc__.split("\n")[0], argv, execute, child_processes=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

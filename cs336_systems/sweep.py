@@ -1,0 +1,365 @@
+"""What both sweep commands share: the grid, its flags, resume, Ctrl-C, children, progress.
+
+Grid order (the order of rows in the output file): model size, attention, precision,
+compile, context length, batch size, pass type. A model depends only on (size, shape,
+attention), so `benchmark_direct` builds each one once and reuses it for every
+precision, context, batch and pass type after it in the grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import itertools
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from cs336_systems.cli import (
+    ATTENTION_KINDS,
+    PASS_TYPE_CHOICES,
+    PRECISIONS,
+    ArgumentParser,
+    add_execution_arguments,
+    add_shape_arguments,
+    config_to_args,
+    fail,
+    model_config_from_args,
+    positive_int,
+)
+from cs336_systems.models import ConfigError, ModelFactoryError, count_parameters_for, load_model_factory
+from cs336_systems.results import (
+    CONFIG_FIELDS,
+    ENVIRONMENT_FIELDS,
+    BenchmarkRecord,
+    Environment,
+    ResultFileError,
+    ResultSink,
+    check_output_paths,
+    collect_environment,
+    read_results,
+    render_markdown,
+)
+from cs336_systems.runner import COMPILE_SCOPES, BenchmarkConfig, DeviceError, new_record, resolve_device
+from cs336_systems.units import parse_bytes
+
+COMPILE_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
+INTERRUPTED_EXIT = 130
+
+
+def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
+    grid = parser.add_argument_group("grid (every combination runs, in this order)")
+    grid.add_argument("--model-sizes", nargs="+", default=["small"], metavar="SIZE")
+    grid.add_argument("--attentions", nargs="+", choices=ATTENTION_KINDS, default=["sdpa"])
+    grid.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=["fp32"])
+    grid.add_argument("--compile", choices=tuple(COMPILE_CHOICES), default="off", help="off, on, or both")
+    grid.add_argument("--compile-scope", choices=COMPILE_SCOPES, default="model")
+    grid.add_argument("--context-lengths", nargs="+", type=positive_int, default=[512], metavar="T")
+    grid.add_argument("--batch-sizes", nargs="+", type=positive_int, default=[4], metavar="B")
+    grid.add_argument("--pass-types", nargs="+", choices=PASS_TYPE_CHOICES, default=["forward-backward"])
+    parser.add_argument("--resume", action="store_true", help="skip configurations already in the output file")
+    add_shape_arguments(parser)
+    add_execution_arguments(parser)
+
+
+def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[BenchmarkConfig]:
+    """Every configuration of the grid, in grid order. Raises ConfigError on a bad shape."""
+    longest = max(args.context_lengths)
+    if args.max_context_length is not None and args.max_context_length < longest:
+        raise ConfigError(f"--context-lengths up to {longest} are longer than --max-context-length")
+    configs = []
+    for size, attention, precision, compiled, context, batch, pass_type in itertools.product(
+        args.model_sizes, args.attentions, args.precisions, COMPILE_CHOICES[args.compile],
+        args.context_lengths, args.batch_sizes, args.pass_types,
+    ):  # fmt: skip
+        model = model_config_from_args(args, size, longest, attention)
+        configs.append(
+            BenchmarkConfig(
+                model=model,
+                context_length=context,
+                batch_size=batch,
+                pass_type=pass_type,
+                precision=precision,
+                compile=compiled,
+                compile_scope=args.compile_scope,
+                device=str(device),
+                timer=args.timer,
+                warmup_steps=args.warmup_steps,
+                measure_steps=args.measure_steps,
+                seed=args.seed,
+                model_factory=args.model_factory,
+                peak=args.peak,
+                peak_tflops=args.peak_tflops,
+            )
+        )
+    return configs
+
+
+# -- identity of a configuration (resume) -------------------------------------------------
+
+
+def _normal(value: object) -> str:
+    """One spelling per value whether it came from a record, a CSV or a JSONL file."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return ""
+    if isinstance(value, bool) or str(value) in ("True", "False", "true", "false"):
+        return str(value).lower()
+    try:
+        return repr(float(value))
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def row_key(row: dict) -> tuple[str, ...]:
+    return tuple(_normal(row.get(name)) for name in CONFIG_FIELDS)
+
+
+def config_key(config: BenchmarkConfig) -> tuple[str, ...]:
+    return row_key(new_record(config, torch.device(config.device), None, None).to_row())
+
+
+def existing_rows(paths: Iterable[Path]) -> list[dict]:
+    """Rows already in the first .csv or .jsonl output that exists (the resume record)."""
+    for path in paths:
+        if path.suffix in (".csv", ".jsonl") and path.exists() and path.stat().st_size > 0:
+            return read_results(path).to_dict("records")
+    return []
+
+
+def pending_configs(
+    configs: Sequence[BenchmarkConfig], outputs: Sequence[Path], resume: bool
+) -> tuple[list[BenchmarkConfig], list[dict]]:
+    """The configurations still to run, and the rows already written (kept for .md outputs)."""
+    rows = existing_rows(outputs)
+    if rows and not resume:
+        path = next(p for p in outputs if p.suffix in (".csv", ".jsonl") and p.exists() and p.stat().st_size)
+        raise ResultFileError(f"{path} already has {len(rows)} rows: pass --resume to continue it, or use a new file")
+    done = {row_key(row) for row in rows}
+    return [config for config in configs if config_key(config) not in done], rows
+
+
+def failed_record(config: BenchmarkConfig, env: Environment | None, status: str, error: str) -> BenchmarkRecord:
+    """A row for a configuration that produced none of its own (timeout, crash)."""
+    record = new_record(
+        config, torch.device(config.device), env, count_parameters_for(config.model, config.model_factory)
+    )
+    record.status, record.error = status, error
+    return record
+
+
+# -- Ctrl-C -----------------------------------------------------------------------------
+
+
+class StopRequest:
+    """The first Ctrl-C asks the sweep to stop after the configuration in progress (its
+    row is saved); a second one aborts at once (rows already written stay on disk)."""
+
+    def __init__(self):
+        self.requested = False
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(
+            "\nstopping after the current configuration (its row will be saved); Ctrl-C again to abort now",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopRequest]:
+        previous = signal.signal(signal.SIGINT, self._handle)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def resume_command(prog: str, argv: Sequence[str]) -> str:
+    args = list(argv)
+    if "--resume" not in args:
+        args.append("--resume")
+    return f"{prog} {shlex.join(args)}"
+
+
+def progress(total: int, description: str) -> tqdm:
+    return tqdm(total=total, desc=description, unit="config", file=sys.stderr, dynamic_ncols=True)
+
+
+def describe(config: BenchmarkConfig) -> str:
+    compiled = " compile" if config.compile else ""
+    return (
+        f"{config.model.size_name} {config.model.attention} {config.precision}{compiled} "
+        f"T={config.context_length} B={config.batch_size} {config.pass_type}"
+    )
+
+
+# -- one configuration in a child process ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChildLimits:
+    timeout_s: float | None = None
+    memory_limit_bytes: int | None = None  # CPU address-space headroom (cs336_systems.memory_cap)
+
+
+def add_child_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("child processes")
+    group.add_argument("--timeout", type=float, metavar="SECONDS", help="per configuration; status 'timeout'")
+    group.add_argument(
+        "--memory-limit",
+        metavar="SIZE",
+        help="CPU only: each child may allocate this much beyond torch's own libraries (e.g. 8GiB), "
+        "through an address-space cap: emulates a smaller machine, OOMs become rows",
+    )
+
+
+def child_limits_from_args(args: argparse.Namespace, device: torch.device) -> ChildLimits:
+    limit = None
+    if args.memory_limit:
+        if device.type != "cpu":
+            raise ValueError("--memory-limit caps CPU memory (RLIMIT_AS) and cannot be used with CUDA")
+        limit = parse_bytes(args.memory_limit)
+    if args.timeout is not None and args.timeout <= 0:
+        raise ValueError(f"--timeout must be positive, got {args.timeout}")
+    return ChildLimits(timeout_s=args.timeout, memory_limit_bytes=limit)
+
+
+STDERR_TAIL_LINES = 8
+
+
+def run_in_child(config: BenchmarkConfig, limits: ChildLimits, env: Environment | None = None) -> BenchmarkRecord:
+    """Run `benchmark` for one configuration in a fresh process (its own session, so a
+    terminal Ctrl-C does not reach it, and a timeout kills it with all its children)."""
+    with tempfile.TemporaryDirectory(prefix="cs336-child-") as tmp:
+        output = Path(tmp) / "row.jsonl"
+        command = [sys.executable, "-m"]
+        if limits.memory_limit_bytes is not None:
+            command += ["cs336_systems.memory_cap", str(limits.memory_limit_bytes)]
+        command += ["cs336_systems.benchmark", *config_to_args(config), "--output", str(output)]
+        # what the parent can import (a user's --model-factory module), the child can too
+        variables = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=variables,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            _, stderr = process.communicate(timeout=limits.timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            return failed_record(config, env, "timeout", f"no result within --timeout {limits.timeout_s:g} s")
+        except BaseException:
+            _kill_group(process)
+            raise
+        if output.exists() and output.stat().st_size:
+            return _record_from_row(json.loads(output.read_text().splitlines()[-1]))
+        tail = " | ".join(stderr.strip().splitlines()[-STDERR_TAIL_LINES:])
+        code = process.returncode
+        how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        if code == -signal.SIGKILL:
+            how += " (the Linux OOM killer sends this)"
+        return failed_record(config, env, "error", f"child {how}: {tail}")
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _record_from_row(row: dict) -> BenchmarkRecord:
+    """The child's JSONL line back into a record, environment and raw samples included."""
+    names = {f.name for f in dataclasses.fields(BenchmarkRecord)} - {"environment"}
+    record = BenchmarkRecord(**{name: row[name] for name in names if name in row})
+    record.environment = Environment(**{name: row.get(name) for name in ENVIRONMENT_FIELDS})
+    return record
+
+
+# -- the driver both sweep commands run ----------------------------------------------------
+
+
+class Writer:
+    """Writes each finished row, advances the progress bar, and honours Ctrl-C."""
+
+    def __init__(self, sink: ResultSink, bar: tqdm, stop: StopRequest):
+        self.sink, self.bar, self.stop = sink, bar, stop
+        self.written: list[BenchmarkRecord] = []
+
+    def start(self, config: BenchmarkConfig) -> bool:
+        """False once a stop was requested: the caller must not begin `config`."""
+        if self.stop.requested:
+            return False
+        self.bar.set_description(describe(config))
+        return True
+
+    def write(self, record: BenchmarkRecord) -> None:
+        self.sink.write(record)
+        self.written.append(record)
+        self.bar.update(1)
+        self.bar.set_postfix_str(f"last: {record.status} {_short_time(record)}")
+
+
+def _short_time(record: BenchmarkRecord) -> str:
+    return f"{record.mean_ms:.1f} ms" if record.mean_ms is not None else (record.error or "")[:40]
+
+
+def sweep_main(
+    prog: str,
+    description: str,
+    argv: Sequence[str] | None,
+    execute,
+    child_processes: bool,
+) -> int:
+    """Parse the grid flags, run the pending configurations through `execute`, print a table."""
+    parser = ArgumentParser(prog=prog, description=description)
+    add_grid_arguments(parser)
+    if child_processes:
+        add_child_arguments(parser)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    try:
+        device = resolve_device(args.device)
+        if args.timer == "cuda-event" and device.type != "cuda":
+            raise DeviceError("--timer cuda-event needs a CUDA device")
+        if args.model_factory:
+            load_model_factory(args.model_factory)
+        configs = grid_from_args(args, device)
+        outputs = check_output_paths(args.output)
+        pending, previous = pending_configs(configs, outputs, args.resume)
+        args.child_limits = child_limits_from_args(args, device) if child_processes else None
+    except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, ValueError) as exc:
+        return fail(prog, str(exc))
+
+    env = collect_environment(device)
+    sink = ResultSink(outputs, previous_rows=previous)
+    print(f"{len(configs)} configurations, {len(configs) - len(pending)} already done, {len(pending)} to run",
+          file=sys.stderr)  # fmt: skip
+    stop = StopRequest()
+    with stop.installed(), progress(len(pending), prog) as bar:
+        writer = Writer(sink, bar, stop)
+        try:
+            execute(pending, args, env, writer)
+        except KeyboardInterrupt:
+            stop.requested = True
+    rows = [*previous, *(record.to_row() for record in writer.written)]
+    if rows:
+        print(render_markdown(rows))
+    if stop.requested and len(writer.written) < len(pending):
+        print(f"stopped: {len(writer.written)} of {len(pending)} configurations done and saved. Resume with:\n"
+              f"  {resume_command(prog, argv)}", file=sys.stderr)  # fmt: skip
+        return INTERRUPTED_EXIT
+    return 0
