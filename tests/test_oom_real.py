@@ -45,7 +45,7 @@ def test_real_oom_while_building_via_the_cli(tmp_path):
         str(out),
     ]
     result = subprocess.run(
-        [PYTHON, str(FIXTURES / "memory_cap.py"), "400", "cs336_systems.benchmark", *args],
+        [PYTHON, "-m", "cs336_systems.memory_cap", str(400 * 2**20), "cs336_systems.benchmark", *args],
         capture_output=True,
         text=True,
         env=child_env(),
