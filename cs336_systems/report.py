@@ -1,0 +1,218 @@
+"""python -m cs336_systems.report: a Markdown report, with plots, from result files.
+
+    python -m cs336_systems.report results/sweep.csv results/more.jsonl --output writeup/report.md
+
+Sections: the environment; one table per (pass type, precision, and whatever else varies:
+compile, attention, batch, device) with sizes as rows and contexts as columns, cells
+"mean ± std ms" and failures marked; MFU and peak-memory tables beside them; speedup
+tables (bf16, fp16 and tf32 vs fp32; compile vs eager) wherever both sides exist; rows
+flagged as slow or noisy; PNG plots saved beside the report and linked from it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from cs336_systems.anomalies import flag_anomalies  # noqa: E402
+from cs336_systems.cli import ArgumentParser, fail  # noqa: E402
+from cs336_systems.models import MODEL_SIZES  # noqa: E402
+from cs336_systems.results import (  # noqa: E402
+    ResultFileError,
+    environment_lines,
+    read_results,
+    row_label,
+    row_warnings,
+)
+
+PROG = "python -m cs336_systems.report"
+# Besides pass type and precision, a table is split by whatever of these varies.
+TABLE_KEYS = ("pass_type", "precision", "compile", "attention", "batch_size", "device_name")
+FAILURE_MARK = {"oom": "OOM", "error": "error", "timeout": "timeout", "unsupported": "n/a"}
+SPEEDUPS = (("precision", "fp32", "bf16"), ("precision", "fp32", "fp16"), ("precision", "fp32", "tf32"),
+            ("compile", False, True))  # fmt: skip
+
+
+def load(paths: Sequence[str]) -> pd.DataFrame:
+    frames = []
+    for path in paths:
+        if not Path(path).exists():
+            raise ResultFileError(f"{path}: no such file")
+        frame = read_results(path)
+        if "status" not in frame.columns or "mean_ms" not in frame.columns:
+            raise ResultFileError(f"{path}: not a benchmark result file (no status / mean_ms columns)")
+        frames.append(frame)
+    frame = pd.concat(frames, ignore_index=True)
+    frame["compile"] = frame["compile"].astype(str).str.lower().eq("true")
+    return frame
+
+
+def size_order(frame: pd.DataFrame) -> list[str]:
+    known = [name for name in MODEL_SIZES if name in set(frame["model_size"])]
+    others = frame[~frame["model_size"].isin(known)].sort_values("num_params")["model_size"].unique().tolist()
+    return known + [name for name in others if name not in known]
+
+
+def _cell(rows: pd.DataFrame) -> str:
+    row = rows.iloc[-1]  # the latest measurement of a configuration wins
+    if row["status"] != "ok":
+        return FAILURE_MARK.get(row["status"], row["status"])
+    std = "" if pd.isna(row["std_ms"]) else f" ± {row['std_ms']:.1f}"
+    return f"{row['mean_ms']:.1f}{std}"
+
+
+def _pivot(rows: pd.DataFrame, sizes: list[str], cell) -> pd.DataFrame:
+    contexts = sorted(rows["context_length"].unique())
+    table = pd.DataFrame(index=[s for s in sizes if s in set(rows["model_size"])], columns=contexts, dtype=object)
+    for (size, context), group in rows.groupby(["model_size", "context_length"]):
+        table.loc[size, context] = cell(group)
+    table = table.fillna("")
+    table.columns = [f"ctx {c}" for c in table.columns]
+    table.index.name = "model"
+    return table
+
+
+def _varying(frame: pd.DataFrame) -> list[str]:
+    return [key for key in TABLE_KEYS if key in ("pass_type", "precision") or frame[key].nunique(dropna=False) > 1]
+
+
+def _title(keys: list[str], values: tuple) -> str:
+    return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in zip(keys, values))
+
+
+def _memory_mfu_cell(rows: pd.DataFrame) -> str:
+    row = rows.iloc[-1]
+    if row["status"] != "ok":
+        return FAILURE_MARK.get(row["status"], row["status"])
+    parts = []
+    if not pd.isna(row.get("mfu")):
+        parts.append(f"{100 * row['mfu']:.1f}%")
+    if not pd.isna(row.get("peak_memory_bytes")):
+        parts.append(f"{row['peak_memory_bytes'] / 2**30:.2f} GiB")
+    return " / ".join(parts)
+
+
+def speedup_tables(frame: pd.DataFrame, sizes: list[str]) -> list[str]:
+    """base time / other time per (size, context), where both sides ran."""
+    out = []
+    ok = frame[frame["status"] == "ok"]
+    for key, base, other in SPEEDUPS:
+        rest = [k for k in _varying(frame) if k != key]
+        for values, rows in ok.groupby(rest, dropna=False):
+            values = values if isinstance(values, tuple) else (values,)
+            base_rows, other_rows = rows[rows[key] == base], rows[rows[key] == other]
+            if base_rows.empty or other_rows.empty:
+                continue
+            base_time = base_rows.groupby(["model_size", "context_length"])["mean_ms"].last()
+            other_time = other_rows.groupby(["model_size", "context_length"])["mean_ms"].last()
+            ratio = (base_time / other_time).dropna()
+            if ratio.empty:
+                continue
+            table = ratio.unstack("context_length")
+            table = table.reindex([s for s in sizes if s in table.index])
+            table = table.map(lambda x: "" if pd.isna(x) else f"{x:.2f}x")
+            table.columns = [f"ctx {c}" for c in table.columns]
+            table.index.name = "model"
+            label = (
+                {True: "compiled", False: "eager"}.get(other, other),
+                {True: "compiled", False: "eager"}.get(base, base),
+            )
+            out += [f"### Speedup of {label[0]} over {label[1]}: {_title(rest, values)}", "",
+                    table.to_markdown(), ""]  # fmt: skip
+    return out
+
+
+def plots(frame: pd.DataFrame, sizes: list[str], directory: Path, stem: str) -> list[tuple[str, Path]]:
+    ok = frame[frame["status"] == "ok"]
+    if ok.empty:
+        return []
+    keys = _varying(frame)
+    made = []
+    groups = list(ok.groupby(keys, dropna=False))
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.2), squeeze=False)
+    for ax, (values, rows) in zip(axes[0], groups):
+        values = values if isinstance(values, tuple) else (values,)
+        for size in [s for s in sizes if s in set(rows["model_size"])]:
+            line = rows[rows["model_size"] == size].groupby("context_length")["mean_ms"].last()
+            ax.plot(line.index, line.values, marker="o", label=size)
+        ax.set(xscale="log", yscale="log", xlabel="context length", ylabel="mean step time (ms)")
+        ax.set_title(_title(keys, values), fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = directory / f"{stem}_time_vs_context.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    made.append(("Step time vs context length, per model size", path))
+
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.2), squeeze=False)
+    for ax, (values, rows) in zip(axes[0], groups):
+        values = values if isinstance(values, tuple) else (values,)
+        for context, by_context in rows.groupby("context_length"):
+            line = by_context.groupby("num_params")["mean_ms"].last()
+            ax.plot(line.index, line.values, marker="o", label=f"ctx {context}")
+        ax.set(xscale="log", yscale="log", xlabel="parameters", ylabel="mean step time (ms)")
+        ax.set_title(_title(keys, values), fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = directory / f"{stem}_time_vs_params.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    made.append(("Step time vs parameter count, per context length", path))
+    return made
+
+
+def build_report(frame: pd.DataFrame, sources: Sequence[str], output: Path) -> str:
+    sizes = size_order(frame)
+    keys = _varying(frame)
+    lines = ["# Benchmark report", "", f"Generated by `{PROG} {' '.join(sources)} --output {output}`.", ""]
+    lines += ["## Environment", "", *environment_lines(frame.to_dict("records")), ""]
+    lines += ["## Step time (mean ± std ms)", "",
+              "Cells are mean ± sample standard deviation of the measured steps; OOM = out of memory, "
+              "n/a = unsupported on that machine.", ""]  # fmt: skip
+    for values, rows in frame.groupby(keys, dropna=False, sort=False):
+        values = values if isinstance(values, tuple) else (values,)
+        lines += [f"### {_title(keys, values)}", "", _pivot(rows, sizes, _cell).to_markdown(), ""]
+        if rows["status"].eq("ok").any():
+            lines += ["MFU / peak memory:", "", _pivot(rows, sizes, _memory_mfu_cell).to_markdown(), ""]
+    speedups = speedup_tables(frame, sizes)
+    if speedups:
+        lines += ["## Speedups", "", "Base mean time / other mean time, same size and context.", "", *speedups]
+    records = frame.astype(object).where(frame.notna(), None).to_dict("records")
+    notes = [line for row in records for line in row_warnings(row)]
+    notes += [f"{row_label(records[i])}: SLOW: {why}" for i, why in sorted(flag_anomalies(records).items())]
+    if notes:
+        lines += ["## Notes", "", *(f"- {note}" for note in notes), ""]
+    made = plots(frame, sizes, output.parent, output.stem)
+    if made:
+        lines += ["## Plots", ""]
+        lines += [f"![{title}]({path.name})" + "\n" for title, path in made]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    parser.add_argument("results", nargs="+", help="result files (.csv or .jsonl)")
+    parser.add_argument("--output", type=Path, default=Path("writeup/report.md"))
+    args = parser.parse_args(argv)
+    try:
+        frame = load(args.results)
+    except (ResultFileError, ValueError) as exc:
+        return fail(PROG, str(exc))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    text = build_report(frame, args.results, args.output)
+    args.output.write_text(text)
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
