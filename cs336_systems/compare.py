@@ -1,0 +1,91 @@
+"""python -m cs336_systems.compare: is NEW slower than BASE?
+
+    python -m cs336_systems.compare results/base.csv results/new.csv --fail-above 10
+
+Rows are matched on the configuration columns (results.CONFIG_FIELDS); each matched pair
+gets NEW/BASE of the median step time and a verdict. With --fail-above PCT the exit
+status is 1 when any matched row is slower by more than PCT percent, or failed in NEW
+after running in BASE; otherwise 0. Without it, verdicts use a 5% band and the exit
+status is 0. Rows present on one side only are listed, never failed.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from tabulate import tabulate
+
+from cs336_systems.cli import ArgumentParser, fail, positive_float
+from cs336_systems.results import CONFIG_FIELDS, ResultFileError, read_results
+from cs336_systems.sweep import row_key
+
+PROG = "python -m cs336_systems.compare"
+DEFAULT_BAND_PCT = 5.0
+SHOWN = ("model_size", "context_length", "batch_size", "pass_type", "precision", "compile", "attention")
+
+
+def _rows(path: str) -> dict[tuple, dict]:
+    try:
+        frame = read_results(path)
+    except (OSError, ValueError) as exc:
+        raise ResultFileError(f"{path}: {exc}") from None
+    missing = [name for name in (*CONFIG_FIELDS, "status", "median_ms") if name not in frame.columns]
+    if missing:
+        raise ResultFileError(f"{path}: not a benchmark result file (missing {', '.join(missing[:3])})")
+    rows = {}
+    for row in frame.astype(object).where(frame.notna(), None).to_dict("records"):
+        rows[row_key(row)] = row  # a configuration measured twice: the later row counts
+    return rows
+
+
+def verdict(base: dict, new: dict, band_pct: float) -> tuple[float | None, str, bool]:
+    """(ratio NEW/BASE of median time, verdict, is a regression)."""
+    if base["status"] != "ok" and new["status"] != "ok":
+        return None, f"not comparable (base {base['status']}, new {new['status']})", False
+    if new["status"] != "ok":
+        return None, f"REGRESSION: now {new['status']} (base ran)", True
+    if base["status"] != "ok":
+        return None, f"fixed: base {base['status']}, new runs", False
+    ratio = new["median_ms"] / base["median_ms"]
+    if ratio > 1 + band_pct / 100:
+        return ratio, f"SLOWER by {100 * (ratio - 1):.1f}% (> {band_pct:g}%)", True
+    if ratio < 1 - band_pct / 100:
+        return ratio, f"faster by {100 * (1 - ratio):.1f}%", False
+    return ratio, f"same (within ±{band_pct:g}%)", False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    parser.add_argument("base")
+    parser.add_argument("new")
+    parser.add_argument("--fail-above", type=positive_float, metavar="PCT",
+                        help="exit 1 if any matched row is slower by more than PCT percent")  # fmt: skip
+    args = parser.parse_args(argv)
+    try:
+        base, new = _rows(args.base), _rows(args.new)
+    except ResultFileError as exc:
+        return fail(PROG, str(exc))
+    band = args.fail_above if args.fail_above is not None else DEFAULT_BAND_PCT
+
+    table, regressions = [], 0
+    for key in [k for k in base if k in new]:
+        ratio, text, regressed = verdict(base[key], new[key], band)
+        regressions += regressed
+        b, n = base[key], new[key]
+        table.append([*(n.get(name) for name in SHOWN), b.get("median_ms"), n.get("median_ms"),
+                      None if ratio is None else f"{ratio:.3f}", text])  # fmt: skip
+    headers = [*SHOWN, "base_median_ms", "new_median_ms", "new/base", "verdict"]
+    print(f"# {args.new} vs {args.base}\n")
+    print(tabulate(table, headers=headers, tablefmt="github", floatfmt=".3f") if table else "No matching rows.")
+    for side, only in (("base", [k for k in base if k not in new]), ("new", [k for k in new if k not in base])):
+        if only:
+            print(f"\nOnly in {side} ({len(only)}, not compared):")
+            rows = base if side == "base" else new
+            for key in only:
+                print("- " + " ".join(f"{name}={rows[key].get(name)}" for name in SHOWN))
+    print(f"\n{len(table)} matched, {regressions} regression(s) beyond {band:g}%.")
+    return 1 if args.fail_above is not None and regressions else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+import pandas as pd
+import pytest
+
+from cs336_systems import compare, report
+from cs336_systems.results import ResultSink
+from cs336_systems.runner import run_benchmark
+from tests.conftest import tiny_benchmark_config
+
+
+@pytest.fixture(scope="module")
+def results_csv(tmp_path_factory):
+    """Real tiny rows: fp32 and bf16, two contexts, plus one OOM."""
+    path = tmp_path_factory.mktemp("results") / "sweep.csv"
+    sink = ResultSink([path])
+    for precision in ("fp32", "bf16"):
+        for context in (8, 16):
+            sink.write(
+                run_benchmark(
+                    tiny_benchmark_config(
+                        precision=precision, context_length=context, pass_type="forward", peak_tflops=1.0
+                    )
+                )
+            )
+    oom = run_benchmark(tiny_benchmark_config(context_length=16, pass_type="forward-backward", peak_tflops=1.0))
+    oom.status, oom.error, oom.mean_ms = "oom", "CUDA out of memory. Tried to allocate 2.00 GiB", None
+    sink.write(oom)
+    return path
+
+
+def test_report_tables_speedups_and_plots(results_csv, tmp_path, capsys):
+    output = tmp_path / "writeup" / "report.md"
+    assert report.main([str(results_csv), "--output", str(output)]) == 0
+    text = output.read_text()
+    assert "## Environment" in text and "torch_version" in text
+    assert "### pass type forward, precision fp32" in text and "### pass type forward, precision bf16" in text
+    assert "| custom  |" in text and "±" in text and "ctx 8" in text and "ctx 16" in text
+    assert "### pass type forward-backward, precision fp32" in text and "OOM" in text
+    assert "### Speedup of bf16 over fp32" in text
+    assert "CUDA out of memory" in text  # the failure is explained in the notes
+    for png in ("report_time_vs_context.png", "report_time_vs_params.png"):
+        assert (output.parent / png).stat().st_size > 1000 and f"]({png})" in text
+
+
+def test_report_errors(tmp_path, capsys):
+    (tmp_path / "x.csv").write_text("a,b\n1,2\n")
+    assert report.main([str(tmp_path / "x.csv")]) == 2
+    assert report.main([str(tmp_path / "missing.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "not a benchmark result file" in err and "no such file" in err
+
+
+def test_compare_exits_1_on_a_planted_regression(results_csv, tmp_path, capsys):
+    new = pd.read_csv(results_csv)
+    new.loc[1, "median_ms"] *= 1.5  # fp32 forward at context 16 got 50% slower
+    new = new.drop(index=3)  # bf16 context 16 missing in the new run
+    new_path = tmp_path / "new.csv"
+    new.to_csv(new_path, index=False)
+
+    assert compare.main([str(results_csv), str(new_path), "--fail-above", "10"]) == 1
+    out = capsys.readouterr().out
+    assert "SLOWER by 50.0% (> 10%)" in out and "1.500" in out
+    assert "Only in base (1, not compared)" in out and "precision=bf16" in out
+    assert "4 matched, 1 regression(s) beyond 10%." in out
+    assert compare.main([str(results_csv), str(new_path), "--fail-above", "60"]) == 0
+    assert compare.main([str(results_csv), str(results_csv), "--fail-above", "1"]) == 0
+
+
+def test_compare_counts_a_new_failure_as_regression(results_csv, tmp_path, capsys):
+    new = pd.read_csv(results_csv)
+    new.loc[0, "status"] = "oom"
+    path = tmp_path / "new.csv"
+    new.to_csv(path, index=False)
+    assert compare.main([str(results_csv), str(path), "--fail-above", "10"]) == 1
+    assert "REGRESSION: now oom" in capsys.readouterr().out
+
+
+def test_compare_bad_files(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("x\n1\n")
+    assert compare.main([str(bad), str(bad)]) == 2
+    assert "not a benchmark result file" in capsys.readouterr().err
