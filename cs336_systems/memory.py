@@ -256,22 +256,36 @@ class PhaseMemory:
     def __init__(self, device: torch.device):
         self.device = device
         self.steps: list[dict[str, tuple[int, int | None]]] = []
+        self.measured_peak: tuple[int, int | None] | None = None
         self.source = "cuda_allocator" if device.type == "cuda" else "rss_high_water_mark"
 
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        if name == "forward" or not self.steps:
-            self.steps.append({})
+    def _reset(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
             _reset_rss_high_water_mark()
-        yield
+
+    def _peak(self) -> tuple[int, int | None]:
         if self.device.type == "cuda":
-            peak = (torch.cuda.max_memory_allocated(self.device), torch.cuda.max_memory_reserved(self.device))
-        else:
-            peak = (_rss_status("VmHWM:"), None)
-        self.steps[-1][name] = peak
+            stats = torch.cuda.memory_stats(self.device)  # one call: it builds the whole dict
+            return stats.get("allocated_bytes.all.peak", 0), stats.get("reserved_bytes.all.peak", 0)
+        return _rss_status("VmHWM:"), None
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """The peak of one phase of a step; a 'forward' phase starts a new step."""
+        if name == "forward" or not self.steps:
+            self.steps.append({})
+        self._reset()
+        yield
+        self.steps[-1][name] = self._peak()
+
+    @contextlib.contextmanager
+    def whole(self) -> Iterator[None]:
+        """The peak over a span of steps (the measured ones), into `measured_peak`."""
+        self._reset()
+        yield
+        self.measured_peak = self._peak()
 
 
 def step_peak(step: dict[str, tuple[int, int | None]]) -> tuple[int, int | None]:

@@ -307,31 +307,49 @@ def _measure(
     memory: PhaseMemory,
     memory_snapshot: str | None,
 ) -> StepTimes:
-    """Compile (if asked, timed apart), then the warmup and measured steps."""
+    """Compile (if asked, timed apart), then the warmup and measured steps.
+
+    Memory is traced per phase on the first step run and on one extra, untimed step after
+    the measured ones (the steady state); the measured steps themselves carry only one
+    peak reset before them and one read after, so the instrumentation costs them nothing.
+    """
     model.train(config.pass_type != "forward")
     optimizer = make_optimizer(model, device) if config.pass_type == "train-step" else None
     with contextlib.ExitStack() as stack:
         runnable = stack.enter_context(compiled(model, config.compile_scope)) if config.compile else model
-        step = make_step(config, runnable, device, optimizer, phase=memory.phase)
+        plain = make_step(config, runnable, device, optimizer)
+        traced = make_step(config, runnable, device, optimizer, phase=memory.phase)
+        steps_run = []
+
+        def step() -> None:
+            (traced if not steps_run else plain)()
+            steps_run.append(1)
+
         if config.compile:
             record.compile_s = HostTimer(clock, device_synchronizer(device)).time_ms(step) / 1e3
         elif config.pass_type == "train-step" and config.warmup_steps == 0:
             notes.append(OPTIMIZER_STATE_NOTE)
-        return time_steps(
+        during = contextlib.ExitStack()
+        during.enter_context(memory.whole())
+        during.enter_context(cuda_memory_history(memory_snapshot, device))
+        times = time_steps(
             step,
             warmup_steps=config.warmup_steps,
             measure_steps=config.measure_steps,
             timer=make_timer(config.timer, device, clock),
-            during_measurement=cuda_memory_history(memory_snapshot, device),
+            during_measurement=during,
         )
+        traced()
+        device_synchronizer(device)()
+        return times
 
 
-def _record_memory(record: BenchmarkRecord, memory: PhaseMemory, baseline: int, measure_steps: int) -> None:
-    """First step (optimizer state created) and steady state (the last step), per phase.
+def _record_memory(record: BenchmarkRecord, memory: PhaseMemory, baseline: int) -> None:
+    """First step (optimizer state created) and steady state (the extra traced step), per phase.
 
     CUDA figures are the allocator's absolute counters; CPU figures are RSS minus the
-    RSS before the model was built, and peak_memory_bytes is the highest over all
-    measured steps.
+    RSS before the model was built, and peak_memory_bytes is the RSS high-water mark
+    over the measured steps.
     """
     offset = baseline if memory.source == "rss_high_water_mark" else 0
     first, steady = memory.steps[0], memory.steps[-1]
@@ -351,7 +369,7 @@ def _record_memory(record: BenchmarkRecord, memory: PhaseMemory, baseline: int, 
     if memory.source == "cuda_allocator":
         record.peak_memory_bytes, record.peak_reserved_bytes = step_peak(steady)
     else:
-        record.peak_memory_bytes = max(step_peak(step)[0] for step in memory.steps[-measure_steps:]) - offset
+        record.peak_memory_bytes = memory.measured_peak[0] - offset
 
 
 def run_benchmark(
@@ -446,6 +464,6 @@ def run_benchmark(
         peak = resolve_peak(device, env.device_name, config.precision, config.peak, config.peak_tflops)
         record.peak_tflops, record.peak_source = peak.tflops, peak.source
         record.achieved_tflops, record.mfu = mfu(record.flops_per_step, record.mean_ms / 1e3, peak)
-        _record_memory(record, memory, baseline, config.measure_steps)
+        _record_memory(record, memory, baseline)
     record.notes = "; ".join(notes) or None
     return record

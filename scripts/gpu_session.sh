@@ -19,5 +19,32 @@ case "${1:-}" in
     stage 60 $py scripts/bench_timing.py --device cuda --output-dir "$out"
     stage 90 $py -m pytest -q tests/test_gpu.py 2>&1 | tail -25
     ;;
-  *) echo "usage: $0 core" >&2; exit 2 ;;
+  extras)
+    res="$PWD/gpu_extras"; mkdir -p "$res"
+    pack() { tar czf "$out/extras.tgz" -C "$res" . ; }
+    $py - <<'PY'
+import time, torch
+x = torch.randn(1024, device="cuda"); torch.cuda.synchronize()
+for name, fn in [("memory_stats", lambda: torch.cuda.memory_stats()),
+                 ("max_memory_allocated", lambda: torch.cuda.max_memory_allocated()),
+                 ("reset_peak_memory_stats", lambda: torch.cuda.reset_peak_memory_stats())]:
+    t = time.perf_counter()
+    for _ in range(1000): fn()
+    print(f"{name}: {(time.perf_counter() - t) * 1e3:.1f} us per call")
+PY
+    stage 240 $py scripts/bench_model.py --device cuda --output-dir "$res"; pack
+    stage 60 $py -m cs336_systems.benchmark_direct --model-sizes small medium --context-lengths 128 512 \
+      --precisions bf16 --pass-types forward forward-backward --measure-steps 20 --output "$res/gpu_noise_host.jsonl"
+    stage 60 $py -m cs336_systems.benchmark_direct --model-sizes small medium --context-lengths 128 512 \
+      --precisions bf16 --pass-types forward forward-backward --measure-steps 20 --timer cuda-event \
+      --output "$res/gpu_noise_events.jsonl"; pack
+    stage 50 $py -m cs336_systems.benchmark_direct --model-sizes small medium large xl 2.7B --context-lengths 512 \
+      --precisions tf32 --pass-types forward-backward --output "$res/gpu_tf32_h100.csv"; pack
+    stage 80 $py scripts/warmup_study.py --device cuda --context-length 512 --output-dir "$res"; pack
+    stage 80 $py -m cs336_systems.find_max --dimension batch-size --model-size xl --context-length 512 \
+      --pass-type train-step --precision bf16 --start 8 --resolution 4 --output "$res/find_max_xl_h100.csv" \
+      --summary "$res/find_max_xl_h100.json"; pack
+    ls -la "$res"
+    ;;
+  *) echo "usage: $0 core|extras" >&2; exit 2 ;;
 esac
