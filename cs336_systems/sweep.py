@@ -54,7 +54,7 @@ from cs336_systems.results import (
     render_markdown,
 )
 from cs336_systems.runner import COMPILE_SCOPES, BenchmarkConfig, DeviceError, new_record, resolve_device
-from cs336_systems.units import parse_bytes
+from cs336_systems.units import format_bytes, parse_bytes
 
 COMPILE_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
 INTERRUPTED_EXIT = 130
@@ -251,6 +251,13 @@ class ChildLimits:
     timeout_s: float | None = None
     memory_limit_bytes: int | None = None  # CPU address-space headroom (cs336_systems.memory_cap)
 
+    def annotate(self, record: BenchmarkRecord) -> BenchmarkRecord:
+        """A row measured under a memory cap says so: its OOM is the cap's, not the machine's."""
+        if self.memory_limit_bytes is not None:
+            cap = f"ran under --memory-limit {format_bytes(self.memory_limit_bytes)} (address-space cap)"
+            record.notes = f"{record.notes}; {cap}" if record.notes else cap
+        return record
+
 
 def add_child_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("child processes")
@@ -310,14 +317,15 @@ def run_in_child(config: BenchmarkConfig, limits: ChildLimits, env: Environment 
             _kill_group(process)
             raise
         if output.exists() and output.stat().st_size:
-            return _record_from_row(json.loads(output.read_text().splitlines()[-1]))
+            return limits.annotate(_record_from_row(json.loads(output.read_text().splitlines()[-1])))
         tail = " | ".join(stderr.strip().splitlines()[-STDERR_TAIL_LINES:])
         code = process.returncode
         how = f"killed by signal {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
         if code == -signal.SIGKILL:
             how += " (the Linux OOM killer sends this)"
         env = env or collect_environment(torch.device(config.device))
-        return failed_record(config, env, "error", f"child {how}: {tail or '(nothing on stderr)'}", num_params)
+        error = f"child {how}: {tail or '(nothing on stderr)'}"
+        return limits.annotate(failed_record(config, env, "error", error, num_params))
 
 
 def _signal_name(number: int) -> str:

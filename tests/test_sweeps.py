@@ -106,6 +106,7 @@ def test_run_benchmarks_goes_on_after_a_real_oom(tmp_path):
     assert result.returncode == 0, result.stderr
     rows = pd.read_csv(out)
     assert list(rows["status"]) == ["ok", "oom", "ok"]
+    assert rows["notes"].str.contains("ran under --memory-limit 286.10 MiB").all()  # the OOM is the cap's
 
 
 def _gone(pid: int) -> bool:
