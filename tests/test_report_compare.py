@@ -78,6 +78,7 @@ def test_compare_exits_1_on_a_planted_regression(results_csv, tmp_path, capsys):
     assert "SLOWER by 50.0% (> 10%)" in out and "1.500" in out
     assert "Only in base (1, not compared)" in out and "precision=bf16" in out
     assert "4 matched, 1 regression(s) beyond 10%." in out
+    assert "- base: 5 rows; device_name " in out and "torch_version " in out  # measured alike?
     assert compare.main([str(results_csv), str(new_path), "--fail-above", "60"]) == 0
     assert compare.main([str(results_csv), str(results_csv), "--fail-above", "1"]) == 0
 
