@@ -45,17 +45,22 @@ def test_report_with_one_precision_two_custom_models_and_compile(results_csv, tm
     rows = pd.read_csv(results_csv)
     fp32 = rows[(rows["precision"] == "fp32") & (rows["status"] == "ok")]
     wider = fp32.assign(d_model=64, num_params=fp32["num_params"] * 3, mean_ms=fp32["mean_ms"] * 2)
-    compiled = fp32.assign(compile=True, mean_ms=fp32["mean_ms"] / 4, cv_pct=50.0)
+    compiled = fp32.assign(compile=True, mean_ms=fp32["mean_ms"] / 4, cv_pct=50.0, mfu=1.5, peak_source="measured")
     path = tmp_path / "one_precision.csv"
     pd.concat([fp32, wider, compiled]).to_csv(path, index=False)
     output = tmp_path / "report.md"
-    assert report.main([str(path), "--output", str(output)]) == 0
+    assert report.main([str(path), "--output", str(output), "--note", "Measured on a shared VM."]) == 0
     text = output.read_text()
+    assert (
+        text.startswith("# Benchmark report\n\nMeasured on a shared VM.\n")
+        and "--note 'Measured on a shared VM.'" in text
+    )
     assert "precision bf16" not in text and "Speedup of bf16" not in text  # nothing to compare against
     assert "| custom d32 L2 ff64 V97 |" in text and "| custom d64 L2 ff64 V97 |" in text  # two rows, not one
     assert "### Speedup of compiled over eager: pass type forward, precision fp32" in text
     assert "4.00x †" in text  # the compiled side is noisy (CV 50%): the speedup says so
     assert "compile True" in text and "compile False" in text  # separate tables for compiled and eager
+    assert "150.0% ‡" in text and "MFU 150% ‡ is impossible" in text and "matmul probe" in text
 
 
 def test_report_errors(tmp_path, capsys):
