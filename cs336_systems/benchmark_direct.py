@@ -16,7 +16,7 @@ import itertools
 import sys
 
 from cs336_systems.memory import current_memory_bytes
-from cs336_systems.models import ModelFactoryError, build_model, check_model_output
+from cs336_systems.models import ModelFactoryError, build_model, check_model_output, count_parameters_for
 from cs336_systems.runner import first_line, is_out_of_memory, release_memory, resolve_device, run_benchmark
 from cs336_systems.sweep import failed_record, sweep_main
 
@@ -42,11 +42,12 @@ def execute(pending, args, env, writer) -> None:
                 if is_out_of_memory(exc)
                 else ("error", f"{type(exc).__name__}: {first_line(exc)}")
             )
+        num_params = count_parameters_for(model_config, args.model_factory) if failure else None
         for config in group:
             if not writer.start(config):
                 break
             if failure is not None:
-                writer.write(failed_record(config, env, *failure))
+                writer.write(failed_record(config, env, *failure, num_params))
             else:
                 writer.write(run_benchmark(config, model=model, environment=env, memory_baseline_bytes=baseline))
         model = None

@@ -16,12 +16,15 @@ import sys
 from tabulate import tabulate
 
 from cs336_systems.cli import ArgumentParser, fail, positive_float
+from cs336_systems.report import model_label
 from cs336_systems.results import CONFIG_FIELDS, ResultFileError, read_results
 from cs336_systems.sweep import row_key
 
 PROG = "python -m cs336_systems.compare"
 DEFAULT_BAND_PCT = 5.0
-SHOWN = ("model_size", "context_length", "batch_size", "pass_type", "precision", "compile", "attention")
+SHOWN = ("model", "context_length", "batch_size", "pass_type", "precision", "compile", "attention")
+# What a reader needs to know before trusting a ratio: were both sides measured alike?
+ENVIRONMENT_SHOWN = ("device_name", "torch_version", "cuda_version", "num_threads", "git_commit")
 
 
 def _rows(path: str) -> dict[tuple, dict]:
@@ -34,8 +37,18 @@ def _rows(path: str) -> dict[tuple, dict]:
         raise ResultFileError(f"{path}: not a benchmark result file (missing {', '.join(missing[:3])})")
     rows = {}
     for row in frame.astype(object).where(frame.notna(), None).to_dict("records"):
+        row["model"] = model_label(row)
         rows[row_key(row)] = row  # a configuration measured twice: the later row counts
     return rows
+
+
+def environment_summary(rows: dict[tuple, dict]) -> str:
+    parts = []
+    for name in ENVIRONMENT_SHOWN:
+        values = sorted({str(row.get(name)) for row in rows.values() if row.get(name) is not None})
+        if values:
+            parts.append(f"{name} {', '.join(v[:12] if name == 'git_commit' else v for v in values)}")
+    return "; ".join(parts)
 
 
 def verdict(base: dict, new: dict, band_pct: float) -> tuple[float | None, str, bool]:
@@ -76,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                       None if ratio is None else f"{ratio:.3f}", text])  # fmt: skip
     headers = [*SHOWN, "base_median_ms", "new_median_ms", "new/base", "verdict"]
     print(f"# {args.new} vs {args.base}\n")
+    print(f"- base: {len(base)} rows; {environment_summary(base)}")
+    print(f"- new: {len(new)} rows; {environment_summary(new)}\n")
     print(tabulate(table, headers=headers, tablefmt="github", floatfmt=".3f") if table else "No matching rows.")
     for side, only in (("base", [k for k in base if k not in new]), ("new", [k for k in new if k not in base])):
         if only:

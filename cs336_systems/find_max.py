@@ -1,10 +1,17 @@
 """python -m cs336_systems.find_max: the largest batch size or context length that runs.
 
-Doubles the value from --start until a probe runs out of memory (or --max is reached),
-then bisects between the last value that ran and the first that did not, until they are
---resolution apart. Each probe is one configuration in a fresh child process (as in
-run_benchmarks), so a failed allocation cannot leave the next probe a fragmented heap.
-Every probe is a row in --output; the answer is printed and written to --summary.
+From --start, doubles the value while probes run (up to --max), or halves it while they
+run out of memory (down to 1); then bisects between the largest value that ran and the
+smallest that ran out of memory until they are --resolution apart. Each probe is one
+configuration in a fresh child process (as in run_benchmarks), so a failed allocation
+cannot leave the next probe a fragmented heap. Every probe is a row in --output; the
+answer is printed and written as JSON to --summary (default: beside the first --output,
+suffix .json).
+
+Outcomes (exit status): boundary found, or --max reached without running out of memory
+(0: the answer is the largest value that ran; with --max, no smallest OOM); even 1 runs
+out of memory, or a probe ended in 'error'/'timeout' (1: the search stops there and says
+so). Ctrl-C stops after the probe in progress (130).
 
 Example:
     python -m cs336_systems.find_max --dimension batch-size --model-size xl --context-length 512 \
@@ -22,9 +29,15 @@ from cs336_systems.benchmark import build_parser as build_benchmark_parser
 from cs336_systems.benchmark import config_from_args
 from cs336_systems.cli import fail, positive_int
 from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory
-from cs336_systems.results import ResultFileError, ResultSink, check_output_paths, collect_environment
+from cs336_systems.results import ResultFileError, ResultSink, check_output_paths
 from cs336_systems.runner import BenchmarkConfig, DeviceError, resolve_device
-from cs336_systems.sweep import add_child_arguments, child_limits_from_args, describe, run_in_child
+from cs336_systems.sweep import (
+    StopRequest,
+    add_child_arguments,
+    child_limits_from_args,
+    describe,
+    run_in_child,
+)
 
 PROG = "python -m cs336_systems.find_max"
 DIMENSIONS = {"batch-size": "batch_size", "context-length": "context_length"}
@@ -35,6 +48,7 @@ class Search:
     dimension: str
     largest_ok: int | None = None
     smallest_oom: int | None = None
+    complete: bool = False  # the answer stands: boundary found or --max reached
     stopped_because: str = ""
     probes: list[tuple[int, str]] = field(default_factory=list)
 
@@ -46,7 +60,10 @@ def probe_config(base: BenchmarkConfig, dimension: str, value: int) -> Benchmark
 
 
 def search(probe, start: int, maximum: int, resolution: int, dimension: str) -> Search:
-    """`probe(value)` returns a status. Doubling, then bisection on 'ok' / 'oom'."""
+    """`probe(value)` returns a status ('ok', 'oom', or another that stops the search).
+
+    Doubling from `start` while it runs, or halving while it runs out of memory; then
+    bisection between the largest 'ok' and the smallest 'oom'."""
     result = Search(dimension)
 
     def run(value: int) -> str:
@@ -59,25 +76,30 @@ def search(probe, start: int, maximum: int, resolution: int, dimension: str) -> 
         return status
 
     value = start
-    while True:
-        status = run(value)
-        if status != "ok":
-            break
-        if value >= maximum:
-            result.stopped_because = f"reached --max {maximum} without running out of memory"
-            return result
+    status = run(value)
+    while status == "ok" and value < maximum:  # up until it no longer fits
         value = min(2 * value, maximum)
-    if status != "oom":
-        result.stopped_because = f"probe {value} ended with status {status!r}, not 'oom': search stopped"
+        status = run(value)
+    if status == "ok":
+        result.complete = True
+        result.stopped_because = f"reached --max {maximum} without running out of memory"
+        return result
+    while status == "oom" and result.largest_ok is None and value > 1:  # down until it fits
+        value //= 2
+        status = run(value)
+    if status not in ("ok", "oom"):
+        result.stopped_because = f"probe {value} ended with status {status!r}, not 'ok' or 'oom': search stopped"
         return result
     if result.largest_ok is None:
-        result.stopped_because = f"even --start {start} runs out of memory"
+        result.stopped_because = f"even {dimension} 1 runs out of memory"
         return result
     while result.smallest_oom - result.largest_ok > resolution:
-        status = run((result.largest_ok + result.smallest_oom) // 2)
+        value = (result.largest_ok + result.smallest_oom) // 2
+        status = run(value)
         if status not in ("ok", "oom"):
-            result.stopped_because = f"a probe ended with status {status!r}: search stopped"
+            result.stopped_because = f"probe {value} ended with status {status!r}: search stopped"
             return result
+    result.complete = True
     result.stopped_because = f"boundary found to within --resolution {resolution}"
     return result
 
@@ -89,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start", type=positive_int, help="first value probed (default: 1 for batch, 128 for context)")
     parser.add_argument("--max", type=positive_int, default=1 << 20, help="largest value probed")
     parser.add_argument("--resolution", type=positive_int, default=1, help="stop when ok and oom are this close")
-    parser.add_argument("--summary", type=Path, help="write the answer as JSON here")
+    parser.add_argument("--summary", type=Path, help="write the answer as JSON here (default: first --output, .json)")
     add_child_arguments(parser)
     parser.set_defaults(warmup_steps=1, measure_steps=1)
     args = parser.parse_args(argv)
@@ -98,29 +120,60 @@ def main(argv: list[str] | None = None) -> int:
         if args.model_factory:
             load_model_factory(args.model_factory)
         start = args.start or (1 if args.dimension == "batch-size" else 128)
+        if start > args.max:
+            raise ValueError(f"--start {start} is above --max {args.max}")
         args.context_length = start if args.dimension == "context-length" else args.context_length
         base = config_from_args(args).replace(device=str(device))
         limits = child_limits_from_args(args, device)
-        sink = ResultSink(check_output_paths(args.output))
+        outputs = check_output_paths(args.output)
+        sink = ResultSink(outputs)
+        summary = args.summary or (outputs[0].with_suffix(".json") if outputs else None)
     except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, ValueError) as exc:
         return fail(PROG, str(exc))
 
-    env = collect_environment(device)
+    searched = searched_config(base, args.dimension)
+    env = None  # children record their own; the parent stays off the GPU
+    stop = StopRequest()
+    done: list[tuple[int, str]] = []
 
     def probe(value: int) -> str:
-        config = probe_config(base, args.dimension, value)
-        record = run_in_child(config, limits, env)
-        sink.write(record)
-        print(f"  {args.dimension} {value}: {record.status} ({describe(config)})", file=sys.stderr, flush=True)
+        nonlocal env
+        if stop.requested:
+            raise KeyboardInterrupt
+        record = run_in_child(probe_config(base, args.dimension, value), limits, env)
+        env = record.environment or env
+        with stop.writing():
+            sink.write(record)
+        done.append((value, record.status))
+        error = f": {record.error}" if record.error else ""
+        print(f"  {args.dimension} {value}: {record.status}{error}", file=sys.stderr, flush=True)
         return record.status
 
-    result = search(probe, start, args.max, args.resolution, args.dimension)
+    print(f"{PROG}: largest {args.dimension} of {searched}, from {start}", file=sys.stderr, flush=True)
+    with stop.installed():
+        try:
+            result = search(probe, start, args.max, args.resolution, args.dimension)
+        except KeyboardInterrupt:
+            saved = " and saved" if outputs else ""
+            print(f"interrupted: no answer; {len(done)} probes done{saved}: {done}", file=sys.stderr)
+            return stop.exit_status
+    print(f"{searched}")
     print(f"largest {args.dimension} that runs: {result.largest_ok}")
     print(f"smallest {args.dimension} that runs out of memory: {result.smallest_oom}")
     print(f"({result.stopped_because}; {len(result.probes)} probes)")
-    if args.summary:
-        args.summary.write_text(json.dumps({**asdict(result), "config": describe(base)}, indent=2) + "\n")
-    return 0 if result.largest_ok is not None and "status" not in result.stopped_because else 1
+    if summary:
+        text = json.dumps({**asdict(result), "config": searched, "device": str(device)}, indent=2)
+        summary.write_text(text + "\n")
+        print(f"wrote {summary}", file=sys.stderr)
+    return 0 if result.complete else 1
+
+
+def searched_config(base: BenchmarkConfig, dimension: str) -> str:
+    """The configuration with the searched value shown as '*'."""
+    text = describe(base)
+    if dimension == "context-length":
+        return text.replace(f"T={base.context_length}", "T=*")
+    return text.replace(f"B={base.batch_size}", "B=*")
 
 
 if __name__ == "__main__":

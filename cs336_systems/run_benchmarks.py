@@ -25,7 +25,9 @@ def execute(pending, args, env, writer) -> None:
     for config in pending:
         if not writer.start(config):
             return
-        writer.write(run_in_child(config, args.child_limits, env))
+        record = run_in_child(config, args.child_limits, env)
+        env = record.environment or env  # for the rows of children that write none
+        writer.write(record)
 
 
 def main(argv: list[str] | None = None) -> int:

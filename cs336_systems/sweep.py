@@ -54,7 +54,7 @@ from cs336_systems.results import (
     render_markdown,
 )
 from cs336_systems.runner import COMPILE_SCOPES, BenchmarkConfig, DeviceError, new_record, resolve_device
-from cs336_systems.units import parse_bytes
+from cs336_systems.units import format_bytes, parse_bytes
 
 COMPILE_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
 INTERRUPTED_EXIT = 130
@@ -105,7 +105,7 @@ def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[Bench
                 peak_tflops=args.peak_tflops,
             )
         )
-    return configs
+    return list(dict.fromkeys(configs))  # a value given twice runs once
 
 
 # -- identity of a configuration (resume) -------------------------------------------------
@@ -139,23 +139,28 @@ def existing_rows(paths: Iterable[Path]) -> list[dict]:
     return []
 
 
+def resumable(outputs: Sequence[Path]) -> bool:
+    """Whether a stopped sweep can be resumed from these outputs (a .csv or .jsonl file)."""
+    return any(path.suffix in (".csv", ".jsonl") for path in outputs)
+
+
 def pending_configs(
-    configs: Sequence[BenchmarkConfig], outputs: Sequence[Path], resume: bool
-) -> tuple[list[BenchmarkConfig], list[dict]]:
-    """The configurations still to run, and the rows already written (kept for .md outputs)."""
-    rows = existing_rows(outputs)
+    configs: Sequence[BenchmarkConfig], outputs: Sequence[Path], rows: Sequence[dict], resume: bool
+) -> list[BenchmarkConfig]:
+    """The configurations not yet in `rows` (the rows already written). Without --resume,
+    an output that already holds rows is refused: a configuration is never run twice by accident."""
     if rows and not resume:
         path = next(p for p in outputs if p.suffix in (".csv", ".jsonl") and p.exists() and p.stat().st_size)
         raise ResultFileError(f"{path} already has {len(rows)} rows: pass --resume to continue it, or use a new file")
     done = {row_key(row) for row in rows}
-    return [config for config in configs if config_key(config) not in done], rows
+    return [config for config in configs if config_key(config) not in done]
 
 
-def failed_record(config: BenchmarkConfig, env: Environment | None, status: str, error: str) -> BenchmarkRecord:
-    """A row for a configuration that produced none of its own (timeout, crash)."""
-    record = new_record(
-        config, torch.device(config.device), env, count_parameters_for(config.model, config.model_factory)
-    )
+def failed_record(
+    config: BenchmarkConfig, env: Environment | None, status: str, error: str, num_params: int | None
+) -> BenchmarkRecord:
+    """A row for a configuration that produced none of its own (timeout, crash, a model that could not be built)."""
+    record = new_record(config, torch.device(config.device), env, num_params)
     record.status, record.error = status, error
     return record
 
@@ -163,30 +168,60 @@ def failed_record(config: BenchmarkConfig, env: Environment | None, status: str,
 # -- Ctrl-C -----------------------------------------------------------------------------
 
 
+class Abort(KeyboardInterrupt):
+    """Stop now: a second Ctrl-C, or SIGTERM. A child in progress is killed with its group."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 class StopRequest:
     """The first Ctrl-C asks the sweep to stop after the configuration in progress (its
-    row is saved); a second one aborts at once (rows already written stay on disk)."""
+    row is saved); a second one, or SIGTERM, aborts at once. Rows already written stay on
+    disk, and a row being written is finished first, so a file is never cut mid-row."""
 
     def __init__(self):
         self.requested = False
+        self.exit_status = INTERRUPTED_EXIT
+        self._writing = False
+        self._pending: Abort | None = None
 
     def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
+        if signum == signal.SIGINT and not self.requested:
+            self.requested = True
+            print(
+                "\nstopping after the current configuration (its row will be saved); Ctrl-C again to abort now",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
         self.requested = True
-        print(
-            "\nstopping after the current configuration (its row will be saved); Ctrl-C again to abort now",
-            file=sys.stderr,
-            flush=True,
-        )
+        self.exit_status = 128 + signum
+        if self._writing:
+            self._pending = Abort(signum)
+        else:
+            raise Abort(signum)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopRequest]:
-        previous = signal.signal(signal.SIGINT, self._handle)
+        previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield self
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """An abort arriving while a row is written takes effect once it is written."""
+        self._writing = True
+        try:
+            yield
+        finally:
+            self._writing = False
+        if self._pending is not None:
+            raise self._pending
 
 
 def resume_command(prog: str, argv: Sequence[str]) -> str:
@@ -216,6 +251,13 @@ class ChildLimits:
     timeout_s: float | None = None
     memory_limit_bytes: int | None = None  # CPU address-space headroom (cs336_systems.memory_cap)
 
+    def annotate(self, record: BenchmarkRecord) -> BenchmarkRecord:
+        """A row measured under a memory cap says so: its OOM is the cap's, not the machine's."""
+        if self.memory_limit_bytes is not None:
+            cap = f"ran under --memory-limit {format_bytes(self.memory_limit_bytes)} (address-space cap)"
+            record.notes = f"{record.notes}; {cap}" if record.notes else cap
+        return record
+
 
 def add_child_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("child processes")
@@ -244,9 +286,15 @@ STDERR_TAIL_LINES = 8
 
 def run_in_child(config: BenchmarkConfig, limits: ChildLimits, env: Environment | None = None) -> BenchmarkRecord:
     """Run `benchmark` for one configuration in a fresh process (its own session, so a
-    terminal Ctrl-C does not reach it, and a timeout kills it with all its children)."""
+    terminal Ctrl-C does not reach it, and a timeout kills it with all its children).
+
+    The row is the child's own (with its environment). `env` goes into the rows of a
+    child that wrote none (timeout, crash); when it is None it is collected here only
+    then, so a parent driving CUDA children does not hold a CUDA context of its own."""
     with tempfile.TemporaryDirectory(prefix="cs336-child-") as tmp:
         output = Path(tmp) / "row.jsonl"
+        # Never the user's factory here: it may be what hangs or crashes (the child counts it).
+        num_params = None if config.model_factory else count_parameters_for(config.model)
         command = [sys.executable, "-m"]
         if limits.memory_limit_bytes is not None:
             command += ["cs336_systems.memory_cap", str(limits.memory_limit_bytes)]
@@ -261,18 +309,30 @@ def run_in_child(config: BenchmarkConfig, limits: ChildLimits, env: Environment 
             _, stderr = process.communicate(timeout=limits.timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(process)
-            return failed_record(config, env, "timeout", f"no result within --timeout {limits.timeout_s:g} s")
+            env = env or collect_environment(torch.device(config.device))
+            return failed_record(
+                config, env, "timeout", f"no result within --timeout {limits.timeout_s:g} s", num_params
+            )
         except BaseException:
             _kill_group(process)
             raise
         if output.exists() and output.stat().st_size:
-            return _record_from_row(json.loads(output.read_text().splitlines()[-1]))
+            return limits.annotate(_record_from_row(json.loads(output.read_text().splitlines()[-1])))
         tail = " | ".join(stderr.strip().splitlines()[-STDERR_TAIL_LINES:])
         code = process.returncode
-        how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        how = f"killed by signal {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
         if code == -signal.SIGKILL:
             how += " (the Linux OOM killer sends this)"
-        return failed_record(config, env, "error", f"child {how}: {tail}")
+        env = env or collect_environment(torch.device(config.device))
+        error = f"child {how}: {tail or '(nothing on stderr)'}"
+        return limits.annotate(failed_record(config, env, "error", error, num_params))
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
 
 
 def _kill_group(process: subprocess.Popen) -> None:
@@ -307,8 +367,9 @@ class Writer:
         return True
 
     def write(self, record: BenchmarkRecord) -> None:
-        self.sink.write(record)
-        self.written.append(record)
+        with self.stop.writing():
+            self.sink.write(record)
+            self.written.append(record)
         self.bar.update(1)
         self.bar.set_postfix_str(f"last: {record.status} {_short_time(record)}")
 
@@ -339,13 +400,15 @@ def sweep_main(
             load_model_factory(args.model_factory)
         configs = grid_from_args(args, device)
         outputs = check_output_paths(args.output)
-        pending, previous = pending_configs(configs, outputs, args.resume)
+        previous = existing_rows(outputs)
+        sink = ResultSink(outputs, previous_rows=previous)  # refuses a file with other columns
+        pending = pending_configs(configs, outputs, previous, args.resume)
         args.child_limits = child_limits_from_args(args, device) if child_processes else None
     except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, ValueError) as exc:
         return fail(prog, str(exc))
 
-    env = collect_environment(device)
-    sink = ResultSink(outputs, previous_rows=previous)
+    # Children record their own environment; the parent of CUDA children stays off the GPU.
+    env = None if child_processes else collect_environment(device)
     print(f"{len(configs)} configurations, {len(configs) - len(pending)} already done, {len(pending)} to run",
           file=sys.stderr)  # fmt: skip
     stop = StopRequest()
@@ -359,7 +422,10 @@ def sweep_main(
     if rows:
         print(render_markdown(rows))
     if stop.requested and len(writer.written) < len(pending):
-        print(f"stopped: {len(writer.written)} of {len(pending)} configurations done and saved. Resume with:\n"
-              f"  {resume_command(prog, argv)}", file=sys.stderr)  # fmt: skip
-        return INTERRUPTED_EXIT
+        done = f"stopped: {len(writer.written)} of {len(pending)} configurations done"
+        if resumable(outputs):
+            print(f"{done} and saved. Resume with:\n  {resume_command(prog, argv)}", file=sys.stderr)
+        else:
+            print(f"{done}; nothing to resume from: pass --output FILE.csv (or .jsonl) to keep rows", file=sys.stderr)
+        return stop.exit_status
     return 0

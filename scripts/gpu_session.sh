@@ -46,5 +46,19 @@ PY
       --summary "$res/find_max_xl_h100.json"; pack
     ls -la "$res"
     ;;
-  *) echo "usage: $0 core|extras" >&2; exit 2 ;;
+  sweeps)
+    # issue 3, about 6 minutes: the handout grid in one process (short steps to fit the budget),
+    # the warmup study, the largest xl training batch (vs the estimator's 19), a report and a compare.
+    stage 240 $py -m cs336_systems.benchmark_direct --model-sizes small medium large xl 2.7B \
+      --context-lengths 128 256 512 1024 --precisions fp32 bf16 --pass-types forward forward-backward \
+      --warmup-steps 2 --measure-steps 5 --output "$out/gpu_sweep.csv" --output "$out/gpu_sweep.jsonl"
+    stage 60 $py scripts/warmup_study.py --device cuda --model-size small --context-length 512 --output-dir "$out"
+    $py -m cs336_systems.memory --model-size xl --context-length 512 --pass-type train-step --precision bf16 \
+      --find-max batch-size --device-memory "$($py -c 'import torch; print(torch.cuda.mem_get_info()[1])')" | tail -1
+    stage 150 $py -m cs336_systems.find_max --dimension batch-size --model-size xl --context-length 512 \
+      --pass-type train-step --precision bf16 --start 4 --timeout 90 --output "$out/find_max_xl.csv"
+    stage 30 $py -m cs336_systems.report "$out/gpu_sweep.csv" --output "$out/gpu_report/report.md"
+    stage 30 $py -m cs336_systems.compare "$out/gpu_sweep.csv" "$out/gpu_sweep.jsonl" --fail-above 5
+    ;;
+  *) echo "usage: $0 core|extras|sweeps" >&2; exit 2 ;;
 esac

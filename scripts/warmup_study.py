@@ -1,18 +1,20 @@
 """The handout's warmup experiment: 0, 1, 2 and 5 warmup steps, then 10 measured steps.
 
-    python scripts/warmup_study.py                                  # CPU, small, context 128
+    python scripts/warmup_study.py                                  # CPU: small, context 128
     python scripts/warmup_study.py --device cuda --context-length 512
 
-Each warmup count runs in a fresh process (as run_benchmarks does): in one process the
-first run would warm the kernels, caches and allocator for the others, and "0 warmup
-steps" would not be cold. Every step's time is kept. Writes results/warmup_study_<device>
-.csv (every step), .md (mean, std, CV of the measured steps per warmup count) and .png
-(step index against time, log scale, so the first steps stay visible).
+Takes every flag of `python -m cs336_systems.benchmark` (size, shape, pass type, precision,
+compile, device, ...) except --warmup-steps, which --warmups replaces. Each warmup count
+runs in a fresh process (as run_benchmarks does): in one process the first run would warm
+the kernels, caches and allocator for the others, and "0 warmup steps" would not be cold.
+Every step's time is kept. Writes results/warmup_study_<device>.csv (every step), .md
+(mean, std, CV of the measured steps per warmup count) and .png (step index against time,
+log scale, so the first steps stay visible); --output also keeps each run's full record.
 """
 
 from __future__ import annotations
 
-import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -23,39 +25,48 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-from cs336_systems.models import ModelConfig  # noqa: E402
-from cs336_systems.results import collect_environment, environment_lines  # noqa: E402
-from cs336_systems.runner import BenchmarkConfig, resolve_device  # noqa: E402
+from cs336_systems.benchmark import build_parser, config_from_args  # noqa: E402
+from cs336_systems.cli import fail, non_negative_int  # noqa: E402
+from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory  # noqa: E402
+from cs336_systems.results import (  # noqa: E402
+    ResultFileError,
+    ResultSink,
+    check_output_paths,
+    environment_lines,
+)
+from cs336_systems.runner import DeviceError, resolve_device  # noqa: E402
 from cs336_systems.stats import summarize  # noqa: E402
-from cs336_systems.sweep import ChildLimits, run_in_child  # noqa: E402
+from cs336_systems.sweep import ChildLimits, describe, run_in_child  # noqa: E402
 
+PROG = "python scripts/warmup_study.py"
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--model-size", default="small")
-    parser.add_argument("--context-length", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--pass-type", default="forward-backward")
-    parser.add_argument("--precision", default="fp32")
-    parser.add_argument("--warmups", type=int, nargs="+", default=[0, 1, 2, 5])
-    parser.add_argument("--measure-steps", type=int, default=10)
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    parser.prog, parser.description = PROG, __doc__.split("\n")[0]
+    parser.add_argument("--warmups", type=non_negative_int, nargs="+", default=[0, 1, 2, 5], metavar="N")
     parser.add_argument("--output-dir", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    device = resolve_device(args.device)
-    env = collect_environment(device)
-    model = ModelConfig.from_size(args.model_size, context_length=args.context_length)
+    parser.set_defaults(context_length=128, warmup_steps=None)
+    args = parser.parse_args(argv)
+    try:
+        if args.warmup_steps is not None:
+            raise ConfigError("--warmup-steps is what this study varies: use --warmups N [N ...]")
+        device = resolve_device(args.device)
+        if args.model_factory:
+            load_model_factory(args.model_factory)
+        base = config_from_args(args).replace(device=str(device), warmup_steps=0)
+        sink = ResultSink(check_output_paths(args.output))
+    except (ConfigError, DeviceError, ModelFactoryError, ResultFileError) as exc:
+        return fail(PROG, str(exc))
 
-    steps, summary = [], []
+    steps, summary, records = [], [], []
     for warmup in args.warmups:
-        config = BenchmarkConfig(model=model, context_length=args.context_length, batch_size=args.batch_size,
-                                 pass_type=args.pass_type, precision=args.precision, device=str(device),
-                                 warmup_steps=warmup, measure_steps=args.measure_steps)  # fmt: skip
-        record = run_in_child(config, ChildLimits(), env)
+        record = run_in_child(base.replace(warmup_steps=warmup), ChildLimits())
+        sink.write(record)
+        records.append(record.to_row())
         if record.status != "ok":
-            print(f"warmup {warmup}: {record.status}: {record.error}", file=sys.stderr)
+            print(f"{PROG}: warmup {warmup}: {record.status}: {record.error}", file=sys.stderr)
             return 1
         times = [*record.warmup_step_ms, *record.step_ms]
         for index, ms in enumerate(times):
@@ -63,6 +74,7 @@ def main() -> int:
         stats = summarize(record.step_ms)
         summary.append(dict(warmup_steps=warmup, mean_ms=stats.mean, std_ms=stats.std, cv_pct=stats.cv_pct,
                             median_ms=stats.median, first_measured_ms=record.step_ms[0],
+                            first_over_median=record.step_ms[0] / stats.median,
                             max_over_median=stats.max / stats.median))  # fmt: skip
         print(summary[-1], file=sys.stderr, flush=True)
 
@@ -77,23 +89,21 @@ def main() -> int:
         warm = rows[~rows["measured"]]
         ax.scatter(warm["step_index"], warm["step_ms"], s=80, facecolors="none", edgecolors=line.get_color())
     ax.set(yscale="log", xlabel="step index (hollow markers: warmup steps, not summarised)", ylabel="step time (ms)")
-    ax.set_title(f"{args.model_size} {args.pass_type} {args.precision}, context {args.context_length}, "
-                 f"batch {args.batch_size} on {env.device_name}", fontsize=9)  # fmt: skip
+    ax.set_title(f"{describe(base)} on {records[0]['device_name']}", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
     fig.savefig(stem.with_suffix(".png"), dpi=110)
     plt.close(fig)
 
-    command = "python scripts/warmup_study.py " + " ".join(sys.argv[1:])
+    command = f"{PROG} {shlex.join(sys.argv[1:] if argv is None else argv)}".strip()
     text = "\n".join([
-        f"# Warmup study ({device.type})", "", f"Command: `{command.strip()}`", "",
-        f"{args.model_size}, {args.pass_type}, {args.precision}, context {args.context_length}, batch "
-        f"{args.batch_size}; each warmup count in a fresh process; statistics over the {args.measure_steps} "
-        "measured steps.", "",
+        f"# Warmup study ({device.type})", "", f"Command: `{command}`", "",
+        f"{describe(base)} (warmup varied); each warmup count in a fresh process; statistics over the "
+        f"{args.measure_steps} measured steps; `first_over_median` = first measured step / median.", "",
         tabulate(summary, headers="keys", tablefmt="github", floatfmt=".2f"), "",
         f"![step time by index]({stem.with_suffix('.png').name})", "",
-        "Environment:", "", *environment_lines([env.__dict__]), "",
+        "Environment:", "", *environment_lines(records), "",
     ])  # fmt: skip
     stem.with_suffix(".md").write_text(text)
     print(text)

@@ -33,12 +33,34 @@ def test_report_tables_speedups_and_plots(results_csv, tmp_path, capsys):
     text = output.read_text()
     assert "## Environment" in text and "torch_version" in text
     assert "### pass type forward, precision fp32" in text and "### pass type forward, precision bf16" in text
-    assert "| custom  |" in text and "±" in text and "ctx 8" in text and "ctx 16" in text
+    assert "| custom d32 L2 ff64 V97 |" in text and "±" in text and "ctx 8" in text and "ctx 16" in text
     assert "### pass type forward-backward, precision fp32" in text and "OOM" in text
     assert "### Speedup of bf16 over fp32" in text
     assert "CUDA out of memory" in text  # the failure is explained in the notes
     for png in ("report_time_vs_context.png", "report_time_vs_params.png"):
         assert (output.parent / png).stat().st_size > 1000 and f"]({png})" in text
+
+
+def test_report_with_one_precision_two_custom_models_and_compile(results_csv, tmp_path):
+    rows = pd.read_csv(results_csv)
+    fp32 = rows[(rows["precision"] == "fp32") & (rows["status"] == "ok")]
+    wider = fp32.assign(d_model=64, num_params=fp32["num_params"] * 3, mean_ms=fp32["mean_ms"] * 2)
+    compiled = fp32.assign(compile=True, mean_ms=fp32["mean_ms"] / 4, cv_pct=50.0, mfu=1.5, peak_source="measured")
+    path = tmp_path / "one_precision.csv"
+    pd.concat([fp32, wider, compiled]).to_csv(path, index=False)
+    output = tmp_path / "report.md"
+    assert report.main([str(path), "--output", str(output), "--note", "Measured on a shared VM."]) == 0
+    text = output.read_text()
+    assert (
+        text.startswith("# Benchmark report\n\nMeasured on a shared VM.\n")
+        and "--note 'Measured on a shared VM.'" in text
+    )
+    assert "precision bf16" not in text and "Speedup of bf16" not in text  # nothing to compare against
+    assert "| custom d32 L2 ff64 V97 |" in text and "| custom d64 L2 ff64 V97 |" in text  # two rows, not one
+    assert "### Speedup of compiled over eager: pass type forward, precision fp32" in text
+    assert "4.00x †" in text  # the compiled side is noisy (CV 50%): the speedup says so
+    assert "compile True" in text and "compile False" in text  # separate tables for compiled and eager
+    assert "150.0% ‡" in text and "MFU 150% ‡ is impossible" in text and "matmul probe" in text
 
 
 def test_report_errors(tmp_path, capsys):
@@ -61,6 +83,7 @@ def test_compare_exits_1_on_a_planted_regression(results_csv, tmp_path, capsys):
     assert "SLOWER by 50.0% (> 10%)" in out and "1.500" in out
     assert "Only in base (1, not compared)" in out and "precision=bf16" in out
     assert "4 matched, 1 regression(s) beyond 10%." in out
+    assert "- base: 5 rows; device_name " in out and "torch_version " in out  # measured alike?
     assert compare.main([str(results_csv), str(new_path), "--fail-above", "60"]) == 0
     assert compare.main([str(results_csv), str(results_csv), "--fail-above", "1"]) == 0
 

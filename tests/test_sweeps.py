@@ -5,16 +5,18 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from cs336_systems import benchmark_direct, run_benchmarks
 from cs336_systems.benchmark import build_parser, config_from_args
-from cs336_systems.cli import config_to_args
+from cs336_systems.cli import ArgumentParser, config_to_args
 from cs336_systems.find_max import search
 from cs336_systems.results import CONFIG_FIELDS
-from cs336_systems.sweep import row_key
+from cs336_systems.sweep import Abort, StopRequest, add_grid_arguments, grid_from_args, row_key
 from tests.conftest import PYTHON, child_env, tiny_benchmark_config
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory caps need RLIMIT_AS")
@@ -69,6 +71,23 @@ def test_config_round_trips_through_cli_flags():
     assert parsed == config
 
 
+def test_grid_order_and_each_configuration_once():
+    parser = ArgumentParser(prog="test")
+    add_grid_arguments(parser)
+    args = parser.parse_args(
+        [*TINY, "--model-sizes", "small", "--precisions", "fp32", "bf16", "--context-lengths", "32", "16", "32",
+         "--pass-types", "forward", "forward-backward"]
+    )  # fmt: skip
+    configs = grid_from_args(args, torch.device("cpu"))
+    assert [(c.precision, c.context_length, c.pass_type) for c in configs] == [
+        (precision, context, pass_type)
+        for precision in ("fp32", "bf16")
+        for context in (32, 16)
+        for pass_type in ("forward", "forward-backward")
+    ]
+    assert {c.model.context_length for c in configs} == {32}  # one model for every context
+
+
 def test_benchmark_direct_goes_on_after_a_real_oom(tmp_path):
     out = tmp_path / "direct.csv"
     result = cli(
@@ -87,32 +106,85 @@ def test_run_benchmarks_goes_on_after_a_real_oom(tmp_path):
     assert result.returncode == 0, result.stderr
     rows = pd.read_csv(out)
     assert list(rows["status"]) == ["ok", "oom", "ok"]
+    assert rows["notes"].str.contains("ran under --memory-limit 286.10 MiB").all()  # the OOM is the cap's
 
 
-def test_a_hanging_configuration_hits_the_timeout(tmp_path, fixtures_on_path):
-    out = tmp_path / "hang.jsonl"
+def _gone(pid: int) -> bool:
+    """Not running: no such process, or a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _wait_for_pids(path: Path, process: subprocess.Popen | None = None, seconds: float = 60) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline and (process is None or process.poll() is None)
+        time.sleep(0.05)
+    return [int(pid) for pid in path.read_text().split()]
+
+
+def test_a_hanging_configuration_hits_the_timeout_and_its_processes_die(tmp_path, fixtures_on_path, monkeypatch):
+    out, pids = tmp_path / "hang.jsonl", tmp_path / "pids"
+    monkeypatch.setenv("CS336_TEST_PIDS", str(pids))
     start = time.monotonic()
     code = run_benchmarks.main(
-        [
-            *TINY,
-            "--model-factory",
-            "user_models:hangs",
-            "--context-lengths",
-            "8",
-            "--timeout",
-            "8",
-            "--output",
-            str(out),
-        ]
-    )
+        [*TINY, "--model-factory", "user_models:hangs_with_a_child", "--context-lengths", "8", "--timeout", "6",
+         "--output", str(out)]
+    )  # fmt: skip
     assert code == 0 and time.monotonic() - start < 60
     row = json.loads(out.read_text())
-    assert row["status"] == "timeout" and "--timeout 8" in row["error"]
-    assert row["model_factory"] == "user_models:hangs" and row["torch_version"]
+    assert row["status"] == "timeout" and "--timeout 6" in row["error"]
+    assert row["model_factory"] == "user_models:hangs_with_a_child" and row["torch_version"]
+    child, grandchild = _wait_for_pids(pids, seconds=1)  # written before the hang, so before the timeout
+    assert _gone(child) and _gone(grandchild)  # the whole process group was killed
+
+
+def test_sigterm_kills_the_running_child_and_says_how_to_resume(tmp_path):
+    out, pids = tmp_path / "term.csv", tmp_path / "pids"
+    process = subprocess.Popen(
+        [PYTHON, "-m", "cs336_systems.run_benchmarks", *TINY, "--model-factory", "user_models:hangs_with_a_child",
+         "--context-lengths", "8", "--output", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**child_env(), "CS336_TEST_PIDS": str(pids)},
+    )  # fmt: skip
+    child, grandchild = _wait_for_pids(pids, process)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert "Resume with:" in stderr and "Traceback" not in stderr
+    deadline = time.monotonic() + 10
+    while not (_gone(child) and _gone(grandchild)):  # no orphan left holding memory
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_a_second_interrupt_while_a_row_is_written_waits_for_the_row():
+    stop = StopRequest()
+    with pytest.raises(Abort), stop.writing():
+        stop._handle(signal.SIGINT, None)
+        assert stop.requested  # the first: stop after this configuration
+        stop._handle(signal.SIGINT, None)  # the second: abort, but not mid-row
+        finished = True
+    assert finished and stop.exit_status == 130
+    with pytest.raises(Abort):
+        stop._handle(signal.SIGINT, None)  # outside a write: at once
 
 
 def test_a_crashing_child_is_an_error_row_with_its_stderr(tmp_path, fixtures_on_path):
     out = tmp_path / "crash.csv"
+    code = run_benchmarks.main(
+        [*TINY, "--model-factory", "user_models:segfaults", "--context-lengths", "8", "16", "--output", str(out)]
+    )
+    rows = pd.read_csv(out)
+    assert code == 0 and list(rows["status"]) == ["error", "error"]  # the sweep went on after the crash
+    error = rows["error"][0]
+    assert "child killed by signal SIGSEGV" in error and "about to dereference a null pointer" in error
+    assert rows["torch_version"][0] and rows["model_factory"][0] == "user_models:segfaults"
+
+
+def test_a_child_that_fails_cleanly_keeps_its_own_error_row(tmp_path, fixtures_on_path):
+    out = tmp_path / "wrong.csv"
     code = run_benchmarks.main(
         [*TINY, "--model-factory", "user_models:wrong_shape", "--context-lengths", "8", "--output", str(out)]
     )
@@ -199,11 +271,27 @@ def test_search_logic_without_processes():
         return "ok" if value <= 37 else "oom"
 
     result = search(probe, start=1, maximum=1000, resolution=1, dimension="batch-size")
-    assert (result.largest_ok, result.smallest_oom) == (37, 38)
+    assert (result.largest_ok, result.smallest_oom, result.complete) == (37, 38, True)
     assert statuses[:7] == [1, 2, 4, 8, 16, 32, 64]
-    assert search(lambda v: "oom", 4, 100, 1, "b").stopped_because == "even --start 4 runs out of memory"
-    assert "reached --max 8" in search(lambda v: "ok", 1, 8, 1, "b").stopped_because
-    assert "'error'" in search(lambda v: "error", 1, 8, 1, "b").stopped_because
+
+    # a start that does not fit: halve down to a fit, then bisect up
+    down = search(lambda v: "ok" if v <= 37 else "oom", 500, 1000, 1, "batch-size")
+    assert [v for v, _ in down.probes[:5]] == [500, 250, 125, 62, 31]
+    assert (down.largest_ok, down.smallest_oom, down.complete) == (37, 38, True)
+
+    nothing = search(lambda v: "oom", 4, 100, 1, "b")
+    assert nothing.probes == [(4, "oom"), (2, "oom"), (1, "oom")] and not nothing.complete
+    assert nothing.stopped_because == "even b 1 runs out of memory" and nothing.largest_ok is None
+
+    capped = search(lambda v: "ok", 1, 12, 1, "b")
+    assert [v for v, _ in capped.probes] == [1, 2, 4, 8, 12] and capped.complete
+    assert "reached --max 12" in capped.stopped_because and capped.smallest_oom is None
+
+    coarse = search(lambda v: "ok" if v <= 300 else "oom", 128, 4096, 64, "context-length")
+    assert coarse.smallest_oom - coarse.largest_ok <= 64 and coarse.largest_ok <= 300 < coarse.smallest_oom
+
+    failed = search(lambda v: "ok" if v < 4 else "timeout", 1, 8, 1, "b")
+    assert "'timeout'" in failed.stopped_because and failed.largest_ok == 2 and not failed.complete
 
 
 @pytest.mark.parametrize(
