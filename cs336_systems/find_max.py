@@ -22,6 +22,7 @@ from cs336_systems.benchmark import build_parser as build_benchmark_parser
 from cs336_systems.benchmark import config_from_args
 from cs336_systems.cli import fail, positive_int
 from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory
+from cs336_systems.monitor import check_monitor_arguments, monitored
 from cs336_systems.results import ResultFileError, ResultSink, check_output_paths, collect_environment
 from cs336_systems.runner import BenchmarkConfig, DeviceError, resolve_device
 from cs336_systems.sweep import add_child_arguments, child_limits_from_args, describe, run_in_child
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         base = config_from_args(args).replace(device=str(device))
         limits = child_limits_from_args(args, device)
         sink = ResultSink(check_output_paths(args.output))
+        check_monitor_arguments(args)  # --monitor comes with the benchmark flags
     except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, ValueError) as exc:
         return fail(PROG, str(exc))
 
@@ -114,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {args.dimension} {value}: {record.status} ({describe(config)})", file=sys.stderr, flush=True)
         return record.status
 
-    result = search(probe, start, args.max, args.resolution, args.dimension)
+    with monitored(args.monitor, args.monitor_interval):
+        result = search(probe, start, args.max, args.resolution, args.dimension)
     print(f"largest {args.dimension} that runs: {result.largest_ok}")
     print(f"smallest {args.dimension} that runs out of memory: {result.smallest_oom}")
     print(f"({result.stopped_because}; {len(result.probes)} probes)")
