@@ -129,10 +129,11 @@ def test_persistent_workers_see_each_epoch_and_the_cold_epoch_is_slower():
 
 
 def test_four_workers_give_3x_one_worker_when_latency_bound():
-    """Story: data-bound (each item waits 20 ms), 4 workers >= 3x one worker. Steady state:
-    persistent workers, epoch 1 (epoch 0 also pays for starting the worker processes)."""
-    bench = BenchConfig(num_items=64, item_bytes=256, batch_size=2, epochs=2, compute_ms=1,
-                        model=LatencyModel(latency_ms=20))  # fmt: skip
+    """Story: data-bound (each item waits 50 ms), 4 workers >= 3x one worker. Steady state:
+    persistent workers, epoch 1 (epoch 0 also pays for starting the worker processes).
+    A per-step overhead o (IPC, a loaded machine) gives (100 + o) / (25 + o): >= 3 up to 12 ms."""
+    bench = BenchConfig(num_items=32, item_bytes=256, batch_size=2, epochs=2, compute_ms=1,
+                        model=LatencyModel(latency_ms=50))  # fmt: skip
     rates = {}
     for workers in (1, 4):
         loader = LoaderConfig(num_workers=workers, prefetch_factor=2, persistent_workers=True)
@@ -142,12 +143,14 @@ def test_four_workers_give_3x_one_worker_when_latency_bound():
 
 
 def test_data_wait_drops_under_5_percent_with_enough_workers():
-    """Story: input-bound without workers, not input-bound (< 5% waiting) with 4."""
-    bench = BenchConfig(num_items=60, item_bytes=256, batch_size=2, epochs=2, compute_ms=60,
-                        model=LatencyModel(latency_ms=10))  # fmt: skip
+    """Story: input-bound without workers, not input-bound (< 5% waiting) with 4. Fetching a
+    batch takes 40 ms, a step 100 ms: 4 workers keep up with 10x headroom, and the one wait
+    left, the epoch's first batch (40 ms even with persistent workers), is 1.3% of the epoch."""
+    bench = BenchConfig(num_items=60, item_bytes=256, batch_size=2, epochs=2, compute_ms=100,
+                        model=LatencyModel(latency_ms=20))  # fmt: skip
     none = LoaderConfig(num_workers=0)
-    (epochs,) = run_configuration(dataclasses.replace(bench, epochs=1), none)
-    assert epoch_record(bench, none, [epochs[0]], None, "c", None).verdict == "input-bound"  # 20 of 80 ms
+    (epochs,) = run_configuration(dataclasses.replace(bench, epochs=1, num_items=20), none)
+    assert epoch_record(bench, none, [epochs[0]], None, "c", None).verdict == "input-bound"  # 40 of 140 ms
     four = LoaderConfig(num_workers=4, prefetch_factor=2, persistent_workers=True)
     (epochs,) = run_configuration(bench, four)
     steady = epoch_record(bench, four, [epochs[1]], None, "c", None)
@@ -159,7 +162,7 @@ def test_three_processes_give_2_5x_one_when_fetching_is_latency_bound(capsys, tm
     1 process vs 3 independent processes each fetching and computing its share."""
     out = tmp_path / "procs.csv"
     code = loader_bench.main([
-        "--storage", "http", "--latency-ms", "60", "--item-bytes", "20KB", "--num-items", "18",
+        "--storage", "http", "--latency-ms", "100", "--item-bytes", "20KB", "--num-items", "18",
         "--batch-size", "1", "--compute-ms", "2", "--epochs", "1", "--num-workers", "0",
         "--processes", "1", "3", "--output", str(out),
     ])  # fmt: skip
