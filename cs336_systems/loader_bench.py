@@ -515,50 +515,58 @@ def run_epochs(
     compute = make_compute(bench, device)
     timer = PhaseTimer(device, clock)
     not_workers = {p.pid for p in psutil.Process().children()}  # e.g. the HTTP server
-    measurements = []
-    for epoch in range(bench.epochs):
-        sampler.set_epoch(epoch)
-        if barrier is not None:
-            barrier.wait()
-        waits, batch_bytes, batch = [], None, None
-        sampler_cm = WorkerMemorySampler(not_workers) if loader.num_workers > 0 else contextlib.nullcontext()
-        with sampler_cm as memory:
-            start = clock()
-            iterator = iter(data)
-            while True:
-                before = clock()
-                try:
-                    batch = next(iterator)
-                except StopIteration:
-                    final_wait_ms = 1e3 * (clock() - before)
-                    break
-                waits.append(1e3 * (clock() - before))
-                if batch_bytes is None:
-                    batch_bytes = batch_nbytes(batch)
-                if device.type == "cuda":
-                    batch = timer.time("h2d", functools.partial(to_device, batch, device, pin))
-                timer.time("compute", functools.partial(compute, batch))
-            phases = timer.collect()  # synchronizes on CUDA before the clock is read
-            end = clock()
-            del iterator, batch
-        steps = len(waits)
-        measurements.append(
-            EpochMeasurement(
-                epoch=epoch,
-                start_s=start,
-                end_s=end,
-                steps=steps,
-                samples=steps * bench.batch_size,
-                wait_ms=waits,
-                h2d_ms=phases["h2d"] if device.type == "cuda" else None,
-                compute_ms=phases["compute"],
-                final_wait_ms=final_wait_ms,
-                batch_bytes=batch_bytes,
-                worker_rss_bytes=memory.rss if memory else None,
-                worker_uss_bytes=memory.uss if memory else None,
-                shm_bytes=memory.shm if memory else None,
+    measurements, iterator = [], None
+    try:
+        for epoch in range(bench.epochs):
+            sampler.set_epoch(epoch)
+            if barrier is not None:
+                barrier.wait()
+            waits, batch_bytes, batch = [], None, None
+            sampler_cm = WorkerMemorySampler(not_workers) if loader.num_workers > 0 else contextlib.nullcontext()
+            with sampler_cm as memory:
+                start = clock()
+                iterator = iter(data)
+                while True:
+                    before = clock()
+                    try:
+                        batch = next(iterator)
+                    except StopIteration:
+                        final_wait_ms = 1e3 * (clock() - before)
+                        break
+                    waits.append(1e3 * (clock() - before))
+                    if batch_bytes is None:
+                        batch_bytes = batch_nbytes(batch)
+                    if device.type == "cuda":
+                        batch = timer.time("h2d", functools.partial(to_device, batch, device, pin))
+                    timer.time("compute", functools.partial(compute, batch))
+                phases = timer.collect()  # synchronizes on CUDA before the clock is read
+                end = clock()
+                iterator = batch = None
+            steps = len(waits)
+            measurements.append(
+                EpochMeasurement(
+                    epoch=epoch,
+                    start_s=start,
+                    end_s=end,
+                    steps=steps,
+                    samples=steps * bench.batch_size,
+                    wait_ms=waits,
+                    h2d_ms=phases["h2d"] if device.type == "cuda" else None,
+                    compute_ms=phases["compute"],
+                    final_wait_ms=final_wait_ms,
+                    batch_bytes=batch_bytes,
+                    worker_rss_bytes=memory.rss if memory else None,
+                    worker_uss_bytes=memory.uss if memory else None,
+                    shm_bytes=memory.shm if memory else None,
+                )
             )
-        )
+    except BaseException:
+        # stop this configuration's workers now, not at a later garbage collection (which waits
+        # for a worker that raised for up to 5 s)
+        for running in (iterator, getattr(data, "_iterator", None)):
+            if hasattr(running, "_shutdown_workers"):
+                running._shutdown_workers()
+        raise
     del data
     gc.collect()  # shuts persistent workers down before the next configuration starts
     return measurements
