@@ -18,8 +18,9 @@ Definitions (per epoch; REFERENCE.md section 5):
   compute_idle_pct  100 * (1 - compute time / wall time) (1 - MLPerf Storage's accelerator utilisation)
   verdict           TensorFlow's input-pipeline bands on data_wait_pct: < 5 not input-bound,
                     5-20 moderately input-bound, > 20 input-bound
-  predicted_buffer_bytes  num_workers * prefetch_factor * batch bytes (one batch when num_workers
-                    is 0), doubled for the page-locked copies when pin_memory is in effect
+  predicted_buffer_bytes  batches in flight (num_workers * prefetch_factor; 1 when num_workers is 0)
+                    plus the one the training step holds, times the batch bytes; with pin_memory
+                    in effect each in-flight batch may also have its page-locked copy
 Timing: host clock (time.perf_counter) for the wait and the epoch; the copy and the compute
 with the same host clock on CPU, and with CUDA event pairs on GPU, read after one
 synchronize at the end of the epoch so the host can run ahead of the GPU as in training.
@@ -38,6 +39,7 @@ import multiprocessing as mp
 import os
 import queue
 import random
+import shlex
 import shutil
 import sys
 import tempfile
@@ -101,11 +103,18 @@ def verdict(data_wait_pct: float) -> str:
 
 
 def predicted_buffer_bytes(num_workers: int, prefetch_factor: int | None, batch_bytes: int, pinned: bool) -> int:
-    """Host RAM the loader holds in flight: num_workers * prefetch_factor batches (the main
-    process's one batch when num_workers is 0), twice over when each is also copied to
-    page-locked memory for the GPU (pin_memory in effect)."""
-    batches = num_workers * prefetch_factor if num_workers > 0 else 1
-    return batches * batch_bytes * (2 if pinned else 1)
+    """Host RAM the loader's batches may occupy (an upper bound, reached when compute is the
+    bottleneck and every queue is full).
+
+    The DataLoader keeps num_workers * prefetch_factor batches in flight (REFERENCE.md section 5;
+    one when num_workers is 0, loaded by the main process), and the training step still holds the
+    previous batch while next() runs: in_flight + 1 batches. With pin_memory in effect, a batch
+    not yet pinned sits in shared memory and a pinned one in page-locked memory (which torch's
+    host allocator caches): up to in_flight more. Not included: the batch each worker is
+    assembling item by item, and each worker's own interpreter (the worker USS column).
+    """
+    in_flight = num_workers * prefetch_factor if num_workers > 0 else 1
+    return (in_flight + 1 + (in_flight if pinned else 0)) * batch_bytes
 
 
 def predicted_epoch_s(steps: int, fetch_batch_s: float, compute_s: float, num_workers: int) -> float:
@@ -504,6 +513,8 @@ def run_epochs(
     on before each epoch so all processes start it together."""
     _quiet_loader_warnings()
     device = resolve_device(bench.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # the events and the spin kernel go to this device's stream
     if bench.dataset is not None:
         dataset, tag_epoch = load_dataset(bench.dataset), False
     else:
@@ -744,8 +755,8 @@ def render(rows: Sequence[dict], title: str = TITLE) -> str:
     head, _, _ = text.rpartition("std is the sample standard deviation")
     return head + (
         "data_wait_pct = time blocked in next(iterator) / wall; compute_idle_pct = 1 - compute / wall; verdict bands "
-        "< 5% / 5-20% / > 20% (TensorFlow's input-pipeline analyzer). predicted_buffer = workers x prefetch x batch "
-        "bytes (x2 when pinned); worker RSS counts pages shared with the main process once per worker, USS only "
+        "< 5% / 5-20% / > 20% (TensorFlow's input-pipeline analyzer). predicted_buffer = (workers x prefetch + 1) x "
+        "batch bytes (+ workers x prefetch pinned copies on a GPU); worker RSS counts pages shared with the main process once per worker, USS only "
         "the workers' own; shm = batches in flight in /dev/shm.\n"
     )
 
@@ -1106,6 +1117,7 @@ def prepared_storage(bench: BenchConfig, data_dir: Path | None) -> Iterator[Benc
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     try:
         bench = bench_from_args(args)
@@ -1120,7 +1132,8 @@ def main(argv: list[str] | None = None) -> int:
     env = collect_environment(device)
     rows: list[dict] = []
     compute_desc = compute_description(bench, device)
-    with monitored(args.monitor, args.monitor_interval), prepared_storage(bench, args.data_dir) as bench:
+    label = f"{PROG} {shlex.join(argv)}"
+    with monitored(args.monitor, args.monitor_interval, label), prepared_storage(bench, args.data_dir) as bench:
         print(f"{len(grid)} configurations x {bench.epochs} epochs, {bench.storage} storage, {compute_desc}",
               file=sys.stderr)  # fmt: skip
         for loader in grid:

@@ -62,7 +62,7 @@ STORIES = (
         ("--storage", "simulated", "--item-bytes", "8MiB", "--latency-ms", "150", "--bandwidth", "100MB",
          "--num-items", "32", "--batch-size", "1", "--compute-ms", "20", "--epochs", "2",
          "--num-workers", "1", "2", "4", "6", "--prefetch-factor", "1", "2", "--persistent-workers", "true",
-         "--ram-budget", "100MiB"),
+         "--ram-budget", "64MiB"),
     ),
     Story(
         "cold_cache",
@@ -231,13 +231,13 @@ def main() -> int:
             f"on {os.cpu_count()} cores (a shared machine: other jobs slow sleeps' wake-ups and the copies).",
             "",
             "Host RAM of the volumetric loader (epoch 1): prediction beside measurement, and the recommendation "
-            "for `--ram-budget 100MiB`:",
+            "for `--ram-budget 64MiB`:",
             "",
             memory_table(frames["volumetric"]),
             "",
             "```",
             loader_bench.recommendation_text(
-                loader_bench.recommend(frames["volumetric"].to_dict("records"), 100 * 2**20), 100 * 2**20
+                loader_bench.recommend(frames["volumetric"].to_dict("records"), 64 * 2**20), 64 * 2**20
             ),
             "```",
             "",

@@ -46,11 +46,12 @@ def test_verdict_bands(pct, expected):
 
 
 def test_ram_prediction():
-    # REFERENCE.md section 5: 12 workers x prefetch 3 x 230 MB ~= 8 GB
-    assert predicted_buffer_bytes(12, 3, 230 * 10**6, pinned=False) == 8_280_000_000
-    assert predicted_buffer_bytes(12, 3, 230 * 10**6, pinned=True) == 2 * 8_280_000_000
-    assert predicted_buffer_bytes(0, None, 1000, pinned=False) == 1000  # the main process's one batch
-    assert predicted_buffer_bytes(0, None, 1000, pinned=True) == 2000
+    # REFERENCE.md section 5: 12 workers x prefetch 3 x 230 MB ~= 8 GB in flight, + the step's batch
+    assert predicted_buffer_bytes(12, 3, 230 * 10**6, pinned=False) == 37 * 230 * 10**6
+    # pinned: up to 36 batches waiting in shared memory and 37 in page-locked memory
+    assert predicted_buffer_bytes(12, 3, 230 * 10**6, pinned=True) == (36 + 37) * 230 * 10**6
+    assert predicted_buffer_bytes(0, None, 1000, pinned=False) == 2000  # loading one, the step holds one
+    assert predicted_buffer_bytes(0, None, 1000, pinned=True) == 3000
 
 
 def test_epoch_closed_form():
@@ -87,14 +88,14 @@ def test_epoch_record_arithmetic():
     assert record.samples == 16 and record.samples_per_s == pytest.approx(8.0)
     assert record.data_wait_pct == pytest.approx(20.0) and record.verdict == "moderately input-bound"
     assert record.compute_idle_pct == pytest.approx(50.0)
-    assert record.predicted_buffer_bytes == 2 * 3 * 4096 and record.batch_bytes == 4096
+    assert record.predicted_buffer_bytes == (2 * 3 + 1) * 4096 and record.batch_bytes == 4096
     # closed form: fetch 4 x 10 ms per batch, compute 20 ms, 2 workers, 4 steps
     assert record.predicted_samples_per_s == pytest.approx(16 / predicted_epoch_s(4, 0.04, 0.02, 2))
     # processes mode: the epoch spans the earliest start to the latest end; samples add up
     two = [fake_epoch(0, 2.0, [10] * 4, [200] * 4, 100.0), fake_epoch(0, 2.0, [10] * 4, [200] * 4, 100.5)]
     record = epoch_record(bench, LoaderConfig(processes=2, child_processes=True), two, None, "c", None)
     assert record.wall_s == pytest.approx(2.5) and record.samples_per_s == pytest.approx(32 / 2.5)
-    assert record.predicted_buffer_bytes == 2 * 4096
+    assert record.predicted_buffer_bytes == 2 * 2 * 4096  # two processes, each loading one and holding one
 
 
 def test_recommendation_respects_the_ram_budget(tmp_path):
@@ -191,7 +192,7 @@ def test_cli_end_to_end_writes_every_format(capsys, tmp_path):
     assert (frame["status"] == "ok").all() and frame["torch_version"].notna().all()
     two = frame[frame["num_workers"] == 2]
     assert (two["batch_bytes"] == 4 * 1024).all()
-    assert (two["predicted_buffer_bytes"] == 2 * 3 * 4 * 1024).all()  # no GPU: nothing is pinned
+    assert (two["predicted_buffer_bytes"] == (2 * 3 + 1) * 4 * 1024).all()  # no GPU: nothing is pinned
     assert (two["worker_rss_bytes"] > 0).all() and (two["worker_uss_bytes"] > 0).all()
     assert "pin_memory has no effect without a GPU" in " ".join(frame["notes"].dropna())
     lines = [json.loads(line) for line in outputs[2].read_text().splitlines()]
@@ -294,7 +295,7 @@ def test_gpu_copy_and_compute_are_timed_with_events():
     loader = LoaderConfig(num_workers=2, prefetch_factor=2, pin_memory=True)
     (epochs,) = run_configuration(bench, loader)
     record = epoch_record(bench, loader, epochs, None, "c", None)
-    assert record.pinned and record.predicted_buffer_bytes == 2 * 2 * 2 * 8 << 20
+    assert record.pinned and record.predicted_buffer_bytes == (4 + 5) * (8 << 20)
     assert record.h2d_s > 0 and len(record.step_h2d_ms) == 8
     assert record.compute_s == pytest.approx(8 * 0.005, rel=0.3)  # the spin kernel, calibrated with events
 

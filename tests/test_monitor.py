@@ -154,3 +154,19 @@ def test_sweeps_check_the_monitor_path_first(module, capsys):
     code = main([*extra, "--device", "cpu", "--monitor", "bad.txt"])
     err = capsys.readouterr().err
     assert code == 2 and "must end in .csv" in err and err.count("\n") == 1
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_nvml_sees_a_busy_gpu(tmp_path, capsys):
+    import torch
+
+    path = tmp_path / "gpu.csv"
+    a = torch.randn(8192, 8192, device="cuda")
+    with monitored(path, interval_s=0.1):
+        deadline = time.perf_counter() + 1.5
+        while time.perf_counter() < deadline:
+            a @ a
+            torch.cuda.synchronize()
+    frame = pd.read_csv(path)
+    assert frame["gpu_util_pct"].max() > 50 and frame["gpu_memory_used_bytes"].max() > 256 * 2**20
+    assert "monitored through NVML" in capsys.readouterr().err
