@@ -420,7 +420,7 @@ def plot_samples(samples: Sequence[Sample], path: Path, title: str, gpu_note: st
                     va="center", transform=ax.transAxes, color="gray")  # fmt: skip
             ax.set_yticks([])
         elif len(names) > 1:
-            ax.legend(loc="upper right", fontsize=7)
+            ax.legend(loc="best", fontsize=7)
         ax.set_ylabel(label, fontsize=8)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("time since start (s)")

@@ -74,8 +74,8 @@ STORIES = (
     Story(
         "enough_workers",
         "TensorFlow's bands: < 5% of the step waiting for input is not input-bound",
-        ("--storage", "simulated", "--item-bytes", "64KiB", "--latency-ms", "25", "--num-items", "400",
-         "--batch-size", "4", "--compute-ms", "60", "--epochs", "2", "--num-workers", "0", "1", "2", "4", "8",
+        ("--storage", "simulated", "--item-bytes", "64KiB", "--latency-ms", "30", "--num-items", "320",
+         "--batch-size", "4", "--compute-ms", "100", "--epochs", "2", "--num-workers", "0", "1", "2", "4",
          "--persistent-workers", "true"),
     ),
 )  # fmt: skip
@@ -185,7 +185,7 @@ def plot(frames: dict[str, pd.DataFrame], path: Path) -> None:
     ax.axhspan(0, 5, color="tab:green", alpha=0.15, label="< 5%: not input-bound")
     ax.axhspan(5, 20, color="tab:orange", alpha=0.15, label="5-20%: moderately")
     ax.axhspan(20, 100, color="tab:red", alpha=0.08, label="> 20%: input-bound")
-    ax.set(title="Data wait vs workers (100 ms fetch per batch, 60 ms step)", xlabel="num_workers",
+    ax.set(title="Data wait vs workers (120 ms fetch per batch, 100 ms step)", xlabel="num_workers",
            ylabel="data wait (% of wall time)", ylim=(0, 80))  # fmt: skip
     ax.legend(fontsize=7)
     fig.suptitle("Input-pipeline stories (REFERENCE.md section 5), reproduced with latency-bound stores", fontsize=10)
