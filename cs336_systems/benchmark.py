@@ -29,6 +29,7 @@ from cs336_systems.models import (
     count_parameters_for,
     load_model_factory,
 )
+from cs336_systems.monitor import MonitorPathError, add_monitor_arguments, check_monitor_arguments, monitored
 from cs336_systems.results import ResultFileError, ResultSink, check_output_paths, render_markdown
 from cs336_systems.runner import COMPILE_SCOPES, BenchmarkConfig, DeviceError, resolve_device, run_benchmark
 
@@ -59,6 +60,7 @@ def build_parser() -> ArgumentParser:
     )
     add_shape_arguments(parser)
     add_execution_arguments(parser)
+    add_monitor_arguments(parser)
     return parser
 
 
@@ -125,10 +127,12 @@ def main(argv: list[str] | None = None) -> int:
         if config.model_factory:
             load_model_factory(config.model_factory)
         sink = ResultSink(check_output_paths(args.output))
-    except (ConfigError, DeviceError, ModelFactoryError, ResultFileError) as exc:
+        check_monitor_arguments(args)
+    except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, MonitorPathError) as exc:
         return fail(PROG, str(exc))
 
-    record = run_benchmark(config.replace(device=str(device)), memory_snapshot=args.memory_snapshot)
+    with monitored(args.monitor, args.monitor_interval):
+        record = run_benchmark(config.replace(device=str(device)), memory_snapshot=args.memory_snapshot)
     sink.write(record)
     print(render_markdown([record.to_row()]))
     for path in [*args.output, *([args.memory_snapshot] if args.memory_snapshot else [])]:

@@ -29,6 +29,7 @@ from cs336_systems.benchmark import build_parser as build_benchmark_parser
 from cs336_systems.benchmark import config_from_args
 from cs336_systems.cli import fail, positive_int
 from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory
+from cs336_systems.monitor import check_monitor_arguments, monitored
 from cs336_systems.results import ResultFileError, ResultSink, check_output_paths
 from cs336_systems.runner import BenchmarkConfig, DeviceError, resolve_device
 from cs336_systems.sweep import (
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         outputs = check_output_paths(args.output)
         sink = ResultSink(outputs)
         summary = args.summary or (outputs[0].with_suffix(".json") if outputs else None)
+        check_monitor_arguments(args)  # --monitor comes with the benchmark flags
     except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, ValueError) as exc:
         return fail(PROG, str(exc))
 
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         return record.status
 
     print(f"{PROG}: largest {args.dimension} of {searched}, from {start}", file=sys.stderr, flush=True)
-    with stop.installed():
+    with stop.installed(), monitored(args.monitor, args.monitor_interval):
         try:
             result = search(probe, start, args.max, args.resolution, args.dimension)
         except KeyboardInterrupt:

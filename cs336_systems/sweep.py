@@ -41,6 +41,7 @@ from cs336_systems.cli import (
     positive_int,
 )
 from cs336_systems.models import ConfigError, ModelFactoryError, count_parameters_for, load_model_factory
+from cs336_systems.monitor import add_monitor_arguments, check_monitor_arguments, monitored
 from cs336_systems.results import (
     CONFIG_FIELDS,
     ENVIRONMENT_FIELDS,
@@ -390,6 +391,7 @@ def sweep_main(
     add_grid_arguments(parser)
     if child_processes:
         add_child_arguments(parser)
+    add_monitor_arguments(parser)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     try:
@@ -404,6 +406,7 @@ def sweep_main(
         sink = ResultSink(outputs, previous_rows=previous)  # refuses a file with other columns
         pending = pending_configs(configs, outputs, previous, args.resume)
         args.child_limits = child_limits_from_args(args, device) if child_processes else None
+        check_monitor_arguments(args)
     except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, ValueError) as exc:
         return fail(prog, str(exc))
 
@@ -412,7 +415,7 @@ def sweep_main(
     print(f"{len(configs)} configurations, {len(configs) - len(pending)} already done, {len(pending)} to run",
           file=sys.stderr)  # fmt: skip
     stop = StopRequest()
-    with stop.installed(), progress(len(pending), prog) as bar:
+    with monitored(args.monitor, args.monitor_interval), stop.installed(), progress(len(pending), prog) as bar:
         writer = Writer(sink, bar, stop)
         try:
             execute(pending, args, env, writer)

@@ -60,5 +60,15 @@ PY
     stage 30 $py -m cs336_systems.report "$out/gpu_sweep.csv" --output "$out/gpu_report/report.md"
     stage 30 $py -m cs336_systems.compare "$out/gpu_sweep.csv" "$out/gpu_sweep.jsonl" --fail-above 5
     ;;
-  *) echo "usage: $0 core|extras|sweeps" >&2; exit 2 ;;
+  input)
+    # monitor (NVML columns) and loader_bench (CUDA events, pinned non_blocking copies, the GPU spin stand-in)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    stage 90 $py -m pytest -q tests/test_monitor.py tests/test_loader_bench.py -k "gpu or nvml or events or 500mb" 2>&1 | tail -15
+    stage 60 $py -m cs336_systems.loader_bench --device cuda --storage simulated --latency-ms 1 --item-bytes 2MiB \
+      --num-items 256 --batch-size 16 --compute-ms 15 --epochs 2 --num-workers 0 4 --pin-memory false true \
+      --output "$out/loader_gpu.csv" --output "$out/loader_gpu.md" --monitor "$out/loader_gpu_monitor.csv" --monitor-interval 0.2
+    stage 60 $py -m cs336_systems.monitor --interval 0.2 --output "$out/monitor_gpu_benchmark.csv" -- \
+      $py -m cs336_systems.benchmark --model-size small --context-length 512 --device cuda --warmup-steps 3 --measure-steps 40
+    ;;
+  *) echo "usage: $0 core|extras|sweeps|input" >&2; exit 2 ;;
 esac
