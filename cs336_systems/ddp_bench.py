@@ -9,14 +9,15 @@ Each rank runs the `train-step` of `benchmark` (forward, cross-entropy, backward
 step; cs336_systems.runner.make_step) on its own shard of the global batch: rank r draws its
 per-device batch with seed + r. Strategies:
   ddp     torch.nn.parallel.DistributedDataParallel (gradients all-reduced in buckets of
-          --bucket-cap-mb, overlapped with backward)
+          --bucket-cap-mb, overlapped with backward; buffers broadcast each step only for a
+          --model-factory model, ours has none that change)
   naive   a plain model; after backward, one all-reduce per parameter gradient, then divide
           by the world size (parameters broadcast from rank 0 at the start)
   single  the baseline, run first: one process, the plain model, the per-device batch, the same
           threads (and cores) as one rank
 
 Reported per (world size, strategy): step time statistics (each step's time is the slowest
-rank's; an untimed barrier precedes each step), samples/s and tokens/s of the global batch,
+rank's; an untimed barrier precedes each step; synced and no_sync steps alternate), samples/s and tokens/s of the global batch,
 time spent in communication, scaling efficiency and the learning rates for the global batch:
   comm_ms             naive: the all-reduce loop, timed directly (mean over ranks);
                       ddp: step time minus the same step under no_sync() (no gradient
@@ -32,6 +33,7 @@ time spent in communication, scaling efficiency and the learning rates for the g
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import sys
 from collections.abc import Iterator, Sequence
@@ -89,7 +91,7 @@ from cs336_systems.results import (
 )
 from cs336_systems.runner import BenchmarkConfig, make_optimizer, make_step
 from cs336_systems.stats import summarize
-from cs336_systems.timing import HostTimer, device_synchronizer, time_steps
+from cs336_systems.timing import HostTimer, StepTimes, device_synchronizer, time_steps
 
 PROG = "python -m cs336_systems.ddp_bench"
 STRATEGIES = ("ddp", "naive")
@@ -116,6 +118,14 @@ class DdpUnit:
 # -- one rank's training step under a strategy -----------------------------------------------
 
 
+def buffer_sync_option(sync: bool) -> dict[str, bool]:
+    """DDP's flag for broadcasting buffers before each forward. Our model's only buffers are
+    RoPE tables, equal on every rank by construction: re-sending them would be communication for
+    nothing. (torch 2.13 renamed broadcast_buffers to forward_sync_buffers.)"""
+    parameters = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers" if "forward_sync_buffers" in parameters else "broadcast_buffers": sync}
+
+
 class Trainer:
     """This rank's model, optimizer and training step for `unit.strategy`."""
 
@@ -134,6 +144,7 @@ class Trainer:
                 self.module,
                 device_ids=[device.index] if device.type == "cuda" else None,
                 bucket_cap_mb=unit.bucket_cap_mb,
+                **buffer_sync_option(config.model_factory is not None),
             )
         if unit.optimizer == "sgd":
             self.optimizer = torch.optim.SGD(self.model.parameters(), lr=unit.lr)
@@ -168,6 +179,17 @@ class Trainer:
             self._step()
 
 
+def time_interleaved(trainer: Trainer, warmup_steps: int, measure_steps: int, timer) -> tuple[StepTimes, StepTimes]:
+    """A synced step and a no_sync step in turn, each timed on its own: a slow spell of the
+    machine (a busy neighbour on a shared host) then falls on both, not on one block of them."""
+    synced, unsynced = [], []
+    for _ in range(warmup_steps + measure_steps):
+        synced.append(timer.time_ms(trainer.step))
+        unsynced.append(timer.time_ms(lambda: trainer.step(sync=False)))
+    split = lambda times: StepTimes(tuple(times[:warmup_steps]), tuple(times[warmup_steps:]))  # noqa: E731
+    return split(synced), split(unsynced)
+
+
 def ddp_worker(ctx: RankContext, unit: DdpUnit) -> dict | None:
     """This rank's timings for one unit; None from ranks that sit it out."""
     if ctx.rank >= unit.ranks:
@@ -178,13 +200,13 @@ def ddp_worker(ctx: RankContext, unit: DdpUnit) -> dict | None:
         timer = HostTimer(synchronize=device_synchronizer(ctx.device))
         if unit.ranks > 1:
             timer = BarrierFirst(timer, ctx.barrier)
-        synced = time_steps(trainer.step, warmup_steps=config.warmup_steps, measure_steps=config.measure_steps,
-                            timer=timer)  # fmt: skip
+        if unit.strategy == "single":
+            synced = time_steps(trainer.step, warmup_steps=config.warmup_steps, measure_steps=config.measure_steps,
+                                timer=timer)  # fmt: skip
+            no_sync = None
+        else:
+            synced, no_sync = time_interleaved(trainer, config.warmup_steps, config.measure_steps, timer)
         comm_ms = trainer.comm_ms[-config.measure_steps :] if unit.strategy == "naive" else []
-        no_sync = None
-        if unit.strategy != "single":
-            no_sync = time_steps(lambda: trainer.step(sync=False), warmup_steps=min(1, config.warmup_steps),
-                                 measure_steps=config.measure_steps, timer=timer)  # fmt: skip
     return {
         "num_params": sum(p.numel() for p in trainer.module.parameters()),
         "step_ms": list(synced.measured_ms),
