@@ -312,7 +312,7 @@ class SpawnedGroup:
         deadline = time.monotonic() + timeout_s
         while waiting:
             if failures:
-                deadline = min(deadline, failures[0][0] + FAILURE_GRACE_S)
+                deadline = min(deadline, min(when for when, _, _ in failures) + FAILURE_GRACE_S)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -328,7 +328,6 @@ class SpawnedGroup:
                     messages[rank] = value
                 else:
                     failures.append(value)
-            failures.sort()
         if failures:
             # A rank that died without a word is the likelier cause of its peers' errors.
             failures.sort(key=lambda f: (not f[2].endswith(SILENT_DEATH_SUFFIXES), f[0]))
@@ -430,8 +429,9 @@ def run_spawned(
 def run_under_torchrun(worker: Worker, units: Sequence[Any], spec: LaunchSpec) -> Iterator[tuple[Any, GroupResult]]:
     """Run the units in this rank; rank 0 yields each unit's results, the other ranks nothing.
 
-    A failure in this rank (or a collective that fails because a peer is gone) ends the run:
-    rank 0 yields it for the unit at hand and the units after it are not run.
+    A failure ends the run. On rank 0 (its own, or a collective failing because a peer is
+    gone) it is yielded for the unit at hand; another rank raises it, and torchrun then stops
+    the group, rank 0 included, possibly before rank 0 has written its row.
     """
     rank, local_rank = torchrun_rank(), int(os.environ["LOCAL_RANK"])
     torch.set_num_threads(spec.threads_per_rank)
@@ -444,10 +444,11 @@ def run_under_torchrun(worker: Worker, units: Sequence[Any], spec: LaunchSpec) -
             messages: list[Any] = [None] * ctx.world_size
             dist.all_gather_object(messages, message)
         except Exception as exc:
+            if rank != 0:
+                raise  # torchrun sees this rank fail and stops the others
             status, error = _describe_failure(exc)
-            if rank == 0:
-                yield unit, GroupResult(status, error=f"rank {rank}: {error}", environment=environment)
-            raise SystemExit(1) from exc
+            yield unit, GroupResult(status, error=f"rank 0: {error}", environment=environment)
+            return
         if rank == 0:
             yield unit, GroupResult("ok", messages=messages, environment=environment)
     leave_group(ctx)
