@@ -93,19 +93,20 @@ def single_process_step(config: BenchmarkConfig, world_size: int, lr: float):
     """The same SGD step in one process on the concatenated global batch, written independently:
     rank r's shard is drawn with seed + r (tokens, then targets), as runner.make_step does."""
     torch.manual_seed(config.seed)
-    model = build_model(config.model, "cpu")
-    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    model = build_model(config.model, config.device)
+    initial = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
     shards = []
     for rank in range(world_size):
-        generator = torch.Generator().manual_seed(config.seed + rank)
+        generator = torch.Generator(device=config.device).manual_seed(config.seed + rank)
         shape = (config.batch_size, config.context_length)
-        tokens = torch.randint(0, config.model.vocab_size, shape, generator=generator)
-        shards.append((tokens, torch.randint(0, config.model.vocab_size, shape, generator=generator)))
+        tokens = torch.randint(0, config.model.vocab_size, shape, generator=generator, device=config.device)
+        targets = torch.randint(0, config.model.vocab_size, shape, generator=generator, device=config.device)
+        shards.append((tokens, targets))
     tokens, targets = (torch.cat(parts) for parts in zip(*shards))
     logits = model(tokens)
     F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).backward()
     torch.optim.SGD(model.parameters(), lr=lr).step()
-    return initial, {name: p.detach() for name, p in model.named_parameters()}
+    return initial, {name: p.detach().cpu() for name, p in model.named_parameters()}
 
 
 def test_one_ddp_step_equals_a_single_process_step_on_the_global_batch():
@@ -244,3 +245,36 @@ def test_bad_input_is_one_line_and_exit_2(module, args, message, capsys):
         pytest.skip("this machine has CUDA")
     code, _, err = run_main(module, capsys, *args)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+# -- one GPU: NCCL at world size 1 (skipped without CUDA) -------------------------------------
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not dist.is_nccl_available(), reason="needs CUDA and NCCL")
+def test_nccl_world_size_one_on_a_gpu(tmp_path, capsys):
+    ar, ddp = tmp_path / "ar.csv", tmp_path / "ddp.csv"
+    code, out, _ = run_main(allreduce_bench, capsys, "--backend", "nccl", "--world-sizes", "1", "--sizes", "1MB",
+                            "64MB", *FAST, "--output", ar)  # fmt: skip
+    assert code == 0, out
+    rows = read_results(ar)
+    assert set(rows["status"]) == {"ok"} and set(rows["device"]) == {"cuda"} and set(rows["busbw_gbps"]) == {0.0}
+    code, out, _ = run_main(ddp_bench, capsys, "--backend", "nccl", "--world-size", "1", "--strategy", "ddp", "naive",
+                            *TINY, "--output", ddp)  # fmt: skip
+    assert code == 0, out
+    rows = read_results(ddp)
+    assert list(rows["strategy"]) == ["single", "ddp", "naive"] and set(rows["status"]) == {"ok"}
+    assert rows["device_name"][0] == torch.cuda.get_device_name(0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not dist.is_nccl_available(), reason="needs CUDA and NCCL")
+def test_one_ddp_step_on_a_gpu_equals_the_single_process_step():
+    config = BenchmarkConfig(model=tiny_model_config(), context_length=16, batch_size=2, device="cuda", seed=3)
+    spec = LaunchSpec("nccl", world_size=1, threads_per_rank=1, init_timeout_s=60, collective_timeout_s=60)
+    units = [ddp_bench.DdpUnit(strategy, config, ranks=1, optimizer="sgd", lr=0.5) for strategy in ("ddp", "naive")]
+    _, expected = single_process_step(config, world_size=1, lr=0.5)
+    for unit, result in run_spawned(one_step_worker, units, spec, unit_timeout_s=60):
+        assert result.status == "ok", result.error
+        for name, value in result.messages[0].items():
+            # batch 2 per rank vs the global batch: other kernels, other rounding (TF32 is off)
+            torch.testing.assert_close(torch.from_numpy(value), expected[name], rtol=1e-4, atol=1e-4,
+                                       msg=f"{unit.strategy} {name}")  # fmt: skip
