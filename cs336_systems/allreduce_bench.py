@@ -44,6 +44,7 @@ from cs336_systems.distributed import (
     oversubscription_note,
     run_spawned,
     run_under_torchrun,
+    torchrun_local_world_size,
     torchrun_rank,
     torchrun_threads_per_rank,
     torchrun_world_size,
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         world_sizes = resolve_world_sizes(args.world_sizes, args.backend, torchrun)
         for world_size in world_sizes:
-            check_launch(args.backend, world_size)
+            check_launch(args.backend, torchrun_local_world_size() if torchrun else world_size)
         memory_limit = parse_memory_limit(args.memory_limit, args.backend)
         sink = ResultSink(check_output_paths(args.output) if not torchrun or torchrun_rank() == 0 else [],
                           fields=AllReduceRecord.row_fields(), render=render)  # fmt: skip

@@ -71,6 +71,7 @@ from cs336_systems.distributed import (
     oversubscription_note,
     run_spawned,
     run_under_torchrun,
+    torchrun_local_world_size,
     torchrun_rank,
     torchrun_threads_per_rank,
     torchrun_world_size,
@@ -461,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         world_sizes = resolve_world_sizes(args.world_size, args.backend, torchrun)
         for world_size in world_sizes:
-            check_launch(args.backend, world_size)
+            check_launch(args.backend, torchrun_local_world_size() if torchrun else world_size)
         device = device_for(args.backend, 0)
         reason = unsupported_reason(args.precision, device)
         if reason:

@@ -175,6 +175,11 @@ def torchrun_world_size() -> int:
     return int(os.environ["WORLD_SIZE"])
 
 
+def torchrun_local_world_size() -> int:
+    """Ranks on this node (what must fit on its GPUs); the whole world may span nodes."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+
+
 def torchrun_rank() -> int:
     return int(os.environ["RANK"])
 
