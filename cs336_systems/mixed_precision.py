@@ -193,7 +193,7 @@ def autocast_why(name: str, fp16: str, bf16: str, device_type: str) -> str:
         return f"linear again: autocast casts its input and weight, the logits are {low}"
     if name == "loss":
         return (
-            "autocast runs the loss in fp32 (log_softmax and nll_loss are on its fp32 list): "
+            "autocast runs the loss in fp32 (nll_loss is on its fp32 list; on CUDA log_softmax is too): "
             "exp, log and the sum over classes need fp32's range and precision"
         )
     if name == "gradients":
