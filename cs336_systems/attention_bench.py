@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -356,6 +357,13 @@ def _notes(config: AttentionConfig, record: AttentionRecord, device: torch.devic
             notes.append(f"{name} CV {cv:.1f}% > 10%: treat its mean with care")
     if device.type == "cpu" and not cpu_has_native(config.precision):
         notes.append(f"this CPU has no native {config.precision} matmul: it is emulated and far slower than fp32")
+    if device.type == "cpu" and hasattr(os, "getloadavg"):
+        load, ours = os.getloadavg()[0], torch.get_num_threads()
+        if load > ours + 1:
+            notes.append(
+                f"load average {load:.1f} with {ours} threads of ours: other processes competed for the CPU, "
+                "so times may be inflated"
+            )
     return notes
 
 
@@ -582,6 +590,12 @@ def main(argv: list[str] | None = None) -> int:
 
     env = collect_environment(device)
     configs = configs_from_args(args, device)
+    if device.type == "cpu" and max(args.seq_lens) >= 4096:
+        print(
+            f"{PROG}: note: sequence lengths up to {max(args.seq_lens)} take hours on a CPU (the defaults are sized "
+            "for a GPU); for a quick look: --seq-lens 256 1024 --steps 10",
+            file=sys.stderr,
+        )
     rows = []
     with soft_address_space_cap(limit) if limit is not None else contextlib.nullcontext():
         for config in configs:
