@@ -19,5 +19,14 @@ case "${1:-}" in
     stage 60 $py scripts/bench_timing.py --device cuda --output-dir "$out"
     stage 90 $py -m pytest -q tests/test_gpu.py 2>&1 | tail -25
     ;;
-  *) echo "usage: $0 core" >&2; exit 2 ;;
+  attention)
+    # issue 8: about 3.5 minutes on an H100 (the 16384-long naive/compiled rows dominate;
+    # --max-seconds 5 bounds each timed loop).
+    stage 60 $py -m cs336_systems.mixed_precision --device cuda | tee "$out/mixed_precision_cuda.txt"
+    stage 120 $py -m pytest -q tests/test_attention_gpu.py tests/test_nvtx.py 2>&1 | tail -15
+    stage 240 $py -m cs336_systems.attention_bench --device cuda --head-dims 16 128 --seq-lens 256 1024 4096 16384 \
+      --batch-size 8 --steps 100 --max-seconds 5 --implementations naive sdpa compiled \
+      --output "$out/attention_h100.csv" --output "$out/attention_h100.md" --output "$out/attention_h100.jsonl"
+    ;;
+  *) echo "usage: $0 core|attention" >&2; exit 2 ;;
 esac
