@@ -12,7 +12,8 @@ requiring grad (the head axis of 1 lets SDPA use its fused kernels, which want 4
             graphs are compiled) are timed apart as compile_s
 
 One row per (head dim, seq len, implementation):
-  forward_*_ms    forward passes with autograd recording (as in training), each timed alone
+  forward_*_ms    forward passes with autograd recording (as in training), each timed alone;
+                  the output and its graph are freed between steps, outside the clock
   backward_*_ms   backward against a fixed random output gradient, each after an untimed
                   fresh forward
   memory_before_backward_bytes  memory in use after a forward, before its backward, counted
@@ -315,7 +316,11 @@ def _measure(
     timer = make_timer(config.timer, device, clock)
     budget = dict(warmup_steps=config.warmup_steps, measure_steps=config.steps, budget_s=config.max_seconds or None)
     phase.name = "forward"
-    forward = time_steps(lambda: attend(*inputs), timer=timer, **budget)
+    held = {}  # each output is freed before the next step starts, outside the clock
+    forward = time_steps(
+        lambda: held.__setitem__("out", attend(*inputs)), timer=UntimedSetup(timer, held.clear), **budget
+    )
+    held.clear()
     record.forward_ms, record.forward_warmup_ms = list(forward.measured_ms), list(forward.warmup_ms)
     _add_summary(record, "forward", forward.measured_ms)
 
