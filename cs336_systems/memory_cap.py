@@ -10,9 +10,11 @@ and becomes an 'oom' row. CUDA needs far more address space than it uses: CPU on
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import runpy
 import sys
+from collections.abc import Iterator
 
 import torch  # noqa: F401  (mapped before the cap: the libraries are not what we measure)
 
@@ -28,6 +30,36 @@ def address_space_bytes() -> int:
 def cap_address_space(headroom_bytes: int) -> None:
     limit = address_space_bytes() + headroom_bytes
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo: what can be allocated without swapping (Linux)."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+@contextlib.contextmanager
+def soft_address_space_cap(headroom_bytes: int) -> Iterator[int]:
+    """Lower the *soft* RLIMIT_AS to the address space mapped now plus `headroom_bytes`
+    for the duration of the block, then restore it (a soft limit can be raised back up to
+    the hard one). Yields the limit set."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = address_space_bytes() + headroom_bytes
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    if soft != resource.RLIM_INFINITY:
+        limit = min(limit, soft)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        yield limit
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def main() -> None:

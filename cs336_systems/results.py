@@ -328,10 +328,24 @@ def format_cell(name: str, value: object) -> str:
     return str(value)
 
 
+# Any `<name>_gib` / `<name>_mib` column not in a row shows the row's `<name>_bytes` in that unit.
+_BYTE_UNITS = {"_gib": 2**30, "_mib": 2**20}
+
+
+def _in_byte_unit(row: dict, column: str) -> float | None:
+    for suffix, scale in _BYTE_UNITS.items():
+        if column.endswith(suffix):
+            value = row.get(column.removesuffix(suffix) + "_bytes")
+            return None if _is_missing(value) else float(value) / scale
+    return None
+
+
 def markdown_table(rows: Sequence[dict], columns: Sequence[str] = MARKDOWN_COLUMNS) -> str:
     def value(row: dict, column: str) -> object:
         if column not in row and column in DERIVED_COLUMNS:
             return DERIVED_COLUMNS[column](row)
+        if column not in row:
+            return _in_byte_unit(row, column)
         return row.get(column)
 
     body = [[format_cell(c, value(row, c)) for c in columns] for row in rows]

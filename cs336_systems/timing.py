@@ -3,6 +3,10 @@
 The device-synchronisation rule lives here and only here: a host timer synchronises
 the device before starting the clock and before reading it, because CUDA kernels run
 asynchronously and an unsynchronised clock times only the kernel launches.
+
+With `nvtx.enable()` the loop marks itself for Nsight Systems: a "warmup" range around
+the warmup steps, each measured step in a "step" range, and the measured steps inside
+`nvtx.capture()` (what `nsys --capture-range=cudaProfilerApi` records).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from cs336_systems import nvtx
 
 TIMERS = ("host", "cuda-event")
 
@@ -70,6 +76,22 @@ class CudaEventTimer:
         return float(start.elapsed_time(end))
 
 
+class UntimedSetup:
+    """A timer that runs `setup` (untimed) before each timed step.
+
+    For a step that needs fresh state each time, e.g. a backward pass needs a forward
+    pass first: `setup` runs the forward, the step the backward, and only the backward
+    is timed (the inner timer synchronises before starting its clock).
+    """
+
+    def __init__(self, timer: StepTimer, setup: Callable[[], object]):
+        self.timer, self.setup = timer, setup
+
+    def time_ms(self, step: Step) -> float:
+        self.setup()
+        return self.timer.time_ms(step)
+
+
 def make_timer(kind: str, device: torch.device, clock: Callable[[], float] = time.perf_counter) -> StepTimer:
     if kind == "host":
         return HostTimer(clock=clock, synchronize=device_synchronizer(device))
@@ -95,15 +117,36 @@ def time_steps(
     measure_steps: int,
     timer: StepTimer,
     during_measurement: contextlib.AbstractContextManager | None = None,
+    budget_s: float | None = None,
+    min_measure_steps: int = 3,
 ) -> StepTimes:
     """Warmup steps, then measured steps, each timed on its own.
 
     `during_measurement` is entered around the measured steps only (a memory-history
     recording, a profiler capture range).
+
+    `budget_s` bounds slow configurations: warmup stops once its steps have taken that
+    long (after at least one), and measurement stops once its steps have taken that long
+    and at least `min_measure_steps` were measured. The budget counts timed step time
+    only; how many steps ran is the length of the returned samples.
     """
     if warmup_steps < 0 or measure_steps < 1:
         raise ValueError(f"need warmup_steps >= 0 and measure_steps >= 1, got {warmup_steps}, {measure_steps}")
-    warmup = tuple(timer.time_ms(step) for _ in range(warmup_steps))
-    with during_measurement or contextlib.nullcontext():
-        measured = tuple(timer.time_ms(step) for _ in range(measure_steps))
-    return StepTimes(warmup_ms=warmup, measured_ms=measured)
+
+    def over_budget(samples: list[float], at_least: int) -> bool:
+        return budget_s is not None and len(samples) >= at_least and sum(samples) >= budget_s * 1e3
+
+    warmup: list[float] = []
+    with nvtx.range("warmup"):
+        for _ in range(warmup_steps):
+            warmup.append(timer.time_ms(step))
+            if over_budget(warmup, 1):
+                break
+    measured: list[float] = []
+    with during_measurement or contextlib.nullcontext(), nvtx.capture("measured"):
+        for _ in range(measure_steps):
+            with nvtx.range("step"):
+                measured.append(timer.time_ms(step))
+            if over_budget(measured, min(min_measure_steps, measure_steps)):
+                break
+    return StepTimes(warmup_ms=tuple(warmup), measured_ms=tuple(measured))

@@ -70,5 +70,14 @@ PY
     stage 60 $py -m cs336_systems.monitor --interval 0.2 --output "$out/monitor_gpu_benchmark.csv" -- \
       $py -m cs336_systems.benchmark --model-size small --context-length 512 --device cuda --warmup-steps 3 --measure-steps 40
     ;;
-  *) echo "usage: $0 core|extras|sweeps|input" >&2; exit 2 ;;
+  attention)
+    # issue 8: about 3.5 minutes on an H100 (the 16384-long naive/compiled rows dominate;
+    # --max-seconds 5 bounds each timed loop).
+    stage 60 $py -m cs336_systems.mixed_precision --device cuda | tee "$out/mixed_precision_cuda.txt"
+    stage 120 $py -m pytest -q tests/test_attention_gpu.py tests/test_nvtx.py 2>&1 | tail -15
+    stage 240 $py -m cs336_systems.attention_bench --device cuda --head-dims 16 128 --seq-lens 256 1024 4096 16384 \
+      --batch-size 8 --steps 100 --max-seconds 5 --implementations naive sdpa compiled \
+      --output "$out/attention_h100.csv" --output "$out/attention_h100.md" --output "$out/attention_h100.jsonl"
+    ;;
+  *) echo "usage: $0 core|extras|sweeps|input|attention" >&2; exit 2 ;;
 esac

@@ -100,3 +100,36 @@ def test_bad_step_counts_rejected():
 def test_cuda_event_timer_refused_on_cpu():
     with pytest.raises(ValueError, match="CUDA"):
         make_timer("cuda-event", torch.device("cpu"))
+
+
+def test_budget_stops_slow_warmup_and_measurement_after_enough_steps():
+    clock = FakeClock()
+
+    def step():
+        clock.now += 2.0  # every step takes 2 s
+
+    times = time_steps(step, warmup_steps=5, measure_steps=100, timer=HostTimer(clock), budget_s=3.0)
+    assert len(times.warmup_ms) == 2  # 4 s >= 3 s after the second warmup step
+    assert len(times.measured_ms) == 3  # the budget is spent after 2 steps, but 3 are the minimum
+    fast = time_steps(lambda: None, warmup_steps=2, measure_steps=50, timer=HostTimer(clock), budget_s=3.0)
+    assert len(fast.measured_ms) == 50  # a budget never cuts steps that fit in it
+    few = time_steps(step, warmup_steps=0, measure_steps=2, timer=HostTimer(clock), budget_s=0.5)
+    assert len(few.measured_ms) == 2  # never more than asked
+
+
+def test_untimed_setup_runs_before_each_step_outside_the_clock():
+    from cs336_systems.timing import UntimedSetup
+
+    clock, events = FakeClock(), []
+
+    def setup():
+        events.append("setup")
+        clock.now += 100.0  # slow, and not counted
+
+    def step():
+        events.append("step")
+        clock.now += 0.25
+
+    times = time_steps(step, warmup_steps=1, measure_steps=2, timer=UntimedSetup(HostTimer(clock), setup))
+    assert events == ["setup", "step"] * 3
+    assert times.measured_ms == pytest.approx((250.0, 250.0))

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Profile one benchmark configuration with Nsight Systems, recording only its measured steps.
+#
+#   scripts/nsys_profile.sh OUTPUT_STEM [python -m cs336_systems.benchmark flags...]
+#   scripts/nsys_profile.sh results/nsys/small_naive --model-size small --context-length 512 --attention naive
+#
+# Runs `python -m cs336_systems.benchmark --nvtx FLAGS` under `nsys profile` with
+# --capture-range=cudaProfilerApi: the benchmark calls cudaProfilerStart/Stop around its
+# measured steps (nvtx.capture in time_steps), so warmup, model building and compilation
+# are not recorded. Then `nsys stats` prints the NVTX range summary and the GPU kernel
+# summaries and writes them as CSV beside the report:
+#   OUTPUT_STEM.nsys-rep              open in the Nsight Systems GUI (timeline)
+#   OUTPUT_STEM_<report>.csv          nvtx_sum, cuda_gpu_kern_sum, nvtx_kern_sum, ...
+#
+# nsys is taken from $NSYS, else PATH, else the usual install folders.
+# $PYTHON picks the interpreter (default python3).
+set -euo pipefail
+
+prog=scripts/nsys_profile.sh
+if [ $# -lt 1 ] || [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+  [ $# -lt 1 ] && exit 2 || exit 0
+fi
+stem=$1
+shift
+
+find_nsys() {
+  if [ -n "${NSYS:-}" ]; then
+    [ -x "$NSYS" ] && { echo "$NSYS"; return; }
+    echo "$prog: error: NSYS=$NSYS is not an executable file" >&2
+    exit 2
+  fi
+  command -v nsys 2>/dev/null && return
+  local candidate
+  for candidate in /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys \
+    /usr/local/cuda/nsight-systems-*/bin/nsys /usr/lib/nsight-systems/bin/nsys; do
+    [ -x "$candidate" ] && { echo "$candidate"; return; }
+  done
+  echo "$prog: error: nsys not found: install Nsight Systems (https://developer.nvidia.com/nsight-systems)" \
+    "or set NSYS=/path/to/nsys" >&2
+  exit 2
+}
+nsys=$(find_nsys)
+python=${PYTHON:-python3}
+mkdir -p "$(dirname "$stem")"
+
+# -t cuda,nvtx,osrt: CUDA API and kernels, our NVTX ranges, OS runtime calls (what the CPU waits on).
+# --sample=none --cpuctxsw=none: no CPU sampling, which costs overhead and is not needed here.
+# --capture-range-end=stop: stop recording at cudaProfilerStop, let the process finish normally.
+"$nsys" profile \
+  --trace=cuda,nvtx,osrt \
+  --sample=none --cpuctxsw=none \
+  --capture-range=cudaProfilerApi --capture-range-end=stop \
+  --force-overwrite=true --output="$stem" \
+  "$python" -m cs336_systems.benchmark --nvtx "$@"
+
+# Report names changed in nsys 2023.x (nvtxsum -> nvtx_sum, ...): try the new name, then the old.
+for pair in nvtx_sum:nvtxsum cuda_gpu_kern_sum:gpukernsum nvtx_kern_sum:nvtxkernsum \
+  nvtx_gpu_proj_sum:nvtxgpuproj cuda_api_sum:cudaapisum; do
+  ok=
+  for report in ${pair%%:*} ${pair##*:}; do
+    if "$nsys" stats --force-export=true --report "$report" --format csv --output "$stem" "$stem.nsys-rep" \
+      >/dev/null 2>&1; then
+      echo "=== $report"
+      { "$nsys" stats --report "$report" --format column "$stem.nsys-rep" 2>/dev/null || true; } | sed -n '1,40p'
+      ok=1
+      break
+    fi
+  done
+  [ -n "$ok" ] || echo "=== ${pair%%:*}: not available in this nsys ($("$nsys" --version 2>/dev/null | head -1))"
+done
+echo "wrote $stem.nsys-rep and ${stem}_*.csv" >&2

@@ -1,0 +1,194 @@
+"""attention_bench on CPU with tiny shapes: rows, memory, FLOPs, OOM rows, CLI errors, plot."""
+
+import json
+import math
+import subprocess
+
+import pandas as pd
+import pytest
+import torch
+
+from cs336_systems import attention_bench, runner
+from cs336_systems.attention_bench import AttentionConfig, run_attention, saved_tensor_bytes
+from cs336_systems.memory_cap import soft_address_space_cap
+from cs336_systems.models import naive_causal_attention, sdpa_causal_attention
+from tests.conftest import PYTHON, child_env
+
+PROG = "python -m cs336_systems.attention_bench"
+
+
+def tiny(implementation="naive", **changes) -> AttentionConfig:
+    base = dict(implementation=implementation, head_dim=8, seq_len=32, batch_size=2, warmup_steps=1, steps=3)
+    base.update(changes)
+    return AttentionConfig(**base)
+
+
+def test_naive_row_times_both_passes_and_counts_what_autograd_saves():
+    config = tiny("naive")
+    record = run_attention(config)
+    assert record.status == "ok", record.error
+    assert record.forward_steps == record.backward_steps == 3
+    assert len(record.forward_ms) == len(record.backward_ms) == 3 and len(record.forward_warmup_ms) == 1
+    assert 0 < record.forward_min_ms <= record.forward_mean_ms <= record.forward_max_ms
+    assert record.backward_mean_ms > 0 and record.compile_s is None
+    B, T, d = 2, 32, 8
+    assert record.forward_flops == 4 * B * T * T * d and record.backward_flops == 2 * record.forward_flops
+    assert record.forward_tflops == pytest.approx(record.forward_flops / (record.forward_mean_ms / 1e3) / 1e12)
+    assert record.scores_bytes == B * T * T * 4
+    # q, k, v (fp32) + softmax probabilities (B, 1, T, T) + the boolean causal mask (T, T)
+    assert record.saved_for_backward_bytes == 3 * B * T * d * 4 + B * T * T * 4 + T * T
+    assert record.memory_source == "rss" and record.memory_before_backward_bytes is not None
+    assert record.matmul_precision == "highest" and record.cuda_matmul_allow_tf32 is False
+
+
+def test_sdpa_saves_no_score_matrix():
+    q, k, v = (torch.randn(2, 1, 64, 8, requires_grad=True) for _ in range(3))
+    naive, fused = (
+        saved_tensor_bytes(naive_causal_attention, q, k, v),
+        saved_tensor_bytes(sdpa_causal_attention, q, k, v),
+    )
+    assert naive >= 2 * 64 * 64 * 4  # the (T, T) probabilities
+    assert fused < 2 * 64 * 64 * 4  # q, k, v, output and log-sum-exp: O(T)
+    record = run_attention(tiny("sdpa", seq_len=64))
+    assert record.status == "ok" and record.saved_for_backward_bytes == fused
+    assert record.sdpa_backend in (None, "flash_attention", "math", "efficient_attention")
+
+
+def test_backward_is_timed_without_its_forward(monkeypatch):
+    """A fake clock advances 5 s per forward and 1 ms per backward: only the backward counts."""
+    clock = {"now": 0.0}
+
+    def attend(q, k, v):
+        clock["now"] += 5.0
+        return naive_causal_attention(q, k, v)
+
+    real = attention_bench.attention_function
+    monkeypatch.setattr(attention_bench, "attention_function", lambda name: attend if name == "naive" else real(name))
+    monkeypatch.setattr(torch.Tensor, "backward", _advancing_backward(torch.Tensor.backward, clock))
+    record = run_attention(tiny("naive", max_seconds=None), clock=lambda: clock["now"])
+    assert record.forward_ms == pytest.approx([5000.0] * 3)
+    assert record.backward_ms == pytest.approx([1.0] * 3)
+
+
+def _advancing_backward(backward, clock):
+    def fake(self, *args, **kwargs):
+        clock["now"] += 1e-3
+        return backward(self, *args, **kwargs)
+
+    return fake
+
+
+def test_out_of_memory_is_a_row_and_memory_is_released():
+    """A real CPU out-of-memory: a 128 MiB score matrix under a 96 MiB address-space allowance."""
+    big = tiny("naive", seq_len=4096, head_dim=16, batch_size=2, warmup_steps=0, steps=1)
+    with soft_address_space_cap(96 * 2**20):
+        record = run_attention(big, memory_limit_bytes=96 * 2**20)
+        after = run_attention(tiny("naive"))  # the sweep goes on
+    assert record.status == "oom", record.error
+    assert record.error.startswith("forward: ") and "can't allocate memory" in record.error
+    assert record.forward_mean_ms is None and record.memory_limit_bytes == 96 * 2**20
+    assert after.status == "ok"
+
+
+def test_an_oom_in_backward_keeps_the_forward_measurements(monkeypatch):
+    def failing_backward(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+
+    monkeypatch.setattr(torch.Tensor, "backward", failing_backward)
+    record = run_attention(tiny("naive"))
+    assert record.status == "oom" and record.error == "backward: CUDA out of memory. Tried to allocate 8.00 GiB"
+    assert record.memory_before_backward_bytes is not None  # measured before the backward that failed
+
+
+def test_other_failures_are_error_rows(monkeypatch):
+    def broken(q, k, v):
+        raise ValueError("shapes do not match")
+
+    monkeypatch.setattr(attention_bench, "attention_function", lambda name: broken)
+    record = run_attention(tiny("naive"))
+    assert record.status == "error" and record.error == "forward: ValueError: shapes do not match"
+
+
+def test_unsupported_precision_is_a_row():
+    record = run_attention(tiny("naive", precision="tf32"))
+    assert record.status == "unsupported" and "TF32" in record.error
+
+
+def test_time_budget_cuts_steps_and_says_so():
+    record = run_attention(tiny("naive", steps=50, warmup_steps=0, max_seconds=1e-9))
+    assert record.status == "ok" and record.forward_steps == 3 and record.backward_steps == 3
+    assert "forward: 3 of 50 steps" in record.notes and "backward: 3 of 50 steps" in record.notes
+
+
+def test_compiled_reports_compile_time_apart():
+    if runner.compile_unsupported_reason(torch.device("cpu")):
+        pytest.skip("torch.compile unavailable here")
+    record = run_attention(tiny("compiled", steps=2))
+    assert record.status == "ok", record.error
+    assert record.compile_s > 0 and record.compile_s * 1e3 > 5 * record.forward_max_ms
+    assert record.saved_for_backward_bytes > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--head-dims", "0"], "must be a positive integer"),
+        (["--seq-lens", "x"], "expected an integer"),
+        (["--implementations", "flash"], "invalid choice"),
+        (["--precision", "fp8"], "invalid choice"),
+        (["--device", "tpu"], "unknown device 'tpu'"),
+        (["--device", "cpu", "--timer", "cuda-event"], "cuda-event needs a CUDA device"),
+        (["--device", "cpu", "--memory-limit", "lots"], "--memory-limit: not a size"),
+        (["--device", "cpu", "--max-seconds", "-1"], "--max-seconds must be zero or more"),
+        (["--device", "cpu", "--output", "r.xlsx"], "unknown suffix"),
+        (["--device", "cpu", "--plot", "r.txt"], "use a .png, .svg or .pdf file"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
+    try:
+        code = attention_bench.main(args)
+    except SystemExit as exc:
+        code = exc.code
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and message in err and "Traceback" not in err
+    assert err.startswith(f"{PROG}: error:")
+
+
+def test_cli_writes_every_format_and_a_plot(tmp_path, capsys):
+    outputs = [tmp_path / "a.csv", tmp_path / "a.md", tmp_path / "a.jsonl"]
+    args = ["--device", "cpu", "--head-dims", "8", "16", "--seq-lens", "16", "32", "--batch-size", "2"]
+    args += ["--steps", "2", "--warmup-steps", "0", "--implementations", "naive", "sdpa"]
+    code = attention_bench.main(args + sum((["--output", str(p)] for p in outputs), []))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.startswith("# Attention forward and backward") and "memory_before_backward_mib" in out
+    frame = pd.read_csv(outputs[0])
+    assert len(frame) == 8 and set(frame["status"]) == {"ok"}
+    assert list(frame.columns[:3]) == ["implementation", "head_dim", "seq_len"]
+    lines = [json.loads(line) for line in outputs[2].read_text().splitlines()]
+    assert len(lines[0]["forward_ms"]) == 2 and len(lines[0]["backward_ms"]) == 2
+    assert (tmp_path / "a.png").stat().st_size > 10_000
+    assert "wrote" in err and "naive head_dim=8 seq_len=16: forward" in err
+
+
+def test_plot_marks_oom_points(tmp_path):
+    rows = [
+        dict(implementation=i, head_dim=d, seq_len=t, batch_size=8, precision="fp32", status="ok",
+             forward_mean_ms=t / 100, backward_mean_ms=t / 50, device_name="cpu")
+        for i in ("naive", "sdpa") for d in (16, 64) for t in (256, 1024)
+    ]  # fmt: skip
+    rows.append(dict(rows[0], seq_len=4096, status="oom", forward_mean_ms=math.nan, backward_mean_ms=math.nan))
+    path = attention_bench.plot(rows, tmp_path / "p.png")
+    assert path.stat().st_size > 10_000
+
+
+def test_module_entry_point_in_a_child_process():
+    result = subprocess.run(
+        [PYTHON, "-m", "cs336_systems.attention_bench", "--head-dims", "-4"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith(f"{PROG}: error: argument --head-dims: must be a positive integer")
