@@ -11,6 +11,7 @@ import sys
 
 from tabulate import tabulate
 
+from cs336_systems import nvtx
 from cs336_systems.cli import (
     ATTENTION_KINDS,
     PASS_TYPE_CHOICES,
@@ -18,6 +19,7 @@ from cs336_systems.cli import (
     ArgumentParser,
     add_execution_arguments,
     add_shape_arguments,
+    benchmark_config_from_args,
     fail,
     model_config_from_args,
     positive_int,
@@ -58,6 +60,12 @@ def build_parser() -> ArgumentParser:
         metavar="PATH.pickle",
         help="CUDA: record the allocator's history over the measured steps and dump it (view at pytorch.org/memory_viz)",
     )
+    parser.add_argument(
+        "--nvtx",
+        action="store_true",
+        help="CUDA: mark warmup, each measured step, forward/backward/optimizer and the naive attention's "
+        "scores/softmax/weighted sum as NVTX ranges for nsys (scripts/nsys_profile.sh); no-op without CUDA",
+    )
     add_shape_arguments(parser)
     add_execution_arguments(parser)
     add_monitor_arguments(parser)
@@ -92,22 +100,15 @@ def config_from_args(args) -> BenchmarkConfig:
             f"--context-length {args.context_length} is longer than the model supports "
             f"(--max-context-length {model.context_length})"
         )
-    return BenchmarkConfig(
-        model=model,
+    return benchmark_config_from_args(
+        args,
+        model,
         context_length=args.context_length,
         batch_size=args.batch_size,
         pass_type=args.pass_type,
         precision=args.precision,
         compile=args.compile,
-        compile_scope=args.compile_scope,
         device=args.device,
-        timer=args.timer,
-        warmup_steps=args.warmup_steps,
-        measure_steps=args.measure_steps,
-        seed=args.seed,
-        model_factory=args.model_factory,
-        peak=args.peak,
-        peak_tflops=args.peak_tflops,
     )
 
 
@@ -131,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, MonitorPathError) as exc:
         return fail(PROG, str(exc))
 
+    if args.nvtx and not nvtx.enable():
+        print(f"{PROG}: note: --nvtx does nothing on {device.type} (NVTX ranges need CUDA)", file=sys.stderr)
     with monitored(args.monitor, args.monitor_interval):
         record = run_benchmark(config.replace(device=str(device)), memory_snapshot=args.memory_snapshot)
     sink.write(record)

@@ -11,6 +11,7 @@ import sys
 from cs336_systems.flops import PEAK_CHOICES
 from cs336_systems.models import ATTENTION_KINDS, ModelConfig
 from cs336_systems.precision import PRECISIONS
+from cs336_systems.runner import BenchmarkConfig
 from cs336_systems.timing import TIMERS
 
 PASS_TYPE_CHOICES = ("forward", "forward-backward", "train-step")
@@ -123,7 +124,24 @@ def model_config_from_args(args: argparse.Namespace, size: str, context_length: 
     )
 
 
-def config_to_args(config) -> list[str]:
+def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **run) -> BenchmarkConfig:
+    """One configuration: `model` and this run's values (context_length, batch_size, pass_type,
+    precision, compile, device) with the flags every benchmark command shares."""
+    return BenchmarkConfig(
+        model=model,
+        compile_scope=args.compile_scope,
+        timer=args.timer,
+        warmup_steps=args.warmup_steps,
+        measure_steps=args.measure_steps,
+        seed=args.seed,
+        model_factory=args.model_factory,
+        peak=args.peak,
+        peak_tflops=args.peak_tflops,
+        **run,
+    )
+
+
+def config_to_args(config: BenchmarkConfig) -> list[str]:
     """The `benchmark` flags that rebuild `config` (a runner.BenchmarkConfig) in a child process."""
     m = config.model
     args = [

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from cs336_systems import nvtx
+
 ATTENTION_KINDS = ("naive", "sdpa")
 DEFAULT_VOCAB_SIZE = 10_000
 DEFAULT_ROPE_THETA = 10_000.0
@@ -162,11 +164,14 @@ class RotaryEmbedding(nn.Module):
 def naive_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """The handout's attention: explicit scores, causal mask, softmax, weighted sum."""
     seq_len = q.shape[-2]
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).tril()
-    scores = scores.masked_fill(~causal, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return probs.to(v.dtype) @ v
+    with nvtx.range("attention/scores"):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+    with nvtx.range("attention/softmax"):
+        probs = torch.softmax(scores, dim=-1)
+    with nvtx.range("attention/weighted_sum"):
+        return probs.to(v.dtype) @ v
 
 
 def sdpa_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -7,9 +7,10 @@
 
 Ranges are pushed only when enabled *and* CUDA is available; otherwise `range` returns
 one shared `contextlib.nullcontext`, so the disabled path costs a function call and a
-global read (~0.1 us, see tests/test_nvtx.py), and torch.compile traces straight through
-it (no graph break). Enabled ranges inside a compiled function do break the graph: profile
-the eager model to see ranges inside attention.
+global read (~0.1 us, see tests/test_nvtx.py). While torch.compile traces a function the
+ranges are left out too, so they never break its graph: a compiled model shows the ranges
+around it (forward, backward, optimizer) but not those inside attention; profile the eager
+model to see those.
 
 `capture` marks the measured steps: an NVTX range plus cudaProfilerStart/Stop, so
 `nsys profile --capture-range=cudaProfilerApi` (scripts/nsys_profile.sh) records only them.
@@ -67,7 +68,7 @@ def range(name: str) -> contextlib.AbstractContextManager:  # noqa: A001 (reads 
     Its signature fits runner's `phase` callback: `phase=nvtx.range` wraps forward,
     backward and optimizer in ranges of those names.
     """
-    return _Range(name) if _enabled else _DISABLED
+    return _Range(name) if _enabled and not torch.compiler.is_compiling() else _DISABLED
 
 
 def annotate(name: str) -> Callable[[F], F]:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cs336_systems import nvtx
 from cs336_systems.flops import flops_per_step, mfu, resolve_peak
 from cs336_systems.memory import PhaseMemory, current_memory_bytes, estimate_memory, step_peak
 from cs336_systems.models import (
@@ -317,8 +318,8 @@ def _measure(
     optimizer = make_optimizer(model, device) if config.pass_type == "train-step" else None
     with contextlib.ExitStack() as stack:
         runnable = stack.enter_context(compiled(model, config.compile_scope)) if config.compile else model
-        plain = make_step(config, runnable, device, optimizer)
-        traced = make_step(config, runnable, device, optimizer, phase=memory.phase)
+        plain = make_step(config, runnable, device, optimizer, phase=nvtx.range)
+        traced = make_step(config, runnable, device, optimizer, phase=combine_phases(memory.phase, nvtx.range))
         steps_run = []
 
         def step() -> None:
@@ -394,7 +395,7 @@ def run_benchmark(
         count_parameters(model) if model is not None else count_parameters_for(config.model, config.model_factory)
     )
     record = new_record(config, device, env, num_params)
-    notes = []
+    notes = ["NVTX ranges on (ranges cost about 1 us each on the host)"] if nvtx.is_enabled() else []
     step_flops = flops_per_step(
         config.model, config.batch_size, config.context_length, config.pass_type, config.model_factory, device
     )

@@ -35,6 +35,7 @@ from cs336_systems.cli import (
     ArgumentParser,
     add_execution_arguments,
     add_shape_arguments,
+    benchmark_config_from_args,
     config_to_args,
     fail,
     model_config_from_args,
@@ -88,23 +89,10 @@ def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[Bench
     ):  # fmt: skip
         model = model_config_from_args(args, size, longest, attention)
         configs.append(
-            BenchmarkConfig(
-                model=model,
-                context_length=context,
-                batch_size=batch,
-                pass_type=pass_type,
-                precision=precision,
-                compile=compiled,
-                compile_scope=args.compile_scope,
-                device=str(device),
-                timer=args.timer,
-                warmup_steps=args.warmup_steps,
-                measure_steps=args.measure_steps,
-                seed=args.seed,
-                model_factory=args.model_factory,
-                peak=args.peak,
-                peak_tflops=args.peak_tflops,
-            )
+            benchmark_config_from_args(
+                args, model, context_length=context, batch_size=batch, pass_type=pass_type,
+                precision=precision, compile=compiled, device=str(device),
+            )  # fmt: skip
         )
     return list(dict.fromkeys(configs))  # a value given twice runs once
 

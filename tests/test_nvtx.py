@@ -81,6 +81,71 @@ def test_phase_callback_wraps_forward_backward_optimizer(fake_cuda):
     assert fake_cuda == ["push forward", "pop", "push backward", "pop", "push optimizer", "pop"]
 
 
+@pytest.fixture
+def recorded_ranges(monkeypatch):
+    """Ranges 'enabled' on this CPU-only machine, the NVTX and profiler calls recorded."""
+    calls = []
+    monkeypatch.setattr(nvtx, "_enabled", True)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: calls.append(name))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: calls.append("pop"))
+    monkeypatch.setattr(torch.cuda.profiler, "start", lambda: None)
+    monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    return calls
+
+
+def test_benchmark_run_marks_steps_phases_and_naive_attention(recorded_ranges):
+    """What `benchmark --nvtx` shows in nsys: every range the issue names, balanced."""
+    config = tiny_benchmark_config(pass_type="train-step", attention="naive", warmup_steps=1, measure_steps=2)
+    record = runner.run_benchmark(config)
+    assert record.status == "ok", record.error
+    assert "NVTX ranges on" in record.notes
+    pushes = [name for name in recorded_ranges if name != "pop"]
+    assert len(pushes) == recorded_ranges.count("pop")
+    assert pushes[0] == "warmup" and pushes.count("measured") == 1 and pushes.count("step") == 2
+    layers = config.model.num_layers
+    steps = 1 + 2 + 1  # warmup, measured, the untimed step that traces memory
+    for name in ("forward", "backward", "optimizer"):
+        assert pushes.count(name) == steps
+    for name in ("attention/scores", "attention/softmax", "attention/weighted_sum"):
+        assert pushes.count(name) == steps * layers
+    measured = recorded_ranges[recorded_ranges.index("measured") :]
+    assert measured[1:4] == ["step", "forward", "attention/scores"]
+
+
+def test_sdpa_attention_has_no_inner_ranges(recorded_ranges):
+    record = runner.run_benchmark(tiny_benchmark_config(pass_type="forward", attention="sdpa"))
+    assert record.status == "ok" and "forward" in recorded_ranges
+    assert not [name for name in recorded_ranges if name.startswith("attention/")]
+
+
+def test_enabled_ranges_stay_out_of_a_compiled_graph(recorded_ranges):
+    """Compiled code gets no ranges (they would break its graph); the eager code around it does."""
+    if runner.compile_unsupported_reason(torch.device("cpu")):
+        pytest.skip("torch.compile unavailable here")
+    from cs336_systems.models import naive_causal_attention
+
+    torch._dynamo.reset()
+    q, k, v = torch.randn(3, 1, 2, 8, 4).unbind(0)
+    compiled = torch.compile(naive_causal_attention, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(q, k, v), naive_causal_attention(q, k, v))
+    assert recorded_ranges.count("attention/softmax") == 1  # the eager call only
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the ranges are emitted")
+def test_benchmark_cli_nvtx_without_cuda_is_a_note(capsys):
+    from cs336_systems import benchmark
+
+    tiny = ["--d-model", "32", "--d-ff", "64", "--num-layers", "1", "--num-heads", "2", "--vocab-size", "50",
+            "--context-length", "8", "--batch-size", "1", "--warmup-steps", "0", "--measure-steps", "1",
+            "--device", "cpu", "--pass-type", "forward"]  # fmt: skip
+    try:
+        assert benchmark.main(["--nvtx", *tiny]) == 0
+    finally:
+        nvtx.disable()
+    assert "--nvtx does nothing on cpu" in capsys.readouterr().err
+
+
 def test_disabled_range_costs_well_under_a_microsecond():
     nvtx.disable()
     calls = 200_000
