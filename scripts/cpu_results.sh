@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Regenerate every committed CPU result in results/ and the report in writeup/, one stage
+# after another on a quiet machine (nothing else running: these are timings).
+#
+#   bash scripts/cpu_results.sh            # all stages, about 45 minutes on 2 cores
+#   bash scripts/cpu_results.sh sweep ddp  # only the stages named
+#
+# Stages: stability timing model memory sweep cap find_max warmup allreduce ddp input monitor
+#         attention precision report
+# Each stage removes its old files first (the tools never overwrite a result file).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py=${PYTHON:-python}
+r=results
+if ! git diff --quiet HEAD 2>/dev/null; then
+  echo "note: the checkout has uncommitted changes; rows will say git_dirty=true" >&2
+fi
+
+stage() {
+  local name=$1
+  shift
+  echo "=== $name: $*" >&2
+  local start=$SECONDS
+  "$@"
+  echo "=== $name took $((SECONDS - start)) s" >&2
+}
+
+run_stage() {
+  case "$1" in
+    stability) stage stability $py scripts/cpu_stability.py --seconds 30 --output $r/cpu_stability.md ;;
+    timing) stage timing $py scripts/bench_timing.py --device cpu --output-dir $r ;;
+    model) stage model $py scripts/bench_model.py --device cpu --output-dir $r ;;
+    memory) stage memory $py scripts/memory_accuracy.py --device cpu --output-dir $r ;;
+    sweep)
+      rm -f $r/cpu_sweep.csv $r/cpu_sweep.jsonl $r/cpu_sweep.md
+      stage sweep $py -m cs336_systems.benchmark_direct --model-sizes small medium --context-lengths 64 128 256 \
+        --precisions fp32 bf16 --pass-types forward forward-backward --warmup-steps 2 --measure-steps 5 \
+        --output $r/cpu_sweep.csv --output $r/cpu_sweep.jsonl --output $r/cpu_sweep.md
+      ;;
+    cap)
+      rm -f $r/cpu_sweep_4gib.csv $r/cpu_sweep_4gib.jsonl $r/cpu_sweep_4gib.md
+      stage cap $py -m cs336_systems.run_benchmarks --model-sizes small medium --context-lengths 64 \
+        --pass-types train-step --memory-limit 4GiB --timeout 600 --warmup-steps 2 --measure-steps 5 \
+        --output $r/cpu_sweep_4gib.csv --output $r/cpu_sweep_4gib.jsonl --output $r/cpu_sweep_4gib.md
+      ;;
+    find_max)
+      rm -f $r/find_max_cpu_4gib.csv $r/find_max_cpu_4gib.json
+      $py -m cs336_systems.memory --model-size small --context-length 128 --pass-type train-step \
+        --find-max batch-size --device-memory 4GiB | tail -1
+      stage find_max $py -m cs336_systems.find_max --dimension batch-size --model-size small --context-length 128 \
+        --pass-type train-step --memory-limit 4GiB --warmup-steps 1 --measure-steps 1 --start 4 \
+        --output $r/find_max_cpu_4gib.csv
+      ;;
+    warmup) stage warmup $py scripts/warmup_study.py --output-dir $r ;;
+    allreduce)
+      rm -f $r/allreduce_gloo_cpu.csv $r/allreduce_gloo_cpu.jsonl $r/allreduce_gloo_cpu.md $r/allreduce_gloo_cpu.png
+      stage allreduce $py -m cs336_systems.allreduce_bench --backend gloo --world-sizes 2 4 6 \
+        --sizes 1MB 10MB 100MB 1GB --output $r/allreduce_gloo_cpu.csv --output $r/allreduce_gloo_cpu.jsonl \
+        --output $r/allreduce_gloo_cpu.md
+      ;;
+    ddp)
+      rm -f $r/ddp_gloo_cpu.csv $r/ddp_gloo_cpu.jsonl $r/ddp_gloo_cpu.md
+      stage ddp $py -m cs336_systems.ddp_bench --backend gloo --world-size 1 2 --strategy ddp naive \
+        --bucket-cap-mb 1 25 --d-model 256 --d-ff 1024 --num-layers 4 --num-heads 4 --context-length 128 \
+        --batch-size 4 --output $r/ddp_gloo_cpu.csv --output $r/ddp_gloo_cpu.jsonl --output $r/ddp_gloo_cpu.md
+      stage concurrent_matmul $py scripts/concurrent_matmul.py --processes 2 --trials 3 \
+        | tee $r/concurrent_matmul_cpu.txt
+      ;;
+    input) stage input $py scripts/input_pipeline_stories.py --device cpu --output-dir $r ;;
+    monitor)
+      rm -f $r/monitor_captioning_cpu.csv $r/monitor_captioning_cpu.json $r/monitor_captioning_cpu.png
+      stage monitor $py -m cs336_systems.monitor --interval 0.25 --output $r/monitor_captioning_cpu.csv -- \
+        $py -m cs336_systems.loader_bench --storage http --item-bytes 500KB --latency-ms 100 --bandwidth 20MB \
+        --num-items 36 --batch-size 1 --compute-ms 10 --epochs 1 --num-workers 0 --processes 1 3
+      ;;
+    attention)
+      rm -f $r/attention_cpu.csv $r/attention_cpu.jsonl $r/attention_cpu.md $r/attention_cpu.png
+      stage attention $py -m cs336_systems.attention_bench --device cpu --head-dims 16 64 \
+        --seq-lens 256 1024 4096 16384 --batch-size 8 --steps 20 --max-seconds 3 \
+        --implementations naive sdpa compiled \
+        --output $r/attention_cpu.csv --output $r/attention_cpu.jsonl --output $r/attention_cpu.md
+      ;;
+    precision) stage precision $py -m cs336_systems.mixed_precision --device cpu | tee $r/mixed_precision_cpu.txt ;;
+    report)
+      stage report $py -m cs336_systems.report $r/cpu_sweep.csv $r/cpu_sweep_4gib.csv $r/gpu_sweep_h100.csv \
+        --output writeup/report.md
+      ;;
+    *) echo "scripts/cpu_results.sh: error: unknown stage '$1'" >&2; exit 2 ;;
+  esac
+}
+
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(stability timing model memory sweep cap find_max warmup allreduce ddp input \
+  monitor attention precision report)
+for name in "${stages[@]}"; do
+  run_stage "$name"
+done
