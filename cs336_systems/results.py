@@ -73,20 +73,22 @@ def _physical_memory_bytes() -> int | None:
         return None
 
 
-@functools.cache
-def harness_commit() -> tuple[str, bool | None]:
-    """(commit, dirty) of the checkout this package runs from; 'unknown' outside git."""
-    if os.environ.get(GIT_COMMIT_ENV):
-        return os.environ[GIT_COMMIT_ENV], None
-    root = Path(__file__).resolve().parent.parent
+# The harness's own outputs: a checkout that differs only here still runs committed code.
+OUTPUT_DIRS = ("results", "writeup")
+
+
+def checkout_state(root: Path) -> tuple[str, bool | None]:
+    """(commit, dirty) of the git checkout at `root`; dirty means tracked files differ from
+    HEAD outside OUTPUT_DIRS, so regenerating results one after another stays clean."""
     if not (root / ".git").exists():
         return "unknown", None
+    excludes = [f":(exclude){name}" for name in OUTPUT_DIRS]
     try:
         commit = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
         ).stdout.strip()
         status = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", ".", *excludes],
             capture_output=True,
             text=True,
             timeout=10,
@@ -95,6 +97,14 @@ def harness_commit() -> tuple[str, bool | None]:
     except (OSError, subprocess.SubprocessError):
         return "unknown", None
     return commit, bool(status.strip())
+
+
+@functools.cache
+def harness_commit() -> tuple[str, bool | None]:
+    """(commit, dirty) of the checkout this package runs from; 'unknown' outside git."""
+    if os.environ.get(GIT_COMMIT_ENV):
+        return os.environ[GIT_COMMIT_ENV], None
+    return checkout_state(Path(__file__).resolve().parent.parent)
 
 
 def collect_environment(device: torch.device) -> Environment:

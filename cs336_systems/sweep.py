@@ -90,8 +90,14 @@ def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[Bench
         model = model_config_from_args(args, size, longest, attention)
         configs.append(
             benchmark_config_from_args(
-                args, model, context_length=context, batch_size=batch, pass_type=pass_type,
-                precision=precision, compile=compiled, device=str(device),
+                args,
+                model,
+                context_length=context,
+                batch_size=batch,
+                pass_type=pass_type,
+                precision=precision,
+                compile=compiled,
+                device=str(device),
             )  # fmt: skip
         )
     return list(dict.fromkeys(configs))  # a value given twice runs once

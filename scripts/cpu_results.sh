@@ -2,7 +2,7 @@
 # Regenerate every committed CPU result in results/ and the report in writeup/, one stage
 # after another on a quiet machine (nothing else running: these are timings).
 #
-#   bash scripts/cpu_results.sh            # all stages, about 45 minutes on 2 cores
+#   bash scripts/cpu_results.sh            # all stages, about 35 minutes on 2 cores
 #   bash scripts/cpu_results.sh sweep ddp  # only the stages named
 #
 # Stages: stability timing model memory sweep cap find_max warmup allreduce ddp input monitor
@@ -12,8 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python}
 r=results
-if ! git diff --quiet HEAD 2>/dev/null; then
-  echo "note: the checkout has uncommitted changes; rows will say git_dirty=true" >&2
+if ! git diff --quiet HEAD -- . ":(exclude)results" ":(exclude)writeup" 2>/dev/null; then
+  echo "note: the code has uncommitted changes; rows will say git_dirty=true" >&2
 fi
 
 stage() {
@@ -45,8 +45,9 @@ run_stage() {
       ;;
     find_max)
       rm -f $r/find_max_cpu_4gib.csv $r/find_max_cpu_4gib.json
+      # the allocator-level prediction; the cap counts address space, glibc's retained arenas too
       $py -m cs336_systems.memory --model-size small --context-length 128 --pass-type train-step \
-        --find-max batch-size --device-memory 4GiB | tail -1
+        --find-max batch-size --device-memory 4GiB --device-type cpu | tail -1
       stage find_max $py -m cs336_systems.find_max --dimension batch-size --model-size small --context-length 128 \
         --pass-type train-step --memory-limit 4GiB --warmup-steps 1 --measure-steps 1 --start 4 \
         --output $r/find_max_cpu_4gib.csv
@@ -56,7 +57,7 @@ run_stage() {
       rm -f $r/allreduce_gloo_cpu.csv $r/allreduce_gloo_cpu.jsonl $r/allreduce_gloo_cpu.md $r/allreduce_gloo_cpu.png
       stage allreduce $py -m cs336_systems.allreduce_bench --backend gloo --world-sizes 2 4 6 \
         --sizes 1MB 10MB 100MB 1GB --output $r/allreduce_gloo_cpu.csv --output $r/allreduce_gloo_cpu.jsonl \
-        --output $r/allreduce_gloo_cpu.md
+        --output $r/allreduce_gloo_cpu.md --plot $r/allreduce_gloo_cpu.png
       ;;
     ddp)
       rm -f $r/ddp_gloo_cpu.csv $r/ddp_gloo_cpu.jsonl $r/ddp_gloo_cpu.md

@@ -10,6 +10,7 @@ from cs336_systems.results import (
     MARKDOWN_COLUMNS,
     ResultFileError,
     ResultSink,
+    checkout_state,
     collect_environment,
     read_results,
     render_markdown,
@@ -123,3 +124,29 @@ def test_output_directories_are_created(tmp_path, records):
     path = tmp_path / "deep" / "er" / "r.csv"
     ResultSink([path]).write(records[0])
     assert path.exists()
+
+
+def test_checkout_is_dirty_only_for_changes_outside_outputs(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "sweep.csv").write_text("a\n1\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    commit, dirty = checkout_state(tmp_path)
+    assert len(commit) == 40 and dirty is False
+    (tmp_path / "results" / "sweep.csv").write_text("a\n2\n")  # a regenerated result
+    (tmp_path / "new_untracked.py").write_text("")
+    assert checkout_state(tmp_path) == (commit, False)
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert checkout_state(tmp_path) == (commit, True)
+    assert checkout_state(tmp_path / "results") == ("unknown", None)
