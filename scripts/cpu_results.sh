@@ -16,13 +16,16 @@ if ! git diff --quiet HEAD -- . ":(exclude)results" ":(exclude)writeup" 2>/dev/n
   echo "note: the code has uncommitted changes; rows will say git_dirty=true" >&2
 fi
 
+failed=()
+# A stage that fails (a script whose target was missed exits 1) is reported and the next runs.
 stage() {
   local name=$1
   shift
   echo "=== $name: $*" >&2
-  local start=$SECONDS
-  "$@"
-  echo "=== $name took $((SECONDS - start)) s" >&2
+  local start=$SECONDS status=0
+  "$@" || status=$?
+  echo "=== $name took $((SECONDS - start)) s (exit $status)" >&2
+  [ "$status" -eq 0 ] || failed+=("$name")
 }
 
 run_stage() {
@@ -64,8 +67,8 @@ run_stage() {
       stage ddp $py -m cs336_systems.ddp_bench --backend gloo --world-size 1 2 --strategy ddp naive \
         --bucket-cap-mb 1 25 --d-model 256 --d-ff 1024 --num-layers 4 --num-heads 4 --context-length 128 \
         --batch-size 4 --output $r/ddp_gloo_cpu.csv --output $r/ddp_gloo_cpu.jsonl --output $r/ddp_gloo_cpu.md
-      stage concurrent_matmul $py scripts/concurrent_matmul.py --processes 2 --trials 3 \
-        | tee $r/concurrent_matmul_cpu.txt
+      stage concurrent_matmul bash -o pipefail -c \
+        "$py scripts/concurrent_matmul.py --processes 2 --trials 3 | tee $r/concurrent_matmul_cpu.txt"
       ;;
     input) stage input $py scripts/input_pipeline_stories.py --device cpu --output-dir $r ;;
     monitor)
@@ -81,7 +84,9 @@ run_stage() {
         --implementations naive sdpa compiled \
         --output $r/attention_cpu.csv --output $r/attention_cpu.jsonl --output $r/attention_cpu.md
       ;;
-    precision) stage precision $py -m cs336_systems.mixed_precision --device cpu | tee $r/mixed_precision_cpu.txt ;;
+    precision)
+      stage precision bash -o pipefail -c "$py -m cs336_systems.mixed_precision --device cpu | tee $r/mixed_precision_cpu.txt"
+      ;;
     report)
       stage report $py -m cs336_systems.report $r/cpu_sweep.csv $r/cpu_sweep_4gib.csv $r/gpu_sweep_h100.csv \
         --output writeup/report.md
@@ -96,3 +101,7 @@ stages=("$@")
 for name in "${stages[@]}"; do
   run_stage "$name"
 done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "scripts/cpu_results.sh: failed stages: ${failed[*]}" >&2
+  exit 1
+fi
