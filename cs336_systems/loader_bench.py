@@ -81,6 +81,7 @@ from cs336_systems.storage import (
     StorageError,
     evict_page_cache,
     http_server,
+    model_from_args,
     write_items,
 )
 from cs336_systems.units import format_bytes, parse_bytes
@@ -1051,15 +1052,7 @@ def build_parser() -> ArgumentParser:
 
 def bench_from_args(args) -> BenchConfig:
     """Validate everything a user can get wrong; raise ValueError with one line."""
-    model = LatencyModel(
-        latency_ms=args.latency_ms,
-        bandwidth_bytes_per_s=args.bandwidth,
-        jitter_ms=args.jitter_ms,
-        cache_hit_rates=tuple(args.cache_hit_rates),
-        warm_latency_ms=args.warm_latency_ms,
-        seed=args.seed,
-    )
-    model.validate()
+    model = model_from_args(args)
     if args.model and args.compute_ms is not None:
         raise ValueError("give either --model tiny or --compute-ms, not both")
     if args.model and args.dataset:
