@@ -13,6 +13,7 @@ from cs336_systems.models import ATTENTION_KINDS, ModelConfig
 from cs336_systems.precision import PRECISIONS
 from cs336_systems.runner import BenchmarkConfig
 from cs336_systems.timing import TIMERS
+from cs336_systems.units import parse_bytes
 
 PASS_TYPE_CHOICES = ("forward", "forward-backward", "train-step")
 
@@ -48,6 +49,30 @@ def positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
     return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _parse(float, text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+    return value
+
+
+def boolean(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def byte_size(text: str) -> int:
+    """16GiB, 512MB, 1e9 (units.parse_bytes) as an argparse type."""
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _parse(kind, text: str):

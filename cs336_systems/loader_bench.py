@@ -56,7 +56,16 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from cs336_systems.cli import ArgumentParser, fail, non_negative_int, positive_float, positive_int
+from cs336_systems.cli import (
+    ArgumentParser,
+    boolean,
+    byte_size,
+    fail,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from cs336_systems.models import ModelConfig, TransformerLM
 from cs336_systems.monitor import add_monitor_arguments, check_monitor_arguments, monitored
 from cs336_systems.results import (
@@ -84,7 +93,7 @@ from cs336_systems.storage import (
     model_from_args,
     write_items,
 )
-from cs336_systems.units import format_bytes, parse_bytes
+from cs336_systems.units import format_bytes
 
 PROG = "python -m cs336_systems.loader_bench"
 NOT_INPUT_BOUND_PCT = 5.0  # TensorFlow's input-pipeline analyzer bands (REFERENCE.md section 5)
@@ -973,38 +982,6 @@ def recommendation_text(rec: Recommendation | None, ram_budget_bytes: int | None
 
 
 # -- the command line ----------------------------------------------------------------------------
-
-
-def boolean(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("true", "1", "yes", "on"):
-        return True
-    if value in ("false", "0", "no", "off"):
-        return False
-    import argparse
-
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def byte_size(text: str) -> int:
-    import argparse
-
-    try:
-        return parse_bytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def non_negative_float(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
-    return value
 
 
 def build_parser() -> ArgumentParser:
