@@ -39,7 +39,15 @@ from pathlib import Path
 
 import torch
 
-from cs336_systems.cli import ArgumentParser, fail, non_negative_int, positive_int
+from cs336_systems.argtypes import ArgumentParser, fail, non_negative_int, positive_int
+from cs336_systems.device import (
+    DeviceError,
+    compile_unsupported_reason,
+    first_line,
+    is_out_of_memory,
+    release_memory,
+    resolve_device,
+)
 from cs336_systems.memory import PhaseMemory, current_memory_bytes, rss_high_water_mark_available
 from cs336_systems.memory_cap import available_memory_bytes, soft_address_space_cap
 from cs336_systems.models import naive_causal_attention, sdpa_causal_attention
@@ -54,14 +62,6 @@ from cs336_systems.results import (
     render_markdown,
     samples_field,
     utc_timestamp,
-)
-from cs336_systems.runner import (
-    DeviceError,
-    compile_unsupported_reason,
-    first_line,
-    is_out_of_memory,
-    release_memory,
-    resolve_device,
 )
 from cs336_systems.stats import is_noisy, summarize
 from cs336_systems.timing import TIMERS, HostTimer, UntimedSetup, device_synchronizer, make_timer, time_steps

@@ -54,6 +54,7 @@ from cs336_systems.cli import (
     positive_float,
     positive_int,
 )
+from cs336_systems.config import BenchmarkConfig
 from cs336_systems.distributed import (
     BACKENDS,
     DEFAULT_INIT_TIMEOUT_S,
@@ -90,7 +91,7 @@ from cs336_systems.results import (
     samples_field,
     utc_timestamp,
 )
-from cs336_systems.runner import BenchmarkConfig, make_optimizer, make_step
+from cs336_systems.runner import make_optimizer, make_step
 from cs336_systems.stats import summarize
 from cs336_systems.timing import HostTimer, StepTimes, device_synchronizer, time_steps
 
