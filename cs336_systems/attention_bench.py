@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from cs336_systems.argtypes import ArgumentParser, fail, non_negative_int, positive_int
+from cs336_systems.argtypes import ArgumentParser, available_memory_bytes, fail, non_negative_int, positive_int
 from cs336_systems.device import (
     DeviceError,
     compile_unsupported_reason,
@@ -49,7 +49,7 @@ from cs336_systems.device import (
     resolve_device,
 )
 from cs336_systems.memory import PhaseMemory, current_memory_bytes, rss_high_water_mark_available
-from cs336_systems.memory_cap import available_memory_bytes, soft_address_space_cap
+from cs336_systems.memory_cap import soft_address_space_cap
 from cs336_systems.models import naive_causal_attention, sdpa_causal_attention
 from cs336_systems.precision import PRECISIONS, cpu_has_native, precision_mode, unsupported_reason
 from cs336_systems.results import (
