@@ -2,7 +2,7 @@
 
     python -m cs336_systems.compare results/base.csv results/new.csv --fail-above 10
 
-Rows are matched on the configuration columns (results.CONFIG_FIELDS); each matched pair
+Rows are matched on the configuration columns (config.IDENTITY_FIELDS); each matched pair
 gets NEW/BASE of the median step time and a verdict. With --fail-above PCT the exit
 status is 1 when any matched row is slower by more than PCT percent, or failed in NEW
 after running in BASE; otherwise 0. Without it, verdicts use a 5% band and the exit
@@ -16,9 +16,9 @@ import sys
 from tabulate import tabulate
 
 from cs336_systems.argtypes import ArgumentParser, fail, positive_float
-from cs336_systems.config import row_key
+from cs336_systems.config import IDENTITY_FIELDS, row_key
 from cs336_systems.report import model_label
-from cs336_systems.results import CONFIG_FIELDS, ResultFileError, read_results
+from cs336_systems.results import ResultFileError, read_results
 
 PROG = "python -m cs336_systems.compare"
 DEFAULT_BAND_PCT = 5.0
@@ -32,7 +32,7 @@ def _rows(path: str) -> dict[tuple, dict]:
         frame = read_results(path)
     except (OSError, ValueError) as exc:
         raise ResultFileError(f"{path}: {exc}") from None
-    missing = [name for name in (*CONFIG_FIELDS, "status", "median_ms") if name not in frame.columns]
+    missing = [name for name in (*IDENTITY_FIELDS, "status", "median_ms") if name not in frame.columns]
     if missing:
         raise ResultFileError(f"{path}: not a benchmark result file (missing {', '.join(missing[:3])})")
     rows = {}

@@ -69,6 +69,7 @@ from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.loading import load_callable
 from cs336_systems.models import ModelConfig, TransformerLM
 from cs336_systems.monitor import add_monitor_arguments, check_monitor_arguments, monitored
+from cs336_systems.optimizer import make_optimizer
 from cs336_systems.results import (
     Environment,
     Record,
@@ -80,7 +81,6 @@ from cs336_systems.results import (
     samples_field,
     utc_timestamp,
 )
-from cs336_systems.runner import make_optimizer
 from cs336_systems.stats import summarize
 from cs336_systems.storage import (
     STORAGE_KINDS,

@@ -49,7 +49,6 @@ from cs336_systems.results import (
 )
 
 
-
 def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     grid = parser.add_argument_group("grid (every combination runs, in this order)")
     # plural list flags; the singular spelling (as `benchmark` takes it) is an alias
@@ -94,10 +93,6 @@ def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[Bench
 # -- identity of a configuration (resume) -------------------------------------------------
 
 
-def config_key(config: BenchmarkConfig) -> tuple[str, ...]:
-    return config.key()
-
-
 def existing_rows(paths: Iterable[Path]) -> list[dict]:
     """Rows already in the first .csv or .jsonl output that exists (the resume record)."""
     for path in paths:
@@ -120,7 +115,7 @@ def pending_configs(
         path = next(p for p in outputs if p.suffix in (".csv", ".jsonl") and p.exists() and p.stat().st_size)
         raise ResultFileError(f"{path} already has {len(rows)} rows: pass --resume to continue it, or use a new file")
     done = {row_key(row) for row in rows}
-    return [config for config in configs if config_key(config) not in done]
+    return [config for config in configs if config.key() not in done]
 
 
 # -- Ctrl-C -----------------------------------------------------------------------------
