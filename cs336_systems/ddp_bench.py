@@ -43,16 +43,12 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from cs336_systems.argtypes import ArgumentParser, fail, non_negative_int, positive_float, positive_int
 from cs336_systems.cli import (
     ATTENTION_KINDS,
     PRECISIONS,
-    ArgumentParser,
     add_shape_arguments,
-    fail,
     model_config_from_args,
-    non_negative_int,
-    positive_float,
-    positive_int,
 )
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.distributed import (
