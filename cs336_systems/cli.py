@@ -100,7 +100,7 @@ def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **r
 
 
 def config_to_args(config: BenchmarkConfig) -> list[str]:
-    """The `benchmark` flags that rebuild `config` (a runner.BenchmarkConfig) in a child process."""
+    """The `benchmark` flags that rebuild `config` (a config.BenchmarkConfig) in a child process."""
     m = config.model
     args = [
         "--d-model", m.d_model, "--d-ff", m.d_ff, "--num-layers", m.num_layers, "--num-heads", m.num_heads,
