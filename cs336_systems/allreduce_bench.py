@@ -53,7 +53,6 @@ from cs336_systems.distributed import (
 from cs336_systems.memory_cap import cap_address_space
 from cs336_systems.results import (
     Environment,
-    Record,
     ResultFileError,
     ResultSink,
     check_output_paths,
@@ -61,6 +60,9 @@ from cs336_systems.results import (
     render_markdown,
     samples_field,
     utc_timestamp,
+)
+from cs336_systems.results import (
+    LegacyRecord as Record,
 )
 from cs336_systems.runner import first_line, is_out_of_memory, release_memory
 from cs336_systems.stats import summarize

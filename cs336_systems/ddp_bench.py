@@ -81,7 +81,6 @@ from cs336_systems.models import MODEL_SIZES, ConfigError, ModelFactoryError, bu
 from cs336_systems.precision import precision_mode, unsupported_reason
 from cs336_systems.results import (
     Environment,
-    Record,
     ResultFileError,
     ResultSink,
     check_output_paths,
@@ -89,6 +88,9 @@ from cs336_systems.results import (
     render_markdown,
     samples_field,
     utc_timestamp,
+)
+from cs336_systems.results import (
+    LegacyRecord as Record,
 )
 from cs336_systems.runner import BenchmarkConfig, make_optimizer, make_step
 from cs336_systems.stats import summarize
