@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from cs336_systems.cli import ArgumentParser, fail, non_negative_int, positive_float, positive_int
+from cs336_systems.argtypes import ArgumentParser, fail, non_negative_int, positive_float, positive_int
+from cs336_systems.device import first_line, is_out_of_memory, release_memory
 from cs336_systems.distributed import (
     BACKENDS,
     DEFAULT_INIT_TIMEOUT_S,
@@ -64,7 +65,6 @@ from cs336_systems.results import (
 from cs336_systems.results import (
     LegacyRecord as Record,
 )
-from cs336_systems.runner import first_line, is_out_of_memory, release_memory
 from cs336_systems.stats import summarize
 from cs336_systems.timing import HostTimer, device_synchronizer, time_steps
 from cs336_systems.units import parse_bytes

@@ -39,11 +39,19 @@ from pathlib import Path
 
 import torch
 
-from cs336_systems.cli import ArgumentParser, fail, non_negative_int, positive_int
+from cs336_systems.argtypes import ArgumentParser, available_memory_bytes, fail, non_negative_int, positive_int
+from cs336_systems.device import (
+    DeviceError,
+    compile_unsupported_reason,
+    first_line,
+    is_out_of_memory,
+    release_memory,
+    resolve_device,
+)
 from cs336_systems.memory import PhaseMemory, current_memory_bytes, rss_high_water_mark_available
-from cs336_systems.memory_cap import available_memory_bytes, soft_address_space_cap
+from cs336_systems.memory_cap import soft_address_space_cap
 from cs336_systems.models import naive_causal_attention, sdpa_causal_attention
-from cs336_systems.precision import PRECISIONS, cpu_has_native, precision_mode, unsupported_reason
+from cs336_systems.precision import PRECISION_TABLE, PRECISIONS, cpu_has_native, precision_mode, unsupported_reason
 from cs336_systems.results import (
     Environment,
     ResultFileError,
@@ -57,21 +65,13 @@ from cs336_systems.results import (
 from cs336_systems.results import (
     LegacyRecord as Record,
 )
-from cs336_systems.runner import (
-    DeviceError,
-    compile_unsupported_reason,
-    first_line,
-    is_out_of_memory,
-    release_memory,
-    resolve_device,
-)
 from cs336_systems.stats import is_noisy, summarize
 from cs336_systems.timing import TIMERS, HostTimer, UntimedSetup, device_synchronizer, make_timer, time_steps
 from cs336_systems.units import format_bytes, parse_bytes
 
 PROG = "python -m cs336_systems.attention_bench"
 IMPLEMENTATIONS = ("naive", "sdpa", "compiled")
-TENSOR_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TENSOR_DTYPES = {name: mode.compute_dtype for name, mode in PRECISION_TABLE.items()}  # q, k, v (no autocast)
 PASSES = ("forward", "backward")
 
 

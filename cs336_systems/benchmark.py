@@ -24,6 +24,8 @@ from cs336_systems.cli import (
     model_config_from_args,
     positive_int,
 )
+from cs336_systems.config import COMPILE_SCOPES, BenchmarkConfig
+from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.models import (
     MODEL_SIZES,
     ConfigError,
@@ -33,7 +35,7 @@ from cs336_systems.models import (
 )
 from cs336_systems.monitor import MonitorPathError, add_monitor_arguments, check_monitor_arguments, monitored
 from cs336_systems.results import BenchmarkRecord, ResultFileError, ResultSink, check_output_paths
-from cs336_systems.runner import COMPILE_SCOPES, BenchmarkConfig, DeviceError, resolve_device, run_benchmark
+from cs336_systems.runner import run_benchmark
 
 PROG = "python -m cs336_systems.benchmark"
 
@@ -95,11 +97,7 @@ def size_table(args) -> str:
 
 def config_from_args(args) -> BenchmarkConfig:
     model = model_config_from_args(args, args.model_size, args.context_length, args.attention)
-    if args.context_length > model.context_length:
-        raise ConfigError(
-            f"--context-length {args.context_length} is longer than the model supports "
-            f"(--max-context-length {model.context_length})"
-        )
+    model.check_context(args.context_length)
     return benchmark_config_from_args(
         args,
         model,

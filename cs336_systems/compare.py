@@ -15,7 +15,7 @@ import sys
 
 from tabulate import tabulate
 
-from cs336_systems.cli import ArgumentParser, fail, positive_float
+from cs336_systems.argtypes import ArgumentParser, fail, positive_float
 from cs336_systems.report import model_label
 from cs336_systems.results import CONFIG_FIELDS, ResultFileError, read_results, row_key
 

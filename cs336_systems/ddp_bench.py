@@ -54,6 +54,7 @@ from cs336_systems.cli import (
     positive_float,
     positive_int,
 )
+from cs336_systems.config import BenchmarkConfig
 from cs336_systems.distributed import (
     BACKENDS,
     DEFAULT_INIT_TIMEOUT_S,
@@ -92,7 +93,7 @@ from cs336_systems.results import (
 from cs336_systems.results import (
     LegacyRecord as Record,
 )
-from cs336_systems.runner import BenchmarkConfig, make_optimizer, make_step
+from cs336_systems.runner import make_optimizer, make_step
 from cs336_systems.stats import summarize
 from cs336_systems.timing import HostTimer, StepTimes, device_synchronizer, time_steps
 
@@ -472,8 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.model_factory:
             load_model_factory(args.model_factory)
         model = model_config_from_args(args, args.model_size, args.context_length, args.attention)
-        if args.context_length > model.context_length:
-            raise ConfigError(f"--context-length {args.context_length} is longer than --max-context-length")
+        model.check_context(args.context_length)
         config = BenchmarkConfig(
             model=model, context_length=args.context_length, batch_size=args.batch_size, pass_type="train-step",
             precision=args.precision, device=device.type, warmup_steps=args.warmup_steps,

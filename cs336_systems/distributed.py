@@ -45,8 +45,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from cs336_systems.device import first_line, is_out_of_memory
 from cs336_systems.results import Environment, collect_environment
-from cs336_systems.runner import first_line, is_out_of_memory
 
 BACKENDS = ("gloo", "nccl")
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from cs336_systems import allreduce_bench, ddp_bench
+from cs336_systems.config import BenchmarkConfig
 from cs336_systems.distributed import (
     INJECT_FAILURE_ENV,
     LaunchSpec,
@@ -24,7 +25,6 @@ from cs336_systems.distributed import (
 )
 from cs336_systems.models import build_model
 from cs336_systems.results import read_results
-from cs336_systems.runner import BenchmarkConfig
 from tests.conftest import PYTHON, child_env, tiny_model_config
 
 pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs torch.distributed with gloo")

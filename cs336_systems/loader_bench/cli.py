@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from cs336_systems.cli import (
+from cs336_systems.argtypes import (
     ArgumentParser,
     boolean,
     byte_size,
@@ -25,6 +25,7 @@ from cs336_systems.cli import (
     positive_float,
     positive_int,
 )
+from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.loader_bench.config import BenchConfig, LoaderConfig, load_dataset, loader_grid
 from cs336_systems.loader_bench.measure import error_text, run_configuration
 from cs336_systems.loader_bench.recommend import recommend, recommendation_text
@@ -42,7 +43,6 @@ from cs336_systems.results import (
     check_output_paths,
     collect_environment,
 )
-from cs336_systems.runner import DeviceError, resolve_device
 from cs336_systems.storage import (
     STORAGE_KINDS,
     StorageError,

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import psutil
 import torch
 
+from cs336_systems.device import resolve_device
 from cs336_systems.loader_bench.config import BenchConfig, LoaderConfig, load_dataset
 from cs336_systems.loader_bench.data import EpochSampler, StoreDataset, batch_nbytes, make_loader, to_device
 from cs336_systems.loader_bench.step import PhaseTimer, make_compute
 from cs336_systems.loader_bench.workers import WorkerMemorySampler
-from cs336_systems.runner import resolve_device
 
 
 @dataclass

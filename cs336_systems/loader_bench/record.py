@@ -9,11 +9,11 @@ from typing import ClassVar
 
 import torch
 
+from cs336_systems.device import resolve_device
 from cs336_systems.loader_bench.config import BenchConfig, LoaderConfig
 from cs336_systems.loader_bench.measure import EpochMeasurement
 from cs336_systems.loader_bench.predictions import predicted_buffer_bytes, predicted_samples_per_s, verdict
 from cs336_systems.results import Record, identity_field, samples_field
-from cs336_systems.runner import resolve_device
 from cs336_systems.stats import summarize
 
 
