@@ -79,6 +79,7 @@ from cs336_systems.distributed import (
     under_torchrun,
 )
 from cs336_systems.models import MODEL_SIZES, ConfigError, ModelFactoryError, build_model, load_model_factory
+from cs336_systems.optimizer import make_optimizer
 from cs336_systems.precision import precision_mode, unsupported_reason
 from cs336_systems.results import (
     Environment,
@@ -93,7 +94,7 @@ from cs336_systems.results import (
 from cs336_systems.results import (
     LegacyRecord as Record,
 )
-from cs336_systems.runner import make_optimizer, make_step
+from cs336_systems.runner import make_step
 from cs336_systems.stats import summarize
 from cs336_systems.timing import HostTimer, StepTimes, device_synchronizer, time_steps
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from torch.utils.data import Dataset
 
+from cs336_systems.loading import load_callable
 from cs336_systems.storage import (
     HttpStore,
     LatencyModel,
@@ -115,15 +115,7 @@ class DatasetError(ValueError):
 
 def load_dataset(spec: str) -> Dataset:
     """Call 'package.module:callable' (no arguments); it must return a map-style Dataset."""
-    module_name, sep, attribute = spec.partition(":")
-    if not sep or not module_name or not attribute:
-        raise DatasetError(f"--dataset must look like package.module:callable, got {spec!r}")
-    try:
-        target = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            target = getattr(target, part)
-    except Exception as exc:  # the user's module may fail in any way while importing
-        raise DatasetError(f"cannot load --dataset {spec}: {type(exc).__name__}: {exc}") from exc
+    target = load_callable(spec, "--dataset", DatasetError)
     try:
         dataset = target()
     except Exception as exc:
