@@ -54,7 +54,6 @@ from cs336_systems.distributed import (
 from cs336_systems.memory_cap import cap_address_space
 from cs336_systems.results import (
     Environment,
-    Record,
     ResultFileError,
     ResultSink,
     check_output_paths,
@@ -62,6 +61,9 @@ from cs336_systems.results import (
     render_markdown,
     samples_field,
     utc_timestamp,
+)
+from cs336_systems.results import (
+    LegacyRecord as Record,
 )
 from cs336_systems.stats import summarize
 from cs336_systems.timing import HostTimer, device_synchronizer, time_steps

@@ -54,7 +54,6 @@ from cs336_systems.models import naive_causal_attention, sdpa_causal_attention
 from cs336_systems.precision import PRECISION_TABLE, PRECISIONS, cpu_has_native, precision_mode, unsupported_reason
 from cs336_systems.results import (
     Environment,
-    Record,
     ResultFileError,
     ResultSink,
     check_output_paths,
@@ -62,6 +61,9 @@ from cs336_systems.results import (
     render_markdown,
     samples_field,
     utc_timestamp,
+)
+from cs336_systems.results import (
+    LegacyRecord as Record,
 )
 from cs336_systems.stats import is_noisy, summarize
 from cs336_systems.timing import TIMERS, HostTimer, UntimedSetup, device_synchronizer, make_timer, time_steps

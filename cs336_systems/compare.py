@@ -2,8 +2,8 @@
 
     python -m cs336_systems.compare results/base.csv results/new.csv --fail-above 10
 
-Rows are matched on the configuration columns (config.IDENTITY_FIELDS); each matched pair
-gets NEW/BASE of the median step time and a verdict. With --fail-above PCT the exit
+Rows are matched on the identity columns BenchmarkRecord marks (results.row_key, the same
+key as BenchmarkConfig.key()); each matched pair gets NEW/BASE of the median step time and a verdict. With --fail-above PCT the exit
 status is 1 when any matched row is slower by more than PCT percent, or failed in NEW
 after running in BASE; otherwise 0. Without it, verdicts use a 5% band and the exit
 status is 0. Rows present on one side only are listed, never failed.
@@ -16,9 +16,8 @@ import sys
 from tabulate import tabulate
 
 from cs336_systems.argtypes import ArgumentParser, fail, positive_float
-from cs336_systems.config import IDENTITY_FIELDS, row_key
 from cs336_systems.report import model_label
-from cs336_systems.results import ResultFileError, read_results
+from cs336_systems.results import CONFIG_FIELDS, ResultFileError, read_results, row_key
 
 PROG = "python -m cs336_systems.compare"
 DEFAULT_BAND_PCT = 5.0
@@ -32,7 +31,7 @@ def _rows(path: str) -> dict[tuple, dict]:
         frame = read_results(path)
     except (OSError, ValueError) as exc:
         raise ResultFileError(f"{path}: {exc}") from None
-    missing = [name for name in (*IDENTITY_FIELDS, "status", "median_ms") if name not in frame.columns]
+    missing = [name for name in (*CONFIG_FIELDS, "status", "median_ms") if name not in frame.columns]
     if missing:
         raise ResultFileError(f"{path}: not a benchmark result file (missing {', '.join(missing[:3])})")
     rows = {}

@@ -79,7 +79,6 @@ from cs336_systems.optimizer import make_optimizer
 from cs336_systems.precision import precision_mode, unsupported_reason
 from cs336_systems.results import (
     Environment,
-    Record,
     ResultFileError,
     ResultSink,
     check_output_paths,
@@ -87,6 +86,9 @@ from cs336_systems.results import (
     render_markdown,
     samples_field,
     utc_timestamp,
+)
+from cs336_systems.results import (
+    LegacyRecord as Record,
 )
 from cs336_systems.runner import make_step
 from cs336_systems.stats import summarize
