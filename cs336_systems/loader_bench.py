@@ -13,7 +13,7 @@ Examples:
         --batch-size 1 --num-workers 0 --processes 1 3
     python -m cs336_systems.loader_bench --dataset my_pkg.data:make_dataset --compute-ms 100
 
-Definitions (per epoch; REFERENCE.md section 5):
+Definitions (per epoch; docs/reference.md section 5):
   data_wait_pct     100 * time blocked in next(iterator) / epoch wall time (torchtitan's data_loading %)
   compute_idle_pct  100 * (1 - compute time / wall time) (1 - MLPerf Storage's accelerator utilisation)
   verdict           TensorFlow's input-pipeline bands on data_wait_pct: < 5 not input-bound,
@@ -96,7 +96,7 @@ from cs336_systems.storage import (
 from cs336_systems.units import format_bytes
 
 PROG = "python -m cs336_systems.loader_bench"
-NOT_INPUT_BOUND_PCT = 5.0  # TensorFlow's input-pipeline analyzer bands (REFERENCE.md section 5)
+NOT_INPUT_BOUND_PCT = 5.0  # TensorFlow's input-pipeline analyzer bands (docs/reference.md section 5)
 INPUT_BOUND_PCT = 20.0
 MEMORY_SAMPLE_INTERVAL_S = 0.1
 TINY_MODEL_MAX_CONTEXT = 128
@@ -116,7 +116,7 @@ def predicted_buffer_bytes(num_workers: int, prefetch_factor: int | None, batch_
     """Host RAM the loader's batches may occupy (an upper bound, reached when compute is the
     bottleneck and every queue is full).
 
-    The DataLoader keeps num_workers * prefetch_factor batches in flight (REFERENCE.md section 5;
+    The DataLoader keeps num_workers * prefetch_factor batches in flight (docs/reference.md section 5;
     one when num_workers is 0, loaded by the main process), and the training step still holds the
     previous batch while next() runs: in_flight + 1 batches. With pin_memory in effect, a batch
     not yet pinned sits in shared memory and a pinned one in page-locked memory (which torch's
