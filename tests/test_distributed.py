@@ -22,6 +22,7 @@ from cs336_systems.distributed import (
     mean_over_ranks,
     run_spawned,
 )
+from cs336_systems.distributed.driver import exit_status
 from cs336_systems.models import build_model
 from cs336_systems.results import read_results
 from cs336_systems.runner import BenchmarkConfig
@@ -238,6 +239,14 @@ def test_allreduce_bench_under_torchrun(tmp_path):
         (ddp_bench, ["--backend", "nccl"], "nccl"),
         (ddp_bench, ["--precision", "tf32"], "TF32"),
         (ddp_bench, ["--model-size", "huge"], "unknown model size"),
+        (allreduce_bench, ["--memory-limit", "lots"], "argument --memory-limit: not a size"),
+        (allreduce_bench, ["--device", "tpu"], "unknown device 'tpu'"),
+        (ddp_bench, ["--device", "cuda:x"], "unknown device 'cuda:x'"),
+        # nccl cannot all-reduce CPU tensors: refused before anything starts, CUDA or not
+        (allreduce_bench, ["--backend", "nccl", "--device", "cpu"], "--device cpu does not fit"),
+        (ddp_bench, ["--backend", "nccl", "--device", "cpu"], "--device cpu does not fit"),
+        (allreduce_bench, ["--world-sizes", "2", "--device", "cpu", "--memory-limit", "1GB", "--output", "r.xlsx"],
+         "unknown suffix"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(module, args, message, capsys):
@@ -278,3 +287,38 @@ def test_one_ddp_step_on_a_gpu_equals_the_single_process_step():
             # batch 2 per rank vs the global batch: other kernels, other rounding (TF32 is off)
             torch.testing.assert_close(torch.from_numpy(value), expected[name], rtol=1e-4, atol=1e-4,
                                        msg=f"{unit.strategy} {name}")  # fmt: skip
+
+
+def test_gloo_on_cuda_needs_a_gpu_and_says_so(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    for module in (allreduce_bench, ddp_bench):
+        code, _, err = run_main(module, capsys, "--backend", "gloo", "--device", "cuda")
+        assert code == 2 and "--device cuda needs CUDA GPUs" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_old_and_singular_spellings_are_aliases():
+    parse = allreduce_bench.build_parser().parse_args
+    assert vars(parse(["--world-size", "2", "3", "--size", "1MB"])) == vars(parse(["--world-sizes", "2", "3", "--sizes", "1MB"]))
+    assert parse(["--world-size", "2", "--size", "1MB"]).sizes == [("1MB", 10**6)]
+    parse = ddp_bench.build_parser().parse_args
+    old, new = parse(["--world-size", "1", "2", "--strategy", "naive"]), parse(["--world-sizes", "1", "2", "--strategies", "naive"])
+    assert vars(old) == vars(new) and (new.world_sizes, new.strategies) == ([1, 2], ["naive"])
+    for module in (allreduce_bench, ddp_bench):
+        help_text = module.build_parser().format_help()
+        assert "--world-sizes" in help_text and "--world-size " not in help_text and "--device" in help_text
+
+
+def test_exit_status_rule():
+    assert exit_status(["ok", "oom", "unsupported", "skipped"]) == 0
+    assert exit_status(["ok", "timeout"]) == 1 and exit_status(["error"]) == 1
+
+
+@pytest.mark.parametrize("module", [allreduce_bench, ddp_bench])
+def test_ctrl_c_exits_130(module, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module.cli, "run_rows", interrupted)
+    code, _, err = run_main(module, capsys, "--world-sizes", "1", *(TINY if module is ddp_bench else FAST))
+    assert code == 130 and "interrupted" in err and "Traceback" not in err
