@@ -24,6 +24,8 @@ from cs336_systems.cli import (
     model_config_from_args,
     positive_int,
 )
+from cs336_systems.config import COMPILE_SCOPES, BenchmarkConfig
+from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.models import (
     MODEL_SIZES,
     ConfigError,
@@ -33,7 +35,7 @@ from cs336_systems.models import (
 )
 from cs336_systems.monitor import MonitorPathError, add_monitor_arguments, check_monitor_arguments, monitored
 from cs336_systems.results import ResultFileError, ResultSink, check_output_paths, render_markdown
-from cs336_systems.runner import COMPILE_SCOPES, BenchmarkConfig, DeviceError, resolve_device, run_benchmark
+from cs336_systems.runner import run_benchmark
 
 PROG = "python -m cs336_systems.benchmark"
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 import itertools
 import sys
 
+from cs336_systems.device import first_line, is_out_of_memory, release_memory, resolve_device
 from cs336_systems.memory import current_memory_bytes
 from cs336_systems.models import ModelFactoryError, build_model, check_model_output, count_parameters_for
-from cs336_systems.runner import first_line, is_out_of_memory, release_memory, resolve_device, run_benchmark
+from cs336_systems.runner import run_benchmark
 from cs336_systems.sweep import failed_record, sweep_main
 
 PROG = "python -m cs336_systems.benchmark_direct"

@@ -6,82 +6,25 @@ User errors end in one line on stderr and exit status 2 (never a traceback).
 from __future__ import annotations
 
 import argparse
-import sys
 
+from cs336_systems.argtypes import (
+    ArgumentParser,
+    add_device_argument,
+    boolean,
+    byte_size,
+    fail,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+from cs336_systems.config import PASS_TYPES, BenchmarkConfig
 from cs336_systems.flops import PEAK_CHOICES
 from cs336_systems.models import ATTENTION_KINDS, ModelConfig
 from cs336_systems.precision import PRECISIONS
-from cs336_systems.runner import BenchmarkConfig
 from cs336_systems.timing import TIMERS
-from cs336_systems.units import parse_bytes
 
-PASS_TYPE_CHOICES = ("forward", "forward-backward", "train-step")
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line: 'prog: error: message'."""
-
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def fail(prog: str, message: str) -> int:
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    return 2
-
-
-def positive_int(text: str) -> int:
-    value = _parse(int, text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = _parse(int, text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = _parse(float, text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = _parse(float, text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
-    return value
-
-
-def boolean(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("true", "1", "yes", "on"):
-        return True
-    if value in ("false", "0", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def byte_size(text: str) -> int:
-    """16GiB, 512MB, 1e9 (units.parse_bytes) as an argparse type."""
-    try:
-        return parse_bytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _parse(kind, text: str):
-    try:
-        return kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
-        ) from None
+PASS_TYPE_CHOICES = PASS_TYPES
 
 
 def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,7 +50,7 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("execution")
-    group.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
+    add_device_argument(group)
     group.add_argument("--warmup-steps", type=non_negative_int, default=5)
     group.add_argument("--measure-steps", type=positive_int, default=10)
     group.add_argument(
@@ -188,8 +131,11 @@ def config_to_args(config: BenchmarkConfig) -> list[str]:
     return [str(a) for a in args]
 
 
-__all__ = [
+__all__ = [  # the argparse types are re-exported until every tool imports them from argtypes
     "ATTENTION_KINDS",
+    "boolean",
+    "byte_size",
+    "non_negative_float",
     "PASS_TYPE_CHOICES",
     "PRECISIONS",
     "ArgumentParser",

@@ -25,13 +25,14 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from cs336_systems.argtypes import fail, positive_int
 from cs336_systems.benchmark import build_parser as build_benchmark_parser
 from cs336_systems.benchmark import config_from_args
-from cs336_systems.cli import fail, positive_int
+from cs336_systems.config import BenchmarkConfig
+from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory
 from cs336_systems.monitor import check_monitor_arguments, monitored
 from cs336_systems.results import ResultFileError, ResultSink, check_output_paths
-from cs336_systems.runner import BenchmarkConfig, DeviceError, resolve_device
 from cs336_systems.sweep import (
     StopRequest,
     add_child_arguments,

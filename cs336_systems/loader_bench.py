@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from cs336_systems.cli import (
+from cs336_systems.argtypes import (
     ArgumentParser,
     boolean,
     byte_size,
@@ -66,6 +66,7 @@ from cs336_systems.cli import (
     positive_float,
     positive_int,
 )
+from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.models import ModelConfig, TransformerLM
 from cs336_systems.monitor import add_monitor_arguments, check_monitor_arguments, monitored
 from cs336_systems.results import (
@@ -79,7 +80,7 @@ from cs336_systems.results import (
     samples_field,
     utc_timestamp,
 )
-from cs336_systems.runner import DeviceError, make_optimizer, resolve_device
+from cs336_systems.runner import make_optimizer
 from cs336_systems.stats import summarize
 from cs336_systems.storage import (
     STORAGE_KINDS,

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from tabulate import tabulate
 from torch import nn
 
-from cs336_systems.cli import ArgumentParser, fail
-from cs336_systems.runner import DeviceError, resolve_device
+from cs336_systems.argtypes import ArgumentParser, fail
+from cs336_systems.device import DeviceError, resolve_device
 
 PROG = "python -m cs336_systems.mixed_precision"
 STEPS, ADDEND, EXACT = 1000, 0.01, 10.0

@@ -586,7 +586,7 @@ def run_monitored(command: Sequence[str], csv_path: Path, interval_s: float, gpu
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cs336_systems.cli import ArgumentParser, fail, non_negative_int, positive_float
+    from cs336_systems.argtypes import ArgumentParser, fail, non_negative_int, positive_float
 
     parser = ArgumentParser(
         prog=PROG,

@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from cs336_systems.anomalies import flag_anomalies  # noqa: E402
-from cs336_systems.cli import ArgumentParser, fail  # noqa: E402
+from cs336_systems.argtypes import ArgumentParser, fail  # noqa: E402
 from cs336_systems.models import MODEL_SIZES  # noqa: E402
 from cs336_systems.results import (  # noqa: E402
     ResultFileError,

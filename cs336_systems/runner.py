@@ -8,25 +8,24 @@ status 'oom', never a crash; the memory is released so a sweep can go on.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import dataclasses
-import functools
-import gc
-import shutil
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from cs336_systems import nvtx
+from cs336_systems.config import PASS_TYPES, BenchmarkConfig
+from cs336_systems.device import (
+    compile_unsupported_reason,
+    failure_status,
+    release_memory,
+    resolve_device,
+)
 from cs336_systems.flops import flops_per_step, mfu, resolve_peak
 from cs336_systems.memory import PhaseMemory, current_memory_bytes, estimate_memory, step_peak
 from cs336_systems.models import (
-    ModelConfig,
     ModelFactoryError,
     build_model,
     check_model_output,
@@ -44,110 +43,12 @@ from cs336_systems.results import BenchmarkRecord, Environment, collect_environm
 from cs336_systems.stats import summarize
 from cs336_systems.timing import HostTimer, StepTimes, device_synchronizer, make_timer, time_steps
 
-PASS_TYPES = ("forward", "forward-backward", "train-step")
-OOM_MESSAGE_MARKERS = ("out of memory", "can't allocate memory", "defaultcpuallocator")
 OPTIMIZER_STATE_NOTE = "first measured step includes creating the AdamW state (no warmup step ran before it)"
-
-
-class DeviceError(ValueError):
-    """A device the user asked for that this machine does not have."""
-
-
-@dataclass(frozen=True)
-class BenchmarkConfig:
-    model: ModelConfig
-    context_length: int = 512
-    batch_size: int = 4
-    pass_type: str = "forward-backward"
-    precision: str = "fp32"
-    compile: bool = False
-    compile_scope: str = "model"  # "model": torch.compile(model); "blocks": each block (regional)
-    device: str = "cpu"
-    timer: str = "host"
-    warmup_steps: int = 5
-    measure_steps: int = 10
-    seed: int = 0
-    model_factory: str | None = None
-    peak: str = "auto"  # where the MFU denominator comes from: auto, table or measure
-    peak_tflops: float | None = None  # a user's own peak, overriding `peak`
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch_size * self.context_length
-
-    def replace(self, **changes) -> BenchmarkConfig:
-        return dataclasses.replace(self, **changes)
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' is CUDA when present, else CPU. Asking for CUDA without it is a user error."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise DeviceError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N") from exc
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceError(f"--device {name}: CUDA is not available on this machine")
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        if index >= torch.cuda.device_count():
-            raise DeviceError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) present")
-        device = torch.device("cuda", index)
-    elif device.type != "cpu":
-        raise DeviceError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N")
-    return device
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MESSAGE_MARKERS)
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
-def return_freed_heap_to_os() -> None:
-    """glibc keeps freed memory resident; without this a process's RSS only ever grows,
-    and RSS-based measurements of a later configuration would reuse an earlier one's pages."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 def _tensor_bytes(model: nn.Module) -> int:
     tensors = [*model.parameters(), *model.buffers()]
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def release_memory(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    else:
-        return_freed_heap_to_os()
-
-
-def compile_unsupported_reason(device: torch.device) -> str | None:
-    if not torch._dynamo.is_dynamo_supported():
-        return "torch.compile is not supported on this Python/platform"
-    if device.type == "cpu" and not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
-        return "torch.compile on CPU needs a C++ compiler (g++ or clang++) on PATH"
-    return None
-
-
-COMPILE_SCOPES = ("model", "blocks")
 
 
 @contextlib.contextmanager
@@ -443,11 +344,7 @@ def run_benchmark(
         except ModelFactoryError as exc:
             failure = ("error", str(exc))
         except Exception as exc:  # any failure is a row; OOM is told apart from the rest
-            failure = (
-                ("oom", first_line(exc))
-                if is_out_of_memory(exc)
-                else ("error", f"{type(exc).__name__}: {first_line(exc)}")
-            )
+            failure = failure_status(exc)
         finally:
             # Drop every reference to the failed step's tensors before freeing memory.
             if model is not None:

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import itertools
 import json
-import math
 import os
 import shlex
 import signal
@@ -24,10 +23,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
 import torch
 from tqdm import tqdm
 
+from cs336_systems.argtypes import EXIT_INTERRUPTED
 from cs336_systems.cli import (
     ATTENTION_KINDS,
     PASS_TYPE_CHOICES,
@@ -41,10 +40,11 @@ from cs336_systems.cli import (
     model_config_from_args,
     positive_int,
 )
+from cs336_systems.config import COMPILE_CHOICES, COMPILE_SCOPES, BenchmarkConfig, row_key
+from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.models import ConfigError, ModelFactoryError, count_parameters_for, load_model_factory
 from cs336_systems.monitor import add_monitor_arguments, check_monitor_arguments, monitored
 from cs336_systems.results import (
-    CONFIG_FIELDS,
     ENVIRONMENT_FIELDS,
     BenchmarkRecord,
     Environment,
@@ -55,11 +55,10 @@ from cs336_systems.results import (
     read_results,
     render_markdown,
 )
-from cs336_systems.runner import COMPILE_SCOPES, BenchmarkConfig, DeviceError, new_record, resolve_device
+from cs336_systems.runner import new_record
 from cs336_systems.units import format_bytes, parse_bytes
 
-COMPILE_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
-INTERRUPTED_EXIT = 130
+INTERRUPTED_EXIT = EXIT_INTERRUPTED
 
 
 def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,24 +105,8 @@ def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[Bench
 # -- identity of a configuration (resume) -------------------------------------------------
 
 
-def _normal(value: object) -> str:
-    """One spelling per value whether it came from a record, a CSV or a JSONL file."""
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
-        return ""
-    if isinstance(value, bool) or str(value) in ("True", "False", "true", "false"):
-        return str(value).lower()
-    try:
-        return repr(float(value))
-    except (TypeError, ValueError):
-        return str(value)
-
-
-def row_key(row: dict) -> tuple[str, ...]:
-    return tuple(_normal(row.get(name)) for name in CONFIG_FIELDS)
-
-
 def config_key(config: BenchmarkConfig) -> tuple[str, ...]:
-    return row_key(new_record(config, torch.device(config.device), None, None).to_row())
+    return config.key()
 
 
 def existing_rows(paths: Iterable[Path]) -> list[dict]:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from cs336_systems.config import BenchmarkConfig
 from cs336_systems.models import ModelConfig
-from cs336_systems.runner import BenchmarkConfig
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent

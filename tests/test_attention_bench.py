@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
-from cs336_systems import attention_bench, runner
+from cs336_systems import attention_bench
 from cs336_systems.attention_bench import AttentionConfig, run_attention, saved_tensor_bytes
+from cs336_systems.device import compile_unsupported_reason
 from cs336_systems.memory_cap import soft_address_space_cap
 from cs336_systems.models import naive_causal_attention, sdpa_causal_attention
 from tests.conftest import PYTHON, child_env
@@ -121,7 +122,7 @@ def test_time_budget_cuts_steps_and_says_so():
 
 
 def test_compiled_reports_compile_time_apart():
-    if runner.compile_unsupported_reason(torch.device("cpu")):
+    if compile_unsupported_reason(torch.device("cpu")):
         pytest.skip("torch.compile unavailable here")
     record = run_attention(tiny("compiled", steps=2))
     assert record.status == "ok", record.error

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from cs336_systems import flops
+from cs336_systems.config import PASS_TYPES
 from cs336_systems.flops import (
     Peak,
     analytic_flops_per_step,
@@ -13,7 +14,7 @@ from cs336_systems.flops import (
     table_peak_tflops,
 )
 from cs336_systems.models import ModelConfig, build_model
-from cs336_systems.runner import PASS_TYPES, run_benchmark
+from cs336_systems.runner import run_benchmark
 from tests.conftest import tiny_benchmark_config, tiny_model_config
 
 

@@ -5,8 +5,9 @@ import pickle
 import pytest
 import torch
 
+from cs336_systems.config import BenchmarkConfig
 from cs336_systems.models import ModelConfig
-from cs336_systems.runner import BenchmarkConfig, run_benchmark
+from cs336_systems.runner import run_benchmark
 from cs336_systems.timing import CudaEventTimer, HostTimer, device_synchronizer, time_steps
 from tests.conftest import tiny_benchmark_config
 

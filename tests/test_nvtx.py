@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cs336_systems import nvtx, runner
+from cs336_systems.device import compile_unsupported_reason
 from cs336_systems.timing import HostTimer, time_steps
 from tests.conftest import REPO, tiny_benchmark_config
 
@@ -121,7 +122,7 @@ def test_sdpa_attention_has_no_inner_ranges(recorded_ranges):
 
 def test_enabled_ranges_stay_out_of_a_compiled_graph(recorded_ranges):
     """Compiled code gets no ranges (they would break its graph); the eager code around it does."""
-    if runner.compile_unsupported_reason(torch.device("cpu")):
+    if compile_unsupported_reason(torch.device("cpu")):
         pytest.skip("torch.compile unavailable here")
     from cs336_systems.models import naive_causal_attention
 
@@ -173,7 +174,7 @@ def test_disabled_range_costs_well_under_a_microsecond():
 
 
 def test_torch_compile_traces_through_disabled_ranges():
-    if runner.compile_unsupported_reason(torch.device("cpu")):
+    if compile_unsupported_reason(torch.device("cpu")):
         pytest.skip("torch.compile unavailable here")
     nvtx.disable()
     torch._dynamo.reset()

@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from cs336_systems import runner
+from cs336_systems.config import PASS_TYPES
+from cs336_systems.device import compile_unsupported_reason, is_out_of_memory
 from cs336_systems.precision import cpu_has_native
-from cs336_systems.runner import OPTIMIZER_STATE_NOTE, PASS_TYPES, is_out_of_memory, run_benchmark
+from cs336_systems.runner import OPTIMIZER_STATE_NOTE, run_benchmark
 from tests.conftest import tiny_benchmark_config
 
 
@@ -138,7 +140,7 @@ def test_user_model_with_wrong_output_is_an_error_row(fixtures_on_path):
 
 @pytest.mark.slow
 def test_compile_measures_compile_time_apart():
-    if runner.compile_unsupported_reason(torch.device("cpu")):
+    if compile_unsupported_reason(torch.device("cpu")):
         pytest.skip("torch.compile unavailable here")
     record = run_benchmark(tiny_benchmark_config(compile=True, pass_type="forward", warmup_steps=1, measure_steps=2))
     assert record.status == "ok", record.error
@@ -149,7 +151,7 @@ def test_compile_measures_compile_time_apart():
 
 @pytest.mark.slow
 def test_regional_compile_restores_the_blocks():
-    if runner.compile_unsupported_reason(torch.device("cpu")):
+    if compile_unsupported_reason(torch.device("cpu")):
         pytest.skip("torch.compile unavailable here")
     config = tiny_benchmark_config(compile=True, compile_scope="blocks", pass_type="forward", measure_steps=2)
     model = runner.build_model(config.model, "cpu")

@@ -8,15 +8,17 @@ import sys
 from cs336_systems.allreduce_bench.plot import plot_bandwidth
 from cs336_systems.allreduce_bench.record import AllReduceRecord, describe, record_for, render
 from cs336_systems.allreduce_bench.worker import AllReduceUnit, allreduce_worker, parse_size
-from cs336_systems.cli import ArgumentParser, byte_size, fail, non_negative_int, positive_int
-from cs336_systems.distributed import LaunchError
-from cs336_systems.distributed.driver import (
+from cs336_systems.argtypes import (
     EXIT_INTERRUPTED,
-    add_launch_arguments,
+    ArgumentParser,
+    add_memory_limit_argument,
     exit_status,
-    launch_from_args,
-    run_rows,
+    fail,
+    non_negative_int,
+    positive_int,
 )
+from cs336_systems.distributed import LaunchError
+from cs336_systems.distributed.driver import add_launch_arguments, launch_from_args, run_rows
 from cs336_systems.flag_aliases import add_argument_with_aliases
 from cs336_systems.results import ResultFileError, ResultSink, check_output_paths
 
@@ -39,13 +41,8 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument("--warmup-steps", type=non_negative_int, default=5, help="untimed-for-statistics all-reduces")
     parser.add_argument("--measure-steps", type=positive_int, default=20, help="measured all-reduces")
-    parser.add_argument(
-        "--memory-limit",
-        type=byte_size,
-        metavar="SIZE",
-        help="CPU only: address space each rank may still map after joining the group (e.g. 512MiB); "
-        "emulates a smaller machine, so a size that does not fit is an 'oom' row",
-    )
+    add_memory_limit_argument(parser, help="CPU only: address space each rank may still map after joining the group "
+                              "(e.g. 512MiB); emulates a smaller machine, so a size that does not fit is an 'oom' row")
     parser.add_argument("--plot", metavar="PATH.png", help="bandwidth against size, a line per world size")
     return parser
 

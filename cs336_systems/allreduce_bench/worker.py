@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from cs336_systems.device import first_line, is_out_of_memory, release_memory
 from cs336_systems.distributed import BarrierFirst, RankContext
 from cs336_systems.memory_cap import cap_address_space
-from cs336_systems.runner import first_line, is_out_of_memory, release_memory
 from cs336_systems.timing import HostTimer, device_synchronizer, time_steps
 from cs336_systems.units import parse_bytes
 

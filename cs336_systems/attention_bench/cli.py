@@ -9,37 +9,35 @@ from pathlib import Path
 
 import torch
 
+from cs336_systems.argtypes import (
+    EXIT_INTERRUPTED,
+    ArgumentParser,
+    add_device_argument,
+    add_memory_limit_argument,
+    exit_status,
+    fail,
+    non_negative_int,
+    positive_int,
+    resolve_memory_limit,
+)
 from cs336_systems.attention_bench.config import IMPLEMENTATIONS, AttentionConfig
 from cs336_systems.attention_bench.figure import plot
 from cs336_systems.attention_bench.measure import run_attention
 from cs336_systems.attention_bench.record import ATTENTION_FIELDS, AttentionRecord, render
-from cs336_systems.cli import ArgumentParser, fail, non_negative_int, positive_int
+from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.flag_aliases import add_argument_with_aliases
-from cs336_systems.memory_cap import available_memory_bytes, soft_address_space_cap
+from cs336_systems.memory_cap import soft_address_space_cap
 from cs336_systems.precision import PRECISIONS
 from cs336_systems.results import ResultFileError, ResultSink, check_output_paths, collect_environment
-from cs336_systems.runner import DeviceError, resolve_device
 from cs336_systems.timing import TIMERS
-from cs336_systems.units import format_bytes, parse_bytes
+from cs336_systems.units import format_bytes
 
 PROG = "python -m cs336_systems.attention_bench"
-EXPECTED_STATUSES = ("ok", "oom", "unsupported", "skipped")  # a failure is error or timeout: exit 1
-EXIT_INTERRUPTED = 130
-
-
-def memory_limit(text: str) -> str | int:
-    """--memory-limit as argparse sees it: auto, none or a size in bytes."""
-    if text in ("auto", "none"):
-        return text
-    try:
-        return parse_bytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description="attention alone, forward and backward, per shape")
-    parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
+    add_device_argument(parser)
     add_argument_with_aliases(parser, "--head-dims", "--head-dim", type=positive_int, nargs="+",
                               default=[16, 32, 64, 128])  # fmt: skip
     add_argument_with_aliases(parser, "--context-lengths", "--context-length", "--seq-lens", type=positive_int,
@@ -65,14 +63,7 @@ def build_parser() -> ArgumentParser:
         "least 3 were measured; the row says how many ran. 0: no limit (30)",
     )
     parser.add_argument("--timer", choices=TIMERS, default="host")
-    parser.add_argument(
-        "--memory-limit",
-        type=memory_limit,
-        default="auto",
-        metavar="SIZE",
-        help="CPU only: allocations past this much more address space fail as a real out-of-memory (a row "
-        "with status oom) instead of swapping; auto: the memory available at start; none: no limit (auto)",
-    )
+    add_memory_limit_argument(parser, allow_auto=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--output",
@@ -83,16 +74,6 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument("--plot", metavar="PATH.png", help="plot file (default: the first --output with suffix .png)")
     return parser
-
-
-def _memory_limit_bytes(asked: str | int, device: torch.device) -> int | None:
-    if asked == "none":
-        return None
-    if device.type != "cpu":
-        if asked == "auto":
-            return None
-        raise DeviceError("--memory-limit caps CPU memory (RLIMIT_AS) and cannot be used with CUDA")
-    return available_memory_bytes() if asked == "auto" else asked
 
 
 def configs_from_args(args, device: torch.device) -> list[AttentionConfig]:
@@ -142,13 +123,13 @@ def _run(args: argparse.Namespace) -> int:
         device = resolve_device(args.device)
         if args.timer == "cuda-event" and device.type != "cuda":
             raise DeviceError("--timer cuda-event needs a CUDA device")
-        limit = _memory_limit_bytes(args.memory_limit, device)
+        limit = resolve_memory_limit(args.memory_limit, device.type)
         outputs = check_output_paths(args.output)
         plot_path = Path(args.plot) if args.plot else (outputs[0].with_suffix(".png") if outputs else None)
         if plot_path is not None and plot_path.suffix not in (".png", ".svg", ".pdf"):
             raise ResultFileError(f"--plot {plot_path}: use a .png, .svg or .pdf file")
         sink = ResultSink(outputs, fields=ATTENTION_FIELDS, render=render)
-    except (DeviceError, ResultFileError) as exc:
+    except (DeviceError, ResultFileError, ValueError) as exc:
         return fail(PROG, str(exc))
 
     env = collect_environment(device)
@@ -171,4 +152,4 @@ def _run(args: argparse.Namespace) -> int:
         print(f"wrote {plot(rows, plot_path)}", file=sys.stderr)
     for path in args.output:
         print(f"wrote {path}", file=sys.stderr)
-    return 0 if all(row["status"] in EXPECTED_STATUSES for row in rows) else 1
+    return exit_status(row["status"] for row in rows)

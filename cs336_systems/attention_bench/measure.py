@@ -13,17 +13,11 @@ import torch
 
 from cs336_systems.attention_bench.config import IMPLEMENTATIONS, PASSES, TENSOR_DTYPES, AttentionConfig
 from cs336_systems.attention_bench.record import AttentionRecord, new_record
+from cs336_systems.device import compile_unsupported_reason, failure_status, release_memory, resolve_device
 from cs336_systems.memory import PhaseMemory, current_memory_bytes, rss_high_water_mark_available
 from cs336_systems.models import naive_causal_attention, sdpa_causal_attention
 from cs336_systems.precision import cpu_has_native, precision_mode, unsupported_reason
 from cs336_systems.results import Environment, collect_environment
-from cs336_systems.runner import (
-    compile_unsupported_reason,
-    first_line,
-    is_out_of_memory,
-    release_memory,
-    resolve_device,
-)
 from cs336_systems.stats import is_noisy, summarize
 from cs336_systems.timing import HostTimer, UntimedSetup, device_synchronizer, make_timer, time_steps
 
@@ -212,9 +206,8 @@ def run_attention(
         try:
             _measure(config, device, record, phase, clock)
         except Exception as exc:  # any failure is a row; OOM is told apart from the rest
-            kind = "oom" if is_out_of_memory(exc) else "error"
-            detail = first_line(exc) if kind == "oom" else f"{type(exc).__name__}: {first_line(exc)}"
-            record.status, record.error = kind, f"{phase.name}: {detail}"
+            record.status, detail = failure_status(exc)
+            record.error = f"{phase.name}: {detail}"
         finally:
             release_memory(device)  # the failed step's tensors died with the exception
     record.notes = "; ".join(_notes(config, record, device)) or None

@@ -5,17 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cs336_systems.cli import (
-    ATTENTION_KINDS,
-    PRECISIONS,
+from cs336_systems.argtypes import (
+    EXIT_INTERRUPTED,
     ArgumentParser,
-    add_shape_arguments,
+    exit_status,
     fail,
-    model_config_from_args,
     non_negative_int,
     positive_float,
     positive_int,
 )
+from cs336_systems.cli import ATTENTION_KINDS, PRECISIONS, add_shape_arguments, model_config_from_args
+from cs336_systems.config import BenchmarkConfig
 from cs336_systems.ddp_bench.record import (
     DdpRecord,
     attach_baseline,
@@ -26,18 +26,11 @@ from cs336_systems.ddp_bench.record import (
 )
 from cs336_systems.ddp_bench.trainer import DDP_DEFAULT_BUCKET_CAP_MB, OPTIMIZERS, STRATEGIES, DdpUnit, ddp_worker
 from cs336_systems.distributed import LaunchError
-from cs336_systems.distributed.driver import (
-    EXIT_INTERRUPTED,
-    add_launch_arguments,
-    exit_status,
-    launch_from_args,
-    run_rows,
-)
+from cs336_systems.distributed.driver import add_launch_arguments, launch_from_args, run_rows
 from cs336_systems.flag_aliases import add_argument_with_aliases
 from cs336_systems.models import MODEL_SIZES, ConfigError, ModelFactoryError, load_model_factory
 from cs336_systems.precision import unsupported_reason
 from cs336_systems.results import ResultFileError, ResultSink, check_output_paths
-from cs336_systems.runner import BenchmarkConfig
 
 PROG = "python -m cs336_systems.ddp_bench"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from cs336_systems.cli import positive_float, positive_int
+from cs336_systems.argtypes import add_device_argument, positive_float, positive_int
 from cs336_systems.distributed.group import (
     BACKENDS,
     DEFAULT_INIT_TIMEOUT_S,
@@ -40,10 +40,6 @@ from cs336_systems.distributed.torchrun import (
 from cs336_systems.flag_aliases import add_argument_with_aliases
 from cs336_systems.results import Environment, collect_environment
 
-# Statuses that are results, not failures: the exit status stays 0 (error and timeout give 1).
-EXPECTED_STATUSES = ("ok", "oom", "unsupported", "skipped")
-EXIT_INTERRUPTED = 130
-
 
 def add_launch_arguments(parser: argparse.ArgumentParser, *, default_timeout_s: float) -> None:
     """The flags every distributed tool shares, spelled as every other tool spells them."""
@@ -57,10 +53,8 @@ def add_launch_arguments(parser: argparse.ArgumentParser, *, default_timeout_s: 
         metavar="N",
         help="ranks per run, one or more (default: 2 for gloo, the GPU count for nccl; under torchrun, its WORLD_SIZE)",
     )
-    parser.add_argument(
-        "--device",
-        default="auto",
-        help="auto (cuda for nccl, cpu for gloo), cpu, cuda or cuda:N (rank r on cuda:N+r); nccl refuses cpu",
+    add_device_argument(
+        parser, help="auto (cuda for nccl, cpu for gloo), cpu, cuda or cuda:N (rank r on cuda:N+r); nccl refuses cpu"
     )
     parser.add_argument("--threads-per-rank", type=positive_int,
                         help="CPU threads per rank (default: cores / the largest world size)")  # fmt: skip
@@ -157,7 +151,3 @@ def run_rows(
             print(describe(unit, record), file=sys.stderr, flush=True)
     return records
 
-
-def exit_status(statuses: Sequence[str]) -> int:
-    """0 when every row ran or is an expected result; 1 when a row is an error or a timeout."""
-    return 0 if all(status in EXPECTED_STATUSES for status in statuses) else 1

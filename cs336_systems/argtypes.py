@@ -1,0 +1,163 @@
+"""argparse pieces every command shares, so a flag means the same everywhere.
+
+torch-free on import (storage and monitor use it too). A user error is one line on
+stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable
+
+from cs336_systems.units import format_bytes, parse_bytes
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # a row is 'error', 'timeout' or 'wrong'
+EXIT_USAGE = 2  # bad input
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+
+# Rows that ran or are an expected result of the configuration (an OOM is a measurement).
+EXPECTED_STATUSES = ("ok", "oom", "unsupported", "skipped")
+FAILED_STATUSES = ("error", "timeout", "wrong")
+
+DEVICE_HELP = "auto (cuda when available), cpu, cuda or cuda:N"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line: 'prog: error: message'."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def fail(prog: str, message: str) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def exit_status(statuses: Iterable[str | None]) -> int:
+    """0 when every row ran or is an expected result, 1 when any row failed."""
+    return EXIT_FAILED if any(status in FAILED_STATUSES for status in statuses) else EXIT_OK
+
+
+def positive_int(text: str) -> int:
+    value = _parse(int, text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _parse(int, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _parse(float, text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _parse(float, text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+    return value
+
+
+def boolean(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def byte_size(text: str) -> int:
+    """16GiB, 512MB, 1e9 (units.parse_bytes) as an argparse type."""
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _parse(kind, text: str):
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
+        ) from None
+
+
+# -- --device ---------------------------------------------------------------------------
+
+
+def add_device_argument(parser, default: str = "auto", help: str | None = None) -> None:
+    """`--device auto|cpu|cuda[:N]`; resolve it with device.resolve_device."""
+    parser.add_argument("--device", default=default, metavar="auto|cpu|cuda[:N]", help=help or DEVICE_HELP)
+
+
+# -- --memory-limit ---------------------------------------------------------------------
+
+AUTO = "auto"
+
+
+def memory_limit(text: str) -> int | str | None:
+    """A byte size, 'none' (no limit) or 'auto' (resolved by resolve_memory_limit)."""
+    value = text.strip().lower()
+    if value == "none":
+        return None
+    if value == AUTO:
+        return AUTO
+    return byte_size(text)
+
+
+def _size_only(text: str) -> int | None:
+    if text.strip().lower() == "none":
+        return None
+    return byte_size(text)
+
+
+def add_memory_limit_argument(parser, *, allow_auto: bool = False, help: str | None = None) -> None:
+    """One typed `--memory-limit SIZE` flag: a CPU address-space cap (RLIMIT_AS), so an
+    allocation past it fails for real and becomes an 'oom' row instead of swapping. With
+    `allow_auto` the default is 'auto' (the memory available at start) and 'none' turns it off."""
+    default_help = (
+        "CPU only: allocations past this much more address space (e.g. 8GiB) fail as a real out-of-memory "
+        "(a row with status oom): emulates a smaller machine"
+    )
+    if allow_auto:
+        default_help += "; auto: the memory available at start; none: no limit (auto)"
+    parser.add_argument(
+        "--memory-limit",
+        type=memory_limit if allow_auto else _size_only,
+        default=AUTO if allow_auto else None,
+        metavar="SIZE",
+        help=help or default_help,
+    )
+
+
+def resolve_memory_limit(value: int | str | None, device_type: str) -> int | None:
+    """The cap in bytes for a run on `device_type`, or None. Raises ValueError for a cap
+    asked on CUDA (RLIMIT_AS caps host memory, and CUDA needs far more address space than it uses)."""
+    if value is None:
+        return None
+    if device_type != "cpu":
+        if value == AUTO:
+            return None
+        raise ValueError("--memory-limit caps CPU memory (RLIMIT_AS) and cannot be used with CUDA")
+    if value == AUTO:
+        from cs336_systems.memory_cap import available_memory_bytes  # imports torch; only here
+
+        return available_memory_bytes()
+    return int(value)
+
+
+def describe_memory_limit(limit_bytes: int) -> str:
+    return f"ran under --memory-limit {format_bytes(limit_bytes)} (address-space cap)"

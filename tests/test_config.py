@@ -1,0 +1,49 @@
+import dataclasses
+
+import pandas as pd
+import torch
+
+from cs336_systems.config import IDENTITY_FIELDS, BenchmarkConfig, row_key
+from cs336_systems.results import BenchmarkRecord, read_results
+from cs336_systems.runner import new_record
+from tests.conftest import tiny_benchmark_config
+
+
+def test_identity_fields_are_record_columns_in_record_order():
+    fields = BenchmarkRecord.row_fields()
+    assert [name for name in fields if name in IDENTITY_FIELDS] == list(IDENTITY_FIELDS)
+
+
+def test_key_equals_the_key_of_the_record_row():
+    for config in (tiny_benchmark_config(), tiny_benchmark_config(compile=True, compile_scope="blocks")):
+        row = new_record(config, torch.device("cpu"), None, None).to_row()
+        assert config.key() == row_key(row)
+
+
+def test_key_survives_a_file_round_trip(tmp_path):
+    for config in (tiny_benchmark_config(), tiny_benchmark_config(model_factory="pkg.mod:make", compile=True)):
+        frame = pd.DataFrame([new_record(config, torch.device("cpu"), None, None).to_row()])
+        frame.to_csv(tmp_path / "rows.csv", index=False)
+        frame.to_json(tmp_path / "rows.jsonl", orient="records", lines=True)
+        for name in ("rows.csv", "rows.jsonl"):
+            (row,) = read_results(tmp_path / name).to_dict("records")
+            assert row_key(row) == config.key(), name
+
+
+def test_key_tells_configurations_apart_and_ignores_what_is_not_identity():
+    config = tiny_benchmark_config()
+    assert config.replace(batch_size=3).key() != config.key()
+    assert config.replace(seed=1).key() != config.key()
+    # compile_scope only matters when compiling; the MFU denominator is not identity
+    assert config.replace(compile_scope="blocks").key() == config.key()
+    assert config.replace(peak="measure", peak_tflops=1.0).key() == config.key()
+
+
+def test_config_is_frozen():
+    config = tiny_benchmark_config()
+    assert isinstance(config, BenchmarkConfig)
+    try:
+        config.batch_size = 9
+    except dataclasses.FrozenInstanceError:
+        return
+    raise AssertionError("BenchmarkConfig must be frozen")
