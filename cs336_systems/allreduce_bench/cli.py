@@ -9,7 +9,6 @@ from cs336_systems.allreduce_bench.plot import plot_bandwidth
 from cs336_systems.allreduce_bench.record import AllReduceRecord, describe, record_for, render
 from cs336_systems.allreduce_bench.worker import AllReduceUnit, allreduce_worker, parse_size
 from cs336_systems.argtypes import (
-    EXIT_INTERRUPTED,
     ArgumentParser,
     add_memory_limit_argument,
     exit_status,
@@ -17,9 +16,9 @@ from cs336_systems.argtypes import (
     non_negative_int,
     positive_int,
 )
+from cs336_systems.command import add_argument_with_aliases, run_command
 from cs336_systems.distributed import LaunchError
 from cs336_systems.distributed.driver import add_launch_arguments, launch_from_args, run_rows
-from cs336_systems.flag_aliases import add_argument_with_aliases
 from cs336_systems.results import ResultFileError, ResultSink, check_output_paths
 
 PROG = "python -m cs336_systems.allreduce_bench"
@@ -49,11 +48,7 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return _run(args)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; the rows finished so far are in the outputs", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    return run_command(PROG, lambda: _run(args))
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -10,7 +10,6 @@ from pathlib import Path
 import torch
 
 from cs336_systems.argtypes import (
-    EXIT_INTERRUPTED,
     ArgumentParser,
     add_device_argument,
     add_memory_limit_argument,
@@ -24,8 +23,8 @@ from cs336_systems.attention_bench.config import IMPLEMENTATIONS, AttentionConfi
 from cs336_systems.attention_bench.figure import plot
 from cs336_systems.attention_bench.measure import run_attention
 from cs336_systems.attention_bench.record import ATTENTION_FIELDS, AttentionRecord, render
+from cs336_systems.command import add_argument_with_aliases, run_command
 from cs336_systems.device import DeviceError, resolve_device
-from cs336_systems.flag_aliases import add_argument_with_aliases
 from cs336_systems.memory_cap import soft_address_space_cap
 from cs336_systems.precision import PRECISIONS
 from cs336_systems.results import ResultFileError, ResultSink, check_output_paths, collect_environment
@@ -109,11 +108,7 @@ def _progress(record: AttentionRecord) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return _run(args)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; the rows finished so far are in the outputs", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    return run_command(PROG, lambda: _run(args))
 
 
 def _run(args: argparse.Namespace) -> int:

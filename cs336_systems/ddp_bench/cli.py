@@ -6,7 +6,6 @@ import argparse
 import sys
 
 from cs336_systems.argtypes import (
-    EXIT_INTERRUPTED,
     ArgumentParser,
     exit_status,
     fail,
@@ -15,6 +14,7 @@ from cs336_systems.argtypes import (
     positive_int,
 )
 from cs336_systems.cli import ATTENTION_KINDS, PRECISIONS, add_shape_arguments, model_config_from_args
+from cs336_systems.command import add_argument_with_aliases, run_command
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.ddp_bench.record import (
     DdpRecord,
@@ -27,7 +27,6 @@ from cs336_systems.ddp_bench.record import (
 from cs336_systems.ddp_bench.trainer import DDP_DEFAULT_BUCKET_CAP_MB, OPTIMIZERS, STRATEGIES, DdpUnit, ddp_worker
 from cs336_systems.distributed import LaunchError
 from cs336_systems.distributed.driver import add_launch_arguments, launch_from_args, run_rows
-from cs336_systems.flag_aliases import add_argument_with_aliases
 from cs336_systems.models import MODEL_SIZES, ConfigError, ModelFactoryError, load_model_factory
 from cs336_systems.precision import unsupported_reason
 from cs336_systems.results import ResultFileError, ResultSink, check_output_paths
@@ -90,11 +89,7 @@ def config_from_args(args: argparse.Namespace, device_type: str) -> BenchmarkCon
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return _run(args)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; the rows finished so far are in the outputs", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    return run_command(PROG, lambda: _run(args))
 
 
 def _run(args: argparse.Namespace) -> int:

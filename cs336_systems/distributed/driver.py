@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from cs336_systems.argtypes import add_device_argument, positive_float, positive_int
+from cs336_systems.command import add_argument_with_aliases
 from cs336_systems.distributed.group import (
     BACKENDS,
     DEFAULT_INIT_TIMEOUT_S,
@@ -37,7 +38,6 @@ from cs336_systems.distributed.torchrun import (
     torchrun_world_size,
     under_torchrun,
 )
-from cs336_systems.flag_aliases import add_argument_with_aliases
 from cs336_systems.results import Environment, collect_environment
 
 
