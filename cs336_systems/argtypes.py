@@ -153,10 +153,20 @@ def resolve_memory_limit(value: int | str | None, device_type: str) -> int | Non
             return None
         raise ValueError("--memory-limit caps CPU memory (RLIMIT_AS) and cannot be used with CUDA")
     if value == AUTO:
-        from cs336_systems.memory_cap import available_memory_bytes  # imports torch; only here
-
         return available_memory_bytes()
     return int(value)
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo: what can be allocated without swapping (Linux)."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def describe_memory_limit(limit_bytes: int) -> str:

@@ -12,7 +12,6 @@ import ctypes.util
 import functools
 import gc
 import shutil
-from collections.abc import Callable
 
 import torch
 
@@ -62,17 +61,18 @@ def failure_status(exc: BaseException) -> tuple[str, str]:
 
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def libc() -> ctypes.CDLL | None:
+    """The C library (glibc's malloc_trim and mallopt), or None where it cannot be loaded."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
         return None
 
 
 def return_freed_heap_to_os() -> None:
     """glibc keeps freed memory resident; without this a process's RSS only ever grows,
     and RSS-based measurements of a later configuration would reuse an earlier one's pages."""
-    trim = _malloc_trim()
+    trim = getattr(libc(), "malloc_trim", None)  # absent outside glibc
     if trim is not None:
         trim(0)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from cs336_systems.argtypes import fail, positive_int
@@ -33,6 +33,7 @@ from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory
 from cs336_systems.monitor import check_monitor_arguments, monitored
 from cs336_systems.results import ResultFileError, ResultSink, check_output_paths
+from cs336_systems.search import search_boundary
 from cs336_systems.sweep import (
     StopRequest,
     add_child_arguments,
@@ -45,65 +46,10 @@ PROG = "python -m cs336_systems.find_max"
 DIMENSIONS = {"batch-size": "batch_size", "context-length": "context_length"}
 
 
-@dataclass
-class Search:
-    dimension: str
-    largest_ok: int | None = None
-    smallest_oom: int | None = None
-    complete: bool = False  # the answer stands: boundary found or --max reached
-    stopped_because: str = ""
-    probes: list[tuple[int, str]] = field(default_factory=list)
-
-
 def probe_config(base: BenchmarkConfig, dimension: str, value: int) -> BenchmarkConfig:
     if dimension == "context-length":
         return base.replace(context_length=value, model=base.model.replace(context_length=value))
     return base.replace(batch_size=value)
-
-
-def search(probe, start: int, maximum: int, resolution: int, dimension: str) -> Search:
-    """`probe(value)` returns a status ('ok', 'oom', or another that stops the search).
-
-    Doubling from `start` while it runs, or halving while it runs out of memory; then
-    bisection between the largest 'ok' and the smallest 'oom'."""
-    result = Search(dimension)
-
-    def run(value: int) -> str:
-        status = probe(value)
-        result.probes.append((value, status))
-        if status == "ok":
-            result.largest_ok = value
-        elif status == "oom":
-            result.smallest_oom = value
-        return status
-
-    value = start
-    status = run(value)
-    while status == "ok" and value < maximum:  # up until it no longer fits
-        value = min(2 * value, maximum)
-        status = run(value)
-    if status == "ok":
-        result.complete = True
-        result.stopped_because = f"reached --max {maximum} without running out of memory"
-        return result
-    while status == "oom" and result.largest_ok is None and value > 1:  # down until it fits
-        value //= 2
-        status = run(value)
-    if status not in ("ok", "oom"):
-        result.stopped_because = f"probe {value} ended with status {status!r}, not 'ok' or 'oom': search stopped"
-        return result
-    if result.largest_ok is None:
-        result.stopped_because = f"even {dimension} 1 runs out of memory"
-        return result
-    while result.smallest_oom - result.largest_ok > resolution:
-        value = (result.largest_ok + result.smallest_oom) // 2
-        status = run(value)
-        if status not in ("ok", "oom"):
-            result.stopped_because = f"probe {value} ended with status {status!r}: search stopped"
-            return result
-    result.complete = True
-    result.stopped_because = f"boundary found to within --resolution {resolution}"
-    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{PROG}: largest {args.dimension} of {searched}, from {start}", file=sys.stderr, flush=True)
     with stop.installed(), monitored(args.monitor, args.monitor_interval):
         try:
-            result = search(probe, start, args.max, args.resolution, args.dimension)
+            result = search_boundary(probe, start, args.max, args.resolution, args.dimension)
         except KeyboardInterrupt:
             saved = " and saved" if outputs else ""
             print(f"interrupted: no answer; {len(done)} probes done{saved}: {done}", file=sys.stderr)

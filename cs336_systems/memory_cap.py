@@ -32,18 +32,6 @@ def cap_address_space(headroom_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def available_memory_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo: what can be allocated without swapping (Linux)."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 @contextlib.contextmanager
 def soft_address_space_cap(headroom_bytes: int) -> Iterator[int]:
     """Lower the *soft* RLIMIT_AS to the address space mapped now plus `headroom_bytes`

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cs336_systems import memory
 from cs336_systems.memory import PhaseMemory, estimate_memory, find_max_by_prediction
+from cs336_systems.memory import cli as memory
 from cs336_systems.models import ModelConfig, TransformerLM, formula_num_params
 from cs336_systems.precision import autocast
 from cs336_systems.runner import run_benchmark

@@ -16,8 +16,8 @@ from cs336_systems.argtypes import ArgumentParser
 from cs336_systems.benchmark import build_parser, config_from_args
 from cs336_systems.cli import config_to_args
 from cs336_systems.config import row_key
-from cs336_systems.find_max import search
 from cs336_systems.results import CONFIG_FIELDS
+from cs336_systems.search import search_boundary as search
 from cs336_systems.sweep import Abort, StopRequest, add_grid_arguments, grid_from_args
 from tests.conftest import PYTHON, child_env, tiny_benchmark_config
 

@@ -1,0 +1,25 @@
+"""Memory: predicted before a run (estimate), measured per phase during it (measure).
+
+The command line is cs336_systems.memory.cli (`python -m cs336_systems.memory`); it is
+not imported here, so importing the estimator never imports a CLI.
+"""
+
+from cs336_systems.memory.estimate import MemoryEstimate, estimate_memory, find_max_by_prediction
+from cs336_systems.memory.measure import (
+    PhaseMemory,
+    current_memory_bytes,
+    pin_mmap_threshold,
+    rss_high_water_mark_available,
+    step_peak,
+)
+
+__all__ = [
+    "MemoryEstimate",
+    "PhaseMemory",
+    "current_memory_bytes",
+    "estimate_memory",
+    "find_max_by_prediction",
+    "pin_mmap_threshold",
+    "rss_high_water_mark_available",
+    "step_peak",
+]

@@ -1,0 +1,122 @@
+"""python -m cs336_systems.memory: predict the memory of one step of the built-in model.
+
+    python -m cs336_systems.memory --model-size xl --context-length 512 --batch-size 4 \\
+        --precision fp32 --pass-type forward-backward --device-memory 16GiB
+"""
+
+from __future__ import annotations
+
+import json
+
+from tabulate import tabulate
+
+from cs336_systems.argtypes import ArgumentParser, fail, positive_int
+from cs336_systems.cli import (
+    ATTENTION_KINDS,
+    PASS_TYPE_CHOICES,
+    PRECISIONS,
+    add_shape_arguments,
+    model_config_from_args,
+)
+from cs336_systems.memory.estimate import MemoryEstimate, estimate_memory, find_max_by_prediction
+from cs336_systems.models import ConfigError
+from cs336_systems.units import format_bytes, parse_bytes
+
+
+def format_estimate(estimate: MemoryEstimate, title: str) -> str:
+    rows = [
+        ("parameters (fp32)", estimate.parameters),
+        ("gradients (fp32)", estimate.gradients),
+        ("optimizer state (AdamW, fp32)", estimate.optimizer_state),
+        *((f"activations saved for backward: {name}", value) for name, value in estimate.activations.items()),
+        ("autocast weight copies", estimate.autocast_weight_copies),
+        ("logits and loss", estimate.logits_and_loss),
+    ]
+    body = [(name, format_bytes(value), value) for name, value in rows if value]
+    body += [
+        (f"peak of the step timeline (at: {estimate.peak_phase})", format_bytes(estimate.peak_bytes), estimate.peak_bytes),
+        ("workspace margin (context, workspaces, fragmentation)", format_bytes(estimate.workspace_margin),
+         estimate.workspace_margin),
+        ("total", format_bytes(estimate.total_bytes), estimate.total_bytes),
+    ]  # fmt: skip
+    table = tabulate(body, headers=["component", "size", "bytes"], tablefmt="github", disable_numparse=True)
+    lines = [f"# Memory estimate: {title}", "", table, ""]
+    lines.append(
+        "Components do not simply add up: gradients appear while backward frees activations, "
+        "so the peak comes from the step timeline."
+    )
+    if estimate.fits is not None:
+        verdict = "fits" if estimate.fits else "does NOT fit"
+        lines.append(
+            f"Verdict: {verdict} in {format_bytes(estimate.device_memory_bytes)} "
+            f"(needs {format_bytes(estimate.total_bytes)})."
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    prog = "python -m cs336_systems.memory"
+    parser = ArgumentParser(prog=prog, description="Predict the memory of one step of the built-in model.")
+    parser.add_argument("--model-size", default="small")
+    parser.add_argument("--context-length", type=positive_int, default=512)
+    parser.add_argument("--batch-size", type=positive_int, default=4)
+    parser.add_argument("--pass-type", choices=PASS_TYPE_CHOICES, default="forward-backward")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
+    parser.add_argument("--device-type", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--device-memory", help="e.g. 16GiB, 80GB: gives a fits / does not fit verdict")
+    parser.add_argument("--first-step", action="store_true", help="the first train-step (no optimizer state yet)")
+    parser.add_argument("--find-max", choices=("batch-size", "context-length"))
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    add_shape_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        device_memory = parse_bytes(args.device_memory) if args.device_memory else None
+        if args.find_max and device_memory is None:
+            raise ValueError("--find-max needs --device-memory")
+        if args.model_factory:
+            raise ValueError("the estimator models the built-in Transformer only; drop --model-factory")
+
+        def estimate_for(batch: int, context: int) -> MemoryEstimate:
+            model = model_config_from_args(args, args.model_size, context, args.attention)
+            if context > model.context_length:
+                raise ConfigError(f"--context-length {context} is longer than --max-context-length")
+            return estimate_memory(
+                model, batch, context, args.pass_type, args.precision, args.device_type, device_memory,
+                first_step=args.first_step,
+            )  # fmt: skip
+
+        estimate = estimate_for(args.batch_size, args.context_length)
+    except (ConfigError, ValueError) as exc:
+        return fail(prog, str(exc))
+
+    largest = None
+    if args.find_max == "batch-size":
+        largest = find_max_by_prediction(lambda b: estimate_for(b, args.context_length), "batch-size",
+                                         args.batch_size, device_memory)  # fmt: skip
+    elif args.find_max == "context-length":
+        args.max_context_length = None
+        largest = find_max_by_prediction(lambda t: estimate_for(args.batch_size, t), "context-length",
+                                         args.context_length, device_memory)  # fmt: skip
+    other = "naive" if args.attention == "sdpa" else "sdpa"
+    args.attention, chosen = other, args.attention
+    alternative = estimate_for(args.batch_size, args.context_length)
+    args.attention = chosen
+    title = (
+        f"{args.model_size} context {args.context_length} batch {args.batch_size} {args.pass_type} "
+        f"{args.precision} {args.attention} on {args.device_type}"
+    )
+    if args.json:
+        out = {"config": title, **estimate.as_dict(), f"total_bytes_with_{other}_attention": alternative.total_bytes}
+        if args.find_max:
+            out["find_max"] = {"dimension": args.find_max, "largest_that_fits": largest}
+        print(json.dumps(out))
+    else:
+        print(format_estimate(estimate, title))
+        print(
+            f"With --attention {other} instead: {format_bytes(alternative.total_bytes)} "
+            f"(activations {format_bytes(sum(alternative.activations.values()))})."
+        )
+        if args.find_max:
+            print(f"Largest {args.find_max} that fits by prediction: {largest}")
+    return 0

@@ -1,0 +1,193 @@
+"""The memory of one step of the built-in model, predicted before it runs.
+
+The estimate follows the built-in model op by op: what autograd saves for backward in
+each block component (read off with saved-tensor hooks and pinned by tests), the
+autocast weight copies, the logits and loss, then a timeline of one step (forward
+saves, backward frees activations as gradients appear, the optimizer step) whose
+maximum is the predicted peak of the allocator. N = batch * context tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from cs336_systems.models import ModelConfig, formula_num_params
+from cs336_systems.search import search_boundary
+
+FP32 = 4
+HALF = 2
+OPTIMIZER_STATES = 2  # AdamW: exp_avg and exp_avg_sq, fp32
+CUDA_CONTEXT_BYTES = 512 * 2**20  # CUDA context + cuBLAS workspaces, outside the allocator's counters
+FRAGMENTATION = 0.05  # caching-allocator slack (reserved - allocated) allowed for in the verdict
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """A budget in bytes. `peak_bytes` is the predicted allocator high-water mark."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: dict[str, int]  # saved for backward, per block component, summed over layers
+    autocast_weight_copies: int
+    logits_and_loss: int
+    peak_bytes: int
+    peak_phase: str
+    workspace_margin: int
+    device_memory_bytes: int | None = None
+    timeline: tuple[tuple[str, int], ...] = field(default=(), repr=False)
+
+    @property
+    def total_bytes(self) -> int:
+        """What the device must hold: the peak plus the workspace margin."""
+        return self.peak_bytes + self.workspace_margin
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.device_memory_bytes is None else self.total_bytes <= self.device_memory_bytes
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out.pop("timeline")
+        out.update(total_bytes=self.total_bytes, fits=self.fits, activations_total=sum(self.activations.values()))
+        return out
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """Bytes one block saves for backward, and its transient peaks."""
+
+    saved: dict[str, int]
+    weight_copies: int
+    forward_transient: int
+    backward_transient: int
+    gradients: int
+
+
+def _block(m: ModelConfig, batch: int, seq: int, precision: str, device_type: str) -> _Layer:
+    N, d, f, H = batch * seq, m.d_model, m.d_ff, m.num_heads
+    autocast = precision in ("bf16", "fp16")
+    act = HALF if autocast else FP32  # dtype of matmul outputs
+    scores = batch * H * seq * seq
+    saved = {
+        # input, normed (fp32) and 1/rms, for both norms; the residual stream stays fp32
+        "rmsnorm": 2 * (2 * N * d * FP32 + N * FP32),
+        # fp32: one norm output shared by q/k/v and one by w1/w3; autocast casts it per projection
+        "projection inputs": (3 + 2) * N * d * HALF if autocast else 2 * N * d * FP32,
+    }
+    if m.attention == "sdpa":
+        # q and k after RoPE, v, output, and the log-sum-exp per row (fp32)
+        saved["attention (sdpa)"] = 4 * N * d * act + batch * H * seq * FP32
+        attention_transient = 3 * N * d * act  # dq, dk, dv
+    else:
+        # q, k, v, the T x T probabilities, the causal mask, and the output copy for output_proj.
+        # CUDA autocast runs softmax in fp32 and keeps a half copy for the matmul; CPU autocast
+        # runs softmax in half.
+        probs = scores * FP32 if not autocast else scores * (FP32 + HALF if device_type == "cuda" else HALF)
+        saved["attention (naive)"] = 4 * N * d * act + probs + seq * seq
+        attention_transient = 2 * scores * (FP32 if not autocast or device_type == "cuda" else HALF)
+    if autocast:
+        saved["rope cos/sin copies"] = 4 * seq * m.head_dim * HALF
+    # w1 x, silu(w1 x), w3 x, and their product (the input of w2)
+    saved["swiglu"] = 4 * N * f * act
+    matmul_params = 4 * d * d + 3 * d * f
+    return _Layer(
+        saved=saved,
+        weight_copies=matmul_params * HALF if autocast else 0,
+        forward_transient=2 * N * d * act + (scores * FP32 if m.attention == "naive" else 0),
+        backward_transient=max(3 * N * f * act, attention_transient) + 2 * N * d * FP32 + d * f * (FP32 + act),
+        gradients=(matmul_params + 2 * d) * FP32,
+    )
+
+
+def estimate_memory(
+    m: ModelConfig,
+    batch_size: int,
+    context_length: int,
+    pass_type: str,
+    precision: str = "fp32",
+    device_type: str = "cuda",
+    device_memory_bytes: int | None = None,
+    first_step: bool = False,
+) -> MemoryEstimate:
+    """Predict the peak of one step (steady state unless `first_step`) of the built-in model."""
+    N, d, V = batch_size * context_length, m.d_model, m.vocab_size
+    autocast = precision in ("bf16", "fp16")
+    act = HALF if autocast else FP32
+    params = formula_num_params(m)
+    weights = params * FP32
+    gradients = params * FP32 if pass_type != "forward" else 0
+    optimizer = OPTIMIZER_STATES * params * FP32 if pass_type == "train-step" else 0
+    layer = _block(m, batch_size, context_length, precision, device_type)
+
+    base = weights + (optimizer if not first_step else 0)
+    timeline = [("before the step", base)]
+    if pass_type == "forward":
+        # inference mode: nothing is saved; the largest layer transient, then the logits
+        layer_peak = 4 * N * m.d_ff * act + 2 * N * d * FP32
+        head = N * V * act + (N * V * FP32 if autocast else 0)
+        peak = base + max(layer_peak, head + N * d * FP32)
+        timeline.append(("forward", peak))
+        activations = {}
+        return _estimate(weights, 0, 0, activations, 0, head, timeline, device_type, device_memory_bytes)
+
+    head_copy = d * V * HALF if autocast else 0
+    final_saved = 2 * N * d * FP32 + N * FP32 + N * d * act  # final norm, lm_head input
+    logits = N * V * act  # held by the step until backward ends
+    log_probs = N * V * FP32  # saved by cross-entropy's log-softmax, fp32 under autocast too
+    mem = base
+    for _ in range(m.num_layers):
+        timeline.append(("forward", mem + sum(layer.saved.values()) + layer.weight_copies + layer.forward_transient))
+        mem += sum(layer.saved.values()) + layer.weight_copies
+    mem += final_saved + head_copy + logits + log_probs
+    timeline.append(("end of forward", mem + (N * V * FP32 if autocast else 0)))
+    # loss backward: gradients of the log-probabilities and of the logits, the head's gradient
+    loss_grads = 2 * N * V * FP32 + (N * V * HALF if autocast else 0)
+    timeline.append(("backward (loss and LM head)", mem + loss_grads + d * V * (FP32 + act)))
+    mem += d * V * FP32 - final_saved - head_copy - log_probs
+    for _ in range(m.num_layers):
+        timeline.append(("backward (blocks)", mem + layer.backward_transient + layer.gradients))
+        mem += layer.gradients - sum(layer.saved.values()) - layer.weight_copies
+    embedding_grad = V * d * FP32
+    timeline.append(("backward (embedding)", mem + embedding_grad + N * d * FP32))
+    mem += embedding_grad + d * FP32 - logits
+    if pass_type == "train-step":
+        timeline.append(("optimizer step", weights + gradients + optimizer))
+
+    activations = {name: value * m.num_layers for name, value in layer.saved.items()}
+    activations["final norm and LM-head input"] = final_saved
+    weight_copies = layer.weight_copies * m.num_layers + head_copy
+    return _estimate(
+        weights, gradients, optimizer, activations, weight_copies, logits + log_probs, timeline, device_type,
+        device_memory_bytes,
+    )  # fmt: skip
+
+
+def _estimate(weights, gradients, optimizer, activations, copies, head, timeline, device_type, device_memory):
+    phase, peak = max(timeline, key=lambda point: point[1])
+    margin = int(FRAGMENTATION * peak) + (CUDA_CONTEXT_BYTES if device_type == "cuda" else 0)
+    return MemoryEstimate(
+        parameters=weights,
+        gradients=gradients,
+        optimizer_state=optimizer,
+        activations=activations,
+        autocast_weight_copies=copies,
+        logits_and_loss=head,
+        peak_bytes=int(peak),
+        peak_phase=phase,
+        workspace_margin=margin,
+        device_memory_bytes=device_memory,
+        timeline=tuple(timeline),
+    )
+
+
+def find_max_by_prediction(
+    estimate_for, dimension: str, start: int, device_memory_bytes: int, limit: int = 1 << 20
+) -> int | None:
+    """Largest value of `dimension` (up to `limit`) whose predicted total fits."""
+
+    def status(value: int) -> str:
+        return "ok" if estimate_for(value).total_bytes <= device_memory_bytes else "oom"
+
+    return search_boundary(status, start, limit, resolution=1, dimension=dimension).largest_ok

@@ -1,0 +1,95 @@
+"""No import cycle inside cs336_systems: each helper module sits below what uses it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "cs336_systems"
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, root: Path, modules: set[str]) -> set[str]:
+    """The cs336_systems modules `path` imports anywhere (function-level imports count too),
+    with the packages a submodule import runs (importing a.b.c runs a.b's __init__)."""
+    name = module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    edges = set()
+    for target in found:
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        while target and target != "cs336_systems":
+            if not name.startswith(target + ".") and target != name:  # not our own package
+                edges.add(target)
+            target = target.rpartition(".")[0]
+    return edges
+
+
+def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    paths = sorted(root.rglob("*.py"))
+    modules = {module_name(path, root) for path in paths}
+    return {module_name(path, root): imported_modules(path, root, modules) for path in paths}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as a list of modules (first == last), or None."""
+    state: dict[str, str] = {}  # "open" while on the current path, "done" after
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = "open"
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == "open":
+                return [*path[path.index(target) :], target]
+            if target not in state and (cycle := visit(target, [*path, target])):
+                return cycle
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node, [node])):
+            return cycle
+    return None
+
+
+def test_find_cycle_on_hand_made_graphs():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"cli": {"runner"}, "runner": {"memory"}, "memory": {"cli"}}) == [
+        "cli", "runner", "memory", "cli",
+    ]  # fmt: skip
+    assert find_cycle({"a": {"a"}}) == ["a", "a"]
+
+
+def test_graph_reads_function_level_relative_and_package_imports(tmp_path):
+    root = tmp_path / "cs336_systems"
+    (root / "memory").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "cli.py").write_text("from cs336_systems.memory.estimate import x\n")
+    (root / "memory" / "__init__.py").write_text("from .estimate import x\n")
+    (root / "memory" / "estimate.py").write_text("def main():\n    from cs336_systems import cli\n")
+    graph = import_graph(root)
+    assert graph["cs336_systems.cli"] == {"cs336_systems.memory", "cs336_systems.memory.estimate"}
+    assert graph["cs336_systems.memory"] == {"cs336_systems.memory.estimate"}
+    assert graph["cs336_systems.memory.estimate"] == {"cs336_systems.cli"}
+    assert find_cycle(graph) is not None
+
+
+def test_cs336_systems_has_no_import_cycle():
+    graph = import_graph()
+    assert "cs336_systems.runner" in graph and graph["cs336_systems.runner"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
