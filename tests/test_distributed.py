@@ -17,8 +17,10 @@ from cs336_systems import allreduce_bench, ddp_bench
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.distributed import (
     INJECT_FAILURE_ENV,
+    LaunchError,
     LaunchSpec,
     all_reduce_mean,
+    device_for,
     max_over_ranks,
     mean_over_ranks,
     run_spawned,
@@ -316,3 +318,14 @@ def test_ctrl_c_exits_130(module, capsys, monkeypatch):
     monkeypatch.setattr(module.cli, "run_rows", interrupted)
     code, _, err = run_main(module, capsys, "--world-sizes", "1", *(TINY if module is ddp_bench else FAST))
     assert code == 130 and "interrupted" in err and "Traceback" not in err
+
+
+def test_rank_devices_follow_backend_and_device():
+    assert device_for("gloo", 1) == torch.device("cpu") and device_for("nccl", 1) == torch.device("cuda", 1)
+    assert device_for("gloo", 1, "cuda") == torch.device("cuda", 1)  # gloo all-reduces CUDA tensors too
+    assert device_for("nccl", 1, "cuda:2") == torch.device("cuda", 3)  # rank r on cuda:N+r
+    for bad, message in [("cuda:x", "unknown device"), ("cpu:0", "unknown device"), ("tpu", "unknown device")]:
+        with pytest.raises(LaunchError, match=message):
+            device_for("gloo", 0, bad)
+    with pytest.raises(LaunchError, match="--device cpu does not fit"):
+        device_for("nccl", 0, "cpu")
