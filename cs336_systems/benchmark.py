@@ -34,7 +34,7 @@ from cs336_systems.models import (
     load_model_factory,
 )
 from cs336_systems.monitor import MonitorPathError, add_monitor_arguments, check_monitor_arguments, monitored
-from cs336_systems.results import ResultFileError, ResultSink, check_output_paths, render_markdown
+from cs336_systems.results import BenchmarkRecord, ResultFileError, ResultSink, check_output_paths
 from cs336_systems.runner import run_benchmark
 
 PROG = "python -m cs336_systems.benchmark"
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     with monitored(args.monitor, args.monitor_interval):
         record = run_benchmark(config.replace(device=str(device)), memory_snapshot=args.memory_snapshot)
     sink.write(record)
-    print(render_markdown([record.to_row()]))
+    print(BenchmarkRecord.console([record.to_row()]))
     for path in [*args.output, *([args.memory_snapshot] if args.memory_snapshot else [])]:
         print(f"wrote {path}", file=sys.stderr)
     if record.status == "error":

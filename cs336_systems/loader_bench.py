@@ -71,7 +71,6 @@ from cs336_systems.models import ModelConfig, TransformerLM
 from cs336_systems.monitor import add_monitor_arguments, check_monitor_arguments, monitored
 from cs336_systems.results import (
     Environment,
-    Record,
     ResultFileError,
     ResultSink,
     check_output_paths,
@@ -79,6 +78,9 @@ from cs336_systems.results import (
     render_markdown,
     samples_field,
     utc_timestamp,
+)
+from cs336_systems.results import (
+    LegacyRecord as Record,
 )
 from cs336_systems.runner import make_optimizer
 from cs336_systems.stats import summarize

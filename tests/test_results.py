@@ -150,3 +150,105 @@ def test_checkout_is_dirty_only_for_changes_outside_outputs(tmp_path):
     (tmp_path / "code.py").write_text("x = 2\n")
     assert checkout_state(tmp_path) == (commit, True)
     assert checkout_state(tmp_path / "results") == ("unknown", None)
+
+
+# -- the one schema ---------------------------------------------------------------------------
+
+from dataclasses import dataclass  # noqa: E402
+from typing import ClassVar  # noqa: E402
+
+from cs336_systems.results import (  # noqa: E402
+    CONFIG_FIELDS,
+    BenchmarkRecord,
+    Record,
+    Timing,
+    fill_timing,
+    identity_field,
+    row_key,
+    samples_field,
+    timing_columns,
+)
+from cs336_systems.stats import summarize  # noqa: E402
+
+
+@dataclass
+class _PhaseRecord(timing_columns("backward_"), timing_columns("forward_"), Record):
+    name: str = identity_field()
+    size: int = identity_field()
+    flops: int | None = None
+    forward_ms: list[float] = samples_field()
+
+    title: ClassVar[str] = "phases"
+    markdown_columns: ClassVar[tuple[str, ...]] = ("name", "size", "status", "forward_median_ms", "backward_cv_pct")
+    label_columns: ClassVar[tuple[str, ...]] = ("name", "size")
+
+
+def test_common_fields_are_declared_once_and_come_last():
+    fields = _PhaseRecord.row_fields()
+    assert fields[:2] == ("name", "size")  # identity first
+    assert fields.index("forward_mean_ms") < fields.index("backward_mean_ms") < fields.index("status")
+    tail = fields[fields.index("status") :]
+    assert tail[:4] == ("status", "error", "notes", "timestamp") and tail[4] == "device_name"
+    assert "forward_ms" not in fields  # raw samples go to JSONL only
+    for record_type in (BenchmarkRecord, _PhaseRecord):
+        assert record_type.row_fields().count("status") == 1 and issubclass(record_type, Record)
+    assert issubclass(BenchmarkRecord, Timing)
+
+
+def test_fill_timing_fills_prefixed_columns_from_one_summary():
+    record = _PhaseRecord(name="a", size=1, status="ok")
+    fill_timing(record, summarize([1.0, 2.0, 3.0, 4.0]), prefix="forward_")
+    assert record.forward_mean_ms == 2.5 and record.forward_median_ms == 2.5
+    assert record.forward_min_ms == 1.0 and record.forward_max_ms == 4.0
+    assert record.forward_cv_pct == pytest.approx(100 * record.forward_std_ms / 2.5)
+    assert record.backward_mean_ms is None  # the other prefix is untouched
+    with pytest.raises(AttributeError, match="no timing column 'mean_ms'"):
+        fill_timing(record, summarize([1.0, 2.0]))
+
+
+def test_identity_is_marked_and_survives_every_file(tmp_path, records):
+    assert BenchmarkRecord.identity_fields() == CONFIG_FIELDS
+    assert CONFIG_FIELDS[0] == "model_size" and CONFIG_FIELDS[-1] == "seed" and "num_params" not in CONFIG_FIELDS
+    assert records[0].key() != records[1].key()  # forward fp32 vs tf32
+    paths = [tmp_path / "r.csv", tmp_path / "r.jsonl"]
+    sink = ResultSink(paths)
+    for record in records:
+        sink.write(record)
+    for path in paths:
+        rows = read_results(path).to_dict("records")
+        assert [row_key(row) for row in rows] == [record.key() for record in records]
+
+
+def test_one_sink_writes_any_record_type_with_its_own_view(tmp_path):
+    record = _PhaseRecord(name="flash", size=64, status="oom", error="out of memory")
+    fill_timing(record, summarize([1.0, 3.0]), prefix="backward_")
+    md, csv = tmp_path / "p.md", tmp_path / "p.csv"
+    ResultSink([md, csv], _PhaseRecord).write(record)
+    text = md.read_text()
+    assert text.startswith("# phases\n")
+    assert "- name=flash size=64: status oom: out of memory" in text
+    assert list(read_results(md).columns) == list(_PhaseRecord.markdown_columns)
+    assert list(read_results(csv).columns) == list(_PhaseRecord.row_fields())
+    assert read_results(csv).loc[0, "backward_median_ms"] == 2.0
+
+
+def test_csv_written_with_the_old_column_order_is_appended_in_its_order(tmp_path, records):
+    path = tmp_path / "old.csv"
+    old_order = list(reversed(BENCHMARK_FIELDS))
+    path.write_text(",".join(old_order) + "\n")
+    ResultSink([path]).write(records[0])
+    frame = read_results(path)
+    assert list(frame.columns) == old_order
+    assert frame.loc[0, "model_size"] == records[0].model_size
+    assert frame.loc[0, "mean_ms"] == pytest.approx(records[0].mean_ms, rel=1e-12)
+
+
+def test_console_view_is_compact_and_keeps_the_notes(records):
+    text = BenchmarkRecord.console([record.to_row() for record in records])
+    assert text.startswith("# cs336-systems benchmark results\n")
+    header = text.splitlines()[2]
+    for name in ("median_ms", "cv_pct", "tokens_per_s", "mfu", "peak_memory_gib", "status"):
+        assert name in header
+    assert "std_ms" not in header and "p90_ms" not in header
+    assert len(BenchmarkRecord.console_columns) < len(MARKDOWN_COLUMNS) < len(BENCHMARK_FIELDS)
+    assert "status unsupported" in text

@@ -29,7 +29,6 @@ from cs336_systems.allreduce_bench.record import (
     bandwidths_gbps,
     bus_factor,
     record_for,
-    render,
 )
 from cs336_systems.allreduce_bench.worker import AllReduceUnit, allreduce_worker, parse_size
 
@@ -44,5 +43,4 @@ __all__ = [
     "parse_size",
     "plot_bandwidth",
     "record_for",
-    "render",
 ]

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from cs336_systems.allreduce_bench.plot import plot_bandwidth
-from cs336_systems.allreduce_bench.record import AllReduceRecord, describe, record_for, render
+from cs336_systems.allreduce_bench.record import AllReduceRecord, describe, record_for
 from cs336_systems.allreduce_bench.worker import AllReduceUnit, allreduce_worker, parse_size
 from cs336_systems.argtypes import (
     ArgumentParser,
@@ -56,8 +56,7 @@ def _run(args: argparse.Namespace) -> int:
         launch = launch_from_args(args)
         if args.memory_limit is not None and launch.first_device.type != "cpu":
             raise LaunchError("--memory-limit caps CPU address space (RLIMIT_AS); it cannot be used with nccl or CUDA")
-        sink = ResultSink(check_output_paths(args.output) if launch.rank0 else [],
-                          fields=AllReduceRecord.row_fields(), render=render)  # fmt: skip
+        sink = ResultSink(check_output_paths(args.output) if launch.rank0 else [], AllReduceRecord)
     except (LaunchError, ResultFileError, ValueError) as exc:
         return fail(PROG, str(exc))
 
@@ -67,7 +66,7 @@ def _run(args: argparse.Namespace) -> int:
     if not records:  # a torchrun rank other than 0
         return 0
     rows = [record.to_row() for record in records]
-    print(render(rows))
+    print(AllReduceRecord.markdown(rows))
     if args.plot:
         plot_bandwidth(rows, args.plot)
     for path in [*args.output, *([args.plot] if args.plot else [])]:

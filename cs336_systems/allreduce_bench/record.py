@@ -2,67 +2,55 @@
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 from cs336_systems.allreduce_bench.worker import BYTES_PER_ELEMENT, DTYPE, AllReduceUnit
 from cs336_systems.distributed import GroupResult, max_over_ranks, oversubscription_note
-from cs336_systems.results import Environment, Record, render_markdown, samples_field, utc_timestamp
+from cs336_systems.results import Environment, Record, Timing, fill_timing, identity_field, samples_field
 from cs336_systems.stats import summarize
 
 
 @dataclass
-class AllReduceRecord(Record):
-    """One (world size, size) of the all-reduce benchmark."""
+class AllReduceRecord(Timing, Record):
+    """One (world size, size) of the all-reduce benchmark; latency statistics over the measured
+    steps, each step's latency being the slowest rank's (status, error, notes: Record's)."""
 
-    backend: str
-    device: str
-    launcher: str
-    world_size: int
-    size: str  # as asked, e.g. "10MB"
+    backend: str = identity_field()
+    device: str = identity_field()
+    launcher: str = identity_field()
+    world_size: int = identity_field()
+    size: str = identity_field()  # as asked, e.g. "10MB"
+    dtype: str = identity_field()
+    threads_per_rank: int = identity_field()
+    warmup_steps: int = identity_field()
+    measure_steps: int = identity_field()
     size_bytes: int  # really all-reduced: num_elements * 4
     num_elements: int
-    dtype: str
-    threads_per_rank: int
-    warmup_steps: int
-    measure_steps: int
-    status: str
-    error: str | None = None
-    mean_ms: float | None = None
-    std_ms: float | None = None
-    cv_pct: float | None = None
-    median_ms: float | None = None
-    min_ms: float | None = None
-    max_ms: float | None = None
-    p10_ms: float | None = None
-    p90_ms: float | None = None
     algbw_gbps: float | None = None
     busbw_gbps: float | None = None
-    notes: str | None = None
-    timestamp: str = field(default_factory=utc_timestamp)
-    environment: Environment | None = None
     step_ms: list[float] = samples_field()  # per step, the slowest rank
     warmup_step_ms: list[float] = samples_field()
     rank_step_ms: list[list[float]] = samples_field()  # [rank][step]
 
-
-MARKDOWN_COLUMNS = (
-    "backend",
-    "world_size",
-    "size",
-    "size_bytes",
-    "status",
-    "mean_ms",
-    "std_ms",
-    "cv_pct",
-    "median_ms",
-    "p10_ms",
-    "p90_ms",
-    "algbw_gbps",
-    "busbw_gbps",
-    "threads_per_rank",
-)
-LABEL_COLUMNS = ("backend", "world_size", "size")
+    title: ClassVar[str] = "all_reduce benchmark"
+    markdown_columns: ClassVar[tuple[str, ...]] = (
+        "backend",
+        "world_size",
+        "size",
+        "size_bytes",
+        "status",
+        "mean_ms",
+        "std_ms",
+        "cv_pct",
+        "median_ms",
+        "p10_ms",
+        "p90_ms",
+        "algbw_gbps",
+        "busbw_gbps",
+        "threads_per_rank",
+    )
+    label_columns: ClassVar[tuple[str, ...]] = ("backend", "world_size", "size")
 
 
 def bus_factor(world_size: int) -> float:
@@ -106,16 +94,10 @@ def record_for(
             record.step_ms = max_over_ranks(record.rank_step_ms)
             record.warmup_step_ms = max_over_ranks([m["warmup_ms"] for m in messages]) if unit.warmup_steps else []
             summary = summarize(record.step_ms)
-            for name, value in summary.as_dict(suffix="_ms").items():
-                setattr(record, name, value)
+            fill_timing(record, summary)
             record.algbw_gbps, record.busbw_gbps = bandwidths_gbps(record.size_bytes, summary.mean / 1e3, world_size)
     record.notes = "; ".join(notes) or None
     return record
-
-
-render = functools.partial(
-    render_markdown, title="all_reduce benchmark", columns=MARKDOWN_COLUMNS, label_columns=LABEL_COLUMNS
-)
 
 
 def describe(unit: AllReduceUnit, record: AllReduceRecord) -> str:

@@ -36,7 +36,7 @@ from cs336_systems.attention_bench.cli import build_parser, configs_from_args, m
 from cs336_systems.attention_bench.config import IMPLEMENTATIONS, PASSES, TENSOR_DTYPES, AttentionConfig
 from cs336_systems.attention_bench.figure import draw, plot
 from cs336_systems.attention_bench.measure import attention_function, run_attention, saved_tensor_bytes
-from cs336_systems.attention_bench.record import ATTENTION_FIELDS, AttentionRecord, render
+from cs336_systems.attention_bench.record import ATTENTION_FIELDS, AttentionRecord
 
 __all__ = [
     "ATTENTION_FIELDS",
@@ -51,7 +51,6 @@ __all__ = [
     "main",
     "draw",
     "plot",
-    "render",
     "run_attention",
     "saved_tensor_bytes",
 ]

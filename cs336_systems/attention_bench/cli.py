@@ -22,7 +22,7 @@ from cs336_systems.argtypes import (
 from cs336_systems.attention_bench.config import IMPLEMENTATIONS, AttentionConfig
 from cs336_systems.attention_bench.figure import plot
 from cs336_systems.attention_bench.measure import run_attention
-from cs336_systems.attention_bench.record import ATTENTION_FIELDS, AttentionRecord, render
+from cs336_systems.attention_bench.record import AttentionRecord
 from cs336_systems.command import add_argument_with_aliases, run_command
 from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.memory_cap import soft_address_space_cap
@@ -123,7 +123,7 @@ def _run(args: argparse.Namespace) -> int:
         plot_path = Path(args.plot) if args.plot else (outputs[0].with_suffix(".png") if outputs else None)
         if plot_path is not None and plot_path.suffix not in (".png", ".svg", ".pdf"):
             raise ResultFileError(f"--plot {plot_path}: use a .png, .svg or .pdf file")
-        sink = ResultSink(outputs, fields=ATTENTION_FIELDS, render=render)
+        sink = ResultSink(outputs, AttentionRecord)
     except (DeviceError, ResultFileError, ValueError) as exc:
         return fail(PROG, str(exc))
 
@@ -142,7 +142,7 @@ def _run(args: argparse.Namespace) -> int:
             sink.write(record)
             rows.append(record.to_row())
             print(_progress(record), file=sys.stderr, flush=True)
-    print(render(rows))
+    print(AttentionRecord.markdown(rows))
     if plot_path is not None:
         print(f"wrote {plot(rows, plot_path)}", file=sys.stderr)
     for path in args.output:

@@ -17,7 +17,7 @@ from cs336_systems.device import compile_unsupported_reason, failure_status, rel
 from cs336_systems.memory import PhaseMemory, current_memory_bytes, rss_high_water_mark_available
 from cs336_systems.models import naive_causal_attention, sdpa_causal_attention
 from cs336_systems.precision import cpu_has_native, precision_mode, unsupported_reason
-from cs336_systems.results import Environment, collect_environment
+from cs336_systems.results import Environment, collect_environment, fill_timing
 from cs336_systems.stats import is_noisy, summarize
 from cs336_systems.timing import HostTimer, UntimedSetup, device_synchronizer, make_timer, time_steps
 
@@ -150,8 +150,7 @@ def _measure(
 def _add_summary(record: AttentionRecord, prefix: str, samples: Sequence[float]) -> None:
     summary = summarize(samples)
     setattr(record, f"{prefix}_steps", summary.n)
-    for name, value in summary.as_dict(suffix="_ms").items():
-        setattr(record, f"{prefix}_{name}", value)
+    fill_timing(record, summary, prefix=f"{prefix}_")
     flops = record.forward_flops if prefix == "forward" else record.backward_flops
     setattr(record, f"{prefix}_tflops", flops / (summary.mean / 1e3) / 1e12)
 

@@ -2,52 +2,43 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from cs336_systems.attention_bench.config import AttentionConfig
-from cs336_systems.results import Environment, Record, render_markdown, samples_field, utc_timestamp
+from cs336_systems.results import (
+    STATS_CONVENTIONS,
+    Environment,
+    Record,
+    identity_field,
+    samples_field,
+    timing_columns,
+)
+
+ForwardTiming, BackwardTiming = timing_columns("forward_"), timing_columns("backward_")
 
 
 @dataclass
-class AttentionRecord(Record):
-    """One (implementation, head dim, seq len) of attention_bench."""
+class AttentionRecord(BackwardTiming, ForwardTiming, Record):
+    """One (implementation, head dim, seq len) of attention_bench; forward_* and backward_* timing
+    statistics from the one declaration in results (status, error, notes, environment: Record's)."""
 
-    # configuration
-    implementation: str
-    head_dim: int
-    seq_len: int
-    batch_size: int
-    precision: str
-    device: str
-    timer: str
-    warmup_steps: int
-    steps: int
-    max_seconds: float | None
-    seed: int
+    implementation: str = identity_field()
+    head_dim: int = identity_field()
+    seq_len: int = identity_field()
+    batch_size: int = identity_field()
+    precision: str = identity_field()
+    device: str = identity_field()
+    timer: str = identity_field()
+    warmup_steps: int = identity_field()
+    steps: int = identity_field()
+    max_seconds: float | None = identity_field()
+    seed: int = identity_field()
     # outcome
-    status: str
-    error: str | None = None
     forward_steps: int | None = None  # measured (fewer than `steps` when the time budget ran out)
-    forward_mean_ms: float | None = None
-    forward_std_ms: float | None = None
-    forward_cv_pct: float | None = None
-    forward_median_ms: float | None = None
-    forward_min_ms: float | None = None
-    forward_max_ms: float | None = None
-    forward_p10_ms: float | None = None
-    forward_p90_ms: float | None = None
     backward_steps: int | None = None
-    backward_mean_ms: float | None = None
-    backward_std_ms: float | None = None
-    backward_cv_pct: float | None = None
-    backward_median_ms: float | None = None
-    backward_min_ms: float | None = None
-    backward_max_ms: float | None = None
-    backward_p10_ms: float | None = None
-    backward_p90_ms: float | None = None
     compile_s: float | None = None
     # work
     forward_flops: int | None = None
@@ -63,50 +54,44 @@ class AttentionRecord(Record):
     backward_peak_bytes: int | None = None
     saved_for_backward_bytes: int | None = None
     memory_limit_bytes: int | None = None  # CPU: address space allowed beyond what was mapped at start
-    notes: str | None = None
     # numeric mode in effect
     matmul_precision: str | None = None
     cuda_matmul_allow_tf32: bool | None = None
-    timestamp: str = field(default_factory=utc_timestamp)
-    environment: Environment | None = None
     forward_ms: list[float] = samples_field()
     backward_ms: list[float] = samples_field()
     forward_warmup_ms: list[float] = samples_field()
     backward_warmup_ms: list[float] = samples_field()
 
+    title: ClassVar[str] = "Attention forward and backward"
+    markdown_columns: ClassVar[tuple[str, ...]] = (
+        "implementation",
+        "head_dim",
+        "seq_len",
+        "batch_size",
+        "precision",
+        "status",
+        "forward_mean_ms",
+        "forward_cv_pct",
+        "backward_mean_ms",
+        "backward_cv_pct",
+        "forward_tflops",
+        "backward_tflops",
+        "memory_before_backward_mib",
+        "saved_for_backward_mib",
+        "backward_peak_mib",
+        "compile_s",
+    )
+    label_columns: ClassVar[tuple[str, ...]] = ("implementation", "head_dim", "seq_len")
+    conventions: ClassVar[str] = STATS_CONVENTIONS + "\n\n" + (
+        "forward: autograd recording, as in training; backward: against a fixed random output gradient, after an "
+        "untimed fresh forward. FLOPs count the QK^T and PV matmuls over the full T x T square (backward = 2x forward). "
+        "Memory is counted from just before the inputs were made: CUDA allocator bytes, or on a CPU the growth of the "
+        "resident set (includes what glibc keeps after frees). saved_for_backward counts the distinct storages autograd "
+        "saved, inputs included. compile_s = first forward + first backward call of torch.compile(naive)."
+    )
+
 
 ATTENTION_FIELDS = AttentionRecord.row_fields()
-MARKDOWN_COLUMNS = (
-    "implementation",
-    "head_dim",
-    "seq_len",
-    "batch_size",
-    "precision",
-    "status",
-    "forward_mean_ms",
-    "forward_cv_pct",
-    "backward_mean_ms",
-    "backward_cv_pct",
-    "forward_tflops",
-    "backward_tflops",
-    "memory_before_backward_mib",
-    "saved_for_backward_mib",
-    "backward_peak_mib",
-    "compile_s",
-)
-LABEL_COLUMNS = ("implementation", "head_dim", "seq_len")
-CONVENTIONS = (
-    "forward: autograd recording, as in training; backward: against a fixed random output gradient, after an "
-    "untimed fresh forward. FLOPs count the QK^T and PV matmuls over the full T x T square (backward = 2x forward). "
-    "Memory is counted from just before the inputs were made: CUDA allocator bytes, or on a CPU the growth of the "
-    "resident set (includes what glibc keeps after frees). saved_for_backward counts the distinct storages autograd "
-    "saved, inputs included. compile_s = first forward + first backward call of torch.compile(naive)."
-)
-
-
-def render(rows: Sequence[dict], title: str = "Attention forward and backward") -> str:
-    text = render_markdown(rows, title=title, columns=MARKDOWN_COLUMNS, label_columns=LABEL_COLUMNS)
-    return text + "\n" + CONVENTIONS + "\n"
 
 
 def new_record(config: AttentionConfig, device: torch.device, env: Environment | None) -> AttentionRecord:

@@ -39,7 +39,6 @@ from cs336_systems.ddp_bench.record import (
     DdpRecord,
     attach_baseline,
     record_for,
-    render,
     scaled_learning_rates,
     scaling_efficiency,
 )
@@ -55,7 +54,6 @@ __all__ = [
     "ddp_worker",
     "main",
     "record_for",
-    "render",
     "scaled_learning_rates",
     "scaling_efficiency",
     "time_interleaved",

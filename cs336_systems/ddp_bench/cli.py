@@ -21,7 +21,6 @@ from cs336_systems.ddp_bench.record import (
     attach_baseline,
     describe,
     record_for,
-    render,
     scaled_learning_rates,
 )
 from cs336_systems.ddp_bench.trainer import DDP_DEFAULT_BUCKET_CAP_MB, OPTIMIZERS, STRATEGIES, DdpUnit, ddp_worker
@@ -100,8 +99,7 @@ def _run(args: argparse.Namespace) -> int:
         if reason:
             raise ConfigError(f"--precision {args.precision}: {reason}")
         config = config_from_args(args, device.type)
-        sink = ResultSink(check_output_paths(args.output) if launch.rank0 else [], fields=DdpRecord.row_fields(),
-                          render=render)  # fmt: skip
+        sink = ResultSink(check_output_paths(args.output) if launch.rank0 else [], DdpRecord)
     except (LaunchError, ConfigError, ModelFactoryError, ResultFileError) as exc:
         return fail(PROG, str(exc))
 
@@ -119,7 +117,7 @@ def _run(args: argparse.Namespace) -> int:
                        sink.write, describe)  # fmt: skip
     if not records:  # a torchrun rank other than 0
         return 0
-    print(render([record.to_row() for record in records]))
+    print(DdpRecord.markdown([record.to_row() for record in records]))
     for path in args.output:
         print(f"wrote {path}", file=sys.stderr)
     return exit_status([record.status for record in records])

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 from cs336_systems.ddp_bench.trainer import DDP_DEFAULT_BUCKET_CAP_MB, DdpUnit
 from cs336_systems.distributed import GroupResult, max_over_ranks, mean_over_ranks, oversubscription_note
-from cs336_systems.results import Environment, Record, render_markdown, samples_field, utc_timestamp
+from cs336_systems.results import Environment, Record, Timing, fill_timing, identity_field, samples_field
 from cs336_systems.stats import summarize
 
 COMM_METHODS = {
@@ -18,47 +19,38 @@ COMM_METHODS = {
 
 
 @dataclass
-class DdpRecord(Record):
-    """One (world size, strategy, bucket size) of the DDP benchmark."""
+class DdpRecord(Timing, Record):
+    """One (world size, strategy, bucket size) of the DDP benchmark; step-time statistics, each
+    step's time being the slowest rank's (status, error, notes: Record's)."""
 
-    strategy: str
-    backend: str
-    device: str
-    launcher: str
-    world_size: int
-    model_size: str
-    d_model: int
-    d_ff: int
-    num_layers: int
-    num_heads: int
-    vocab_size: int
-    attention: str
-    model_factory: str | None
-    context_length: int
-    per_device_batch: int
+    strategy: str = identity_field()
+    backend: str = identity_field()
+    device: str = identity_field()
+    launcher: str = identity_field()
+    world_size: int = identity_field()
+    model_size: str = identity_field()
+    d_model: int = identity_field()
+    d_ff: int = identity_field()
+    num_layers: int = identity_field()
+    num_heads: int = identity_field()
+    vocab_size: int = identity_field()
+    attention: str = identity_field()
+    model_factory: str | None = identity_field()
+    context_length: int = identity_field()
+    per_device_batch: int = identity_field()
+    precision: str = identity_field()
+    optimizer: str = identity_field()
+    bucket_cap_mb: float | None = identity_field()
+    threads_per_rank: int = identity_field()
+    warmup_steps: int = identity_field()
+    measure_steps: int = identity_field()
+    seed: int = identity_field()
+    base_lr: float = identity_field()
+    base_batch_size: int = identity_field()
     global_batch: int
-    precision: str
-    optimizer: str
-    bucket_cap_mb: float | None
-    threads_per_rank: int
-    warmup_steps: int
-    measure_steps: int
-    seed: int
-    base_lr: float
-    base_batch_size: int
     lr_linear: float
     lr_sqrt: float
-    status: str
-    error: str | None = None
     num_params: int | None = None
-    mean_ms: float | None = None
-    std_ms: float | None = None
-    cv_pct: float | None = None
-    median_ms: float | None = None
-    min_ms: float | None = None
-    max_ms: float | None = None
-    p10_ms: float | None = None
-    p90_ms: float | None = None
     no_sync_mean_ms: float | None = None
     comm_ms: float | None = None
     comm_pct: float | None = None
@@ -68,36 +60,47 @@ class DdpRecord(Record):
     baseline_samples_per_s: float | None = None
     scaling_efficiency: float | None = None
     compute_slowdown: float | None = None  # no_sync step / single step: ranks slowing each other down
-    notes: str | None = None
-    timestamp: str = field(default_factory=utc_timestamp)
-    environment: Environment | None = None
     step_ms: list[float] = samples_field()  # per step, the slowest rank
     warmup_step_ms: list[float] = samples_field()
     no_sync_step_ms: list[float] = samples_field()
     comm_step_ms: list[float] = samples_field()
     rank_step_ms: list[list[float]] = samples_field()  # [rank][step]
 
+    title: ClassVar[str] = "DDP benchmark"
+    markdown_columns: ClassVar[tuple[str, ...]] = (
+        "strategy",
+        "world_size",
+        "per_device_batch",
+        "global_batch",
+        "bucket_cap_mb",
+        "status",
+        "mean_ms",
+        "std_ms",
+        "cv_pct",
+        "no_sync_mean_ms",
+        "comm_ms",
+        "comm_pct",
+        "samples_per_s",
+        "scaling_efficiency",
+        "compute_slowdown",
+        "lr_linear",
+        "lr_sqrt",
+    )
+    label_columns: ClassVar[tuple[str, ...]] = ("strategy", "world_size", "bucket_cap_mb")
 
-MARKDOWN_COLUMNS = (
-    "strategy",
-    "world_size",
-    "per_device_batch",
-    "global_batch",
-    "bucket_cap_mb",
-    "status",
-    "mean_ms",
-    "std_ms",
-    "cv_pct",
-    "no_sync_mean_ms",
-    "comm_ms",
-    "comm_pct",
-    "samples_per_s",
-    "scaling_efficiency",
-    "compute_slowdown",
-    "lr_linear",
-    "lr_sqrt",
-)
-LABEL_COLUMNS = ("strategy", "world_size", "bucket_cap_mb")
+    @classmethod
+    def markdown(cls, rows: Sequence[dict]) -> str:
+        """Learning rates in 3 significant digits (the table's default of 3 decimals would print
+        1e-4 as 0.000), labels without the bucket size where there is none."""
+
+        def display(row: dict) -> dict:
+            lrs = {name: f"{row[name]:.3g}" for name in ("lr_linear", "lr_sqrt") if _is_number(row.get(name))}
+            shown = {**row, **lrs}
+            if not _is_number(row.get("bucket_cap_mb")):
+                shown.pop("bucket_cap_mb", None)
+            return shown
+
+        return super().markdown([display(row) for row in rows])
 
 
 def scaled_learning_rates(base_lr: float, base_batch_size: int, global_batch: int) -> tuple[float, float]:
@@ -138,8 +141,7 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
     record.step_ms = max_over_ranks(record.rank_step_ms)
     record.warmup_step_ms = max_over_ranks([message["warmup_ms"] for message in messages])
     summary = summarize(record.step_ms)
-    for name, value in summary.as_dict(suffix="_ms").items():
-        setattr(record, name, value)
+    fill_timing(record, summary)
     record.samples_per_s = global_batch / (summary.mean / 1e3)
     record.tokens_per_s = record.samples_per_s * config.context_length
     if unit.strategy != "single":
@@ -164,20 +166,6 @@ def attach_baseline(record: DdpRecord, baseline: DdpRecord | None) -> None:
     record.scaling_efficiency = scaling_efficiency(record.samples_per_s, record.world_size, baseline.samples_per_s)
     if record.no_sync_mean_ms is not None:
         record.compute_slowdown = record.no_sync_mean_ms / baseline.mean_ms
-
-
-def render(rows: Sequence[dict]) -> str:
-    """The Markdown document; learning rates in 3 significant digits (the table's default of
-    3 decimals would print 1e-4 as 0.000), labels without the bucket size where there is none."""
-
-    def display(row: dict) -> dict:
-        shown = {**row, **{name: f"{row[name]:.3g}" for name in ("lr_linear", "lr_sqrt") if _is_number(row.get(name))}}
-        if not _is_number(row.get("bucket_cap_mb")):
-            shown.pop("bucket_cap_mb", None)
-        return shown
-
-    return render_markdown([display(row) for row in rows], title="DDP benchmark", columns=MARKDOWN_COLUMNS,
-                           label_columns=LABEL_COLUMNS)  # fmt: skip
 
 
 def _is_number(value: object) -> bool:

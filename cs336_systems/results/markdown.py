@@ -1,0 +1,130 @@
+"""Markdown rendering of result rows: the table, the notes a reader must see, the environment.
+
+Table headers are the records' field names, so a table parses back (files.read_markdown).
+A record type says which columns, title and labels it shows (records.Record); this module
+only knows how to draw rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+from tabulate import tabulate
+
+from cs336_systems.anomalies import flag_anomalies
+from cs336_systems.stats import is_noisy
+
+STATS_CONVENTIONS = (
+    "std is the sample standard deviation (ddof=1); cv_pct = 100*std/mean; p10/p90 interpolate linearly."
+)
+MARKDOWN_ENVIRONMENT = (
+    "device_name",
+    "device_memory_bytes",
+    "torch_version",
+    "cuda_version",
+    "cudnn_version",
+    "matmul_precision",
+    "cuda_matmul_allow_tf32",
+    "cudnn_allow_tf32",
+    "num_threads",
+    "cpu_name",
+    "hostname",
+    "git_commit",
+    "git_dirty",
+)
+# Labels of a benchmark row (report and compare label rows without knowing their record type).
+BENCHMARK_LABEL_COLUMNS = ("model_size", "context_length", "batch_size", "pass_type", "precision")
+_DECIMALS = {"tokens_per_s": 1, "cv_pct": 1, "compile_s": 2, "achieved_tflops": 4, "peak_tflops": 4}
+# Any `<name>_gib` / `<name>_mib` column not in a row shows the row's `<name>_bytes` in that unit.
+_BYTE_UNITS = {"_gib": 2**30, "_mib": 2**20}
+
+
+def is_missing(value: object) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
+
+
+def format_cell(name: str, value: object) -> str:
+    if is_missing(value):
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.{_DECIMALS.get(name, 3)}f}"
+    return str(value)
+
+
+def cell_value(row: dict, column: str) -> object:
+    """The row's value for a shown column; byte counts shown in GiB/MiB are computed here."""
+    if column in row:
+        return row.get(column)
+    for suffix, scale in _BYTE_UNITS.items():
+        if column.endswith(suffix):
+            value = row.get(column.removesuffix(suffix) + "_bytes")
+            return None if is_missing(value) else float(value) / scale
+    return None
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
+    body = [[format_cell(c, cell_value(row, c)) for c in columns] for row in rows]
+    return tabulate(body, headers=list(columns), tablefmt="github", disable_numparse=True)
+
+
+def row_label(row: dict, label_columns: Sequence[str] = BENCHMARK_LABEL_COLUMNS) -> str:
+    return " ".join(f"{name}={format_cell(name, row.get(name))}" for name in label_columns if name in row)
+
+
+def row_warnings(row: dict, label_columns: Sequence[str] = BENCHMARK_LABEL_COLUMNS) -> list[str]:
+    """Lines a reader must see below the table: noise, failures, caveats."""
+    label = row_label(row, label_columns)
+    lines = []
+    if row.get("status") not in (None, "ok"):
+        lines.append(f"{label}: status {row['status']}: {row.get('error') or ''}".rstrip(": "))
+    if is_noisy(None if is_missing(row.get("cv_pct")) else float(row["cv_pct"])):
+        lines.append(f"{label}: WARNING high variance, CV {float(row['cv_pct']):.1f}% > 10%; treat the mean with care")
+    if not is_missing(row.get("notes")) and row.get("notes"):
+        lines.append(f"{label}: note: {row['notes']}")
+    return lines
+
+
+def note_lines(rows: Sequence[dict], label_columns: Sequence[str]) -> list[str]:
+    """Every row's warnings, then the rows anomalies.flag_anomalies finds slow."""
+    lines = [line for row in rows for line in row_warnings(row, label_columns)]
+    anomalies = flag_anomalies(rows)
+    return lines + [f"{row_label(rows[i], label_columns)}: SLOW: {why}" for i, why in sorted(anomalies.items())]
+
+
+def environment_lines(rows: Sequence[dict], names: Sequence[str] = MARKDOWN_ENVIRONMENT) -> list[str]:
+    lines = []
+    for name in names:
+        values = sorted({format_cell(name, row.get(name)) for row in rows} - {""})
+        if values:
+            lines.append(f"- {name}: {', '.join(values)}")
+    return lines
+
+
+def render_document(
+    rows: Sequence[dict],
+    *,
+    title: str,
+    columns: Sequence[str],
+    label_columns: Sequence[str],
+    conventions: str = STATS_CONVENTIONS,
+) -> str:
+    """Title, table, per-row notes (failures, noise, caveats), environment, conventions."""
+    parts = [f"# {title}", "", markdown_table(rows, columns), ""]
+    notes = note_lines(rows, label_columns)
+    if notes:
+        parts += ["Notes:", "", *(f"- {line}" for line in notes), ""]
+    env = environment_lines(rows)
+    if env:
+        parts += ["Environment:", "", *env, ""]
+    parts.append(conventions)
+    return "\n".join(parts) + "\n"
+
+
+def console_table(rows: Sequence[dict], *, title: str, columns: Sequence[str], label_columns: Sequence[str]) -> str:
+    """A narrow Markdown document for a terminal: title, table and the notes a reader must see."""
+    notes = note_lines(rows, label_columns)
+    return "\n".join([f"# {title}", "", markdown_table(rows, columns), *(f"- {line}" for line in notes)]) + "\n"

@@ -1,0 +1,298 @@
+"""Result records: one base schema, the timing statistics declared once, identity marked.
+
+A record is a dataclass whose fields are its columns. The base `Record` declares what every
+row has (`status`, `error`, `notes`, `timestamp`, the environment); `timing_columns(prefix)`
+declares the step-time statistics once (mix it in, once per prefix); `identity_field()`
+marks the columns that identify a configuration, so resume and compare match on
+`key()` instead of slicing the row. Each record type also says how it is shown in Markdown
+(`title`, `markdown_columns`, `label_columns`, `conventions`), so one sink writes every tool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import pandas as pd
+
+from cs336_systems.results.environment import ENVIRONMENT_FIELDS, Environment, utc_timestamp
+from cs336_systems.results.markdown import (
+    BENCHMARK_LABEL_COLUMNS,
+    STATS_CONVENTIONS,
+    console_table,
+    render_document,
+    row_label,
+)
+from cs336_systems.stats import Summary
+
+STATUSES = ("ok", "oom", "error", "unsupported", "timeout")
+# Summary fields in column order; cv_pct is a ratio, the rest are milliseconds.
+TIMING_STATISTICS = ("mean", "std", "cv_pct", "median", "min", "max", "p10", "p90")
+
+
+def identity_field(**kwargs):
+    """A column that identifies the configuration (compared by `Record.key()`)."""
+    return field(metadata={"identity": True}, **kwargs)
+
+
+def samples_field():
+    """A list of raw samples: kept in JSONL, left out of CSV and Markdown rows."""
+    return field(default_factory=list, metadata={"samples": True})
+
+
+def timing_names(prefix: str = "") -> tuple[str, ...]:
+    """mean_ms, std_ms, cv_pct, ... each with `prefix` (e.g. forward_mean_ms)."""
+    return tuple(f"{prefix}{s}" if s == "cv_pct" else f"{prefix}{s}_ms" for s in TIMING_STATISTICS)
+
+
+def timing_columns(prefix: str = "") -> type:
+    """A dataclass to mix into a record: the timing statistics' columns, named with `prefix`."""
+    name = "".join(part.title() for part in prefix.split("_")) + "Timing"
+    columns = [(column, float | None, field(default=None)) for column in timing_names(prefix)]
+    return dataclasses.make_dataclass(name, columns, kw_only=True)
+
+
+Timing = timing_columns()
+
+
+def fill_timing(record: object, summary: Summary, prefix: str = "") -> None:
+    """Copy a stats.Summary into the record's `prefix` timing columns (the only place that does)."""
+    for name, value in zip(timing_names(prefix), (getattr(summary, s) for s in TIMING_STATISTICS), strict=True):
+        if not hasattr(record, name):
+            raise AttributeError(f"{type(record).__name__} declares no timing column {name!r}")
+        setattr(record, name, value)
+
+
+def identity_value(value: object) -> str:
+    """One spelling per value whether it came from a record, a CSV or a JSONL file."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return ""
+    if isinstance(value, bool) or str(value) in ("True", "False", "true", "false"):
+        return str(value).lower()
+    try:
+        return repr(float(value))
+    except (TypeError, ValueError):
+        return str(value)
+
+
+@dataclass(kw_only=True)
+class Record:
+    """Base of every result record.
+
+    Row columns: identity columns, the record's other fields, then the fields below, then the
+    environment's fields. Raw samples (`samples_field`) go to JSONL only.
+    """
+
+    status: str
+    error: str | None = None
+    notes: str | None = None
+    timestamp: str = field(default_factory=utc_timestamp)
+    environment: Environment | None = None
+
+    # The Markdown view; a record type sets these (and may override `markdown`).
+    title: ClassVar[str] = "cs336-systems results"
+    markdown_columns: ClassVar[tuple[str, ...]] = ("status",)
+    label_columns: ClassVar[tuple[str, ...]] = ()
+    conventions: ClassVar[str] = STATS_CONVENTIONS
+
+    @classmethod
+    def _scalar_fields(cls) -> list[dataclasses.Field]:
+        fields = [f for f in dataclasses.fields(cls) if f.name != "environment" and not f.metadata.get("samples")]
+        common = {f.name for f in dataclasses.fields(Record)}
+        identity = [f for f in fields if f.metadata.get("identity")]
+        rest = [f for f in fields if not f.metadata.get("identity") and f.name not in common]
+        return identity + rest + [f for f in fields if f.name in common]
+
+    @classmethod
+    def row_fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in cls._scalar_fields()) + ENVIRONMENT_FIELDS
+
+    @classmethod
+    def identity_fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("identity"))
+
+    @classmethod
+    def row_key(cls, row: dict) -> tuple[str, ...]:
+        """The identity of a row read back from a file (equal to `key()` of the record written)."""
+        return tuple(identity_value(row.get(name)) for name in cls.identity_fields())
+
+    def key(self) -> tuple[str, ...]:
+        return self.row_key(self.to_row())
+
+    @classmethod
+    def label(cls, row: dict) -> str:
+        return row_label(row, cls.label_columns)
+
+    def to_row(self) -> dict[str, object]:
+        row = {f.name: getattr(self, f.name) for f in self._scalar_fields()}
+        env = dataclasses.asdict(self.environment) if self.environment else dict.fromkeys(ENVIRONMENT_FIELDS)
+        return {**row, **env}
+
+    def to_json(self) -> dict[str, object]:
+        samples = {f.name: list(getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata.get("samples")}
+        return {**self.to_row(), **samples}
+
+    @classmethod
+    def markdown(cls, rows: Sequence[dict]) -> str:
+        """The Markdown document for rows of this record type."""
+        return render_document(
+            rows,
+            title=cls.title,
+            columns=cls.markdown_columns,
+            label_columns=cls.label_columns,
+            conventions=cls.conventions,
+        )
+
+
+@dataclass
+class BenchmarkRecord(Timing, Record):
+    """One configuration of `benchmark`: what was asked, what happened, where."""
+
+    # configuration: the identity (BenchmarkConfig.key() spells the same values)
+    model_size: str = identity_field()
+    d_model: int = identity_field()
+    d_ff: int = identity_field()
+    num_layers: int = identity_field()
+    num_heads: int = identity_field()
+    vocab_size: int = identity_field()
+    rope_theta: float = identity_field()
+    attention: str = identity_field()
+    model_factory: str | None = identity_field()
+    context_length: int = identity_field()
+    batch_size: int = identity_field()
+    pass_type: str = identity_field()
+    precision: str = identity_field()
+    compile: bool = identity_field()
+    compile_scope: str | None = identity_field()
+    device: str = identity_field()
+    timer: str = identity_field()
+    warmup_steps: int = identity_field()
+    measure_steps: int = identity_field()
+    seed: int = identity_field()
+    # outcome
+    num_params: int | None
+    model_context_length: int  # longest sequence the model was built for (sweeps: the longest context)
+    tokens_per_s: float | None = None
+    compile_s: float | None = None
+    # work and utilisation (cs336_systems.flops)
+    flops_per_step: int | None = None
+    flops_source: str | None = None
+    achieved_tflops: float | None = None
+    peak_tflops: float | None = None
+    peak_source: str | None = None
+    mfu: float | None = None
+    # memory (cs336_systems.memory): steady state = the last step, first = the first step run
+    memory_source: str | None = None
+    peak_memory_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    predicted_memory_bytes: int | None = None
+    forward_peak_bytes: int | None = None
+    backward_peak_bytes: int | None = None
+    optimizer_peak_bytes: int | None = None
+    first_step_peak_bytes: int | None = None
+    first_step_reserved_bytes: int | None = None
+    first_forward_peak_bytes: int | None = None
+    first_backward_peak_bytes: int | None = None
+    first_optimizer_peak_bytes: int | None = None
+    memory_baseline_bytes: int | None = None
+    # numeric mode really in effect (read back from torch while the configuration ran)
+    autocast_dtype: str | None = None
+    matmul_precision: str | None = None
+    cuda_matmul_allow_tf32: bool | None = None
+    cudnn_allow_tf32: bool | None = None
+    grad_scaler: bool | None = None
+    step_ms: list[float] = samples_field()
+    warmup_step_ms: list[float] = samples_field()
+
+    title: ClassVar[str] = "cs336-systems benchmark results"
+    markdown_columns: ClassVar[tuple[str, ...]] = (
+        "model_size",
+        "num_params",
+        "context_length",
+        "batch_size",
+        "pass_type",
+        "precision",
+        "compile",
+        "attention",
+        "device",
+        "status",
+        "mean_ms",
+        "std_ms",
+        "cv_pct",
+        "median_ms",
+        "p10_ms",
+        "p90_ms",
+        "tokens_per_s",
+        "achieved_tflops",
+        "mfu",
+        "peak_memory_gib",
+        "predicted_memory_gib",
+        "compile_s",
+    )
+    label_columns: ClassVar[tuple[str, ...]] = BENCHMARK_LABEL_COLUMNS
+    # What a terminal shows; every column stays in the files.
+    console_columns: ClassVar[tuple[str, ...]] = (
+        "model_size",
+        "context_length",
+        "batch_size",
+        "pass_type",
+        "precision",
+        "compile",
+        "median_ms",
+        "cv_pct",
+        "tokens_per_s",
+        "mfu",
+        "peak_memory_gib",
+        "status",
+    )
+
+    @classmethod
+    def console(cls, rows: Sequence[dict]) -> str:
+        return console_table(rows, title=cls.title, columns=cls.console_columns, label_columns=cls.label_columns)
+
+    def add_summary(self, summary: Summary) -> None:
+        fill_timing(self, summary)
+
+
+BENCHMARK_FIELDS = BenchmarkRecord.row_fields()
+# What identifies a configuration: resume skips rows with these equal, compare matches on them.
+CONFIG_FIELDS = BenchmarkRecord.identity_fields()
+MARKDOWN_COLUMNS = BenchmarkRecord.markdown_columns
+LABEL_COLUMNS = BenchmarkRecord.label_columns
+
+
+def row_key(row: dict) -> tuple[str, ...]:
+    """A benchmark row's identity (BenchmarkRecord.row_key)."""
+    return BenchmarkRecord.row_key(row)
+
+
+def render_markdown(
+    rows: Sequence[dict],
+    title: str = BenchmarkRecord.title,
+    columns: Sequence[str] = MARKDOWN_COLUMNS,
+    label_columns: Sequence[str] = LABEL_COLUMNS,
+    conventions: str = STATS_CONVENTIONS,
+) -> str:
+    """Benchmark rows as Markdown (other views: pass their columns, or use `Record.markdown`)."""
+    return render_document(rows, title=title, columns=columns, label_columns=label_columns, conventions=conventions)
+
+
+class LegacyRecord:
+    """The row/JSON behaviour of a record that still declares its own status, timing and
+    environment fields (attention, all-reduce and DDP until they move onto `Record`)."""
+
+    environment: Environment | None
+
+    @classmethod
+    def _scalar_fields(cls) -> list[dataclasses.Field]:
+        return [f for f in dataclasses.fields(cls) if f.name != "environment" and not f.metadata.get("samples")]
+
+    @classmethod
+    def row_fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in cls._scalar_fields()) + ENVIRONMENT_FIELDS
+
+    to_row = Record.to_row
+    to_json = Record.to_json
