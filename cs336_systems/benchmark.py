@@ -97,11 +97,7 @@ def size_table(args) -> str:
 
 def config_from_args(args) -> BenchmarkConfig:
     model = model_config_from_args(args, args.model_size, args.context_length, args.attention)
-    if args.context_length > model.context_length:
-        raise ConfigError(
-            f"--context-length {args.context_length} is longer than the model supports "
-            f"(--max-context-length {model.context_length})"
-        )
+    model.check_context(args.context_length)
     return benchmark_config_from_args(
         args,
         model,

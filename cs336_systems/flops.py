@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from cs336_systems.models import ModelConfig, build_model
-from cs336_systems.precision import precision_mode
+from cs336_systems.precision import PRECISION_TABLE, precision_mode
 from cs336_systems.timing import device_synchronizer
 
 PASS_FLOP_MULTIPLIER = {"forward": 1, "forward-backward": 3, "train-step": 3}
@@ -44,7 +44,6 @@ PEAK_TFLOPS_TABLE: tuple[tuple[tuple[str, ...], tuple[str, ...], dict[str, float
     (("l4",), ("l40",), {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0}),
     (("rtx 4090",), ("laptop", "mobile"), {"fp32": 82.6, "tf32": 82.6, "bf16": 165.0}),
 )
-PRECISION_COLUMN = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "bf16"}
 
 
 def forward_flops_per_token(config: ModelConfig, seq_len: int, causal_discount: bool = False) -> int:
@@ -136,11 +135,10 @@ def table_peak_tflops(device_name: str, precision: str) -> float | None:
     name = device_name.lower()
     for words, excluded, peaks in PEAK_TFLOPS_TABLE:
         if all(w in name for w in words) and not any(x in name for x in excluded):
-            return peaks[PRECISION_COLUMN[precision]]
+            return peaks[PRECISION_TABLE[precision].peak_column]
     return None
 
 
-PROBE_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @functools.cache
@@ -150,7 +148,7 @@ def measure_peak_tflops(device: torch.device, precision: str) -> float:
     The size doubles until one product takes long enough to time well (so emulated bf16
     on a CPU stays quick), then the median of several products gives the rate.
     """
-    dtype = PROBE_DTYPES[precision]
+    dtype = PRECISION_TABLE[precision].compute_dtype
     sync = device_synchronizer(device)
     target_s, max_n = (0.002, 8192) if device.type == "cuda" else (0.05, 2048)
     generator = torch.Generator(device=device).manual_seed(0)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import importlib
 import itertools
 import math
 import multiprocessing as mp
@@ -67,6 +66,7 @@ from cs336_systems.argtypes import (
     positive_int,
 )
 from cs336_systems.device import DeviceError, resolve_device
+from cs336_systems.loading import load_callable
 from cs336_systems.models import ModelConfig, TransformerLM
 from cs336_systems.monitor import add_monitor_arguments, check_monitor_arguments, monitored
 from cs336_systems.results import (
@@ -241,15 +241,7 @@ class DatasetError(ValueError):
 
 def load_dataset(spec: str) -> Dataset:
     """Call 'package.module:callable' (no arguments); it must return a map-style Dataset."""
-    module_name, sep, attribute = spec.partition(":")
-    if not sep or not module_name or not attribute:
-        raise DatasetError(f"--dataset must look like package.module:callable, got {spec!r}")
-    try:
-        target = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            target = getattr(target, part)
-    except Exception as exc:  # the user's module may fail in any way while importing
-        raise DatasetError(f"cannot load --dataset {spec}: {type(exc).__name__}: {exc}") from exc
+    target = load_callable(spec, "--dataset", DatasetError)
     try:
         dataset = target()
     except Exception as exc:

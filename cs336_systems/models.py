@@ -8,7 +8,6 @@ untied embedding and LM head, final RMSNorm.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from einops import rearrange
 from torch import nn
 
 from cs336_systems import nvtx
+from cs336_systems.loading import load_callable
 
 ATTENTION_KINDS = ("naive", "sdpa")
 DEFAULT_VOCAB_SIZE = 10_000
@@ -111,6 +111,15 @@ class ModelConfig:
             d_ff=self.d_ff,
             rope_theta=self.rope_theta,
         )
+
+    def check_context(self, requested: int, what: str | None = None) -> None:
+        """Refuse a sequence longer than the model was built for (RoPE tables, masks)."""
+        if requested > self.context_length:
+            what = what or f"--context-length {requested}"
+            raise ConfigError(
+                f"{what} is longer than the model supports (it is longer than --max-context-length "
+                f"{self.context_length})"
+            )
 
     def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
@@ -263,20 +272,7 @@ class TransformerLM(nn.Module):
 
 def load_model_factory(spec: str) -> Callable[..., nn.Module]:
     """Resolve 'package.module:callable' (the callable may be a dotted attribute path)."""
-    module_name, sep, attribute = spec.partition(":")
-    if not sep or not module_name or not attribute:
-        raise ModelFactoryError(f"--model-factory must look like package.module:callable, got {spec!r}")
-    try:
-        target = importlib.import_module(module_name)
-    except Exception as exc:  # the user's module may fail in any way while importing
-        raise ModelFactoryError(f"cannot import {module_name!r} for --model-factory: {exc}") from exc
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise ModelFactoryError(f"{module_name!r} has no attribute {attribute!r} (--model-factory {spec})")
-        target = getattr(target, part)
-    if not callable(target):
-        raise ModelFactoryError(f"--model-factory {spec} is not callable")
-    return target
+    return load_callable(spec, "--model-factory", ModelFactoryError)
 
 
 def build_model(

@@ -4,6 +4,10 @@ fp32  float32 matmuls at "highest" precision, cuDNN TF32 off: true IEEE fp32.
 tf32  float32 tensors, matmuls and convolutions on TF32 tensor cores ("high").
 bf16  torch.autocast to bfloat16 (fp32 weights and master copy), fp32 matmul "highest".
 fp16  torch.autocast to float16; backward passes go through a GradScaler.
+
+PRECISION_TABLE is the one place a precision is described: setup (precision_mode,
+autocast, grad_scaler), flops (peak column, probe dtype), the memory estimator (bytes of
+autocast outputs) and attention_bench (q, k, v dtype) read it; a new precision is one row.
 """
 
 from __future__ import annotations
@@ -14,9 +18,31 @@ from dataclasses import dataclass
 
 import torch
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-MATMUL_PRECISION = {"fp32": "highest", "tf32": "high", "bf16": "highest", "fp16": "highest"}
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    compute_dtype: torch.dtype  # what matmuls run in: the autocast dtype, else float32 (TF32 or not)
+    autocast_dtype: torch.dtype | None  # forward and loss under torch.autocast; weights stay float32
+    matmul_precision: str  # torch.set_float32_matmul_precision
+    tf32: bool  # cuDNN convolutions on TF32 tensor cores
+    grad_scaler: bool  # fp16 gradients underflow without loss scaling
+    peak_column: str  # column of flops.PEAK_TFLOPS_TABLE (fp16 tensor-core peak = bf16's)
+    needs_ampere: bool  # compute capability 8.0+
+    on_cpu: bool  # CPUs have no TF32
+
+
+PRECISION_TABLE = {
+    p.name: p
+    for p in (
+        Precision("fp32", torch.float32, None, "highest", False, False, "fp32", needs_ampere=False, on_cpu=True),
+        Precision("tf32", torch.float32, None, "high", True, False, "tf32", needs_ampere=True, on_cpu=False),
+        Precision("bf16", torch.bfloat16, torch.bfloat16, "highest", False, False, "bf16", True, True),
+        Precision("fp16", torch.float16, torch.float16, "highest", False, True, "bf16", False, True),
+    )
+}
+PRECISIONS = tuple(PRECISION_TABLE)
+AUTOCAST_DTYPES = {name: p.autocast_dtype for name, p in PRECISION_TABLE.items() if p.autocast_dtype is not None}
 
 
 @dataclass(frozen=True)
@@ -33,13 +59,14 @@ class PrecisionState:
 
 def unsupported_reason(precision: str, device: torch.device) -> str | None:
     """Why `precision` cannot run on `device`, or None if it can."""
-    if precision not in PRECISIONS:
+    if precision not in PRECISION_TABLE:
         return f"unknown precision {precision!r}"
+    mode = PRECISION_TABLE[precision]
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
-        if precision in ("tf32", "bf16") and major < 8:
+        if mode.needs_ampere and major < 8:
             return f"{precision} needs an Ampere or newer GPU (compute capability 8.0+), this one is {major}.{minor}"
-    elif device.type == "cpu" and precision == "tf32":
+    elif device.type == "cpu" and not mode.on_cpu:
         return "TF32 is an NVIDIA tensor-core mode (Ampere+); CPUs have no TF32 matmul"
     return None
 
@@ -71,19 +98,19 @@ def precision_mode(precision: str, device: torch.device) -> Iterator[PrecisionSt
     what runs inside it (forward and loss) and what does not (backward, optimizer).
     """
     saved = _current_flags()
-    use_tf32 = precision == "tf32"
-    torch.set_float32_matmul_precision(MATMUL_PRECISION[precision])
-    torch.backends.cudnn.allow_tf32 = use_tf32
+    mode = PRECISION_TABLE[precision]
+    torch.set_float32_matmul_precision(mode.matmul_precision)
+    torch.backends.cudnn.allow_tf32 = mode.tf32
     try:
         matmul_precision, cuda_tf32, cudnn_tf32 = _current_flags()
-        dtype = AUTOCAST_DTYPES.get(precision)
+        dtype = mode.autocast_dtype
         yield PrecisionState(
             precision=precision,
             autocast_dtype=str(dtype).removeprefix("torch.") if dtype is not None else None,
             matmul_precision=matmul_precision,
             cuda_matmul_allow_tf32=cuda_tf32,
             cudnn_allow_tf32=cudnn_tf32,
-            grad_scaler=precision == "fp16",
+            grad_scaler=mode.grad_scaler,
         )
     finally:
         torch.set_float32_matmul_precision(saved[0])
@@ -99,4 +126,4 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
 
 
 def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
-    return torch.amp.GradScaler(device.type) if precision == "fp16" else None
+    return torch.amp.GradScaler(device.type) if PRECISION_TABLE[precision].grad_scaler else None

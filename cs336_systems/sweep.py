@@ -79,14 +79,13 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
 def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[BenchmarkConfig]:
     """Every configuration of the grid, in grid order. Raises ConfigError on a bad shape."""
     longest = max(args.context_lengths)
-    if args.max_context_length is not None and args.max_context_length < longest:
-        raise ConfigError(f"--context-lengths up to {longest} are longer than --max-context-length")
     configs = []
     for size, attention, precision, compiled, context, batch, pass_type in itertools.product(
         args.model_sizes, args.attentions, args.precisions, COMPILE_CHOICES[args.compile],
         args.context_lengths, args.batch_sizes, args.pass_types,
     ):  # fmt: skip
         model = model_config_from_args(args, size, longest, attention)
+        model.check_context(longest, f"--context-lengths up to {longest}")
         configs.append(
             benchmark_config_from_args(
                 args,

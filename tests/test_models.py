@@ -148,3 +148,12 @@ def test_factory_returning_wrong_things(fixtures_on_path):
     model = build_model(config, "cpu", "user_models:wrong_shape")
     with pytest.raises(ModelFactoryError, match=r"shape \(2, 97\), expected floating \(B, T, V\) = \(2, 8, 97\)"):
         check_model_output(model, config, "cpu", "wrong")
+
+
+def test_check_context_is_the_one_context_length_check():
+    model = ModelConfig(d_model=32, d_ff=64, num_layers=1, num_heads=2, vocab_size=97, context_length=16)
+    model.check_context(16)
+    with pytest.raises(ConfigError, match=r"--context-length 17 is longer than the model supports .*16"):
+        model.check_context(17)
+    with pytest.raises(ConfigError, match="--context-lengths up to 64 is longer"):
+        model.check_context(64, "--context-lengths up to 64")

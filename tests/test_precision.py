@@ -64,3 +64,18 @@ def test_old_gpu_cannot_do_bf16_or_tf32(monkeypatch):
     assert "compute capability 8.0" in unsupported_reason("bf16", gpu)
     assert "compute capability 8.0" in unsupported_reason("tf32", gpu)
     assert unsupported_reason("fp16", gpu) is None
+
+
+def test_precision_table_is_the_one_description():
+    from cs336_systems.flops import table_peak_tflops
+    from cs336_systems.precision import PRECISION_TABLE, PRECISIONS, grad_scaler
+
+    assert PRECISIONS == ("fp32", "tf32", "bf16", "fp16")
+    for name, mode in PRECISION_TABLE.items():
+        with precision_mode(name, torch.device("cpu")) as state:
+            assert state.matmul_precision == mode.matmul_precision
+            assert state.cudnn_allow_tf32 == mode.tf32
+            assert state.grad_scaler == mode.grad_scaler == (grad_scaler(name, torch.device("cpu")) is not None)
+            assert state.autocast_dtype == (str(mode.autocast_dtype).removeprefix("torch.") if mode.autocast_dtype else None)
+    # fp16 reads the bf16 column: the same tensor-core peak on these GPUs
+    assert table_peak_tflops("NVIDIA H100 80GB HBM3", "fp16") == table_peak_tflops("NVIDIA H100 80GB HBM3", "bf16")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+from cs336_systems.precision import PRECISION_TABLE
 
 IMPLEMENTATIONS = ("naive", "sdpa", "compiled")
-TENSOR_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TENSOR_DTYPES = {name: mode.compute_dtype for name, mode in PRECISION_TABLE.items()}  # q, k, v (no autocast)
 PASSES = ("forward", "backward")
 
 

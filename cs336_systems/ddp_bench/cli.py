@@ -77,8 +77,7 @@ def config_from_args(args: argparse.Namespace, device_type: str) -> BenchmarkCon
     if args.model_factory:
         load_model_factory(args.model_factory)
     model = model_config_from_args(args, args.model_size, args.context_length, args.attention)
-    if args.context_length > model.context_length:
-        raise ConfigError(f"--context-length {args.context_length} is longer than --max-context-length")
+    model.check_context(args.context_length)
     return BenchmarkConfig(
         model=model, context_length=args.context_length, batch_size=args.batch_size, pass_type="train-step",
         precision=args.precision, device=device_type, warmup_steps=args.warmup_steps,

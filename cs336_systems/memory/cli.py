@@ -79,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def estimate_for(batch: int, context: int) -> MemoryEstimate:
             model = model_config_from_args(args, args.model_size, context, args.attention)
-            if context > model.context_length:
-                raise ConfigError(f"--context-length {context} is longer than --max-context-length")
+            model.check_context(context)
             return estimate_memory(
                 model, batch, context, args.pass_type, args.precision, args.device_type, device_memory,
                 first_step=args.first_step,

@@ -13,10 +13,11 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from cs336_systems.models import ModelConfig, formula_num_params
+from cs336_systems.precision import PRECISION_TABLE
 from cs336_systems.search import search_boundary
 
 FP32 = 4
-HALF = 2
+HALF = 2  # bytes of an autocast dtype (bf16, fp16: precision.PRECISION_TABLE)
 OPTIMIZER_STATES = 2  # AdamW: exp_avg and exp_avg_sq, fp32
 CUDA_CONTEXT_BYTES = 512 * 2**20  # CUDA context + cuBLAS workspaces, outside the allocator's counters
 FRAGMENTATION = 0.05  # caching-allocator slack (reserved - allocated) allowed for in the verdict
@@ -67,7 +68,7 @@ class _Layer:
 
 def _block(m: ModelConfig, batch: int, seq: int, precision: str, device_type: str) -> _Layer:
     N, d, f, H = batch * seq, m.d_model, m.d_ff, m.num_heads
-    autocast = precision in ("bf16", "fp16")
+    autocast = PRECISION_TABLE[precision].autocast_dtype is not None
     act = HALF if autocast else FP32  # dtype of matmul outputs
     scores = batch * H * seq * seq
     saved = {
@@ -113,7 +114,7 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """Predict the peak of one step (steady state unless `first_step`) of the built-in model."""
     N, d, V = batch_size * context_length, m.d_model, m.vocab_size
-    autocast = precision in ("bf16", "fp16")
+    autocast = PRECISION_TABLE[precision].autocast_dtype is not None
     act = HALF if autocast else FP32
     params = formula_num_params(m)
     weights = params * FP32
