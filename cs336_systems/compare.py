@@ -16,9 +16,8 @@ import sys
 from tabulate import tabulate
 
 from cs336_systems.argtypes import ArgumentParser, fail, positive_float
-from cs336_systems.config import row_key
 from cs336_systems.report import model_label
-from cs336_systems.results import CONFIG_FIELDS, ResultFileError, read_results
+from cs336_systems.results import CONFIG_FIELDS, ResultFileError, read_results, row_key
 
 PROG = "python -m cs336_systems.compare"
 DEFAULT_BAND_PCT = 5.0

@@ -281,7 +281,7 @@ def test_rows_round_trip_through_the_result_writers(tmp_path):
     bench = BenchConfig(batch_size=4, item_bytes=1024, compute_ms=20)
     loader = LoaderConfig(num_workers=2, prefetch_factor=2)
     record = epoch_record(bench, loader, [fake_epoch(0, 1.0, [1.0] * 4, [200.0] * 4)], None, "c", 10**9)
-    sink = ResultSink([tmp_path / "r.csv"], fields=loader_bench.LOADER_FIELDS, render=loader_bench.render)
+    sink = ResultSink([tmp_path / "r.csv"], loader_bench.LoaderRecord)
     sink.write(record)
     back = read_results(tmp_path / "r.csv").to_dict("records")
     assert recommend(back, 10**9).flags == recommend([record.to_row()], 10**9).flags

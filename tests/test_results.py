@@ -252,3 +252,14 @@ def test_console_view_is_compact_and_keeps_the_notes(records):
     assert "std_ms" not in header and "p90_ms" not in header
     assert len(BenchmarkRecord.console_columns) < len(MARKDOWN_COLUMNS) < len(BENCHMARK_FIELDS)
     assert "status unsupported" in text
+
+
+def test_record_key_equals_the_configuration_key(records):
+    from cs336_systems.config import IDENTITY_FIELDS
+    from cs336_systems.config import row_key as config_row_key
+    from tests.conftest import tiny_benchmark_config
+
+    assert BenchmarkRecord.identity_fields() == IDENTITY_FIELDS
+    assert records[0].key() == tiny_benchmark_config(pass_type="forward").key()
+    assert records[1].key() == tiny_benchmark_config(precision="tf32").key()
+    assert config_row_key(records[0].to_row()) == records[0].key()

@@ -1,0 +1,221 @@
+"""The command line of python -m cs336_systems.loader_bench."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import traceback
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+
+from cs336_systems.argtypes import (
+    ArgumentParser,
+    boolean,
+    byte_size,
+    fail,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+from cs336_systems.device import DeviceError, resolve_device
+from cs336_systems.loader_bench.config import BenchConfig, LoaderConfig, load_dataset, loader_grid
+from cs336_systems.loader_bench.measure import error_text, run_configuration
+from cs336_systems.loader_bench.recommend import recommend, recommendation_text
+from cs336_systems.loader_bench.record import (
+    LoaderRecord,
+    configuration_notes,
+    new_record,
+    records_for,
+)
+from cs336_systems.loader_bench.step import compute_description
+from cs336_systems.monitor import add_monitor_arguments, check_monitor_arguments, monitored
+from cs336_systems.results import (
+    ResultFileError,
+    ResultSink,
+    check_output_paths,
+    collect_environment,
+)
+from cs336_systems.storage import (
+    STORAGE_KINDS,
+    StorageError,
+    evict_page_cache,
+    http_server,
+    model_from_args,
+    write_items,
+)
+from cs336_systems.units import format_bytes
+
+PROG = "python -m cs336_systems.loader_bench"
+DESCRIPTION = f"{PROG}: is training waiting for its data?"
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog=PROG, description=DESCRIPTION)
+    data = parser.add_argument_group("data")
+    data.add_argument("--storage", choices=STORAGE_KINDS, default="simulated")
+    data.add_argument("--dataset", metavar="package.module:callable",
+                      help="your own map-style Dataset (called with no arguments); replaces --storage")  # fmt: skip
+    data.add_argument("--num-items", type=positive_int, default=256)
+    data.add_argument("--item-bytes", type=byte_size, default=64 * 1024, metavar="SIZE", help="e.g. 500KB (64KiB)")
+    data.add_argument("--batch-size", type=positive_int, default=8)
+    data.add_argument("--epochs", type=positive_int, default=2)
+    data.add_argument(
+        "--data-dir", type=Path, help="local/http: where the item files are written (default: a temp dir)"
+    )
+    store = parser.add_argument_group("simulated and http stores: time to fetch one item")
+    store.add_argument("--latency-ms", type=non_negative_float, default=5.0, help="per item, before the first byte (5)")
+    store.add_argument(
+        "--bandwidth", type=byte_size, metavar="SIZE", help="bytes per second per item, e.g. 20MB (unlimited)"
+    )
+    store.add_argument("--jitter-ms", type=non_negative_float, default=0.0, help="uniform +- on the latency (0)")
+    store.add_argument("--cache-hit-rates", type=non_negative_float, nargs="+", default=[0.0], metavar="RATE",
+                       help="fraction of items served from a warm cache in epoch 0, 1, ... (last repeats); "
+                       "'0 0.9' is a cold first epoch (0)")  # fmt: skip
+    store.add_argument("--warm-latency-ms", type=non_negative_float, default=0.0, help="time of a cache hit (0)")
+    step = parser.add_argument_group("the training step")
+    step.add_argument("--compute-ms", type=positive_float, help="stand-in step of this many ms (20)")
+    step.add_argument("--model", choices=("tiny",), help="a real training step of a tiny byte-level Transformer LM")
+    step.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
+    step.add_argument("--seed", type=int, default=0)
+    sweep = parser.add_argument_group("loader flags (lists: every combination runs)")
+    sweep.add_argument("--num-workers", type=non_negative_int, nargs="+", default=[0], metavar="N")
+    sweep.add_argument("--prefetch-factor", type=positive_int, nargs="+", default=[2], metavar="N")
+    sweep.add_argument("--pin-memory", type=boolean, nargs="+", default=[False], metavar="BOOL")
+    sweep.add_argument("--persistent-workers", type=boolean, nargs="+", default=[False], metavar="BOOL")
+    sweep.add_argument("--processes", type=positive_int, nargs="+", metavar="N",
+                       help="run N independent processes, each fetching and computing its share (the items "
+                       "i with i mod N = rank); one row per N with the aggregate samples/s")  # fmt: skip
+    sweep.add_argument("--ram-budget", type=byte_size, metavar="SIZE",
+                       help="host RAM the loader's buffer may use (default: RAM available now)")  # fmt: skip
+    parser.add_argument("--output", action="append", default=[], metavar="PATH", help=".csv, .md or .jsonl; repeatable")
+    add_monitor_arguments(parser)
+    return parser
+
+
+def bench_from_args(args) -> BenchConfig:
+    """Validate everything a user can get wrong; raise ValueError with one line."""
+    model = model_from_args(args)
+    if args.model and args.compute_ms is not None:
+        raise ValueError("give either --model tiny or --compute-ms, not both")
+    if args.model and args.dataset:
+        raise ValueError("--model tiny reads the built-in stores' bytes as tokens; use --compute-ms with --dataset")
+    if args.model and args.item_bytes < 3:
+        raise ValueError("--model tiny needs --item-bytes of at least 3 (tokens and next-token targets)")
+    storage, num_items, item_bytes = args.storage, args.num_items, args.item_bytes
+    if args.dataset:
+        num_items, item_bytes, storage = len(load_dataset(args.dataset)), None, "dataset"
+    per_process = num_items // max(args.processes or [1])
+    if per_process < args.batch_size:
+        raise ValueError(
+            f"{num_items} items make no full batch of {args.batch_size}"
+            + (f" per process with {max(args.processes)} processes" if args.processes else "")
+        )
+    if storage in ("local", "http"):
+        need = num_items * item_bytes
+        where = args.data_dir or Path(tempfile.gettempdir())
+        where = where if where.exists() else where.parent
+        if where.exists() and shutil.disk_usage(where).free < need:
+            raise ValueError(f"{format_bytes(need)} of item files do not fit on {where}")
+    return BenchConfig(
+        storage=storage,
+        num_items=num_items,
+        item_bytes=item_bytes,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        model=model,
+        compute="tiny-model" if args.model else "sleep",
+        compute_ms=None if args.model else (args.compute_ms if args.compute_ms is not None else 20.0),
+        device=args.device,
+        seed=args.seed,
+        dataset=args.dataset,
+    )
+
+
+@contextlib.contextmanager
+def prepared_storage(bench: BenchConfig, data_dir: Path | None) -> Iterator[BenchConfig]:
+    """Write the item files and start the HTTP server when the store needs them."""
+    if bench.storage not in ("local", "http"):
+        yield bench
+        return
+    with contextlib.ExitStack() as stack:
+        if data_dir is None:
+            data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cs336-loader-")))
+        print(f"writing {bench.num_items} items of {format_bytes(bench.item_bytes)} to {data_dir}", file=sys.stderr)
+        write_items(data_dir, bench.num_items, bench.item_bytes, bench.seed)
+        if bench.storage == "local":
+            yield replace(bench, location=str(data_dir), data_dir=str(data_dir))
+            return
+        url = stack.enter_context(http_server(data_dir, bench.model))
+        print(f"HTTP server at {url}", file=sys.stderr)
+        yield replace(bench, location=url, data_dir=str(data_dir))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    try:
+        bench = bench_from_args(args)
+        device = resolve_device(args.device)
+        bench = replace(bench, device=str(device))
+        check_monitor_arguments(args)
+        sink = ResultSink(check_output_paths(args.output), LoaderRecord)
+    except (ValueError, DeviceError, ResultFileError, StorageError) as exc:
+        return fail(PROG, str(exc))
+    ram_budget = args.ram_budget if args.ram_budget is not None else psutil.virtual_memory().available
+    grid = loader_grid(args.num_workers, args.prefetch_factor, args.pin_memory, args.persistent_workers, args.processes)
+    env = collect_environment(device)
+    rows: list[dict] = []
+    compute_desc = compute_description(bench, device)
+    label = f"{PROG} {shlex.join(argv)}"
+    with monitored(args.monitor, args.monitor_interval, label), prepared_storage(bench, args.data_dir) as bench:
+        print(f"{len(grid)} configurations x {bench.epochs} epochs, {bench.storage} storage, {compute_desc}",
+              file=sys.stderr)  # fmt: skip
+        for loader in grid:
+            location_note = None
+            if bench.data_dir is not None:
+                reason = evict_page_cache(bench.data_dir)
+                location_note = reason or "item files evicted from the page cache before epoch 0"
+            notes = configuration_notes(bench, loader, device, location_note)
+            try:
+                per_process = run_configuration(bench, loader)
+                records = records_for(bench, loader, per_process, env, compute_desc, ram_budget, notes)
+            except Exception as exc:  # a failing configuration is a row; the sweep goes on
+                record = new_record(bench, loader, env, compute_desc, ram_budget, None)
+                record.status, record.error = "error", error_text(exc)
+                if os.environ.get("CS336_DEBUG"):
+                    traceback.print_exc()
+                records = [record]
+            for record in records:
+                sink.write(record)
+                rows.append(record.to_row())
+            print(progress_line(loader, records), file=sys.stderr, flush=True)
+    print(LoaderRecord.markdown(rows))
+    print(recommendation_text(recommend(rows, ram_budget), ram_budget))
+    for path in args.output:
+        print(f"wrote {path}", file=sys.stderr)
+    return 0 if all(row["status"] == "ok" for row in rows) else 1
+
+
+def progress_line(loader: LoaderConfig, records: Sequence[LoaderRecord]) -> str:
+    parts = []
+    for r in records:
+        if r.status != "ok":
+            parts.append(f"{r.status}: {r.error}")
+        else:
+            parts.append(
+                f"epoch {r.epoch}: {r.samples_per_s:.1f} samples/s, data wait {r.data_wait_pct:.1f}% ({r.verdict})"
+            )
+    return f"  {loader.describe()}: " + "; ".join(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
