@@ -12,6 +12,7 @@ import sys
 from tabulate import tabulate
 
 from cs336_systems import nvtx
+from cs336_systems.argtypes import exit_status
 from cs336_systems.cli import (
     ATTENTION_KINDS,
     PASS_TYPE_CHOICES,
@@ -138,10 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     print(BenchmarkRecord.console([record.to_row()]))
     for path in [*args.output, *([args.memory_snapshot] if args.memory_snapshot else [])]:
         print(f"wrote {path}", file=sys.stderr)
-    if record.status == "error":
+    if exit_status([record.status]):
         print(f"{PROG}: error: {record.error}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_status([record.status])
 
 
 if __name__ == "__main__":

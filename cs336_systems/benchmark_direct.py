@@ -15,11 +15,12 @@ from __future__ import annotations
 import itertools
 import sys
 
-from cs336_systems.device import first_line, is_out_of_memory, release_memory, resolve_device
+from cs336_systems.child import failed_record
+from cs336_systems.device import failure_status, release_memory, resolve_device
 from cs336_systems.memory import current_memory_bytes
 from cs336_systems.models import ModelFactoryError, build_model, check_model_output, count_parameters_for
 from cs336_systems.runner import run_benchmark
-from cs336_systems.sweep import failed_record, sweep_main
+from cs336_systems.sweep import sweep_main
 
 PROG = "python -m cs336_systems.benchmark_direct"
 
@@ -38,11 +39,7 @@ def execute(pending, args, env, writer) -> None:
         except ModelFactoryError as exc:
             failure = ("error", str(exc))
         except Exception as exc:  # building can fail like a step can
-            failure = (
-                ("oom", first_line(exc))
-                if is_out_of_memory(exc)
-                else ("error", f"{type(exc).__name__}: {first_line(exc)}")
-            )
+            failure = failure_status(exc)
         num_params = count_parameters_for(model_config, args.model_factory) if failure else None
         for config in group:
             if not writer.start(config):

@@ -2,8 +2,8 @@
 
     python -m cs336_systems.compare results/base.csv results/new.csv --fail-above 10
 
-Rows are matched on the configuration columns (results.CONFIG_FIELDS); each matched pair
-gets NEW/BASE of the median step time and a verdict. With --fail-above PCT the exit
+Rows are matched on the identity columns BenchmarkRecord marks (results.row_key, the same
+key as BenchmarkConfig.key()); each matched pair gets NEW/BASE of the median step time and a verdict. With --fail-above PCT the exit
 status is 1 when any matched row is slower by more than PCT percent, or failed in NEW
 after running in BASE; otherwise 0. Without it, verdicts use a 5% band and the exit
 status is 0. Rows present on one side only are listed, never failed.

@@ -25,22 +25,17 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from cs336_systems.argtypes import fail, positive_int
+from cs336_systems.argtypes import EXIT_FAILED, EXIT_OK, fail, positive_int
 from cs336_systems.benchmark import build_parser as build_benchmark_parser
 from cs336_systems.benchmark import config_from_args
+from cs336_systems.child import add_child_arguments, child_limits_from_args, run_in_child
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory
 from cs336_systems.monitor import check_monitor_arguments, monitored
 from cs336_systems.results import ResultFileError, ResultSink, check_output_paths
 from cs336_systems.search import search_boundary
-from cs336_systems.sweep import (
-    StopRequest,
-    add_child_arguments,
-    child_limits_from_args,
-    describe,
-    run_in_child,
-)
+from cs336_systems.sweep import StopRequest, describe
 
 PROG = "python -m cs336_systems.find_max"
 DIMENSIONS = {"batch-size": "batch_size", "context-length": "context_length"}
@@ -114,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         text = json.dumps({**asdict(result), "config": searched, "device": str(device)}, indent=2)
         summary.write_text(text + "\n")
         print(f"wrote {summary}", file=sys.stderr)
-    return 0 if result.complete else 1
+    return EXIT_OK if result.complete else EXIT_FAILED
 
 
 def searched_config(base: BenchmarkConfig, dimension: str) -> str:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from tabulate import tabulate
 from torch import nn
 
-from cs336_systems.argtypes import ArgumentParser, fail
+from cs336_systems.argtypes import ArgumentParser, add_device_argument, fail
 from cs336_systems.device import DeviceError, resolve_device
 
 PROG = "python -m cs336_systems.mixed_precision"
@@ -239,7 +239,7 @@ def report(device: torch.device) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
+    add_device_argument(parser)
     args = parser.parse_args(argv)
     try:
         device = resolve_device(args.device)

@@ -32,6 +32,7 @@ from cs336_systems.models import (
     count_parameters,
     count_parameters_for,
 )
+from cs336_systems.optimizer import make_optimizer
 from cs336_systems.precision import (
     autocast,
     cpu_has_native,
@@ -73,11 +74,6 @@ def compiled(model: nn.Module, scope: str) -> Iterator[nn.Module]:
     finally:
         for index, block in enumerate(originals):
             blocks[index] = block
-
-
-def make_optimizer(model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
-    # Fused AdamW: one kernel for all parameters instead of several per tensor.
-    return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type in ("cuda", "cpu"))
 
 
 Phase = Callable[[str], contextlib.AbstractContextManager]

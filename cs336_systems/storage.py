@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from cs336_systems.argtypes import ArgumentParser, byte_size, non_negative_float, non_negative_int
+
 STORAGE_KINDS = ("simulated", "local", "http")
 HOST = "127.0.0.1"
 CHUNK_BYTES = 64 * 1024  # the server writes and paces the body in chunks of this size
@@ -285,7 +287,7 @@ def server_arguments(model: LatencyModel) -> list[str]:
             "--warm-latency-ms", repr(model.warm_latency_ms), "--seed", str(model.seed),
             "--cache-hit-rates", *(repr(rate) for rate in model.cache_hit_rates)]  # fmt: skip
     if model.bandwidth_bytes_per_s is not None:
-        args += ["--bandwidth", repr(model.bandwidth_bytes_per_s)]
+        args += ["--bandwidth", str(int(model.bandwidth_bytes_per_s))]
     return args
 
 
@@ -331,19 +333,26 @@ def model_from_args(args: argparse.Namespace) -> LatencyModel:
     return model
 
 
-def main(argv: list[str] | None = None) -> int:
-    """python -m cs336_systems.storage serve --root DIR [model flags]: serve until SIGTERM / Ctrl-C."""
-    parser = argparse.ArgumentParser(prog="python -m cs336_systems.storage")
-    sub = parser.add_subparsers(dest="command", required=True)
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="python -m cs336_systems.storage")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     serve = sub.add_parser("serve", help="serve root/item_NNNNNNN.bin as GET /items/N on 127.0.0.1")
     serve.add_argument("--root", type=Path, required=True)
-    serve.add_argument("--port", type=int, default=0, help="0: any free port (the URL is printed)")
-    serve.add_argument("--latency-ms", type=float, default=0.0)
-    serve.add_argument("--bandwidth", type=float, help="bytes per second per request (default unlimited)")
-    serve.add_argument("--jitter-ms", type=float, default=0.0)
-    serve.add_argument("--cache-hit-rates", type=float, nargs="+", default=[0.0])
-    serve.add_argument("--warm-latency-ms", type=float, default=0.0)
+    serve.add_argument("--port", type=non_negative_int, default=0, help="0: any free port (the URL is printed)")
+    serve.add_argument("--latency-ms", type=non_negative_float, default=0.0)
+    serve.add_argument("--bandwidth", type=byte_size, metavar="SIZE",
+                       help="bytes per second per request, e.g. 20MB (default unlimited)")  # fmt: skip
+    serve.add_argument("--jitter-ms", type=non_negative_float, default=0.0)
+    serve.add_argument("--cache-hit-rates", "--cache-hit-rate", type=non_negative_float, nargs="+", default=[0.0],
+                       metavar="RATE")  # fmt: skip
+    serve.add_argument("--warm-latency-ms", type=non_negative_float, default=0.0)
     serve.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m cs336_systems.storage serve --root DIR [model flags]: serve until SIGTERM / Ctrl-C."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         model = model_from_args(args)

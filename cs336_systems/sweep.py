@@ -10,23 +10,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import itertools
-import json
-import os
 import shlex
 import signal
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from cs336_systems.argtypes import EXIT_INTERRUPTED
+from cs336_systems.argtypes import EXIT_INTERRUPTED, exit_status
+from cs336_systems.child import add_child_arguments, child_limits_from_args
 from cs336_systems.cli import (
     ATTENTION_KINDS,
     PASS_TYPE_CHOICES,
@@ -35,19 +30,16 @@ from cs336_systems.cli import (
     add_execution_arguments,
     add_shape_arguments,
     benchmark_config_from_args,
-    config_to_args,
     fail,
     model_config_from_args,
     positive_int,
 )
 from cs336_systems.config import COMPILE_CHOICES, COMPILE_SCOPES, BenchmarkConfig, row_key
 from cs336_systems.device import DeviceError, resolve_device
-from cs336_systems.models import ConfigError, ModelFactoryError, count_parameters_for, load_model_factory
+from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory
 from cs336_systems.monitor import add_monitor_arguments, check_monitor_arguments, monitored
 from cs336_systems.results import (
-    ENVIRONMENT_FIELDS,
     BenchmarkRecord,
-    Environment,
     ResultFileError,
     ResultSink,
     check_output_paths,
@@ -55,22 +47,19 @@ from cs336_systems.results import (
     read_results,
     render_markdown,
 )
-from cs336_systems.runner import new_record
-from cs336_systems.units import format_bytes, parse_bytes
-
-INTERRUPTED_EXIT = EXIT_INTERRUPTED
 
 
 def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     grid = parser.add_argument_group("grid (every combination runs, in this order)")
-    grid.add_argument("--model-sizes", nargs="+", default=["small"], metavar="SIZE")
-    grid.add_argument("--attentions", nargs="+", choices=ATTENTION_KINDS, default=["sdpa"])
-    grid.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=["fp32"])
+    # plural list flags; the singular spelling (as `benchmark` takes it) is an alias
+    grid.add_argument("--model-sizes", "--model-size", nargs="+", default=["small"], metavar="SIZE")
+    grid.add_argument("--attentions", "--attention", nargs="+", choices=ATTENTION_KINDS, default=["sdpa"])
+    grid.add_argument("--precisions", "--precision", nargs="+", choices=PRECISIONS, default=["fp32"])
     grid.add_argument("--compile", choices=tuple(COMPILE_CHOICES), default="off", help="off, on, or both")
     grid.add_argument("--compile-scope", choices=COMPILE_SCOPES, default="model")
-    grid.add_argument("--context-lengths", nargs="+", type=positive_int, default=[512], metavar="T")
-    grid.add_argument("--batch-sizes", nargs="+", type=positive_int, default=[4], metavar="B")
-    grid.add_argument("--pass-types", nargs="+", choices=PASS_TYPE_CHOICES, default=["forward-backward"])
+    grid.add_argument("--context-lengths", "--context-length", nargs="+", type=positive_int, default=[512], metavar="T")
+    grid.add_argument("--batch-sizes", "--batch-size", nargs="+", type=positive_int, default=[4], metavar="B")
+    grid.add_argument("--pass-types", "--pass-type", nargs="+", choices=PASS_TYPE_CHOICES, default=["forward-backward"])
     parser.add_argument("--resume", action="store_true", help="skip configurations already in the output file")
     add_shape_arguments(parser)
     add_execution_arguments(parser)
@@ -104,10 +93,6 @@ def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[Bench
 # -- identity of a configuration (resume) -------------------------------------------------
 
 
-def config_key(config: BenchmarkConfig) -> tuple[str, ...]:
-    return config.key()
-
-
 def existing_rows(paths: Iterable[Path]) -> list[dict]:
     """Rows already in the first .csv or .jsonl output that exists (the resume record)."""
     for path in paths:
@@ -130,16 +115,7 @@ def pending_configs(
         path = next(p for p in outputs if p.suffix in (".csv", ".jsonl") and p.exists() and p.stat().st_size)
         raise ResultFileError(f"{path} already has {len(rows)} rows: pass --resume to continue it, or use a new file")
     done = {row_key(row) for row in rows}
-    return [config for config in configs if config_key(config) not in done]
-
-
-def failed_record(
-    config: BenchmarkConfig, env: Environment | None, status: str, error: str, num_params: int | None
-) -> BenchmarkRecord:
-    """A row for a configuration that produced none of its own (timeout, crash, a model that could not be built)."""
-    record = new_record(config, torch.device(config.device), env, num_params)
-    record.status, record.error = status, error
-    return record
+    return [config for config in configs if config.key() not in done]
 
 
 # -- Ctrl-C -----------------------------------------------------------------------------
@@ -160,7 +136,7 @@ class StopRequest:
 
     def __init__(self):
         self.requested = False
-        self.exit_status = INTERRUPTED_EXIT
+        self.exit_status = EXIT_INTERRUPTED
         self._writing = False
         self._pending: Abort | None = None
 
@@ -218,112 +194,6 @@ def describe(config: BenchmarkConfig) -> str:
         f"{config.model.size_name} {config.model.attention} {config.precision}{compiled} "
         f"T={config.context_length} B={config.batch_size} {config.pass_type}"
     )
-
-
-# -- one configuration in a child process ------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ChildLimits:
-    timeout_s: float | None = None
-    memory_limit_bytes: int | None = None  # CPU address-space headroom (cs336_systems.memory_cap)
-
-    def annotate(self, record: BenchmarkRecord) -> BenchmarkRecord:
-        """A row measured under a memory cap says so: its OOM is the cap's, not the machine's."""
-        if self.memory_limit_bytes is not None:
-            cap = f"ran under --memory-limit {format_bytes(self.memory_limit_bytes)} (address-space cap)"
-            record.notes = f"{record.notes}; {cap}" if record.notes else cap
-        return record
-
-
-def add_child_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("child processes")
-    group.add_argument("--timeout", type=float, metavar="SECONDS", help="per configuration; status 'timeout'")
-    group.add_argument(
-        "--memory-limit",
-        metavar="SIZE",
-        help="CPU only: each child may allocate this much beyond torch's own libraries (e.g. 8GiB), "
-        "through an address-space cap: emulates a smaller machine, OOMs become rows",
-    )
-
-
-def child_limits_from_args(args: argparse.Namespace, device: torch.device) -> ChildLimits:
-    limit = None
-    if args.memory_limit:
-        if device.type != "cpu":
-            raise ValueError("--memory-limit caps CPU memory (RLIMIT_AS) and cannot be used with CUDA")
-        limit = parse_bytes(args.memory_limit)
-    if args.timeout is not None and args.timeout <= 0:
-        raise ValueError(f"--timeout must be positive, got {args.timeout}")
-    return ChildLimits(timeout_s=args.timeout, memory_limit_bytes=limit)
-
-
-STDERR_TAIL_LINES = 8
-
-
-def run_in_child(config: BenchmarkConfig, limits: ChildLimits, env: Environment | None = None) -> BenchmarkRecord:
-    """Run `benchmark` for one configuration in a fresh process (its own session, so a
-    terminal Ctrl-C does not reach it, and a timeout kills it with all its children).
-
-    The row is the child's own (with its environment). `env` goes into the rows of a
-    child that wrote none (timeout, crash); when it is None it is collected here only
-    then, so a parent driving CUDA children does not hold a CUDA context of its own."""
-    with tempfile.TemporaryDirectory(prefix="cs336-child-") as tmp:
-        output = Path(tmp) / "row.jsonl"
-        # Never the user's factory here: it may be what hangs or crashes (the child counts it).
-        num_params = None if config.model_factory else count_parameters_for(config.model)
-        command = [sys.executable, "-m"]
-        if limits.memory_limit_bytes is not None:
-            command += ["cs336_systems.memory_cap", str(limits.memory_limit_bytes)]
-        command += ["cs336_systems.benchmark", *config_to_args(config), "--output", str(output)]
-        # what the parent can import (a user's --model-factory module), the child can too
-        variables = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=variables,
-            start_new_session=True,
-        )  # fmt: skip
-        try:
-            _, stderr = process.communicate(timeout=limits.timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(process)
-            env = env or collect_environment(torch.device(config.device))
-            return failed_record(
-                config, env, "timeout", f"no result within --timeout {limits.timeout_s:g} s", num_params
-            )
-        except BaseException:
-            _kill_group(process)
-            raise
-        if output.exists() and output.stat().st_size:
-            return limits.annotate(_record_from_row(json.loads(output.read_text().splitlines()[-1])))
-        tail = " | ".join(stderr.strip().splitlines()[-STDERR_TAIL_LINES:])
-        code = process.returncode
-        how = f"killed by signal {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
-        if code == -signal.SIGKILL:
-            how += " (the Linux OOM killer sends this)"
-        env = env or collect_environment(torch.device(config.device))
-        error = f"child {how}: {tail or '(nothing on stderr)'}"
-        return limits.annotate(failed_record(config, env, "error", error, num_params))
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-
-
-def _record_from_row(row: dict) -> BenchmarkRecord:
-    """The child's JSONL line back into a record, environment and raw samples included."""
-    names = {f.name for f in dataclasses.fields(BenchmarkRecord)} - {"environment"}
-    record = BenchmarkRecord(**{name: row[name] for name in names if name in row})
-    record.environment = Environment(**{name: row.get(name) for name in ENVIRONMENT_FIELDS})
-    return record
 
 
 # -- the driver both sweep commands run ----------------------------------------------------
@@ -407,4 +277,4 @@ def sweep_main(
         else:
             print(f"{done}; nothing to resume from: pass --output FILE.csv (or .jsonl) to keep rows", file=sys.stderr)
         return stop.exit_status
-    return 0
+    return exit_status(row.get("status") for row in rows)

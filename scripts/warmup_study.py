@@ -26,7 +26,9 @@ import pandas as pd  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 from cs336_systems.benchmark import build_parser, config_from_args  # noqa: E402
+from cs336_systems.child import ChildLimits, run_in_child  # noqa: E402
 from cs336_systems.cli import fail, non_negative_int  # noqa: E402
+from cs336_systems.device import DeviceError, resolve_device  # noqa: E402
 from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory  # noqa: E402
 from cs336_systems.results import (  # noqa: E402
     ResultFileError,
@@ -34,9 +36,8 @@ from cs336_systems.results import (  # noqa: E402
     check_output_paths,
     environment_lines,
 )
-from cs336_systems.runner import DeviceError, resolve_device  # noqa: E402
 from cs336_systems.stats import summarize  # noqa: E402
-from cs336_systems.sweep import ChildLimits, describe, run_in_child  # noqa: E402
+from cs336_systems.sweep import describe  # noqa: E402
 
 PROG = "python scripts/warmup_study.py"
 RESULTS = Path(__file__).resolve().parent.parent / "results"

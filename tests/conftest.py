@@ -11,6 +11,8 @@ from cs336_systems.config import BenchmarkConfig
 from cs336_systems.models import ModelConfig
 
 FIXTURES = Path(__file__).parent / "fixtures"
+# the tiny model's shape flags, shared by every CLI test (each adds its own run flags)
+TINY_SHAPE = ["--d-model", "32", "--d-ff", "64", "--num-layers", "2", "--num-heads", "2", "--vocab-size", "97"]
 REPO = Path(__file__).resolve().parent.parent
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))

@@ -4,19 +4,10 @@ import pandas as pd
 import pytest
 
 from cs336_systems import benchmark
-from tests.conftest import PYTHON, child_env
+from tests.conftest import PYTHON, TINY_SHAPE, child_env
 
 TINY = [
-    "--d-model",
-    "32",
-    "--d-ff",
-    "64",
-    "--num-layers",
-    "2",
-    "--num-heads",
-    "2",
-    "--vocab-size",
-    "97",
+    *TINY_SHAPE,
     "--context-length",
     "16",
     "--batch-size",

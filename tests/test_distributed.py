@@ -27,13 +27,12 @@ from cs336_systems.distributed import (
 )
 from cs336_systems.models import build_model
 from cs336_systems.results import read_results
-from tests.conftest import PYTHON, child_env, tiny_model_config
+from tests.conftest import PYTHON, TINY_SHAPE, child_env, tiny_model_config
 
 pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
 
 SPEC = LaunchSpec("gloo", world_size=2, threads_per_rank=1, init_timeout_s=60, collective_timeout_s=60)
-TINY = ["--d-model", "32", "--d-ff", "64", "--num-layers", "2", "--num-heads", "2", "--vocab-size", "97",
-        "--context-length", "16", "--batch-size", "2", "--warmup-steps", "1", "--measure-steps", "3"]  # fmt: skip
+TINY = [*TINY_SHAPE, "--context-length", "16", "--batch-size", "2", "--warmup-steps", "1", "--measure-steps", "3"]  # fmt: skip
 FAST = ["--warmup-steps", "1", "--measure-steps", "3"]
 
 

@@ -307,3 +307,34 @@ def test_processes_mode_with_workers_inside():
                                                          child_processes=True))  # fmt: skip
     assert len(per_process) == 2 and all(p[0].samples == 8 for p in per_process)
     assert all(p[0].worker_rss_bytes > 0 for p in per_process)
+
+
+def test_plural_flags_and_their_old_singular_spellings_build_the_same_grid():
+    parser = loader_bench.build_parser()
+    plural = parser.parse_args(["--prefetch-factors", "2", "4", "--cache-hit-rates", "0", "0.9"])
+    singular = parser.parse_args(["--prefetch-factor", "2", "4", "--cache-hit-rate", "0", "0.9"])
+    assert plural.prefetch_factor == singular.prefetch_factor == [2, 4]
+    assert plural.cache_hit_rates == singular.cache_hit_rates == [0.0, 0.9]
+    assert parser.parse_args([]).device == "auto"
+
+
+def test_loader_rows_carry_their_identity_through_a_file(tmp_path):
+    bench = BenchConfig(batch_size=4, item_bytes=1024, compute_ms=20)
+    records = [
+        epoch_record(bench, LoaderConfig(num_workers=w, prefetch_factor=2), [fake_epoch(0, 1.0, [1.0] * 4, [200.0] * 4)],
+                     None, "c", 10**9)
+        for w in (1, 2)
+    ]  # fmt: skip
+    assert records[0].key() != records[1].key()
+    assert "num_workers" in loader_bench.LoaderRecord.identity_fields()
+    assert "samples_per_s" not in loader_bench.LoaderRecord.identity_fields()
+    sink = ResultSink([tmp_path / "r.csv", tmp_path / "r.md"], loader_bench.LoaderRecord)
+    for record in records:
+        sink.write(record)
+    back = read_results(tmp_path / "r.csv").to_dict("records")
+    assert [loader_bench.LoaderRecord.row_key(row) for row in back] == [r.key() for r in records]
+    text = (tmp_path / "r.md").read_text()
+    assert text.startswith("# cs336-systems loader benchmark") and "verdict bands" in text
+    assert "sample standard deviation" not in text  # the loader states its own conventions
+    shown = read_results(tmp_path / "r.md")["predicted_buffer_mib"].tolist()
+    assert shown == pytest.approx([r.predicted_buffer_bytes / 2**20 for r in records], abs=5e-4)  # 3 decimals

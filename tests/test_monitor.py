@@ -6,6 +6,7 @@ import time
 import types
 
 import pandas as pd
+import psutil
 import pytest
 
 from cs336_systems import benchmark, monitor
@@ -53,7 +54,7 @@ def test_cpu_of_the_tree_adds_up_to_the_childs_cpu_time(capsys, tmp_path):
     assert code == 0
     frame = pd.read_csv(path)
     seconds = frame["t_s"].diff().fillna(frame["t_s"].iloc[0])
-    cpu_s = (frame["tree_cpu_pct"].fillna(0) / 100 * (monitor.psutil.cpu_count() or 1) * seconds).sum()
+    cpu_s = (frame["tree_cpu_pct"].fillna(0) / 100 * (psutil.cpu_count() or 1) * seconds).sum()
     assert 0.55 <= cpu_s <= 1.2  # 0.6 s of spinning plus the interpreter's start-up
 
 
@@ -170,3 +171,20 @@ def test_nvml_sees_a_busy_gpu(tmp_path, capsys):
     frame = pd.read_csv(path)
     assert frame["gpu_util_pct"].max() > 50 and frame["gpu_memory_used_bytes"].max() > 256 * 2**20
     assert "monitored through NVML" in capsys.readouterr().err
+
+
+def test_the_run_record_is_a_result_record_with_the_commands_status(capsys, tmp_path):
+    ok, failed = tmp_path / "ok.csv", tmp_path / "failed.csv"
+    assert run(capsys, "--monitor-interval", "0.1", "--output", str(ok), "--", PYTHON, "-c", "pass")[0] == 0
+    assert run(capsys, "--interval", "0.1", "--output", str(failed), "--", PYTHON, "-c", "raise SystemExit(4)")[0] == 4
+    good, bad = (json.loads(path.with_suffix(".json").read_text()) for path in (ok, failed))
+    assert good["status"] == "ok" and good["error"] is None and good["interval_s"] == 0.1 and good["timestamp"]
+    assert bad["status"] == "error" and "status 4" in bad["error"] and bad["exit_status"] == 4
+    assert bad["environment"]["torch_version"]
+
+
+def test_monitor_interval_is_typed_in_every_command():
+    parser = benchmark.build_parser()
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["--monitor-interval", "-1"])
+    assert exit_info.value.code == 2

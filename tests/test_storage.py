@@ -124,3 +124,28 @@ def test_http_server_serves_real_bytes_with_latency_and_bandwidth(tmp_path):
 def test_http_server_that_cannot_start_is_one_error(tmp_path):
     with pytest.raises(StorageError, match="did not start"), http_server(tmp_path, LatencyModel(latency_ms=-5)):
         pass
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--latency-ms", "-1"], "must be zero or more"),
+        (["--bandwidth", "fast"], "not a size"),
+        (["--cache-hit-rate", "x"], "expected a number"),
+    ],
+)
+def test_serve_flags_are_typed_and_bad_input_is_one_line(capsys, tmp_path, args, message):
+    from cs336_systems.storage import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--root", str(tmp_path), *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and err.strip().count("\n") == 0
+
+
+def test_server_arguments_parse_back_to_the_same_model():
+    from cs336_systems.storage import build_parser, model_from_args, server_arguments
+
+    model = LatencyModel(latency_ms=5.0, bandwidth_bytes_per_s=20e6, jitter_ms=1.0, cache_hit_rates=(0.0, 0.9), seed=3)
+    args = build_parser().parse_args(["serve", "--root", ".", *server_arguments(model)])
+    assert model_from_args(args) == model

@@ -19,21 +19,12 @@ from cs336_systems.config import row_key
 from cs336_systems.results import CONFIG_FIELDS
 from cs336_systems.search import search_boundary as search
 from cs336_systems.sweep import Abort, StopRequest, add_grid_arguments, grid_from_args
-from tests.conftest import PYTHON, child_env, tiny_benchmark_config
+from tests.conftest import PYTHON, TINY_SHAPE, child_env, tiny_benchmark_config
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory caps need RLIMIT_AS")
 
 TINY = [
-    "--d-model",
-    "32",
-    "--d-ff",
-    "64",
-    "--num-layers",
-    "2",
-    "--num-heads",
-    "2",
-    "--vocab-size",
-    "97",
+    *TINY_SHAPE,
     "--device",
     "cpu",
     "--warmup-steps",
@@ -179,7 +170,8 @@ def test_a_crashing_child_is_an_error_row_with_its_stderr(tmp_path, fixtures_on_
         [*TINY, "--model-factory", "user_models:segfaults", "--context-lengths", "8", "16", "--output", str(out)]
     )
     rows = pd.read_csv(out)
-    assert code == 0 and list(rows["status"]) == ["error", "error"]  # the sweep went on after the crash
+    # the sweep went on after the crash; error rows make the exit status 1 (argtypes.exit_status)
+    assert code == 1 and list(rows["status"]) == ["error", "error"]
     error = rows["error"][0]
     assert "child killed by signal SIGSEGV" in error and "about to dereference a null pointer" in error
     assert rows["torch_version"][0] and rows["model_factory"][0] == "user_models:segfaults"
@@ -191,7 +183,7 @@ def test_a_child_that_fails_cleanly_keeps_its_own_error_row(tmp_path, fixtures_o
         [*TINY, "--model-factory", "user_models:wrong_shape", "--context-lengths", "8", "--output", str(out)]
     )
     row = pd.read_csv(out).iloc[0]
-    assert code == 0 and row["status"] == "error" and "expected floating (B, T, V)" in row["error"]
+    assert code == 1 and row["status"] == "error" and "expected floating (B, T, V)" in row["error"]
 
 
 @pytest.mark.parametrize("module", ["cs336_systems.benchmark_direct", "cs336_systems.run_benchmarks"])
@@ -263,6 +255,16 @@ def test_find_max_finds_the_boundary_under_a_memory_cap(tmp_path):
     assert set(probes["status"]) == {"ok", "oom"}
     assert (probes[probes["status"] == "ok"]["batch_size"] <= answer["largest_ok"]).all()
     assert f"largest batch-size that runs: {answer['largest_ok']}" in result.stdout
+
+
+def test_direct_sweep_of_error_rows_exits_1_and_aliases_work(tmp_path, fixtures_on_path):
+    out = tmp_path / "wrong.csv"
+    code = benchmark_direct.main(
+        [*TINY, "--model-factory", "user_models:wrong_shape", "--context-length", "8", "--batch-size", "2", "3",
+         "--output", str(out)]
+    )  # fmt: skip
+    rows = pd.read_csv(out)
+    assert code == 1 and list(rows["status"]) == ["error", "error"] and list(rows["batch_size"]) == [2, 3]
 
 
 def test_search_logic_without_processes():

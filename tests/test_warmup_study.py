@@ -4,10 +4,9 @@ import subprocess
 
 import pandas as pd
 
-from tests.conftest import PYTHON, REPO, child_env
+from tests.conftest import PYTHON, REPO, TINY_SHAPE, child_env
 
-TINY = ["--d-model", "32", "--d-ff", "64", "--num-layers", "2", "--num-heads", "2", "--vocab-size", "97",
-        "--context-length", "16", "--batch-size", "2", "--device", "cpu", "--peak-tflops", "1"]  # fmt: skip
+TINY = [*TINY_SHAPE, "--context-length", "16", "--batch-size", "2", "--device", "cpu", "--peak-tflops", "1"]  # fmt: skip
 
 
 def test_warmup_study_keeps_every_step_and_writes_table_and_plot(tmp_path):

@@ -14,8 +14,9 @@ from torch.nn.parallel import DistributedDataParallel
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.distributed import BarrierFirst, RankContext, all_reduce_mean
 from cs336_systems.models import build_model
+from cs336_systems.optimizer import make_optimizer
 from cs336_systems.precision import precision_mode
-from cs336_systems.runner import make_optimizer, make_step
+from cs336_systems.runner import make_step
 from cs336_systems.timing import HostTimer, StepTimes, device_synchronizer, time_steps
 
 STRATEGIES = ("ddp", "naive")

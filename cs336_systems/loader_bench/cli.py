@@ -17,8 +17,10 @@ import psutil
 
 from cs336_systems.argtypes import (
     ArgumentParser,
+    add_device_argument,
     boolean,
     byte_size,
+    exit_status,
     fail,
     non_negative_float,
     non_negative_int,
@@ -76,18 +78,18 @@ def build_parser() -> ArgumentParser:
         "--bandwidth", type=byte_size, metavar="SIZE", help="bytes per second per item, e.g. 20MB (unlimited)"
     )
     store.add_argument("--jitter-ms", type=non_negative_float, default=0.0, help="uniform +- on the latency (0)")
-    store.add_argument("--cache-hit-rates", type=non_negative_float, nargs="+", default=[0.0], metavar="RATE",
+    store.add_argument("--cache-hit-rates", "--cache-hit-rate", type=non_negative_float, nargs="+", default=[0.0], metavar="RATE",
                        help="fraction of items served from a warm cache in epoch 0, 1, ... (last repeats); "
                        "'0 0.9' is a cold first epoch (0)")  # fmt: skip
     store.add_argument("--warm-latency-ms", type=non_negative_float, default=0.0, help="time of a cache hit (0)")
     step = parser.add_argument_group("the training step")
     step.add_argument("--compute-ms", type=positive_float, help="stand-in step of this many ms (20)")
     step.add_argument("--model", choices=("tiny",), help="a real training step of a tiny byte-level Transformer LM")
-    step.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
+    add_device_argument(step)
     step.add_argument("--seed", type=int, default=0)
     sweep = parser.add_argument_group("loader flags (lists: every combination runs)")
     sweep.add_argument("--num-workers", type=non_negative_int, nargs="+", default=[0], metavar="N")
-    sweep.add_argument("--prefetch-factor", type=positive_int, nargs="+", default=[2], metavar="N")
+    sweep.add_argument("--prefetch-factors", "--prefetch-factor", dest="prefetch_factor", type=positive_int, nargs="+", default=[2], metavar="N")
     sweep.add_argument("--pin-memory", type=boolean, nargs="+", default=[False], metavar="BOOL")
     sweep.add_argument("--persistent-workers", type=boolean, nargs="+", default=[False], metavar="BOOL")
     sweep.add_argument("--processes", type=positive_int, nargs="+", metavar="N",
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     print(recommendation_text(recommend(rows, ram_budget), ram_budget))
     for path in args.output:
         print(f"wrote {path}", file=sys.stderr)
-    return 0 if all(row["status"] == "ok" for row in rows) else 1
+    return exit_status(row["status"] for row in rows)
 
 
 def progress_line(loader: LoaderConfig, records: Sequence[LoaderRecord]) -> str:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from cs336_systems.loader_bench.config import BenchConfig
 from cs336_systems.models import ModelConfig, TransformerLM
-from cs336_systems.runner import make_optimizer
+from cs336_systems.optimizer import make_optimizer
 
 TINY_MODEL_MAX_CONTEXT = 128
 

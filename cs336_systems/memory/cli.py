@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pass-type", choices=PASS_TYPE_CHOICES, default="forward-backward")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
-    parser.add_argument("--device-type", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--device-type", "--device", choices=("cuda", "cpu"), default="cuda",
+                        help="the device the estimate is for (cuda)")  # fmt: skip
     parser.add_argument("--device-memory", help="e.g. 16GiB, 80GB: gives a fits / does not fit verdict")
     parser.add_argument("--first-step", action="store_true", help="the first train-step (no optimizer state yet)")
     parser.add_argument("--find-max", choices=("batch-size", "context-length"))

@@ -15,8 +15,10 @@ import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 GIT_COMMIT_ENV = "CS336_SYSTEMS_GIT_COMMIT"  # set where the harness runs from a copy without .git
 # The harness's own outputs: a checkout that differs only here still runs committed code.
@@ -92,6 +94,8 @@ def harness_commit() -> tuple[str, bool | None]:
 
 
 def collect_environment(device: torch.device) -> Environment:
+    import torch  # here, so the monitor and storage import results without torch
+
     commit, dirty = harness_commit()
     cpu_name = _cpu_name()
     if device.type == "cuda":

@@ -1,0 +1,135 @@
+"""One benchmark configuration in a fresh child process: limits, the run, the row it left.
+
+A child cannot leave the next configuration a fragmented heap or a broken CUDA context;
+a timeout kills it with all its children, and a crash is a row with its stderr's tail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from cs336_systems.argtypes import add_memory_limit_argument, describe_memory_limit, resolve_memory_limit
+from cs336_systems.cli import config_to_args
+from cs336_systems.config import BenchmarkConfig
+from cs336_systems.models import count_parameters_for
+from cs336_systems.results import ENVIRONMENT_FIELDS, BenchmarkRecord, Environment, collect_environment
+from cs336_systems.runner import new_record
+
+
+def failed_record(
+    config: BenchmarkConfig, env: Environment | None, status: str, error: str, num_params: int | None
+) -> BenchmarkRecord:
+    """A row for a configuration that produced none of its own (timeout, crash, a model that could not be built)."""
+    record = new_record(config, torch.device(config.device), env, num_params)
+    record.status, record.error = status, error
+    return record
+
+
+@dataclass(frozen=True)
+class ChildLimits:
+    timeout_s: float | None = None
+    memory_limit_bytes: int | None = None  # CPU address-space headroom (cs336_systems.memory_cap)
+
+    def annotate(self, record: BenchmarkRecord) -> BenchmarkRecord:
+        """A row measured under a memory cap says so: its OOM is the cap's, not the machine's."""
+        if self.memory_limit_bytes is not None:
+            cap = describe_memory_limit(self.memory_limit_bytes)
+            record.notes = f"{record.notes}; {cap}" if record.notes else cap
+        return record
+
+
+def add_child_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("child processes")
+    group.add_argument("--timeout", type=float, metavar="SECONDS", help="per configuration; status 'timeout'")
+    add_memory_limit_argument(
+        group,
+        help="CPU only: each child may allocate this much beyond torch's own libraries (e.g. 8GiB), "
+        "through an address-space cap: emulates a smaller machine, OOMs become rows",
+    )
+
+
+def child_limits_from_args(args: argparse.Namespace, device: torch.device) -> ChildLimits:
+    limit = resolve_memory_limit(args.memory_limit, device.type)
+    if args.timeout is not None and args.timeout <= 0:
+        raise ValueError(f"--timeout must be positive, got {args.timeout}")
+    return ChildLimits(timeout_s=args.timeout, memory_limit_bytes=limit)
+
+
+STDERR_TAIL_LINES = 8
+
+
+def run_in_child(config: BenchmarkConfig, limits: ChildLimits, env: Environment | None = None) -> BenchmarkRecord:
+    """Run `benchmark` for one configuration in a fresh process (its own session, so a
+    terminal Ctrl-C does not reach it, and a timeout kills it with all its children).
+
+    The row is the child's own (with its environment). `env` goes into the rows of a
+    child that wrote none (timeout, crash); when it is None it is collected here only
+    then, so a parent driving CUDA children does not hold a CUDA context of its own."""
+    with tempfile.TemporaryDirectory(prefix="cs336-child-") as tmp:
+        output = Path(tmp) / "row.jsonl"
+        # Never the user's factory here: it may be what hangs or crashes (the child counts it).
+        num_params = None if config.model_factory else count_parameters_for(config.model)
+        command = [sys.executable, "-m"]
+        if limits.memory_limit_bytes is not None:
+            command += ["cs336_systems.memory_cap", str(limits.memory_limit_bytes)]
+        command += ["cs336_systems.benchmark", *config_to_args(config), "--output", str(output)]
+        # what the parent can import (a user's --model-factory module), the child can too
+        variables = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=variables,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            _, stderr = process.communicate(timeout=limits.timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            env = env or collect_environment(torch.device(config.device))
+            return failed_record(
+                config, env, "timeout", f"no result within --timeout {limits.timeout_s:g} s", num_params
+            )
+        except BaseException:
+            _kill_group(process)
+            raise
+        if output.exists() and output.stat().st_size:
+            return limits.annotate(_record_from_row(json.loads(output.read_text().splitlines()[-1])))
+        tail = " | ".join(stderr.strip().splitlines()[-STDERR_TAIL_LINES:])
+        code = process.returncode
+        how = f"killed by signal {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
+        if code == -signal.SIGKILL:
+            how += " (the Linux OOM killer sends this)"
+        env = env or collect_environment(torch.device(config.device))
+        error = f"child {how}: {tail or '(nothing on stderr)'}"
+        return limits.annotate(failed_record(config, env, "error", error, num_params))
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _record_from_row(row: dict) -> BenchmarkRecord:
+    """The child's JSONL line back into a record, environment and raw samples included."""
+    names = {f.name for f in dataclasses.fields(BenchmarkRecord)} - {"environment"}
+    record = BenchmarkRecord(**{name: row[name] for name in names if name in row})
+    record.environment = Environment(**{name: row.get(name) for name in ENVIRONMENT_FIELDS})
+    return record

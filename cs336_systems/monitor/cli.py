@@ -1,0 +1,98 @@
+"""python -m cs336_systems.monitor: run a command and sample it."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from cs336_systems.argtypes import ArgumentParser, fail, non_negative_int, positive_float
+from cs336_systems.monitor.files import MonitorPathError, SampleCsvWriter, check_monitor_path, report_text, write_report
+from cs336_systems.monitor.sampling import DEFAULT_INTERVAL_S, GpuProbe, ResourceMonitor
+
+PROG = "python -m cs336_systems.monitor"
+
+
+
+def _wait_without_reaping(process: subprocess.Popen) -> None:
+    """Block until the child exits but leave it a zombie, so its CPU times can still be read."""
+    if hasattr(os, "waitid"):
+        while True:
+            try:
+                os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
+                return
+            except InterruptedError:
+                continue
+            except ChildProcessError:
+                return
+    process.wait()
+
+
+def exit_status(returncode: int) -> int:
+    """A shell's convention: killed by signal N is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def run_monitored(command: Sequence[str], csv_path: Path, interval_s: float, gpu_indices=None) -> int:
+    writer = SampleCsvWriter(csv_path)
+    try:
+        process = subprocess.Popen(list(command))
+    except OSError:
+        writer.close()
+        csv_path.unlink(missing_ok=True)
+        raise
+    # Ctrl-C reaches the command (same process group); the monitor waits for it to finish.
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT,)}
+    forward = lambda signum, frame: process.send_signal(signum)  # noqa: E731
+    previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, forward)
+    try:
+        monitor = ResourceMonitor(interval_s, root_pid=process.pid, gpu_indices=gpu_indices, on_sample=writer)
+        with monitor:
+            _wait_without_reaping(process)
+        returncode = process.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        writer.close()
+    status = exit_status(returncode)
+    report = write_report(monitor, csv_path, shlex.join(command), status)
+    print(report_text(report, csv_path), file=sys.stderr)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(
+        prog=PROG,
+        description="Run a command and sample GPU, CPU, memory, network and disk on one clock.",
+        usage=f"{PROG} [--monitor-interval S] [--output PATH.csv] [--gpus I ...] -- COMMAND [ARGS...]",
+    )
+    parser.add_argument("--monitor-interval", "--interval", dest="interval", type=positive_float,
+                        default=DEFAULT_INTERVAL_S, metavar="SECONDS", help="seconds between samples")  # fmt: skip
+    parser.add_argument(
+        "--output", help="time series CSV (default monitor-YYYYmmdd-HHMMSS.csv); .png and .json beside it"
+    )
+    parser.add_argument("--gpus", "--gpu", type=non_negative_int, nargs="+", metavar="I", help="NVML indices (default: all)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    command = argv[split + 1 :]
+    if not command:
+        return fail(PROG, "no command to run: put it after --, e.g. -- python train.py")
+    output = args.output or time.strftime("monitor-%Y%m%d-%H%M%S.csv")
+    try:
+        csv_path = check_monitor_path(output)
+        if args.gpus is not None:
+            GpuProbe(args.gpus)
+        return run_monitored(command, csv_path, args.interval, args.gpus)
+    except (MonitorPathError, ValueError) as exc:
+        return fail(PROG, str(exc))
+    except FileNotFoundError:
+        return fail(PROG, f"command not found: {command[0]}")
+    except PermissionError:
+        return fail(PROG, f"command not executable: {command[0]}")
+
