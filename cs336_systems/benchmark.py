@@ -12,18 +12,15 @@ import sys
 from tabulate import tabulate
 
 from cs336_systems import nvtx
-from cs336_systems.argtypes import exit_status
+from cs336_systems.argtypes import ArgumentParser, exit_status, fail, positive_int
 from cs336_systems.cli import (
     ATTENTION_KINDS,
     PASS_TYPE_CHOICES,
     PRECISIONS,
-    ArgumentParser,
     add_execution_arguments,
     add_shape_arguments,
     benchmark_config_from_args,
-    fail,
     model_config_from_args,
-    positive_int,
 )
 from cs336_systems.config import COMPILE_SCOPES, BenchmarkConfig
 from cs336_systems.device import DeviceError, resolve_device

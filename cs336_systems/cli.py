@@ -1,23 +1,13 @@
-"""Argument definitions shared by every command, so each flag means the same everywhere.
-
-User errors end in one line on stderr and exit status 2 (never a traceback).
+"""The benchmark flags shared by benchmark, the sweeps, find_max and ddp_bench (model shape,
+execution), and a BenchmarkConfig to and from those flags. The argparse types themselves
+live in argtypes.py.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from cs336_systems.argtypes import (
-    ArgumentParser,
-    add_device_argument,
-    boolean,
-    byte_size,
-    fail,
-    non_negative_float,
-    non_negative_int,
-    positive_float,
-    positive_int,
-)
+from cs336_systems.argtypes import add_device_argument, non_negative_int, positive_float, positive_int
 from cs336_systems.config import PASS_TYPES, BenchmarkConfig
 from cs336_systems.flops import PEAK_CHOICES
 from cs336_systems.models import ATTENTION_KINDS, ModelConfig
@@ -110,7 +100,7 @@ def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **r
 
 
 def config_to_args(config: BenchmarkConfig) -> list[str]:
-    """The `benchmark` flags that rebuild `config` (a runner.BenchmarkConfig) in a child process."""
+    """The `benchmark` flags that rebuild `config` (a config.BenchmarkConfig) in a child process."""
     m = config.model
     args = [
         "--d-model", m.d_model, "--d-ff", m.d_ff, "--num-layers", m.num_layers, "--num-heads", m.num_heads,
@@ -131,20 +121,12 @@ def config_to_args(config: BenchmarkConfig) -> list[str]:
     return [str(a) for a in args]
 
 
-__all__ = [  # the argparse types are re-exported until every tool imports them from argtypes
+__all__ = [
     "ATTENTION_KINDS",
-    "boolean",
-    "byte_size",
-    "non_negative_float",
     "PASS_TYPE_CHOICES",
     "PRECISIONS",
-    "ArgumentParser",
     "add_execution_arguments",
     "add_shape_arguments",
     "config_to_args",
-    "fail",
     "model_config_from_args",
-    "non_negative_int",
-    "positive_float",
-    "positive_int",
 ]

@@ -20,19 +20,16 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from cs336_systems.argtypes import EXIT_INTERRUPTED, exit_status
+from cs336_systems.argtypes import EXIT_INTERRUPTED, ArgumentParser, exit_status, fail, positive_int
 from cs336_systems.child import add_child_arguments, child_limits_from_args
 from cs336_systems.cli import (
     ATTENTION_KINDS,
     PASS_TYPE_CHOICES,
     PRECISIONS,
-    ArgumentParser,
     add_execution_arguments,
     add_shape_arguments,
     benchmark_config_from_args,
-    fail,
     model_config_from_args,
-    positive_int,
 )
 from cs336_systems.config import COMPILE_CHOICES, COMPILE_SCOPES, BenchmarkConfig, row_key
 from cs336_systems.device import DeviceError, resolve_device

@@ -23,9 +23,11 @@ import torch
 import torch.utils.benchmark as torch_benchmark
 from tabulate import tabulate
 
+from cs336_systems.config import BenchmarkConfig
+from cs336_systems.device import resolve_device
 from cs336_systems.models import ModelConfig, build_model
 from cs336_systems.results import collect_environment, environment_lines
-from cs336_systems.runner import BenchmarkConfig, make_step, resolve_device
+from cs336_systems.runner import make_step
 from cs336_systems.stats import summarize
 from cs336_systems.timing import CudaEventTimer, HostTimer, device_synchronizer, time_steps
 

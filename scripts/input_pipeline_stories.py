@@ -33,8 +33,8 @@ import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 from cs336_systems import loader_bench  # noqa: E402
+from cs336_systems.device import resolve_device  # noqa: E402
 from cs336_systems.results import collect_environment, environment_lines  # noqa: E402
-from cs336_systems.runner import resolve_device  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 PROG = "python -m cs336_systems.loader_bench"

@@ -25,9 +25,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
+from cs336_systems.argtypes import fail, non_negative_int  # noqa: E402
 from cs336_systems.benchmark import build_parser, config_from_args  # noqa: E402
 from cs336_systems.child import ChildLimits, run_in_child  # noqa: E402
-from cs336_systems.cli import fail, non_negative_int  # noqa: E402
 from cs336_systems.device import DeviceError, resolve_device  # noqa: E402
 from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory  # noqa: E402
 from cs336_systems.results import (  # noqa: E402
