@@ -13,7 +13,7 @@ from cs336_systems.argtypes import (
     positive_float,
     positive_int,
 )
-from cs336_systems.cli import ATTENTION_KINDS, PRECISIONS, add_shape_arguments, model_config_from_args
+from cs336_systems.cli import add_shape_arguments, model_config_from_args
 from cs336_systems.command import add_argument_with_aliases, run_command
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.ddp_bench.record import (
@@ -26,8 +26,8 @@ from cs336_systems.ddp_bench.record import (
 from cs336_systems.ddp_bench.trainer import DDP_DEFAULT_BUCKET_CAP_MB, OPTIMIZERS, STRATEGIES, DdpUnit, ddp_worker
 from cs336_systems.distributed import LaunchError
 from cs336_systems.distributed.driver import add_launch_arguments, launch_from_args, run_rows
-from cs336_systems.models import MODEL_SIZES, ConfigError, ModelFactoryError, load_model_factory
-from cs336_systems.precision import unsupported_reason
+from cs336_systems.models import ATTENTION_KINDS, MODEL_SIZES, ConfigError, ModelFactoryError, load_model_factory
+from cs336_systems.precision import PRECISIONS, unsupported_reason
 from cs336_systems.results import ResultFileError, ResultSink, check_output_paths
 
 PROG = "python -m cs336_systems.ddp_bench"
