@@ -3,7 +3,7 @@
 A row is anomalous when its achieved FLOP/s is below a third of the best row measured on
 the same device, in the same precision and pass type. Likely causes, checked in order:
   memory oversubscription  the predicted peak exceeds the device's memory, so the driver
-                           spills to host memory or the allocator thrashes (REFERENCE.md
+                           spills to host memory or the allocator thrashes (docs/reference.md
                            section 3: large at 17.8 s vs medium at 0.93 s on a 16 GB laptop);
   launch-bound             each layer does under 1/8 of the best row's work, so kernel
                            launches and small, under-filled kernels dominate;

@@ -1,7 +1,7 @@
 """FLOPs per step, peak FLOP/s per device and precision, and MFU.
 
 Analytic matmul FLOPs of one forward pass of the built-in model, per token
-(REFERENCE.md section 2):
+(docs/reference.md section 2):
     dense      2 * (L * (4*d^2 + 3*d*d_ff) + d*V)      projections, SwiGLU, LM head
     attention  2 * 2 * L * T * d                       QK^T and the weighted sum
 The attention term counts the full T x T square, as FlopCounterMode and the PaLM/nanoGPT
@@ -31,7 +31,7 @@ from cs336_systems.timing import device_synchronizer
 PASS_FLOP_MULTIPLIER = {"forward": 1, "forward-backward": 3, "train-step": 3}
 PEAK_CHOICES = ("auto", "table", "measure")
 
-# Dense peak TFLOP/s from the vendors' spec sheets (no sparsity), REFERENCE.md section 2.
+# Dense peak TFLOP/s from the vendors' spec sheets (no sparsity), docs/reference.md section 2.
 # Matched against the lower-cased device name: first entry whose every word is present
 # and none of whose excluded words is, so "H100 PCIe" is not read as the SXM part and a
 # laptop RTX 4090 is not read as the desktop card.

@@ -126,7 +126,7 @@ class ModelConfig:
 
 
 def formula_num_params(config: ModelConfig) -> int:
-    """P = 2*V*d + L*(4*d^2 + 3*d*d_ff + 2*d) + d  (REFERENCE.md section 1)."""
+    """P = 2*V*d + L*(4*d^2 + 3*d*d_ff + 2*d) + d  (docs/reference.md section 1)."""
     d, d_ff, V, L = config.d_model, config.d_ff, config.vocab_size, config.num_layers
     return 2 * V * d + L * (4 * d * d + 3 * d * d_ff + 2 * d) + d
 

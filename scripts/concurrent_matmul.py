@@ -11,9 +11,10 @@ machine cannot scale their compute whatever the communication does.
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import time
+
+from cs336_systems.argtypes import ArgumentParser, positive_int
 
 N = 2048
 REPEATS = 10
@@ -46,9 +47,9 @@ def run(processes: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--trials", type=int, default=3)
+    parser = ArgumentParser(prog="python scripts/concurrent_matmul.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--processes", type=positive_int, default=2)
+    parser.add_argument("--trials", type=positive_int, default=3)
     args = parser.parse_args()
     for trial in range(1, args.trials + 1):
         [alone] = run(1)

@@ -1,4 +1,4 @@
-"""Reproduce the input-pipeline stories of REFERENCE.md section 5 on a CPU, with fixed seeds.
+"""Reproduce the input-pipeline stories of docs/reference.md section 5 on a CPU, with fixed seeds.
 
     python scripts/input_pipeline_stories.py                # CPU, about 3 minutes on 2 cores
     python scripts/input_pipeline_stories.py --device cuda  # the same on a GPU (files end in _cuda)
@@ -43,7 +43,7 @@ PROG = "python -m cs336_systems.loader_bench"
 @dataclass(frozen=True)
 class Story:
     name: str
-    reference: str  # what the public report saw (REFERENCE.md section 5)
+    reference: str  # what the public report saw (docs/reference.md section 5)
     args: tuple[str, ...]
 
 
@@ -188,7 +188,7 @@ def plot(frames: dict[str, pd.DataFrame], path: Path) -> None:
     ax.set(title="Data wait vs workers (120 ms fetch per batch, 100 ms step)", xlabel="num_workers",
            ylabel="data wait (% of wall time)", ylim=(0, 80))  # fmt: skip
     ax.legend(fontsize=7)
-    fig.suptitle("Input-pipeline stories (REFERENCE.md section 5), reproduced with latency-bound stores", fontsize=10)
+    fig.suptitle("Input-pipeline stories (docs/reference.md section 5), reproduced with latency-bound stores", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

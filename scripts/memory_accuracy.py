@@ -118,7 +118,7 @@ def _row(label: str, row: dict, default_rss: int | None = None) -> dict:
 
 
 def laptop_rows() -> list[dict]:
-    """REFERENCE.md section 3: RTX 4090 laptop, 16 GiB, fp32, context 512, batch 4, forward-backward."""
+    """docs/reference.md section 3: RTX 4090 laptop, 16 GiB, fp32, context 512, batch 4, forward-backward."""
     rows = []
     for attention in ("naive", "sdpa"):
         for size in ("small", "medium", "large", "xl", "2.7B"):
@@ -160,7 +160,7 @@ def main() -> int:
         tabulate(frame, headers="keys", tablefmt="github", showindex=False, floatfmt=".3f"), "",
         f"error_pct = (predicted - measured) / measured; target |error| <= {target}%. "
         f"Worst: {frame['error_pct'].abs().max():.1f}%.", "",
-        "## The 16 GiB laptop (REFERENCE.md section 3), by prediction", "",
+        "## The 16 GiB laptop (docs/reference.md section 3), by prediction", "",
         tabulate(laptop, headers="keys", tablefmt="github", showindex=False, floatfmt=".2f"), "",
         "Environment:", "", *environment_lines([env.__dict__]), "",
     ])  # fmt: skip

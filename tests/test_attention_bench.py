@@ -63,8 +63,8 @@ def test_backward_is_timed_without_its_forward(monkeypatch):
         clock["now"] += 5.0
         return naive_causal_attention(q, k, v)
 
-    real = attention_bench.attention_function
-    monkeypatch.setattr(attention_bench, "attention_function", lambda name: attend if name == "naive" else real(name))
+    real = attention_bench.measure.attention_function
+    monkeypatch.setattr(attention_bench.measure, "attention_function", lambda name: attend if name == "naive" else real(name))
     monkeypatch.setattr(torch.Tensor, "backward", _advancing_backward(torch.Tensor.backward, clock))
     record = run_attention(tiny("naive", max_seconds=None), clock=lambda: clock["now"])
     assert record.forward_ms == pytest.approx([5000.0] * 3)
@@ -105,7 +105,7 @@ def test_other_failures_are_error_rows(monkeypatch):
     def broken(q, k, v):
         raise ValueError("shapes do not match")
 
-    monkeypatch.setattr(attention_bench, "attention_function", lambda name: broken)
+    monkeypatch.setattr(attention_bench.measure, "attention_function", lambda name: broken)
     record = run_attention(tiny("naive"))
     assert record.status == "error" and record.error == "forward: ValueError: shapes do not match"
 
@@ -181,6 +181,17 @@ def test_plot_marks_oom_points(tmp_path):
     rows.append(dict(rows[0], seq_len=4096, status="oom", forward_mean_ms=math.nan, backward_mean_ms=math.nan))
     path = attention_bench.plot(rows, tmp_path / "p.png")
     assert path.stat().st_size > 10_000
+    figure = attention_bench.draw(rows)
+    panels = {ax.get_title(): ax for ax in figure.axes}
+    for name in ("forward", "backward"):
+        # the OOM of naive at head dim 16 is one x at its sequence length, on the top edge of that panel only
+        [marker] = [line for line in panels[f"{name}, head_dim 16"].get_lines() if line.get_label() == "naive OOM"]
+        assert marker.get_marker() == "x" and list(marker.get_xdata()) == [4096]
+        assert list(marker.get_ydata()) == [0.95] and marker.get_color() == "tab:red"
+        measured = [line for line in panels[f"{name}, head_dim 16"].get_lines() if line.get_label() == "naive"]
+        assert list(measured[0].get_xdata()) == [256, 1024]  # no point drawn where nothing was measured
+        assert not any("OOM" in line.get_label() for line in panels[f"{name}, head_dim 64"].get_lines())
+    assert "naive OOM" in [text.get_text() for legend in figure.legends for text in legend.get_texts()]
 
 
 def test_module_entry_point_in_a_child_process():
@@ -193,3 +204,44 @@ def test_module_entry_point_in_a_child_process():
     )
     assert result.returncode == 2
     assert result.stderr.strip().startswith(f"{PROG}: error: argument --head-dims: must be a positive integer")
+
+
+def test_old_and_singular_spellings_are_aliases():
+    parse = attention_bench.build_parser().parse_args
+    new = parse(["--context-lengths", "16", "32", "--measure-steps", "2", "--head-dims", "8", "--implementations", "sdpa"])
+    old = parse(["--seq-lens", "16", "32", "--steps", "2", "--head-dim", "8", "--implementation", "sdpa"])
+    assert vars(new) == vars(old)
+    assert (new.context_lengths, new.measure_steps, new.head_dims, new.implementations) == ([16, 32], 2, [8], ["sdpa"])
+    defaults = parse([])
+    assert defaults.context_lengths == [256, 1024, 4096, 8192, 16384] and defaults.measure_steps == 100
+    help_text = attention_bench.build_parser().format_help()
+    assert "--context-lengths" in help_text and "--seq-lens" not in help_text  # aliases work, unadvertised
+
+
+def test_ctrl_c_keeps_the_finished_rows_and_exits_130(tmp_path, capsys, monkeypatch):
+    real, calls = attention_bench.cli.run_attention, []
+
+    def interrupted_second(config, **kwargs):
+        calls.append(config)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(config, **kwargs)
+
+    monkeypatch.setattr(attention_bench.cli, "run_attention", interrupted_second)
+    csv = tmp_path / "a.csv"
+    code = attention_bench.main(["--device", "cpu", "--head-dims", "8", "--context-lengths", "16", "32",
+                                 "--measure-steps", "2", "--implementations", "naive", "--output", str(csv)])  # fmt: skip
+    _, err = capsys.readouterr()
+    assert code == 130 and "interrupted" in err and "Traceback" not in err
+    assert list(pd.read_csv(csv)["seq_len"]) == [16]
+
+
+@pytest.mark.parametrize(("status", "code"), [("oom", 0), ("unsupported", 0), ("error", 1)])
+def test_exit_status_follows_the_rows(status, code, tmp_path, capsys, monkeypatch):
+    def fixed(config, **kwargs):
+        record = run_attention(tiny("naive", precision="tf32"))  # unsupported on a CPU: no work done
+        record.status = status
+        return record
+
+    monkeypatch.setattr(attention_bench.cli, "run_attention", fixed)
+    assert attention_bench.main(["--device", "cpu", "--head-dims", "8", "--context-lengths", "16"]) == code

@@ -17,8 +17,10 @@ from cs336_systems import allreduce_bench, ddp_bench
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.distributed import (
     INJECT_FAILURE_ENV,
+    LaunchError,
     LaunchSpec,
     all_reduce_mean,
+    device_for,
     max_over_ranks,
     mean_over_ranks,
     run_spawned,
@@ -237,6 +239,14 @@ def test_allreduce_bench_under_torchrun(tmp_path):
         (ddp_bench, ["--backend", "nccl"], "nccl"),
         (ddp_bench, ["--precision", "tf32"], "TF32"),
         (ddp_bench, ["--model-size", "huge"], "unknown model size"),
+        (allreduce_bench, ["--memory-limit", "lots"], "argument --memory-limit: not a size"),
+        (allreduce_bench, ["--device", "tpu"], "unknown device 'tpu'"),
+        (ddp_bench, ["--device", "cuda:x"], "unknown device 'cuda:x'"),
+        # nccl cannot all-reduce CPU tensors: refused before anything starts, CUDA or not
+        (allreduce_bench, ["--backend", "nccl", "--device", "cpu"], "--device cpu does not fit"),
+        (ddp_bench, ["--backend", "nccl", "--device", "cpu"], "--device cpu does not fit"),
+        (allreduce_bench, ["--world-sizes", "2", "--device", "cpu", "--memory-limit", "1GB", "--output", "r.xlsx"],
+         "unknown suffix"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(module, args, message, capsys):
@@ -277,3 +287,44 @@ def test_one_ddp_step_on_a_gpu_equals_the_single_process_step():
             # batch 2 per rank vs the global batch: other kernels, other rounding (TF32 is off)
             torch.testing.assert_close(torch.from_numpy(value), expected[name], rtol=1e-4, atol=1e-4,
                                        msg=f"{unit.strategy} {name}")  # fmt: skip
+
+
+def test_gloo_on_cuda_needs_a_gpu_and_says_so(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    for module in (allreduce_bench, ddp_bench):
+        code, _, err = run_main(module, capsys, "--backend", "gloo", "--device", "cuda")
+        assert code == 2 and "--device cuda needs CUDA GPUs" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_old_and_singular_spellings_are_aliases():
+    parse = allreduce_bench.build_parser().parse_args
+    assert vars(parse(["--world-size", "2", "3", "--size", "1MB"])) == vars(parse(["--world-sizes", "2", "3", "--sizes", "1MB"]))
+    assert parse(["--world-size", "2", "--size", "1MB"]).sizes == [("1MB", 10**6)]
+    parse = ddp_bench.build_parser().parse_args
+    old, new = parse(["--world-size", "1", "2", "--strategy", "naive"]), parse(["--world-sizes", "1", "2", "--strategies", "naive"])
+    assert vars(old) == vars(new) and (new.world_sizes, new.strategies) == ([1, 2], ["naive"])
+    for module in (allreduce_bench, ddp_bench):
+        help_text = module.build_parser().format_help()
+        assert "--world-sizes" in help_text and "--world-size " not in help_text and "--device" in help_text
+
+
+@pytest.mark.parametrize("module", [allreduce_bench, ddp_bench])
+def test_ctrl_c_exits_130(module, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module.cli, "run_rows", interrupted)
+    code, _, err = run_main(module, capsys, "--world-sizes", "1", *(TINY if module is ddp_bench else FAST))
+    assert code == 130 and "interrupted" in err and "Traceback" not in err
+
+
+def test_rank_devices_follow_backend_and_device():
+    assert device_for("gloo", 1) == torch.device("cpu") and device_for("nccl", 1) == torch.device("cuda", 1)
+    assert device_for("gloo", 1, "cuda") == torch.device("cuda", 1)  # gloo all-reduces CUDA tensors too
+    assert device_for("nccl", 1, "cuda:2") == torch.device("cuda", 3)  # rank r on cuda:N+r
+    for bad, message in [("cuda:x", "unknown device"), ("cpu:0", "unknown device"), ("tpu", "unknown device")]:
+        with pytest.raises(LaunchError, match=message):
+            device_for("gloo", 0, bad)
+    with pytest.raises(LaunchError, match="--device cpu does not fit"):
+        device_for("nccl", 0, "cpu")

@@ -46,7 +46,7 @@ def test_verdict_bands(pct, expected):
 
 
 def test_ram_prediction():
-    # REFERENCE.md section 5: 12 workers x prefetch 3 x 230 MB ~= 8 GB in flight, + the step's batch
+    # docs/reference.md section 5: 12 workers x prefetch 3 x 230 MB ~= 8 GB in flight, + the step's batch
     assert predicted_buffer_bytes(12, 3, 230 * 10**6, pinned=False) == 37 * 230 * 10**6
     # pinned: up to 36 batches waiting in shared memory and 37 in page-locked memory
     assert predicted_buffer_bytes(12, 3, 230 * 10**6, pinned=True) == (36 + 37) * 230 * 10**6

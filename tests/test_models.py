@@ -18,7 +18,7 @@ from cs336_systems.models import (
 )
 from tests.conftest import tiny_model_config
 
-# REFERENCE.md section 1, V = 10,000
+# docs/reference.md section 1, V = 10,000
 PUBLISHED_PARAMS = {
     "small": 128_625_408,
     "medium": 423_183_360,

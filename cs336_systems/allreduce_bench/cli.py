@@ -1,0 +1,74 @@
+"""python -m cs336_systems.allreduce_bench: the flags and main."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cs336_systems.allreduce_bench.plot import plot_bandwidth
+from cs336_systems.allreduce_bench.record import AllReduceRecord, describe, record_for
+from cs336_systems.allreduce_bench.worker import AllReduceUnit, allreduce_worker, parse_size
+from cs336_systems.argtypes import (
+    ArgumentParser,
+    add_memory_limit_argument,
+    exit_status,
+    fail,
+    non_negative_int,
+    positive_int,
+)
+from cs336_systems.command import add_argument_with_aliases, run_command
+from cs336_systems.distributed import LaunchError
+from cs336_systems.distributed.driver import add_launch_arguments, launch_from_args, run_rows
+from cs336_systems.results import ResultFileError, ResultSink, check_output_paths
+
+PROG = "python -m cs336_systems.allreduce_bench"
+DEFAULT_SIZES = ("1MB", "10MB", "100MB", "1GB")
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog=PROG, description="time torch.distributed.all_reduce by world size and size")
+    add_launch_arguments(parser, default_timeout_s=300.0)
+    add_argument_with_aliases(
+        parser,
+        "--sizes",
+        "--size",
+        nargs="+",
+        type=parse_size,
+        default=[parse_size(s) for s in DEFAULT_SIZES],
+        metavar="SIZE",
+        help=f"bytes per rank: 1MB = 1e6 bytes, 1MiB = 2^20 (default {' '.join(DEFAULT_SIZES)})",
+    )
+    parser.add_argument("--warmup-steps", type=non_negative_int, default=5, help="untimed-for-statistics all-reduces")
+    parser.add_argument("--measure-steps", type=positive_int, default=20, help="measured all-reduces")
+    add_memory_limit_argument(parser, help="CPU only: address space each rank may still map after joining the group "
+                              "(e.g. 512MiB); emulates a smaller machine, so a size that does not fit is an 'oom' row")
+    parser.add_argument("--plot", metavar="PATH.png", help="bandwidth against size, a line per world size")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_command(PROG, lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        launch = launch_from_args(args)
+        if args.memory_limit is not None and launch.first_device.type != "cpu":
+            raise LaunchError("--memory-limit caps CPU address space (RLIMIT_AS); it cannot be used with nccl or CUDA")
+        sink = ResultSink(check_output_paths(args.output) if launch.rank0 else [], AllReduceRecord)
+    except (LaunchError, ResultFileError, ValueError) as exc:
+        return fail(PROG, str(exc))
+
+    units = [AllReduceUnit(size, size_bytes, args.warmup_steps, args.measure_steps, args.memory_limit)
+             for size, size_bytes in args.sizes]  # fmt: skip
+    records = run_rows(launch, allreduce_worker, lambda world_size, first: units, record_for, sink.write, describe)
+    if not records:  # a torchrun rank other than 0
+        return 0
+    rows = [record.to_row() for record in records]
+    print(AllReduceRecord.markdown(rows))
+    if args.plot:
+        plot_bandwidth(rows, args.plot)
+    for path in [*args.output, *([args.plot] if args.plot else [])]:
+        print(f"wrote {path}", file=sys.stderr)
+    return exit_status([record.status for record in records])

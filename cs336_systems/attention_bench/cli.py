@@ -1,0 +1,150 @@
+"""python -m cs336_systems.attention_bench: the flags and main."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+import torch
+
+from cs336_systems.argtypes import (
+    ArgumentParser,
+    add_device_argument,
+    add_memory_limit_argument,
+    exit_status,
+    fail,
+    non_negative_int,
+    positive_int,
+    resolve_memory_limit,
+)
+from cs336_systems.attention_bench.config import IMPLEMENTATIONS, AttentionConfig
+from cs336_systems.attention_bench.figure import plot
+from cs336_systems.attention_bench.measure import run_attention
+from cs336_systems.attention_bench.record import AttentionRecord
+from cs336_systems.command import add_argument_with_aliases, run_command
+from cs336_systems.device import DeviceError, resolve_device
+from cs336_systems.memory_cap import soft_address_space_cap
+from cs336_systems.precision import PRECISIONS
+from cs336_systems.results import ResultFileError, ResultSink, check_output_paths, collect_environment
+from cs336_systems.timing import TIMERS
+from cs336_systems.units import format_bytes
+
+PROG = "python -m cs336_systems.attention_bench"
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog=PROG, description="attention alone, forward and backward, per shape")
+    add_device_argument(parser)
+    add_argument_with_aliases(parser, "--head-dims", "--head-dim", type=positive_int, nargs="+",
+                              default=[16, 32, 64, 128])  # fmt: skip
+    add_argument_with_aliases(parser, "--context-lengths", "--context-length", "--seq-lens", type=positive_int,
+                              nargs="+", default=[256, 1024, 4096, 8192, 16384],
+                              help="sequence lengths (the rows' seq_len)")  # fmt: skip
+    parser.add_argument("--batch-size", type=positive_int, default=8)
+    add_argument_with_aliases(parser, "--implementations", "--implementation", nargs="+", choices=IMPLEMENTATIONS,
+                              default=list(IMPLEMENTATIONS))  # fmt: skip
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="dtype of q, k, v: fp32, tf32 (fp32 tensors, TF32 matmuls), bf16 or fp16 (no autocast) (fp32)",
+    )
+    parser.add_argument("--warmup-steps", type=non_negative_int, default=5)
+    add_argument_with_aliases(parser, "--measure-steps", "--steps", type=positive_int, default=100,
+                              help="measured steps per pass (100)")  # fmt: skip
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=30.0,
+        help="per pass (forward, backward) and per warmup: stop once the steps so far took this long and at "
+        "least 3 were measured; the row says how many ran. 0: no limit (30)",
+    )
+    parser.add_argument("--timer", choices=TIMERS, default="host")
+    add_memory_limit_argument(parser, allow_auto=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--output",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="write results to PATH (.csv, .md or .jsonl; repeatable)",
+    )
+    parser.add_argument("--plot", metavar="PATH.png", help="plot file (default: the first --output with suffix .png)")
+    return parser
+
+
+def configs_from_args(args, device: torch.device) -> list[AttentionConfig]:
+    return [
+        AttentionConfig(
+            implementation=implementation,
+            head_dim=head_dim,
+            seq_len=seq_len,
+            batch_size=args.batch_size,
+            precision=args.precision,
+            device=str(device),
+            timer=args.timer,
+            warmup_steps=args.warmup_steps,
+            steps=args.measure_steps,
+            max_seconds=args.max_seconds,
+            seed=args.seed,
+        )
+        for head_dim in args.head_dims
+        for seq_len in args.context_lengths
+        for implementation in args.implementations
+    ]
+
+
+def _progress(record: AttentionRecord) -> str:
+    label = f"{record.implementation} head_dim={record.head_dim} seq_len={record.seq_len}"
+    if record.status != "ok":
+        return f"{label}: {record.status}: {record.error}"
+    return (
+        f"{label}: forward {record.forward_mean_ms:.3f} ms, backward {record.backward_mean_ms:.3f} ms, "
+        f"before backward {format_bytes(record.memory_before_backward_bytes)}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_command(PROG, lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        if args.max_seconds < 0:
+            raise DeviceError(f"--max-seconds must be zero or more, got {args.max_seconds:g}")
+        device = resolve_device(args.device)
+        if args.timer == "cuda-event" and device.type != "cuda":
+            raise DeviceError("--timer cuda-event needs a CUDA device")
+        limit = resolve_memory_limit(args.memory_limit, device.type)
+        outputs = check_output_paths(args.output)
+        plot_path = Path(args.plot) if args.plot else (outputs[0].with_suffix(".png") if outputs else None)
+        if plot_path is not None and plot_path.suffix not in (".png", ".svg", ".pdf"):
+            raise ResultFileError(f"--plot {plot_path}: use a .png, .svg or .pdf file")
+        sink = ResultSink(outputs, AttentionRecord)
+    except (DeviceError, ResultFileError, ValueError) as exc:
+        return fail(PROG, str(exc))
+
+    env = collect_environment(device)
+    configs = configs_from_args(args, device)
+    if device.type == "cpu" and max(args.context_lengths) >= 4096:
+        print(
+            f"{PROG}: note: sequence lengths up to {max(args.context_lengths)} take hours on a CPU (the defaults are "
+            "sized for a GPU); for a quick look: --context-lengths 256 1024 --measure-steps 10",
+            file=sys.stderr,
+        )
+    rows = []
+    with soft_address_space_cap(limit) if limit is not None else contextlib.nullcontext():
+        for config in configs:
+            record = run_attention(config, environment=env, memory_limit_bytes=limit)
+            sink.write(record)
+            rows.append(record.to_row())
+            print(_progress(record), file=sys.stderr, flush=True)
+    print(AttentionRecord.markdown(rows))
+    if plot_path is not None:
+        print(f"wrote {plot(rows, plot_path)}", file=sys.stderr)
+    for path in args.output:
+        print(f"wrote {path}", file=sys.stderr)
+    return exit_status(row["status"] for row in rows)

@@ -1,0 +1,36 @@
+"""What every command shares beyond its flags' types (argtypes): old and singular spellings of
+a flag accepted but not advertised, and Ctrl-C as exit status 130.
+
+argparse names an action by all its option strings in errors ("argument --head-dims/--head-dim:
+..."); an alias added as its own hidden action keeps the error naming the one spelling we teach,
+and the alias writes to the same destination.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from cs336_systems.argtypes import EXIT_INTERRUPTED
+
+
+def add_argument_with_aliases(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str, *aliases: str, **kwargs
+) -> argparse.Action:
+    """`flag` as documented, then each alias hidden from --help with the same dest and type."""
+    action = parser.add_argument(flag, **kwargs)
+    hidden = {key: value for key, value in kwargs.items() if key not in ("help", "default", "metavar")}
+    hidden.setdefault("dest", action.dest)
+    for alias in aliases:
+        parser.add_argument(alias, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **hidden)
+    return action
+
+
+def run_command(prog: str, run: Callable[[], int]) -> int:
+    """run()'s exit status; Ctrl-C is 130, after one line (the rows written so far stay written)."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; the rows finished so far are in the outputs", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -1,0 +1,61 @@
+"""python -m cs336_systems.ddp_bench: our training step under data parallelism, and what it scales to.
+
+Example (CPU, gloo, both strategies, world sizes 1 and 2):
+    python -m cs336_systems.ddp_bench --backend gloo --world-sizes 1 2 --strategies ddp naive \
+        --d-model 256 --d-ff 1024 --num-layers 4 --num-heads 4 --context-length 128 --batch-size 4 \
+        --output results/ddp.csv --output results/ddp.md
+
+  trainer.py  one rank's training step under a strategy, and its timing
+  record.py   the row: DdpRecord, learning-rate scaling, efficiency, its Markdown view
+  cli.py      the flags and main (the launch and row loop are cs336_systems.distributed.driver's)
+
+Each rank runs the `train-step` of `benchmark` (forward, cross-entropy, backward, optimizer
+step; cs336_systems.runner.make_step) on its own shard of the global batch: rank r draws its
+per-device batch with seed + r. Strategies:
+  ddp     torch.nn.parallel.DistributedDataParallel (gradients all-reduced in buckets of
+          --bucket-cap-mb, overlapped with backward; buffers broadcast each step only for a
+          --model-factory model, ours has none that change)
+  naive   a plain model; after backward, one all-reduce per parameter gradient, then divide
+          by the world size (parameters broadcast from rank 0 at the start)
+  single  the baseline, run first: one process, the plain model, the per-device batch, the same
+          threads (and cores) as one rank
+
+Reported per (world size, strategy): step time statistics (each step's time is the slowest
+rank's; an untimed barrier precedes each step; synced and no_sync steps alternate), samples/s and tokens/s of the global batch,
+time spent in communication, scaling efficiency and the learning rates for the global batch:
+  comm_ms             naive: the all-reduce loop, timed directly (mean over ranks);
+                      ddp: step time minus the same step under no_sync() (no gradient
+                      all-reduce): the communication backward could not hide
+  scaling_efficiency  samples_per_s(N) / (N * samples_per_s(single)), the single baseline
+                      being one process at the per-device batch (weak scaling: 1.0 is perfect)
+  compute_slowdown    no_sync step / single step: how much slower a rank computes while the
+                      others run (shared cores, memory bandwidth, clocks); 1.0 = not at all.
+                      So efficiency ~= 1 / (compute_slowdown * (1 + exposed comm / no_sync step))
+  lr_linear, lr_sqrt  base_lr * (global / base batch) and base_lr * sqrt(global / base batch)
+"""
+
+from cs336_systems.ddp_bench.cli import build_parser, main, units_for
+from cs336_systems.ddp_bench.record import (
+    DdpRecord,
+    attach_baseline,
+    record_for,
+    scaled_learning_rates,
+    scaling_efficiency,
+)
+from cs336_systems.ddp_bench.trainer import STRATEGIES, DdpUnit, Trainer, ddp_worker, time_interleaved
+
+__all__ = [
+    "STRATEGIES",
+    "DdpRecord",
+    "DdpUnit",
+    "Trainer",
+    "attach_baseline",
+    "build_parser",
+    "ddp_worker",
+    "main",
+    "record_for",
+    "scaled_learning_rates",
+    "scaling_efficiency",
+    "time_interleaved",
+    "units_for",
+]

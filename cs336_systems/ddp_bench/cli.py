@@ -1,0 +1,122 @@
+"""python -m cs336_systems.ddp_bench: the flags and main."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cs336_systems.argtypes import (
+    ArgumentParser,
+    exit_status,
+    fail,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+from cs336_systems.cli import add_shape_arguments, model_config_from_args
+from cs336_systems.command import add_argument_with_aliases, run_command
+from cs336_systems.config import BenchmarkConfig
+from cs336_systems.ddp_bench.record import (
+    DdpRecord,
+    attach_baseline,
+    describe,
+    record_for,
+    scaled_learning_rates,
+)
+from cs336_systems.ddp_bench.trainer import DDP_DEFAULT_BUCKET_CAP_MB, OPTIMIZERS, STRATEGIES, DdpUnit, ddp_worker
+from cs336_systems.distributed import LaunchError
+from cs336_systems.distributed.driver import add_launch_arguments, launch_from_args, run_rows
+from cs336_systems.models import ATTENTION_KINDS, MODEL_SIZES, ConfigError, ModelFactoryError, load_model_factory
+from cs336_systems.precision import PRECISIONS, unsupported_reason
+from cs336_systems.results import ResultFileError, ResultSink, check_output_paths
+
+PROG = "python -m cs336_systems.ddp_bench"
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog=PROG, description="our training step under data parallelism, and what it scales to")
+    add_launch_arguments(parser, default_timeout_s=600.0)
+    add_argument_with_aliases(parser, "--strategies", "--strategy", nargs="+", choices=STRATEGIES, default=["ddp"],
+                              help="ddp: DistributedDataParallel; naive: all-reduce each gradient after backward")  # fmt: skip
+    parser.add_argument("--bucket-cap-mb", nargs="+", type=positive_float, metavar="MB",
+                        help=f"DDP bucket sizes to try (default: DDP's own, {DDP_DEFAULT_BUCKET_CAP_MB:g})")  # fmt: skip
+    parser.add_argument("--model-size", default="small", help=f"one of {', '.join(MODEL_SIZES)} (default small)")
+    parser.add_argument("--context-length", type=positive_int, default=512)
+    parser.add_argument("--batch-size", type=positive_int, default=4, help="per device (rank); global = N x this")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
+    add_shape_arguments(parser)
+    group = parser.add_argument_group("training")
+    group.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    group.add_argument("--base-lr", type=positive_float, default=1e-4, help="learning rate tuned at --base-batch-size")
+    group.add_argument(
+        "--base-batch-size", type=positive_int, help="batch --base-lr was tuned at (default: per-device)"
+    )
+    group.add_argument("--warmup-steps", type=non_negative_int, default=5)
+    group.add_argument("--measure-steps", type=positive_int, default=10)
+    group.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def units_for(args: argparse.Namespace, config: BenchmarkConfig, world_size: int, first: bool) -> list[DdpUnit]:
+    """The runs of one process group: the baseline (in the first group only), then each strategy."""
+    base_batch = args.base_batch_size or config.batch_size
+    units = []
+    if first:
+        units.append(DdpUnit("single", config, ranks=1, optimizer=args.optimizer, lr=args.base_lr))
+    lr = scaled_learning_rates(args.base_lr, base_batch, config.batch_size * world_size)[0]
+    for strategy in args.strategies:
+        for bucket in (args.bucket_cap_mb or [None]) if strategy == "ddp" else [None]:
+            units.append(DdpUnit(strategy, config, ranks=world_size, optimizer=args.optimizer, lr=lr,
+                                 bucket_cap_mb=bucket))  # fmt: skip
+    return units
+
+
+def config_from_args(args: argparse.Namespace, device_type: str) -> BenchmarkConfig:
+    """The per-device train-step; ConfigError / ModelFactoryError for what cannot be built."""
+    if args.model_factory:
+        load_model_factory(args.model_factory)
+    model = model_config_from_args(args, args.model_size, args.context_length, args.attention)
+    model.check_context(args.context_length)
+    return BenchmarkConfig(
+        model=model, context_length=args.context_length, batch_size=args.batch_size, pass_type="train-step",
+        precision=args.precision, device=device_type, warmup_steps=args.warmup_steps,
+        measure_steps=args.measure_steps, seed=args.seed, model_factory=args.model_factory,
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_command(PROG, lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        launch = launch_from_args(args, unique_sorted=True)
+        device = launch.first_device
+        reason = unsupported_reason(args.precision, device)
+        if reason:
+            raise ConfigError(f"--precision {args.precision}: {reason}")
+        config = config_from_args(args, device.type)
+        sink = ResultSink(check_output_paths(args.output) if launch.rank0 else [], DdpRecord)
+    except (LaunchError, ConfigError, ModelFactoryError, ResultFileError) as exc:
+        return fail(PROG, str(exc))
+
+    lr_fields = dict(base_lr=args.base_lr, base_batch_size=args.base_batch_size or args.batch_size)
+    baseline: list[DdpRecord] = []  # the single-process row, once it has run
+
+    def row(unit: DdpUnit, result, base: dict, environment) -> DdpRecord:
+        record = record_for(unit, result, {**base, **lr_fields}, environment)
+        if unit.strategy == "single":
+            baseline[:] = [record]
+        attach_baseline(record, baseline[0] if baseline else None)
+        return record
+
+    records = run_rows(launch, ddp_worker, lambda world_size, first: units_for(args, config, world_size, first), row,
+                       sink.write, describe)  # fmt: skip
+    if not records:  # a torchrun rank other than 0
+        return 0
+    print(DdpRecord.markdown([record.to_row() for record in records]))
+    for path in args.output:
+        print(f"wrote {path}", file=sys.stderr)
+    return exit_status([record.status for record in records])

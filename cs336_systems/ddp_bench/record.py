@@ -1,0 +1,181 @@
+"""The row of one (world size, strategy, bucket size): DdpRecord, scaling and its Markdown view."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from cs336_systems.ddp_bench.trainer import DDP_DEFAULT_BUCKET_CAP_MB, DdpUnit
+from cs336_systems.distributed import GroupResult, max_over_ranks, mean_over_ranks, oversubscription_note
+from cs336_systems.results import Environment, Record, Timing, fill_timing, identity_field, samples_field
+from cs336_systems.stats import summarize
+
+COMM_METHODS = {
+    "ddp": "step - no_sync step (exposed)",
+    "naive": "all-reduce loop timed (mean over ranks)",
+}
+
+
+@dataclass
+class DdpRecord(Timing, Record):
+    """One (world size, strategy, bucket size) of the DDP benchmark; step-time statistics, each
+    step's time being the slowest rank's (status, error, notes: Record's)."""
+
+    strategy: str = identity_field()
+    backend: str = identity_field()
+    device: str = identity_field()
+    launcher: str = identity_field()
+    world_size: int = identity_field()
+    model_size: str = identity_field()
+    d_model: int = identity_field()
+    d_ff: int = identity_field()
+    num_layers: int = identity_field()
+    num_heads: int = identity_field()
+    vocab_size: int = identity_field()
+    attention: str = identity_field()
+    model_factory: str | None = identity_field()
+    context_length: int = identity_field()
+    per_device_batch: int = identity_field()
+    precision: str = identity_field()
+    optimizer: str = identity_field()
+    bucket_cap_mb: float | None = identity_field()
+    threads_per_rank: int = identity_field()
+    warmup_steps: int = identity_field()
+    measure_steps: int = identity_field()
+    seed: int = identity_field()
+    base_lr: float = identity_field()
+    base_batch_size: int = identity_field()
+    global_batch: int
+    lr_linear: float
+    lr_sqrt: float
+    num_params: int | None = None
+    no_sync_mean_ms: float | None = None
+    comm_ms: float | None = None
+    comm_pct: float | None = None
+    comm_method: str | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    baseline_samples_per_s: float | None = None
+    scaling_efficiency: float | None = None
+    compute_slowdown: float | None = None  # no_sync step / single step: ranks slowing each other down
+    step_ms: list[float] = samples_field()  # per step, the slowest rank
+    warmup_step_ms: list[float] = samples_field()
+    no_sync_step_ms: list[float] = samples_field()
+    comm_step_ms: list[float] = samples_field()
+    rank_step_ms: list[list[float]] = samples_field()  # [rank][step]
+
+    title: ClassVar[str] = "DDP benchmark"
+    markdown_columns: ClassVar[tuple[str, ...]] = (
+        "strategy",
+        "world_size",
+        "per_device_batch",
+        "global_batch",
+        "bucket_cap_mb",
+        "status",
+        "mean_ms",
+        "std_ms",
+        "cv_pct",
+        "no_sync_mean_ms",
+        "comm_ms",
+        "comm_pct",
+        "samples_per_s",
+        "scaling_efficiency",
+        "compute_slowdown",
+        "lr_linear",
+        "lr_sqrt",
+    )
+    label_columns: ClassVar[tuple[str, ...]] = ("strategy", "world_size", "bucket_cap_mb")
+
+    @classmethod
+    def markdown(cls, rows: Sequence[dict]) -> str:
+        """Learning rates in 3 significant digits (the table's default of 3 decimals would print
+        1e-4 as 0.000), labels without the bucket size where there is none."""
+
+        def display(row: dict) -> dict:
+            lrs = {name: f"{row[name]:.3g}" for name in ("lr_linear", "lr_sqrt") if _is_number(row.get(name))}
+            shown = {**row, **lrs}
+            if not _is_number(row.get("bucket_cap_mb")):
+                shown.pop("bucket_cap_mb", None)
+            return shown
+
+        return super().markdown([display(row) for row in rows])
+
+
+def scaled_learning_rates(base_lr: float, base_batch_size: int, global_batch: int) -> tuple[float, float]:
+    """(linear, square-root) scaling of a learning rate tuned at `base_batch_size` (Goyal et al.
+    2017 scale linearly; Krizhevsky 2014 and Hoffer et al. 2017 by the square root)."""
+    ratio = global_batch / base_batch_size
+    return base_lr * ratio, base_lr * math.sqrt(ratio)
+
+
+def scaling_efficiency(samples_per_s: float, world_size: int, baseline_samples_per_s: float) -> float:
+    return samples_per_s / (world_size * baseline_samples_per_s)
+
+
+def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Environment | None) -> DdpRecord:
+    config, m = unit.config, unit.config.model
+    world_size = 1 if unit.strategy == "single" else base["world_size"]
+    global_batch = config.batch_size * world_size
+    lr_linear, lr_sqrt = scaled_learning_rates(base["base_lr"], base["base_batch_size"], global_batch)
+    record = DdpRecord(
+        **{**base, "world_size": world_size},
+        strategy=unit.strategy,
+        model_size=m.size_name, d_model=m.d_model, d_ff=m.d_ff, num_layers=m.num_layers, num_heads=m.num_heads,
+        vocab_size=m.vocab_size, attention=m.attention, model_factory=config.model_factory,
+        context_length=config.context_length, per_device_batch=config.batch_size, global_batch=global_batch,
+        precision=config.precision, optimizer=unit.optimizer,
+        bucket_cap_mb=(unit.bucket_cap_mb or DDP_DEFAULT_BUCKET_CAP_MB) if unit.strategy == "ddp" else None,
+        warmup_steps=config.warmup_steps, measure_steps=config.measure_steps, seed=config.seed,
+        lr_linear=lr_linear, lr_sqrt=lr_sqrt,
+        status=result.status, error=result.error, environment=result.environment or environment,
+    )  # fmt: skip
+    note = oversubscription_note(record.backend, world_size, record.threads_per_rank)
+    record.notes = note
+    if result.status != "ok":
+        return record
+    messages = [message for message in result.messages if message is not None]
+    record.num_params = messages[0]["num_params"]
+    record.rank_step_ms = [message["step_ms"] for message in messages]
+    record.step_ms = max_over_ranks(record.rank_step_ms)
+    record.warmup_step_ms = max_over_ranks([message["warmup_ms"] for message in messages])
+    summary = summarize(record.step_ms)
+    fill_timing(record, summary)
+    record.samples_per_s = global_batch / (summary.mean / 1e3)
+    record.tokens_per_s = record.samples_per_s * config.context_length
+    if unit.strategy != "single":
+        record.no_sync_step_ms = max_over_ranks([message["no_sync_ms"] for message in messages])
+        record.no_sync_mean_ms = summarize(record.no_sync_step_ms).mean
+        if unit.strategy == "naive":
+            record.comm_step_ms = mean_over_ranks([message["comm_ms"] for message in messages])
+        else:
+            record.comm_step_ms = [a - b for a, b in zip(record.step_ms, record.no_sync_step_ms, strict=True)]
+        record.comm_ms = summarize(record.comm_step_ms).mean
+        record.comm_pct = 100 * record.comm_ms / summary.mean
+        record.comm_method = COMM_METHODS[unit.strategy]
+    return record
+
+
+def attach_baseline(record: DdpRecord, baseline: DdpRecord | None) -> None:
+    if baseline is None or baseline.samples_per_s is None or record.samples_per_s is None:
+        if record.status == "ok":
+            record.notes = "; ".join(filter(None, [record.notes, "no scaling efficiency: the single baseline failed"]))
+        return
+    record.baseline_samples_per_s = baseline.samples_per_s
+    record.scaling_efficiency = scaling_efficiency(record.samples_per_s, record.world_size, baseline.samples_per_s)
+    if record.no_sync_mean_ms is not None:
+        record.compute_slowdown = record.no_sync_mean_ms / baseline.mean_ms
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def describe(unit: DdpUnit, record: DdpRecord) -> str:
+    """The progress line of one row."""
+    label = f"n={record.world_size} {unit.strategy}"
+    if record.status != "ok":
+        return f"{label}: {record.status}: {record.error}"
+    efficiency = f", efficiency {record.scaling_efficiency:.2f}" if record.scaling_efficiency is not None else ""
+    return f"{label}: {record.mean_ms:.1f} ms/step, {record.samples_per_s:.1f} samples/s{efficiency}"

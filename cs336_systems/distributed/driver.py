@@ -1,0 +1,153 @@
+"""One driver for every distributed tool (allreduce_bench, ddp_bench): the shared flags, the world
+sizes, spawned ranks or torchrun, the sink on rank 0 only, the row loop and the exit status.
+
+A tool supplies its worker, its units per world size and how a unit's GroupResult becomes a
+record; a failed group is a row with status error / oom / timeout, never a raise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cs336_systems.argtypes import add_device_argument, positive_float, positive_int
+from cs336_systems.command import add_argument_with_aliases
+from cs336_systems.distributed.group import (
+    BACKENDS,
+    DEFAULT_INIT_TIMEOUT_S,
+    GroupResult,
+    LaunchError,
+    LaunchSpec,
+    Worker,
+    check_launch,
+    default_threads_per_rank,
+    device_for,
+    parse_rank_device,
+)
+from cs336_systems.distributed.spawn import run_spawned
+from cs336_systems.distributed.torchrun import (
+    run_under_torchrun,
+    torchrun_local_world_size,
+    torchrun_rank,
+    torchrun_threads_per_rank,
+    torchrun_world_size,
+    under_torchrun,
+)
+from cs336_systems.results import Environment, collect_environment
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser, *, default_timeout_s: float) -> None:
+    """The flags every distributed tool shares, spelled as every other tool spells them."""
+    parser.add_argument("--backend", choices=BACKENDS, default="gloo", help="gloo (CPU, or CUDA tensors) or nccl (CUDA)")
+    add_argument_with_aliases(
+        parser,
+        "--world-sizes",
+        "--world-size",
+        nargs="+",
+        type=positive_int,
+        metavar="N",
+        help="ranks per run, one or more (default: 2 for gloo, the GPU count for nccl; under torchrun, its WORLD_SIZE)",
+    )
+    add_device_argument(
+        parser, help="auto (cuda for nccl, cpu for gloo), cpu, cuda or cuda:N (rank r on cuda:N+r); nccl refuses cpu"
+    )
+    parser.add_argument("--threads-per-rank", type=positive_int,
+                        help="CPU threads per rank (default: cores / the largest world size)")  # fmt: skip
+    parser.add_argument("--timeout", type=positive_float, default=default_timeout_s, metavar="SECONDS",
+                        help=f"per unit: status 'timeout' after this long ({default_timeout_s:g})")  # fmt: skip
+    parser.add_argument("--init-timeout", type=positive_float, default=DEFAULT_INIT_TIMEOUT_S, metavar="SECONDS",
+                        help=f"for starting the ranks and joining the group ({DEFAULT_INIT_TIMEOUT_S:g})")  # fmt: skip
+    parser.add_argument("--output", action="append", default=[], metavar="PATH", help=".csv, .md or .jsonl; repeatable")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the shared flags resolved to on this machine."""
+
+    backend: str
+    device: str  # as asked: auto, cpu, cuda or cuda:N
+    world_sizes: tuple[int, ...]
+    threads_per_rank: int
+    torchrun: bool
+    timeout_s: float
+    init_timeout_s: float
+
+    @property
+    def rank0(self) -> bool:
+        """Only rank 0 writes rows (every rank runs this code under torchrun)."""
+        return not self.torchrun or torchrun_rank() == 0
+
+    @property
+    def first_device(self) -> torch.device:
+        return device_for(self.backend, 0, self.device)
+
+    def spec(self, world_size: int) -> LaunchSpec:
+        return LaunchSpec(self.backend, world_size, self.threads_per_rank, init_timeout_s=self.init_timeout_s,
+                          collective_timeout_s=self.timeout_s + self.init_timeout_s, device=self.device)  # fmt: skip
+
+    def base_fields(self, world_size: int) -> dict[str, Any]:
+        """The launch columns every distributed record carries."""
+        return dict(backend=self.backend, device=self.first_device.type, world_size=world_size,
+                    launcher="torchrun" if self.torchrun else "spawn", threads_per_rank=self.threads_per_rank)  # fmt: skip
+
+    def run(self, worker: Worker, units: Sequence[Any], world_size: int) -> Iterator[tuple[Any, GroupResult]]:
+        spec = self.spec(world_size)
+        if self.torchrun:
+            return run_under_torchrun(worker, units, spec)
+        return run_spawned(worker, units, spec, unit_timeout_s=self.timeout_s)
+
+
+def resolve_world_sizes(asked: list[int] | None, backend: str, device: str, torchrun: bool) -> list[int]:
+    if torchrun:
+        size = torchrun_world_size()
+        if asked and asked != [size]:
+            raise LaunchError(f"under torchrun the world size is torchrun's ({size}); drop --world-sizes {asked}")
+        return [size]
+    if asked:
+        return list(asked)
+    if parse_rank_device(device, backend)[0] == "cuda" and torch.cuda.is_available():
+        return [torch.cuda.device_count()]
+    return [2]
+
+
+def launch_from_args(args: argparse.Namespace, *, unique_sorted: bool = False) -> Launch:
+    """The Launch of the shared flags; LaunchError (a user error) when this machine cannot run it."""
+    torchrun = under_torchrun()
+    world_sizes = resolve_world_sizes(args.world_sizes, args.backend, args.device, torchrun)
+    if unique_sorted:
+        world_sizes = sorted(set(world_sizes))
+    for world_size in world_sizes:
+        check_launch(args.backend, torchrun_local_world_size() if torchrun else world_size, args.device)
+    threads = args.threads_per_rank or (
+        torchrun_threads_per_rank() if torchrun else default_threads_per_rank(max(world_sizes))
+    )
+    return Launch(args.backend, args.device, tuple(world_sizes), threads, torchrun, args.timeout, args.init_timeout)
+
+
+def run_rows(
+    launch: Launch,
+    worker: Worker,
+    units_for: Callable[[int, bool], Sequence[Any]],
+    record_for: Callable[[Any, GroupResult, dict, Environment | None], Any],
+    write: Callable[[Any], None],
+    describe: Callable[[Any, Any], str],
+) -> list:
+    """Every world size in turn: its units (`units_for(world_size, first)`) run on a fresh group,
+    each unit's GroupResult becomes a record, written and announced on stderr as it comes. A rank
+    of torchrun other than 0 returns no records."""
+    fallback = None if launch.torchrun else collect_environment(launch.first_device)
+    records = []
+    for index, world_size in enumerate(launch.world_sizes):
+        units = units_for(world_size, index == 0)
+        for unit, result in launch.run(worker, units, world_size):
+            record = record_for(unit, result, launch.base_fields(world_size), fallback)
+            write(record)
+            records.append(record)
+            print(describe(unit, record), file=sys.stderr, flush=True)
+    return records
+
