@@ -155,7 +155,7 @@ def test_tables_only_writes_one_file_per_table(files, tmp_path):
     assert len(written) == 3  # time, bandwidth, environment
     for path in output.parent.glob("tables_*.tex"):
         text = path.read_text()
-        assert text.startswith("\\begin{table}") and _balanced(text) and "\\documentclass" not in text
+        assert text.startswith("\\begin{table}[!htbp]") and _balanced(text) and "\\documentclass" not in text
 
 
 def _one_line_exit_2(capsys, argv, expected):
@@ -184,3 +184,18 @@ def test_bad_input_is_one_line_and_exit_2(files, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "typst" else object())
     _one_line_exit_2(capsys, [*files["ddp"], "--output", str(tmp_path / "r.pdf")], 'pip install -e ".[pdf]"')
     assert not (tmp_path / "r.pdf").exists() and not (tmp_path / "r.csv").exists()
+
+
+def test_tex_compiles_with_pdflatex(files, tmp_path):
+    """Only booktabs and graphicx: a standard distribution compiles it (skipped without one)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("pdflatex") is None:
+        pytest.skip("pdflatex is not installed")
+    output = tmp_path / "report.tex"
+    assert report.main([*_all(files), "--output", str(output)]) == 0
+    done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", output.name], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert (tmp_path / "report.pdf").read_bytes().startswith(b"%PDF")

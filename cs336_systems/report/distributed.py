@@ -6,7 +6,19 @@ import pandas as pd
 
 from cs336_systems.results import ENVIRONMENT_FIELDS, row_warnings
 
-from .document import FAILURE_MARK, NOISY_MARK, Section, Table, byte_unit, device_caption, missing, ms_cell, sig3, slug
+from .document import (
+    FAILURE_MARK,
+    NOISY_MARK,
+    Section,
+    Table,
+    byte_unit,
+    device_caption,
+    missing,
+    ms_cell,
+    plain,
+    sig3,
+    slug,
+)
 
 
 def _noisy(row) -> bool:
@@ -68,12 +80,12 @@ def ddp_section(frame: pd.DataFrame) -> tuple[Section, list[str]]:
         for _, row in rows.iterrows():
             model = row["model_size"] if row["model_size"] != "custom" else f"d{row['d_model']} L{row['num_layers']}"
             cells = {"strategy": row["strategy"], "world_size": row["world_size"], "model": model,
-                     "bucket_cap_mb": "" if missing(row.get("bucket_cap_mb")) else sig3(row["bucket_cap_mb"]),
+                     "bucket_cap_mb": plain(row.get("bucket_cap_mb")),
                      "step": _ms(row), "comm_ms": sig3(row.get("comm_ms")), "comm_pct": sig3(row.get("comm_pct")),
                      "samples_per_s": sig3(row.get("samples_per_s")),
                      "scaling_efficiency": sig3(100 * row["scaling_efficiency"]) if not missing(row.get("scaling_efficiency")) else ""}  # fmt: skip
             for column in ("context_length", "per_device_batch", "precision"):
-                cells[column] = "" if missing(row.get(column)) else str(row[column])
+                cells[column] = plain(row.get(column))
             for column in memory_columns:
                 unit, scale = byte_unit(rows[column])
                 cells[f"{column.removesuffix('_bytes').replace('_', ' ')} per rank ({unit})"] = (
@@ -113,7 +125,7 @@ def _loader_cell(row, column: str) -> str:
     value = row.get(column)
     if column in ("samples_per_s", "predicted_samples_per_s", "data_wait_pct"):
         return "" if row["status"] != "ok" and column != "predicted_samples_per_s" else sig3(value)
-    return "" if missing(value) else str(value)
+    return plain(value)
 
 
 def warmup_section(frame: pd.DataFrame) -> Section:

@@ -69,6 +69,13 @@ def sig3(value: float) -> str:
     return f"{value:.{decimals}f}"
 
 
+def plain(value: object) -> str:
+    """A setting as written: 2, not 2.0 (a column with a missing value is read as floats)."""
+    if missing(value):
+        return ""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
 def ms_cell(mean: object, std: object = None, noisy: bool = False) -> str:
     if missing(mean):
         return ""

@@ -15,6 +15,7 @@ PREAMBLE = r"""\documentclass[10pt]{article}
 \usepackage{booktabs,graphicx}
 \setlength{\textwidth}{16cm}\setlength{\oddsidemargin}{0cm}\setlength{\evensidemargin}{0cm}
 \begin{document}
+\raggedright\sloppy
 """
 SYMBOLS = {"±": r"$\pm$", "†": r"\dag{}", "‡": r"\ddag{}", "×": r"$\times$", "≥": r"$\geq$", "≤": r"$\leq$",
            "…": r"\ldots{}", "–": "--", "—": "---", "→": r"$\to$"}  # fmt: skip
@@ -40,7 +41,7 @@ def table_latex(table: Table) -> str:
     notes = "".join(f"\\par\\footnotesize {escape(note)}\n" for note in table.footnotes)
     # shrink a table wider than the text, never enlarge a narrow one
     return (
-        "\\begin{table}[htbp]\n\\centering\n"
+        "\\begin{table}[!htbp]\n\\centering\n"
         f"\\caption{{{escape(table.title)}. {escape(table.caption)}}}\n"
         "\\resizebox{\\ifdim\\width>\\linewidth\\linewidth\\else\\width\\fi}{!}{%\n"
         f"{body.rstrip()}\n}}\n{notes}\\end{{table}}\n"
@@ -50,8 +51,8 @@ def table_latex(table: Table) -> str:
 def figure_latex(figure: Figure, directory: Path) -> str:
     path = Path(os.path.relpath(figure.path, directory)).as_posix()
     return (
-        "\\begin{figure}[htbp]\n\\centering\n"
-        f"\\includegraphics[width=\\linewidth]{{{path}}}\n\\caption{{{escape(figure.title)}}}\n\\end{{figure}}\n"
+        "\\begin{figure}[!htbp]\n\\centering\n"
+        f"\\includegraphics[width=\\linewidth,height=0.8\\textheight,keepaspectratio]{{{path}}}\n\\caption{{{escape(figure.title)}}}\n\\end{{figure}}\n"
     )
 
 
