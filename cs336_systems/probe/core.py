@@ -1,279 +1,34 @@
-"""Why is *my* training slow? A probe for the user's own training loop.
-
-    probe = StepProbe(device="cuda", output="probe.csv", batch_size=32)
-    for batch in probe.loader(train_loader):      # times each wait for a batch
-        with probe.phase("forward"):              # any names: time the loop's own phases
-            loss = model(batch)
-        ...
-        probe.step()                              # closes a step
-
-Per window of N steps: data-wait % (time blocked waiting for the next batch / wall time,
-torchtitan's data_loading %), each phase's mean time, samples/s, and loader_bench's
-input-bound verdict bands. One summary line per window (through tqdm.write when a tqdm bar is
-active); rows go to CSV (flushed per window), JSONL (raw per-step times) and Markdown (with the
-advice) through the project's writers. `close()` (or leaving `with StepProbe(...)`, or the
-interpreter exiting) writes what was measured, also when the user's loop raised.
-
-Timing: the host clock (time.perf_counter) for the waits and the steps. Phases: the host clock
-on a CPU; on a GPU a CUDA event pair per phase, resolved after one synchronize at the end of the
-window, so the host runs ahead of the GPU as in training (no synchronisation per step).
-A step runs from the previous probe.step() (or the first wait) to this one, so steps tile time.
-"""
+"""StepProbe: the three lines in the user's loop (see the package docstring)."""
 
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import sys
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 import torch
 
-from cs336_systems.loader_bench import (
-    NOT_INPUT_BOUND_PCT,
-    batch_nbytes,
-    error_text,
-    predicted_buffer_bytes,
-    predicted_epoch_s,
-    verdict,
+from cs336_systems.loader_bench import batch_nbytes, error_text, verdict
+from cs336_systems.probe.advice import LoaderInfo, compute_advice, host_advice, input_advice
+from cs336_systems.probe.record import (
+    LABEL_COLUMNS,
+    MARKDOWN_COLUMNS,
+    PROBE_FIELDS,
+    ProbeRecord,
+    Step,
+    bound,
+    summary_line,
+    window_figures,
 )
-from cs336_systems.memory import estimate_memory
-from cs336_systems.models import ModelConfig, TransformerLM
-from cs336_systems.results import (
-    Environment,
-    Record,
-    ResultSink,
-    check_output_paths,
-    collect_environment,
-    render_markdown,
-    samples_field,
-    utc_timestamp,
-)
+from cs336_systems.results import Environment, ResultSink, check_output_paths, collect_environment, render_markdown
 from cs336_systems.runner import resolve_device
-from cs336_systems.units import format_bytes
 
 DEFAULT_WINDOW = 50
-# On a GPU, phases covering less of the wall time than this (with no data wait) leave the GPU
-# waiting on the host: Python, kernel launches, synchronising calls outside the phases.
-HOST_BOUND_BUSY_PCT = 80.0
-DEFAULT_PREFETCH = 2  # torch's DataLoader default
 TIMERS = ("auto", "host", "cuda-events")
-
-
-@dataclass
-class ProbeRecord(Record):
-    """One window of steps of the user's loop."""
-
-    label: str
-    window: int
-    first_step: int
-    last_step: int
-    steps: int
-    device: str
-    timer: str  # "host" or "cuda-events" (phases)
-    batch_size: int | None
-    samples: int | None
-    status: str  # "ok"; "error" when the loop raised in this window
-    error: str | None
-    wall_s: float
-    step_ms: float | None  # mean over the window's steps
-    data_wait_ms: float | None  # mean per step
-    data_wait_pct: float | None
-    verdict: str | None  # loader_bench's input-bound bands on data_wait_pct
-    phases: str | None  # "forward=12.345 backward=20.100": mean ms per step
-    phases_pct: float | None  # all phases / wall time (device time on a GPU)
-    outside_pct: float | None  # neither waiting nor in a phase (host clock only)
-    samples_per_s: float | None
-    loader: str | None  # the DataLoader's flags, when it is one
-    notes: str | None = None
-    timestamp: str = field(default_factory=utc_timestamp)
-    environment: Environment | None = None
-    step_wall_ms: list[float] = samples_field()
-    step_wait_ms: list[float] = samples_field()
-    step_phase_ms: list[dict[str, float]] = samples_field()
-
-
-PROBE_FIELDS = ProbeRecord.row_fields()
-MARKDOWN_COLUMNS = ("label", "window", "first_step", "last_step", "status", "step_ms", "data_wait_pct",
-                    "verdict", "phases", "phases_pct", "outside_pct", "samples_per_s")  # fmt: skip
-LABEL_COLUMNS = ("label", "window")
-
-
-# -- accounting: pure functions of per-step times ------------------------------------------------
-
-
-@dataclass
-class Step:
-    """One step: host wall and data wait (ms), phase times (ms) and samples."""
-
-    wall_ms: float
-    wait_ms: float
-    phase_ms: dict[str, float]
-    samples: int | None
-
-
-def phase_means(steps: Sequence[Step]) -> dict[str, float]:
-    names = list(dict.fromkeys(name for s in steps for name in s.phase_ms))
-    return {name: sum(s.phase_ms.get(name, 0.0) for s in steps) / len(steps) for name in names}
-
-
-def window_figures(steps: Sequence[Step], wall_s: float, host_phases: bool) -> dict:
-    """The window's figures; the percentages are of `wall_s`."""
-    wall_ms = wall_s * 1e3
-    wait_ms = sum(s.wait_ms for s in steps)
-    phases_ms = sum(sum(s.phase_ms.values()) for s in steps)
-    samples = None if any(s.samples is None for s in steps) else sum(s.samples for s in steps)
-    wait_pct = 100 * wait_ms / wall_ms if wall_ms > 0 else None
-    phases_pct = 100 * phases_ms / wall_ms if wall_ms > 0 else None
-    return dict(
-        steps=len(steps),
-        samples=samples,
-        wall_s=wall_s,
-        step_ms=sum(s.wall_ms for s in steps) / len(steps) if steps else None,
-        data_wait_ms=wait_ms / len(steps) if steps else None,
-        data_wait_pct=wait_pct,
-        verdict=None if wait_pct is None else verdict(wait_pct),
-        phases=" ".join(f"{name}={ms:.3f}" for name, ms in phase_means(steps).items()) or None if steps else None,
-        phases_pct=phases_pct,
-        # on a GPU the phases are device time, which overlaps the host's waits: no sum then
-        outside_pct=max(0.0, 100 - wait_pct - phases_pct) if host_phases and wait_pct is not None else None,
-        samples_per_s=samples / wall_s if samples is not None and wall_s > 0 else None,
-        step_wall_ms=[s.wall_ms for s in steps],
-        step_wait_ms=[s.wait_ms for s in steps],
-        step_phase_ms=[dict(s.phase_ms) for s in steps],
-    )
-
-
-def summary_line(record: ProbeRecord) -> str:
-    if not record.steps:
-        return f"probe {record.label}: no complete step" + (f" ({record.error})" if record.error else "")
-    parts = [f"probe {record.label} steps {record.first_step}-{record.last_step}: step {record.step_ms:.1f} ms"]
-    if record.samples_per_s is not None:
-        parts.append(f"{record.samples_per_s:.1f} samples/s")
-    parts.append(f"data wait {record.data_wait_pct:.1f}% ({record.verdict})")
-    if record.phases:
-        parts.append(" ".join(f"{p.split('=')[0]} {float(p.split('=')[1]):.1f} ms" for p in record.phases.split()))
-    if record.status != "ok":
-        parts.append(f"{record.status}: {record.error}")
-    return ", ".join(parts)
-
-
-def bound(data_wait_pct: float, phases_pct: float | None, on_gpu: bool, device_busy_pct: float | None) -> str:
-    """'input', 'host' (a GPU waiting on the host) or 'compute'."""
-    if data_wait_pct >= NOT_INPUT_BOUND_PCT:
-        return "input"
-    busy = device_busy_pct if device_busy_pct is not None else phases_pct
-    if on_gpu and busy is not None and busy < HOST_BOUND_BUSY_PCT:
-        return "host"
-    return "compute"
-
-
-# -- advice ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LoaderInfo:
-    """What the probe read off a torch DataLoader (None: not a DataLoader)."""
-
-    num_workers: int
-    prefetch_factor: int | None
-    pin_memory: bool
-    persistent_workers: bool
-    batch_size: int | None
-    num_items: int | None
-
-    @classmethod
-    def of(cls, loader: object) -> LoaderInfo | None:
-        if not isinstance(loader, torch.utils.data.DataLoader):
-            return None
-        try:
-            items = len(loader.dataset)
-        except TypeError:
-            items = None
-        workers = loader.num_workers
-        return cls(workers, loader.prefetch_factor if workers else None, loader.pin_memory,
-                   loader.persistent_workers, loader.batch_size, items)  # fmt: skip
-
-    def describe(self) -> str:
-        return (f"num_workers={self.num_workers} prefetch_factor={self.prefetch_factor} "
-                f"pin_memory={self.pin_memory} persistent_workers={self.persistent_workers}")  # fmt: skip
-
-
-def input_advice(steps: Sequence[Step], info: LoaderInfo | None, batch_bytes: int | None, pinned: bool) -> list[str]:
-    """More workers (how many, what it predicts, the host RAM it takes), persistence, a local copy."""
-    wait = sum(s.wait_ms for s in steps) / len(steps) / 1e3
-    step = sum(s.wall_ms for s in steps) / len(steps) / 1e3
-    compute = max(step - wait, 1e-6)
-    if info is None:
-        return [f"input-bound: the loop waits {1e3 * wait:.1f} ms per {1e3 * step:.1f} ms step for its data; "
-                "load in parallel (DataLoader num_workers / prefetch_factor) or from a faster copy"]  # fmt: skip
-    # steady state with W workers: a step takes fetch / W, so a batch's fetch is W steps (W = 0: one wait)
-    fetch = wait if info.num_workers == 0 else info.num_workers * step
-    workers = max(info.num_workers + 1, math.ceil(fetch / compute))
-    prefetch = info.prefetch_factor or DEFAULT_PREFETCH
-    predicted = predicted_epoch_s(len(steps), fetch, compute, workers) / len(steps)
-    lines = [
-        f"input-bound: {1e3 * wait:.1f} ms of each {1e3 * step:.1f} ms step is spent waiting for a batch "
-        f"({info.describe()}); a batch takes about {1e3 * fetch:.0f} ms to fetch and the rest of the step "
-        f"{1e3 * compute:.1f} ms",
-        f"try num_workers={workers} (prefetch_factor={prefetch}): predicted step {1e3 * predicted:.1f} ms "
-        f"(loader_bench's closed form), {step / predicted:.1f}x",
-    ]
-    if batch_bytes is not None:
-        buffer = predicted_buffer_bytes(workers, prefetch, batch_bytes, pinned)
-        available = psutil.virtual_memory().available
-        lines.append(f"  host RAM for its batches in flight: up to {format_bytes(buffer)} "
-                     f"({format_bytes(available)} available now)")  # fmt: skip
-    if info.num_workers and not info.persistent_workers:
-        lines.append("persistent_workers=True: keeps the workers (and their warm state) between epochs")
-    if batch_bytes is not None and info.num_items is not None and info.batch_size:
-        dataset = info.num_items * batch_bytes // info.batch_size
-        lines.append(f"a local copy of the data (on local disk or in RAM under /dev/shm) takes "
-                     f"{format_bytes(dataset)}: worth it when each item is fetched from remote storage")  # fmt: skip
-    return lines
-
-
-def compute_advice(model: torch.nn.Module | None, batch_size: int | None, context_length: int | None,
-                   precision: str, device: torch.device) -> list[str]:  # fmt: skip
-    """Precision, compile, and a larger batch (with the estimator's verdict for the built-in model)."""
-    lines = ["compute-bound: the time is in your own phases; the loader keeps up"]
-    if precision == "fp32":
-        lines.append("precision: bf16 autocast (torch.autocast) on hardware that has it; on a GPU TF32 "
-                     "matmuls (torch.set_float32_matmul_precision('high'))")  # fmt: skip
-    lines.append("compile: torch.compile(model) fuses the elementwise work")
-    config = getattr(model, "config", None)
-    if isinstance(model, TransformerLM) and isinstance(config, ModelConfig) and batch_size and context_length:
-        if device.type == "cuda":
-            memory = torch.cuda.get_device_properties(device).total_memory
-        else:
-            memory = psutil.virtual_memory().total
-        larger = 2 * batch_size
-        est = estimate_memory(config, larger, context_length, "train-step", precision, device.type, memory)
-        fits = "fits" if est.fits else "does not fit"
-        lines.append(f"batch size {larger} (from {batch_size}): the estimator predicts {format_bytes(est.total_bytes)} "
-                     f"for a train step, which {fits} in {format_bytes(memory)}")  # fmt: skip
-    else:
-        lines.append("batch size: a larger batch uses the hardware better while it fits in memory")
-    return lines
-
-
-def host_advice(phases_pct: float | None, device_busy_pct: float | None) -> list[str]:
-    if device_busy_pct is not None:
-        measured = f"the GPU is busy {device_busy_pct:.0f}% of the step (measured)"
-    else:
-        measured = f"your phases cover {phases_pct:.0f}% of the step on the GPU"
-    return [f"host-bound: {measured}; the GPU waits for the host to launch work",
-            "try torch.compile(mode='reduce-overhead') or CUDA graphs, a larger batch, and no "
-            "synchronising calls (.item(), .cpu(), print of a tensor) inside the step"]  # fmt: skip
-
-
-# -- timers ----------------------------------------------------------------------------------------
 
 
 class _Phase:
