@@ -313,3 +313,34 @@ def test_a_probed_loop_takes_the_same_wall_time():
     probe.close()
     # 40 steps of >= 4 ms: the probe's few microseconds per step are far inside this bound
     assert probed < plain * 1.15 + 0.01
+
+
+def run_script(*args, timeout=300):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_train_with_probe_writes_its_outputs(tmp_path):
+    prefix = tmp_path / "story"
+    done = run_script("scripts/train_with_probe.py", "--num-workers", "0", "--steps", "3", "--window", "2",
+                      "--batch-size", "2", "--context-length", "8", "--latency-ms", "0",
+                      "--output-prefix", str(prefix))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert list(read_results(prefix.with_suffix(".csv"))["steps"]) == [2, 1]
+    assert len(prefix.with_suffix(".jsonl").read_text().splitlines()) == 2
+    assert "## num_workers=0" in prefix.with_suffix(".md").read_text()
+    refused = run_script("scripts/train_with_probe.py", "--output-prefix", str(tmp_path / "story.csv"))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "suffix" in refused.stderr
+
+
+def test_bench_probe_overhead_writes_its_outputs(tmp_path):
+    csv, md = tmp_path / "o.csv", tmp_path / "o.md"
+    done = run_script("scripts/bench_probe_overhead.py", "--steps", "200", "--repeats", "1",
+                      "--output", str(csv), "--output", str(md))  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr  # 1: over the target on a loaded machine
+    frame = read_results(csv)
+    assert len(frame) == 4
+    assert list(read_results(md)["overhead_ms_per_step"]) == pytest.approx(
+        list(frame["overhead_ms_per_step"]), abs=5e-4
+    )
+    assert (frame["passed"] == (frame["overhead_ms_per_step"] < 0.1)).all()
+    assert run_script("scripts/bench_probe_overhead.py", "--steps", "0").returncode == 2
