@@ -225,6 +225,8 @@ def test_refusals():
         StepProbe(window=0)
     with pytest.raises(ValueError, match="timer"):
         StepProbe(timer="wallclock")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        StepProbe(timer="cuda-events")
     with pytest.raises(ValueError, match="suffix"):
         StepProbe(output="probe.txt")
 

@@ -86,6 +86,8 @@ class StepProbe:
         if timer not in TIMERS:
             raise ValueError(f"timer must be one of {', '.join(TIMERS)}, got {timer!r}")
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
+        if timer == "cuda-events" and self.device.type != "cuda" and event_factory is None:
+            raise ValueError(f"timer 'cuda-events' needs a CUDA device, got {self.device}")
         self.batch_size, self.window, self.label = batch_size, window, label
         self.model, self.precision, self.device_busy_pct = model, precision, device_busy_pct
         self._events = timer == "cuda-events" or (timer == "auto" and self.device.type == "cuda")
