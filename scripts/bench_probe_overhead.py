@@ -14,6 +14,7 @@ not the figure.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -43,6 +44,7 @@ class OverheadRecord(Record):
     overhead_max_ms_per_step: float
     target_ms: float
     passed: bool
+    load_avg_1min: float  # of the machine, when the case finished: other processes' share of the cores
     timestamp: str = field(default_factory=utc_timestamp)
     environment: Environment | None = None
 
@@ -80,12 +82,12 @@ def measure(case: str, phases: int, window: int, csv_dir: Path | None, steps: in
         plain_us_per_step=1e6 * statistics.median(plain) / steps,
         probed_us_per_step=1e6 * statistics.median(probed) / steps,
         overhead_ms_per_step=median, overhead_max_ms_per_step=max(overheads), target_ms=TARGET_MS,
-        passed=median < TARGET_MS, environment=env,
+        passed=median < TARGET_MS, load_avg_1min=os.getloadavg()[0], environment=env,
     )  # fmt: skip
 
 
 COLUMNS = ("case", "phases", "window", "writes_csv", "steps", "repeats", "plain_us_per_step", "probed_us_per_step",
-           "overhead_ms_per_step", "overhead_max_ms_per_step", "target_ms", "passed")  # fmt: skip
+           "overhead_ms_per_step", "overhead_max_ms_per_step", "target_ms", "passed", "load_avg_1min")  # fmt: skip
 
 
 def render(rows) -> str:

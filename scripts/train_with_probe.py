@@ -13,6 +13,7 @@ times in the JSONL) and PREFIX.md (the runs, their advice and the checks).
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 import warnings
@@ -109,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                   (f"data wait % with {most} workers (steps 2-)", wait_n, f"< {NOT_INPUT_BOUND_TARGET_PCT:g}",
                    wait_n < NOT_INPUT_BOUND_TARGET_PCT)]  # fmt: skip
     command = f"PYTHONPATH=$PWD {PROG} {shlex.join(argv)}".rstrip()
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     parts = ["# The probe in a real training loop (CPU)", "", "```bash", command, "```", "",
+             f"Load average when it finished (1, 5, 15 min; {os.cpu_count()} cores): {load}.", "",
              "Data wait over each run after its first step (the first waits for worker start-up and a whole "
              "fetch; whole run: " + ", ".join(f"{w} workers {wait_pct(p, False):.1f}%" for w, p, _ in runs) + "):", "",
              "| check | measured | target | passed |", "|---|---|---|---|",

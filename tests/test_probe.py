@@ -236,16 +236,16 @@ def test_input_advice_predicts_workers_and_their_buffer():
     info = LoaderInfo(num_workers=0, prefetch_factor=None, pin_memory=False, persistent_workers=False,
                       batch_size=4, num_items=400)  # fmt: skip
     text = "\n".join(input_advice(steps, info, batch_bytes=4 * 2**20, pinned=False))
-    assert "try num_workers=4 (prefetch_factor=2)" in text
-    # closed form: 40 + 9 * max(10, 40/4) + 10 = 140 ms over 10 steps
-    assert "predicted step 14.0 ms" in text
-    buffer = loader_bench.predicted_buffer_bytes(4, 2, 4 * 2**20, False)
+    assert "try num_workers=5 (prefetch_factor=2): loader_bench's closed form needs 4" in text
+    # closed form with 5 workers: 40 + 9 * max(10, 40/5) + 10 = 140 ms over 10 steps
+    assert "predicts a 14.0 ms step (3.6x)" in text
+    buffer = loader_bench.predicted_buffer_bytes(5, 2, 4 * 2**20, False)
     assert f"up to {buffer / 2**20:.2f} MiB" in text
     assert "local copy" in text and "400.00 MiB" in text
     # with 2 workers and still waiting: a batch takes 2 steps to fetch, so 100 ms / 10 ms -> 10 workers
     info2 = LoaderInfo(2, 2, False, False, 4, 400)
     text2 = "\n".join(input_advice(steps, info2, 4 * 2**20, False))
-    assert "try num_workers=10" in text2 and "persistent_workers=True" in text2
+    assert "needs 10 to keep up" in text2 and "persistent_workers=True" in text2
 
 
 def test_compute_advice_asks_the_estimator_about_a_larger_batch():

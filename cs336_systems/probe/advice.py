@@ -56,15 +56,16 @@ def input_advice(steps: Sequence[Step], info: LoaderInfo | None, batch_bytes: in
                 "load in parallel (DataLoader num_workers / prefetch_factor) or from a faster copy"]  # fmt: skip
     # steady state with W workers: a step takes fetch / W, so a batch's fetch is W steps (W = 0: one wait)
     fetch = wait if info.num_workers == 0 else info.num_workers * step
-    workers = max(info.num_workers + 1, math.ceil(fetch / compute))
+    needed = max(info.num_workers + 1, math.ceil(fetch / compute))
+    workers = needed + 1  # the closed form has no slack: one worker more absorbs jitter
     prefetch = info.prefetch_factor or DEFAULT_PREFETCH
     predicted = predicted_epoch_s(len(steps), fetch, compute, workers) / len(steps)
     lines = [
         f"input-bound: {1e3 * wait:.1f} ms of each {1e3 * step:.1f} ms step is spent waiting for a batch "
         f"({info.describe()}); a batch takes about {1e3 * fetch:.0f} ms to fetch and the rest of the step "
         f"{1e3 * compute:.1f} ms",
-        f"try num_workers={workers} (prefetch_factor={prefetch}): predicted step {1e3 * predicted:.1f} ms "
-        f"(loader_bench's closed form), {step / predicted:.1f}x",
+        f"try num_workers={workers} (prefetch_factor={prefetch}): loader_bench's closed form needs {needed} "
+        f"to keep up and predicts a {1e3 * predicted:.1f} ms step ({step / predicted:.1f}x); one more absorbs jitter",
     ]
     if batch_bytes is not None:
         buffer = predicted_buffer_bytes(workers, prefetch, batch_bytes, pinned)
