@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cs336_systems.probe import StepProbe
-from cs336_systems.results import Environment, Record, ResultSink, collect_environment, render_markdown, utc_timestamp
+from cs336_systems.results import (
+    Environment,
+    Record,
+    ResultFileError,
+    ResultSink,
+    collect_environment,
+    render_markdown,
+    utc_timestamp,
+)
 from cs336_systems.runner import resolve_device
 
 TARGET_MS = 0.1
@@ -108,8 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1 or args.repeats < 1:
         print("bench_probe_overhead: --steps and --repeats must be at least 1", file=sys.stderr)
         return 2
+    try:
+        sink = ResultSink(args.output, fields=OverheadRecord.row_fields(), render=render)
+    except ResultFileError as exc:
+        print(f"bench_probe_overhead: error: {exc}", file=sys.stderr)
+        return 2
     env = collect_environment(resolve_device("cpu"))
-    sink = ResultSink(args.output, fields=OverheadRecord.row_fields(), render=render)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         cases = [("loader+step", 0, 50, None), ("loader+3 phases+step", 3, 50, None),

@@ -346,3 +346,5 @@ def test_bench_probe_overhead_writes_its_outputs(tmp_path):
     )
     assert (frame["passed"] == (frame["overhead_ms_per_step"] < 0.1)).all()
     assert run_script("scripts/bench_probe_overhead.py", "--steps", "0").returncode == 2
+    refused = run_script("scripts/bench_probe_overhead.py", "--output", str(tmp_path / "o.txt"))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "suffix" in refused.stderr
