@@ -348,3 +348,19 @@ def test_bench_probe_overhead_writes_its_outputs(tmp_path):
     assert run_script("scripts/bench_probe_overhead.py", "--steps", "0").returncode == 2
     refused = run_script("scripts/bench_probe_overhead.py", "--output", str(tmp_path / "o.txt"))
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "suffix" in refused.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_real_cuda_loop_times_phases_with_events():
+    model = torch.nn.Linear(256, 256).cuda()
+    probe = StepProbe(device="cuda", window=5, print_fn=lambda line: None)
+    for x in probe.loader([torch.randn(32, 256) for _ in range(10)]):
+        with probe.phase("forward"):
+            y = model(x.cuda(non_blocking=True))
+        with probe.phase("backward"):
+            y.sum().backward()
+        probe.step()
+    probe.close()
+    assert probe.timer == "cuda-events" and len(probe.records) == 2
+    assert all(set(step) == {"forward", "backward"} for r in probe.records for step in r.step_phase_ms)
+    assert all(ms > 0 for r in probe.records for step in r.step_phase_ms for ms in step.values())

@@ -96,7 +96,8 @@ def compute_advice(model: torch.nn.Module | None, batch_size: int | None, contex
         else:
             memory = psutil.virtual_memory().total
         larger = 2 * batch_size
-        est = estimate_memory(config, larger, context_length, "train-step", precision, device.type, memory)
+        context = min(context_length, config.context_length)  # a batch often holds inputs + 1 target
+        est = estimate_memory(config, larger, context, "train-step", precision, device.type, memory)
         fits = "fits" if est.fits else "does not fit"
         lines.append(f"batch size {larger} (from {batch_size}): the estimator predicts {format_bytes(est.total_bytes)} "
                      f"for a train step, which {fits} in {format_bytes(memory)}")  # fmt: skip
