@@ -91,6 +91,14 @@ def test_a_phase_entered_twice_in_a_step_adds_up():
     assert probe.records[0].step_phase_ms == [{"forward": pytest.approx(6.0)}]
 
 
+def test_summary_line():
+    clock, lines = FakeClock(), []
+    probe = fake_probe(clock, batch_size=4, window=2, print_fn=lines.append)
+    run_loop(probe, clock, 2, wait_ms=30, phases={"to device": 10, "forward": 60})
+    assert lines == ["probe train steps 1-2: step 100.0 ms, 40.0 samples/s, data wait 30.0% (input-bound), "
+                     "to device 10.0 ms, forward 60.0 ms"]  # fmt: skip
+
+
 def test_windows_are_written_as_they_close(tmp_path):
     clock = FakeClock()
     csv = tmp_path / "probe.csv"

@@ -101,8 +101,10 @@ def summary_line(record: ProbeRecord) -> str:
     if record.samples_per_s is not None:
         parts.append(f"{record.samples_per_s:.1f} samples/s")
     parts.append(f"data wait {record.data_wait_pct:.1f}% ({record.verdict})")
-    if record.phases:
-        parts.append(" ".join(f"{p.split('=')[0]} {float(p.split('=')[1]):.1f} ms" for p in record.phases.split()))
+    per_step = record.step_phase_ms
+    names = dict.fromkeys(name for phases in per_step for name in phases)  # any names, spaces too
+    for name in names:
+        parts.append(f"{name} {sum(phases.get(name, 0.0) for phases in per_step) / len(per_step):.1f} ms")
     if record.status != "ok":
         parts.append(f"{record.status}: {record.error}")
     return ", ".join(parts)
