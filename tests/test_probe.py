@@ -152,7 +152,7 @@ def test_writers_round_trip(tmp_path):
     assert [row["step_wall_ms"] for row in lines] == [pytest.approx([50.0, 50.0])] * 2
     assert lines[1]["step_phase_ms"] == [{"forward": pytest.approx(30.0)}] * 2
     md = paths[2].read_text()
-    assert list(read_results(paths[2])["label"]) == ["mine", "mine"]
+    assert list(read_results(paths[2])["run"]) == ["mine", "mine"]
     assert "Advice:" in md and "input-bound" in md and "device_name" in md
 
 

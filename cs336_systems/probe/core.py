@@ -250,7 +250,7 @@ class StepProbe:
         figures["steps"] = len(complete)
         figures["step_ms"] = sum(s.wall_ms for s in complete) / len(complete) if complete else None
         record = ProbeRecord(
-            label=self.label, window=len(self.records), first_step=first, last_step=first + len(complete) - 1,
+            run=self.label, window=len(self.records), first_step=first, last_step=first + len(complete) - 1,
             device=str(self.device), timer=self.timer, batch_size=self.batch_size, status=status, error=error,
             loader=self.loader_info.describe() if self.loader_info else None,
             notes="the last step is unfinished (the loop stopped inside it)" if self._open else None,

@@ -17,7 +17,7 @@ HOST_BOUND_BUSY_PCT = 80.0
 class ProbeRecord(Record):
     """One window of steps of the user's loop."""
 
-    label: str
+    run: str  # the probe's label (not `label`: the results package's Record has a label() method)
     window: int
     first_step: int
     last_step: int
@@ -47,9 +47,9 @@ class ProbeRecord(Record):
 
 
 PROBE_FIELDS = ProbeRecord.row_fields()
-MARKDOWN_COLUMNS = ("label", "window", "first_step", "last_step", "status", "step_ms", "data_wait_pct",
+MARKDOWN_COLUMNS = ("run", "window", "first_step", "last_step", "status", "step_ms", "data_wait_pct",
                     "verdict", "phases", "phases_pct", "outside_pct", "samples_per_s")  # fmt: skip
-LABEL_COLUMNS = ("label", "window")
+LABEL_COLUMNS = ("run", "window")
 
 
 @dataclass
@@ -96,8 +96,8 @@ def window_figures(steps: Sequence[Step], wall_s: float, host_phases: bool) -> d
 
 def summary_line(record: ProbeRecord) -> str:
     if not record.steps:
-        return f"probe {record.label}: no complete step" + (f" ({record.error})" if record.error else "")
-    parts = [f"probe {record.label} steps {record.first_step}-{record.last_step}: step {record.step_ms:.1f} ms"]
+        return f"probe {record.run}: no complete step" + (f" ({record.error})" if record.error else "")
+    parts = [f"probe {record.run} steps {record.first_step}-{record.last_step}: step {record.step_ms:.1f} ms"]
     if record.samples_per_s is not None:
         parts.append(f"{record.samples_per_s:.1f} samples/s")
     parts.append(f"data wait {record.data_wait_pct:.1f}% ({record.verdict})")
