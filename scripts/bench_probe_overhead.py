@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cs336_systems.device import resolve_device
 from cs336_systems.probe import StepProbe
 from cs336_systems.results import (
     Environment,
@@ -32,7 +33,6 @@ from cs336_systems.results import (
     render_markdown,
     utc_timestamp,
 )
-from cs336_systems.runner import resolve_device
 
 TARGET_MS = 0.1
 PHASES = ("forward", "backward", "optimizer")

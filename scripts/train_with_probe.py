@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from cs336_systems.cli import ArgumentParser, fail, non_negative_float, non_negative_int, positive_int
+from cs336_systems.argtypes import ArgumentParser, fail, non_negative_float, non_negative_int, positive_int
 from cs336_systems.loader_bench import BenchConfig, EpochSampler, LoaderConfig, StoreDataset, make_loader
 from cs336_systems.models import ModelConfig, TransformerLM
 from cs336_systems.probe import StepProbe

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
+from cs336_systems.device import resolve_device
 from cs336_systems.loader_bench import batch_nbytes, error_text, verdict
 from cs336_systems.probe.advice import LoaderInfo, compute_advice, host_advice, input_advice
 from cs336_systems.probe.record import (
     LABEL_COLUMNS,
     MARKDOWN_COLUMNS,
-    PROBE_FIELDS,
     ProbeRecord,
     Step,
     bound,
@@ -25,7 +25,6 @@ from cs336_systems.probe.record import (
     window_figures,
 )
 from cs336_systems.results import Environment, ResultSink, check_output_paths, collect_environment, render_markdown
-from cs336_systems.runner import resolve_device
 
 DEFAULT_WINDOW = 50
 TIMERS = ("auto", "host", "cuda-events")
@@ -100,7 +99,7 @@ class StepProbe:
         paths = [*([output] if output is not None else []), *outputs]
         checked = check_output_paths(paths)
         self._markdown = [p for p in checked if p.suffix == ".md"]
-        self._sink = ResultSink([p for p in checked if p.suffix != ".md"], fields=PROBE_FIELDS)
+        self._sink = ResultSink([p for p in checked if p.suffix != ".md"], ProbeRecord)
         self._environment = environment or collect_environment(self.device)  # before any timing
         self.records: list[ProbeRecord] = []
         self.steps: list[Step] = []  # every closed step, for the advice

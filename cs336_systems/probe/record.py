@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 from cs336_systems.loader_bench import NOT_INPUT_BOUND_PCT, verdict
-from cs336_systems.results import Environment, Record, samples_field, utc_timestamp
+from cs336_systems.results import Record, samples_field
 
 # On a GPU, phases covering less of the wall time than this (with no data wait) leave the GPU
 # waiting on the host: Python, kernel launches, synchronising calls outside the phases.
@@ -26,8 +27,6 @@ class ProbeRecord(Record):
     timer: str  # "host" or "cuda-events" (phases)
     batch_size: int | None
     samples: int | None
-    status: str  # "ok"; "error" when the loop raised in this window
-    error: str | None
     wall_s: float
     step_ms: float | None  # mean over the window's steps
     data_wait_ms: float | None  # mean per step
@@ -38,18 +37,22 @@ class ProbeRecord(Record):
     outside_pct: float | None  # neither waiting nor in a phase (host clock only)
     samples_per_s: float | None
     loader: str | None  # the DataLoader's flags, when it is one
-    notes: str | None = None
-    timestamp: str = field(default_factory=utc_timestamp)
-    environment: Environment | None = None
+    # status (Record): "ok"; "error" when the loop raised in this window
     step_wall_ms: list[float] = samples_field()
     step_wait_ms: list[float] = samples_field()
     step_phase_ms: list[dict[str, float]] = samples_field()
 
 
+    markdown_columns: ClassVar[tuple[str, ...]] = (
+        "run", "window", "first_step", "last_step", "status", "step_ms", "data_wait_pct",
+        "verdict", "phases", "phases_pct", "outside_pct", "samples_per_s",
+    )  # fmt: skip
+    label_columns: ClassVar[tuple[str, ...]] = ("run", "window")
+
+
 PROBE_FIELDS = ProbeRecord.row_fields()
-MARKDOWN_COLUMNS = ("run", "window", "first_step", "last_step", "status", "step_ms", "data_wait_pct",
-                    "verdict", "phases", "phases_pct", "outside_pct", "samples_per_s")  # fmt: skip
-LABEL_COLUMNS = ("run", "window")
+MARKDOWN_COLUMNS = ProbeRecord.markdown_columns
+LABEL_COLUMNS = ProbeRecord.label_columns
 
 
 @dataclass
