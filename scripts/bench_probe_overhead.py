@@ -19,19 +19,17 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from cs336_systems.device import resolve_device
 from cs336_systems.probe import StepProbe
 from cs336_systems.results import (
-    Environment,
     Record,
     ResultFileError,
     ResultSink,
     collect_environment,
     render_markdown,
-    utc_timestamp,
 )
 
 TARGET_MS = 0.1
@@ -53,8 +51,6 @@ class OverheadRecord(Record):
     target_ms: float
     passed: bool
     load_avg_1min: float  # of the machine, when the case finished: other processes' share of the cores
-    timestamp: str = field(default_factory=utc_timestamp)
-    environment: Environment | None = None
 
 
 def plain_loop(steps: int, phases: int) -> float:
@@ -86,7 +82,7 @@ def measure(case: str, phases: int, window: int, csv_dir: Path | None, steps: in
     overheads = [1e3 * (p - q) / steps for p, q in zip(probed, plain)]
     median = statistics.median(overheads)
     return OverheadRecord(
-        case=case, phases=phases, window=window, writes_csv=csv_dir is not None, steps=steps, repeats=repeats,
+        status="ok", case=case, phases=phases, window=window, writes_csv=csv_dir is not None, steps=steps, repeats=repeats,
         plain_us_per_step=1e6 * statistics.median(plain) / steps,
         probed_us_per_step=1e6 * statistics.median(probed) / steps,
         overhead_ms_per_step=median, overhead_max_ms_per_step=max(overheads), target_ms=TARGET_MS,
@@ -117,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_probe_overhead: --steps and --repeats must be at least 1", file=sys.stderr)
         return 2
     try:
-        sink = ResultSink(args.output, fields=OverheadRecord.row_fields(), render=render)
+        sink = ResultSink(args.output, OverheadRecord, render=render)
     except ResultFileError as exc:
         print(f"bench_probe_overhead: error: {exc}", file=sys.stderr)
         return 2
