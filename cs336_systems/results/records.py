@@ -32,6 +32,9 @@ STATUSES = ("ok", "oom", "error", "unsupported", "timeout")
 # Summary fields in column order; cv_pct is a ratio, the rest are milliseconds.
 TIMING_STATISTICS = ("mean", "std", "cv_pct", "median", "min", "max", "p10", "p90")
 
+# The note a row gets when its training loss came out NaN or inf (compare never ranks such a row).
+NONFINITE_LOSS_NOTE = "loss is not finite (NaN/inf)"
+
 
 def identity_field(**kwargs):
     """A column that identifies the configuration (compared by `Record.key()`)."""
