@@ -33,7 +33,7 @@ from cs336_systems.config import BenchmarkConfig
 from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory
 from cs336_systems.monitor import check_monitor_arguments, monitored
-from cs336_systems.results import ResultFileError, ResultSink, check_output_paths
+from cs336_systems.results import ResultFileError, ResultSink, check_output_path, check_output_paths
 from cs336_systems.search import search_boundary
 from cs336_systems.sweep import StopRequest, describe
 
@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         outputs = check_output_paths(args.output)
         sink = ResultSink(outputs)
         summary = args.summary or (outputs[0].with_suffix(".json") if outputs else None)
+        if summary:
+            check_output_path(summary, "--summary")  # checked now, not after every probe ran
         check_monitor_arguments(args)  # --monitor comes with the benchmark flags
     except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, ValueError) as exc:
         return fail(PROG, str(exc))
