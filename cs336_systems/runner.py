@@ -41,6 +41,7 @@ from cs336_systems.precision import (
     unsupported_reason,
 )
 from cs336_systems.results import BenchmarkRecord, Environment, collect_environment
+from cs336_systems.results.records import NONFINITE_LOSS_NOTE
 from cs336_systems.stats import summarize
 from cs336_systems.timing import HostTimer, StepTimes, device_synchronizer, make_timer, time_steps
 
@@ -89,6 +90,7 @@ def make_step(
     device: torch.device,
     optimizer: torch.optim.Optimizer | None = None,
     phase: Phase = no_phase,
+    losses: list | None = None,
 ) -> Callable[[], None]:
     """The function one timed step calls, its parts wrapped in `phase("forward")`,
     `phase("backward")` and `phase("optimizer")`. Training steps start by setting grads to None."""
@@ -107,6 +109,8 @@ def make_step(
         with phase("forward"), autocast(config.precision, device):
             logits = model(tokens)  # held until backward ends, as in a training loop
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        if losses is not None:
+            losses.append(loss.detach())  # read once after timing (a NaN loss gets a note)
         with phase("backward"):
             (scaler.scale(loss) if scaler else loss).backward()
 
@@ -216,7 +220,9 @@ def _measure(
     with contextlib.ExitStack() as stack:
         runnable = stack.enter_context(compiled(model, config.compile_scope)) if config.compile else model
         plain = make_step(config, runnable, device, optimizer, phase=nvtx.range)
-        traced = make_step(config, runnable, device, optimizer, phase=combine_phases(memory.phase, nvtx.range))
+        losses: list[torch.Tensor] = []  # the traced steps' (untimed): first and last
+        traced = make_step(config, runnable, device, optimizer, phase=combine_phases(memory.phase, nvtx.range),
+                           losses=losses)  # fmt: skip
         steps_run = []
 
         def step() -> None:
@@ -239,6 +245,8 @@ def _measure(
         )
         traced()
         device_synchronizer(device)()
+        if losses and not torch.isfinite(losses[-1]).item():
+            notes.append(NONFINITE_LOSS_NOTE)
         return times
 
 

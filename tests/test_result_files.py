@@ -311,3 +311,17 @@ def test_lock_file_holds_the_pid(tmp_path):
     out = tmp_path / "r.jsonl"
     with ResultSink([out]):
         assert (tmp_path / ".r.jsonl.lock").read_text().strip() == str(os.getpid())
+
+
+def test_a_nan_loss_gets_a_note_in_its_row():
+    import torch
+
+    from cs336_systems.models import build_model
+
+    config = tiny_benchmark_config(pass_type="forward-backward")
+    model = build_model(config.model, torch.device("cpu"))
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    record = run_benchmark(config, model=model)
+    assert record.status == "ok" and NONFINITE_LOSS_NOTE in record.notes
+    assert NONFINITE_LOSS_NOTE not in (run_benchmark(config).notes or "")
