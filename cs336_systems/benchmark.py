@@ -12,7 +12,7 @@ import sys
 from tabulate import tabulate
 
 from cs336_systems import nvtx
-from cs336_systems.argtypes import ArgumentParser, exit_status, fail, positive_int
+from cs336_systems.argtypes import EXIT_FAILED, ArgumentParser, exit_status, fail, positive_int
 from cs336_systems.cli import (
     ATTENTION_KINDS,
     PASS_TYPE_CHOICES,
@@ -32,7 +32,7 @@ from cs336_systems.models import (
     load_model_factory,
 )
 from cs336_systems.monitor import MonitorPathError, add_monitor_arguments, check_monitor_arguments, monitored
-from cs336_systems.results import BenchmarkRecord, ResultFileError, ResultSink, check_output_paths
+from cs336_systems.results import BenchmarkRecord, ResultFileError, ResultSink, ResultWriteError, check_output_paths
 from cs336_systems.runner import run_benchmark
 
 PROG = "python -m cs336_systems.benchmark"
@@ -132,8 +132,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: note: --nvtx does nothing on {device.type} (NVTX ranges need CUDA)", file=sys.stderr)
     with monitored(args.monitor, args.monitor_interval):
         record = run_benchmark(config.replace(device=str(device)), memory_snapshot=args.memory_snapshot)
-    sink.write(record)
     print(BenchmarkRecord.console([record.to_row()]))
+    try:
+        sink.write(record)
+    except ResultWriteError as exc:  # a full disk: the row is on screen above, the file kept whole
+        print(f"{PROG}: error: {exc.strerror}", file=sys.stderr)
+        return EXIT_FAILED
     for path in [*args.output, *([args.memory_snapshot] if args.memory_snapshot else [])]:
         print(f"wrote {path}", file=sys.stderr)
     if exit_status([record.status]):

@@ -325,3 +325,12 @@ def test_a_nan_loss_gets_a_note_in_its_row():
     record = run_benchmark(config, model=model)
     assert record.status == "ok" and NONFINITE_LOSS_NOTE in record.notes
     assert NONFINITE_LOSS_NOTE not in (run_benchmark(config).notes or "")
+
+
+def test_a_full_disk_in_the_single_benchmark_is_one_line_exit_1(tmp_path, capsys, fault):
+    out = tmp_path / "r.csv"
+    fault("enospc@1")
+    assert benchmark.main([*TINY, "--pass-type", "forward", "--context-length", "8", "--output", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "r.csv: could not write a row (No space left on device)" in err and "Traceback" not in err
+    assert not out.exists() or out.read_text() == ""
