@@ -269,8 +269,12 @@ def sweep_main(
         args.child_limits = child_limits_from_args(args, device) if child_processes else None
         # Locked for the whole sweep, cut last lines dropped, other tools' files refused; then read.
         sink = ResultSink(outputs, wait_lock=args.wait_lock)
-        held = rows_by_output(outputs)
-        pending = pending_configs(configs, held, args.resume)
+        try:
+            held = rows_by_output(outputs)
+            pending = pending_configs(configs, held, args.resume)
+        except BaseException:
+            sink.close()
+            raise
     except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, ValueError) as exc:
         return fail(prog, str(exc))
     previous = existing_rows(outputs)

@@ -334,3 +334,14 @@ def test_a_full_disk_in_the_single_benchmark_is_one_line_exit_1(tmp_path, capsys
     err = capsys.readouterr().err
     assert "r.csv: could not write a row (No space left on device)" in err and "Traceback" not in err
     assert not out.exists() or out.read_text() == ""
+
+
+def test_a_file_with_rows_is_refused_without_resume_and_left_unlocked(tmp_path, records, capsys):
+    out = tmp_path / "r.csv"
+    with ResultSink([out]) as sink:
+        sink.write(records[0])
+    before = out.read_text()
+    assert benchmark_direct.main([*GRID, "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "pass --resume" in err and _one_line_error(err)
+    assert out.read_text() == before and not list(tmp_path.glob(".*.lock"))
