@@ -11,7 +11,7 @@ import sys
 from cs336_systems.flops import PEAK_CHOICES
 from cs336_systems.models import ATTENTION_KINDS, ModelConfig
 from cs336_systems.precision import PRECISIONS
-from cs336_systems.runner import BenchmarkConfig
+from cs336_systems.runner import COMPILE_MODES, BenchmarkConfig
 from cs336_systems.timing import TIMERS
 from cs336_systems.units import parse_bytes
 
@@ -126,6 +126,23 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--peak-tflops", type=positive_float, help="your own peak TFLOP/s for MFU (overrides --peak)")
     group.add_argument(
+        "--compile-mode",
+        choices=COMPILE_MODES,
+        help="torch.compile's mode for compiled rows (recorded as compile_mode; on `benchmark` it implies --compile)",
+    )
+    group.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="CUDA: capture the whole step (forward, loss, backward, AdamW capturable) in a CUDA graph after "
+        "warmup and time its replays",
+    )
+    group.add_argument(
+        "--no-profile-step",
+        dest="profile_step",
+        action="store_false",
+        help="skip the extra step under torch.profiler after the measured ones (kernels_per_step, device_busy_pct)",
+    )
+    group.add_argument(
         "--output",
         action="append",
         default=[],
@@ -155,6 +172,9 @@ def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **r
     return BenchmarkConfig(
         model=model,
         compile_scope=args.compile_scope,
+        compile_mode=args.compile_mode or "default",
+        cuda_graphs=args.cuda_graphs,
+        profile_step=args.profile_step,
         timer=args.timer,
         warmup_steps=args.warmup_steps,
         measure_steps=args.measure_steps,
@@ -180,7 +200,11 @@ def config_to_args(config: BenchmarkConfig) -> list[str]:
     if m.size_name != "custom":
         args += ["--model-size", m.size_name]
     if config.compile:
-        args += ["--compile", "--compile-scope", config.compile_scope]
+        args += ["--compile", "--compile-scope", config.compile_scope, "--compile-mode", config.compile_mode]
+    if config.cuda_graphs:
+        args += ["--cuda-graphs"]
+    if not config.profile_step:
+        args += ["--no-profile-step"]
     if config.model_factory:
         args += ["--model-factory", config.model_factory]
     if config.peak_tflops is not None:

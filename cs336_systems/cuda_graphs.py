@@ -76,9 +76,7 @@ class CapturedStep:
     """`body` captured in one CUDA graph; calling it replays the graph. `loss` is the
     static output tensor, refreshed by each replay."""
 
-    def __init__(
-        self, body: Callable[[], torch.Tensor], model: nn.Module, warmup_iters: int = CAPTURE_WARMUP_ITERS
-    ):
+    def __init__(self, body: Callable[[], torch.Tensor], model: nn.Module, warmup_iters: int = CAPTURE_WARMUP_ITERS):
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

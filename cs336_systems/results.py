@@ -27,7 +27,8 @@ import torch
 from tabulate import tabulate
 
 from cs336_systems.anomalies import flag_anomalies
-from cs336_systems.stats import Summary, is_noisy
+from cs336_systems.profiling import StepProfile
+from cs336_systems.stats import Summary, is_noisy, summarize
 
 STATUSES = ("ok", "oom", "error", "unsupported", "timeout")
 OUTPUT_SUFFIXES = (".csv", ".md", ".jsonl")
@@ -200,6 +201,8 @@ class BenchmarkRecord(Record):
     precision: str
     compile: bool
     compile_scope: str | None
+    compile_mode: str | None
+    cuda_graphs: bool
     device: str
     timer: str
     warmup_steps: int
@@ -220,6 +223,17 @@ class BenchmarkRecord(Record):
     p90_ms: float | None = None
     tokens_per_s: float | None = None
     compile_s: float | None = None
+    # per phase, from the measured steps (timing.py): mean and median ms; forward rows have
+    # only forward, forward-backward rows no optimizer, CUDA-graph rows none
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    optimizer_ms: float | None = None
+    forward_median_ms: float | None = None
+    backward_median_ms: float | None = None
+    optimizer_median_ms: float | None = None
+    # the profiled step after the measured ones (profiling.py); None with --no-profile-step
+    kernels_per_step: int | None = None
+    device_busy_pct: float | None = None
     # work and utilisation (cs336_systems.flops)
     flops_per_step: int | None = None
     flops_source: str | None = None
@@ -252,10 +266,26 @@ class BenchmarkRecord(Record):
     environment: Environment | None = None
     step_ms: list[float] = samples_field()
     warmup_step_ms: list[float] = samples_field()
+    forward_samples_ms: list[float] = samples_field()
+    backward_samples_ms: list[float] = samples_field()
+    optimizer_samples_ms: list[float] = samples_field()
+    top_kernels: list[dict] = samples_field()  # {"name", "calls", "total_ms"} of the profiled step
 
     def add_summary(self, summary: Summary) -> None:
         for name, value in summary.as_dict(suffix="_ms").items():
             setattr(self, name, value)
+
+    def add_phases(self, phase_ms: dict[str, Sequence[float]]) -> None:
+        """Per-phase samples (forward, backward, optimizer) with their mean and median."""
+        for name, samples in phase_ms.items():
+            summary = summarize(samples)
+            setattr(self, f"{name}_samples_ms", list(samples))
+            setattr(self, f"{name}_ms", summary.mean)
+            setattr(self, f"{name}_median_ms", summary.median)
+
+    def add_profile(self, profile: StepProfile) -> None:
+        self.kernels_per_step, self.device_busy_pct = profile.kernels_per_step, profile.device_busy_pct
+        self.top_kernels = list(profile.top_kernels)
 
 
 BENCHMARK_FIELDS = BenchmarkRecord.row_fields()
@@ -284,12 +314,17 @@ MARKDOWN_COLUMNS = (
     "median_ms",
     "p10_ms",
     "p90_ms",
+    "forward_ms",
+    "backward_ms",
+    "optimizer_ms",
     "tokens_per_s",
     "achieved_tflops",
     "mfu",
     "peak_memory_gib",
     "predicted_memory_gib",
     "compile_s",
+    "kernels_per_step",
+    "device_busy_pct",
 )
 MARKDOWN_ENVIRONMENT = (
     "device_name",
@@ -321,7 +356,7 @@ DERIVED_COLUMNS: dict[str, Callable[[dict], object]] = {
     "peak_memory_gib": _gib("peak_memory_bytes"),
     "predicted_memory_gib": _gib("predicted_memory_bytes"),
 }
-_DECIMALS = {"tokens_per_s": 1, "cv_pct": 1, "compile_s": 2, "achieved_tflops": 4, "peak_tflops": 4}
+_DECIMALS = {"tokens_per_s": 1, "cv_pct": 1, "device_busy_pct": 1, "compile_s": 2, "achieved_tflops": 4, "peak_tflops": 4}
 
 
 def _is_missing(value: object) -> bool:

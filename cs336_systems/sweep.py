@@ -28,6 +28,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from cs336_systems import cuda_graphs
 from cs336_systems.cli import (
     ATTENTION_KINDS,
     PASS_TYPE_CHOICES,
@@ -392,6 +393,8 @@ def sweep_main(
         device = resolve_device(args.device)
         if args.timer == "cuda-event" and device.type != "cuda":
             raise DeviceError("--timer cuda-event needs a CUDA device")
+        if args.cuda_graphs and device.type != "cuda":
+            raise DeviceError(cuda_graphs.unsupported_reason(device, "fp32", None))
         if args.model_factory:
             load_model_factory(args.model_factory)
         configs = grid_from_args(args, device)

@@ -1,7 +1,7 @@
 """--cuda-graphs on a real CUDA device: replays compute what eager steps compute. Skipped without CUDA."""
 
-import copy
 import contextlib
+import copy
 
 import pytest
 import torch

@@ -104,7 +104,7 @@ def test_benchmark_run_marks_steps_phases_and_naive_attention(recorded_ranges):
     assert len(pushes) == recorded_ranges.count("pop")
     assert pushes[0] == "warmup" and pushes.count("measured") == 1 and pushes.count("step") == 2
     layers = config.model.num_layers
-    steps = 1 + 2 + 1  # warmup, measured, the untimed step that traces memory
+    steps = 1 + 2 + 1 + 1  # warmup, measured, the untimed step that traces memory, the profiled step
     for name in ("forward", "backward", "optimizer"):
         assert pushes.count(name) == steps
     for name in ("attention/scores", "attention/softmax", "attention/weighted_sum"):
@@ -284,4 +284,4 @@ def test_benchmark_run_with_block_ranges(recorded_ranges, monkeypatch):
     assert record.status == "ok", record.error
     measured = recorded_ranges[recorded_ranges.index("measured") :]
     assert measured[:4] == ["measured", "step", "forward", "block/0"]
-    assert measured.count("block/0") == measured.count("block/1") == 1
+    assert measured.count("block/0") == measured.count("block/1") == 2  # the measured step, the memory step
