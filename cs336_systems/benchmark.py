@@ -126,10 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(config.device)
         if config.timer == "cuda-event" and device.type != "cuda":
             raise DeviceError("--timer cuda-event needs a CUDA device")
-        if config.cuda_graphs and (
-            reason := cuda_graphs.unsupported_reason(device, config.precision, args.compile_mode)
-        ):
-            raise DeviceError(reason)
+        if config.cuda_graphs and device.type != "cuda":  # other refusals are 'unsupported' rows, as in sweeps
+            raise DeviceError(cuda_graphs.unsupported_reason(device, config.precision, None))
         if args.memory_snapshot and device.type != "cuda":
             raise DeviceError("--memory-snapshot needs a CUDA device (it records the CUDA allocator's history)")
         if config.model_factory:
