@@ -356,7 +356,8 @@ DERIVED_COLUMNS: dict[str, Callable[[dict], object]] = {
     "peak_memory_gib": _gib("peak_memory_bytes"),
     "predicted_memory_gib": _gib("predicted_memory_bytes"),
 }
-_DECIMALS = {"tokens_per_s": 1, "cv_pct": 1, "device_busy_pct": 1, "compile_s": 2, "achieved_tflops": 4, "peak_tflops": 4}
+_DECIMALS = {"tokens_per_s": 1, "cv_pct": 1, "compile_s": 2, "achieved_tflops": 4, "peak_tflops": 4}
+_DECIMALS["device_busy_pct"] = 1
 
 
 def _is_missing(value: object) -> bool:
