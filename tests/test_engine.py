@@ -110,3 +110,22 @@ def test_cuda_graphs_refusals_in_the_runner():
     assert "fp16" in cuda_graphs.unsupported_reason(cuda, "fp16", None)
     assert "captures CUDA graphs itself" in cuda_graphs.unsupported_reason(cuda, "bf16", "reduce-overhead")
     assert cuda_graphs.unsupported_reason(cuda, "bf16", "max-autotune-no-cudagraphs") is None
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_files_written_before_the_new_columns_still_match_their_configuration(tmp_path, compiled):
+    import pandas as pd
+
+    from cs336_systems.results import read_results
+    from cs336_systems.sweep import config_key, row_key
+
+    config = tiny_benchmark_config(compile=compiled)
+    row = runner.new_record(config, torch.device("cpu"), None, 1).to_row()
+    old = {name: value for name, value in row.items() if name not in ("compile_mode", "cuda_graphs")}
+    pd.DataFrame([old]).to_csv(tmp_path / "old.csv", index=False)
+    (read_back,) = read_results(tmp_path / "old.csv").to_dict("records")
+    mode = read_back["compile_mode"]
+    assert (mode == "default") if compiled else pd.isna(mode)
+    assert read_back["cuda_graphs"] == False  # noqa: E712 (a numpy bool)
+    assert row_key(read_back) == config_key(config)
+    assert row_key(read_back) != config_key(config.replace(cuda_graphs=True))
