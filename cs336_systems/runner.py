@@ -343,7 +343,7 @@ def _measure(
             stack.enter_context(compiled(model, config.compile_scope, config.compile_mode)) if config.compile else model
         )
         if config.cuda_graphs:
-            step, traced = _captured_step(config, runnable, device, record, notes, memory), None
+            step, traced = _captured_step(config, runnable, device, notes, memory), None
             phases = None
         else:
             optimizer = make_optimizer(model, device) if config.pass_type == "train-step" else None
@@ -391,7 +391,6 @@ def _captured_step(
     config: BenchmarkConfig,
     model: nn.Module,
     device: torch.device,
-    record: BenchmarkRecord,
     notes: list[str],
     memory: PhaseMemory,
 ) -> Callable[[], None]:
