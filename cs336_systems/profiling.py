@@ -29,7 +29,7 @@ TOP_KERNELS = 10
 
 @dataclass(frozen=True)
 class StepProfile:
-    kernels_per_step: int
+    kernels_per_step: int | None  # None: a CUDA profile that recorded no kernels
     device_busy_ms: float | None
     device_busy_pct: float | None
     profiled_step_ms: float
@@ -64,6 +64,8 @@ def summarize_events(
     time_range.start/end in microseconds, is_user_annotation, self_cpu_time_total)."""
     if device_type == "cuda":
         kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+        if not kernels:  # every CUDA step launches kernels: the profiler could not see them (no CUPTI)
+            return StepProfile(None, None, None, profiled_step_ms or step_ms, ())
         busy_ms = union_length((e.time_range.start, e.time_range.end) for e in kernels) / 1e3
         durations = ((e.name, e.time_range.end - e.time_range.start) for e in kernels)
         busy_pct = 100.0 * busy_ms / step_ms if step_ms > 0 else None

@@ -51,6 +51,11 @@ def test_cuda_summary_uses_the_union_of_kernel_intervals_over_the_step():
     )
 
 
+def test_cuda_profile_without_kernel_events_reports_nothing_rather_than_an_idle_gpu():
+    profile = summarize_events([event("cudaLaunchKernel", 0, 10, device=DeviceType.CPU)], "cuda", step_ms=2.0)
+    assert profile.kernels_per_step is None and profile.device_busy_pct is None and profile.top_kernels == ()
+
+
 def test_cpu_summary_counts_ops_and_has_no_busy_figure():
     events = [event("aten::mm", 0, 10, DeviceType.CPU, 8.0), event("aten::add", 10, 12, DeviceType.CPU, 2.0),
               event("my_region", 0, 12, DeviceType.CPU, 2.0, annotation=True)]  # fmt: skip
