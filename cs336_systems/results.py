@@ -569,7 +569,7 @@ def read_results(path: str | Path) -> pd.DataFrame:
     if path.suffix == ".jsonl":
         return _with_added_config_columns(pd.read_json(path, lines=True, dtype=False))
     if path.suffix == ".md":
-        return _with_added_config_columns(read_markdown(path))
+        return read_markdown(path)  # a rendering: only its columns
     raise ResultFileError(f"{path}: unknown suffix, expected one of {', '.join(OUTPUT_SUFFIXES)}")
 
 
