@@ -158,9 +158,22 @@ def read_results(path: str | Path) -> pd.DataFrame:
     """Rows of a .csv, .jsonl or .md result file as a DataFrame."""
     path = Path(path)
     if path.suffix == ".csv":
-        return pd.read_csv(path)
+        return _with_added_config_columns(pd.read_csv(path))
     if path.suffix == ".jsonl":
-        return pd.read_json(path, lines=True, dtype=False)
+        return _with_added_config_columns(pd.read_json(path, lines=True, dtype=False))
     if path.suffix == ".md":
-        return read_markdown(path)
+        return read_markdown(path)  # a rendering: only its columns
     raise ResultFileError(f"{path}: unknown suffix, expected one of {', '.join(OUTPUT_SUFFIXES)}")
+
+
+def _with_added_config_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """Benchmark files written before compile_mode and cuda_graphs existed: their rows ran
+    torch.compile's default mode (when compiled) and no CUDA graph, so they still match."""
+    if "compile" not in frame.columns:
+        return frame
+    if "compile_mode" not in frame.columns:
+        compiled = frame["compile"].astype(str).str.lower() == "true"
+        frame["compile_mode"] = compiled.map({True: "default", False: None}).astype(object)
+    if "cuda_graphs" not in frame.columns:
+        frame["cuda_graphs"] = False
+    return frame
