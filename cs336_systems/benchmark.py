@@ -11,7 +11,7 @@ import sys
 
 from tabulate import tabulate
 
-from cs336_systems import nvtx
+from cs336_systems import cuda_graphs, nvtx
 from cs336_systems.argtypes import EXIT_FAILED, ArgumentParser, exit_status, fail, positive_int
 from cs336_systems.cli import (
     ATTENTION_KINDS,
@@ -62,9 +62,12 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument(
         "--nvtx",
-        action="store_true",
+        nargs="?",
+        const="steps",
+        choices=nvtx.LEVELS,
         help="CUDA: mark warmup, each measured step, forward/backward/optimizer and the naive attention's "
-        "scores/softmax/weighted sum as NVTX ranges for nsys (scripts/nsys_profile.sh); no-op without CUDA",
+        "scores/softmax/weighted sum as NVTX ranges for nsys (scripts/nsys_profile.sh); `--nvtx blocks` "
+        "also marks each Transformer block (block/N); no-op without CUDA",
     )
     add_shape_arguments(parser)
     add_execution_arguments(parser)
@@ -103,7 +106,7 @@ def config_from_args(args) -> BenchmarkConfig:
         batch_size=args.batch_size,
         pass_type=args.pass_type,
         precision=args.precision,
-        compile=args.compile,
+        compile=args.compile or args.compile_mode is not None,
         device=args.device,
     )
 
@@ -119,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(config.device)
         if config.timer == "cuda-event" and device.type != "cuda":
             raise DeviceError("--timer cuda-event needs a CUDA device")
+        if config.cuda_graphs and device.type != "cuda":  # other refusals are 'unsupported' rows, as in sweeps
+            raise DeviceError(cuda_graphs.unsupported_reason(device, config.precision, None))
         if args.memory_snapshot and device.type != "cuda":
             raise DeviceError("--memory-snapshot needs a CUDA device (it records the CUDA allocator's history)")
         if config.model_factory:
@@ -128,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, MonitorPathError) as exc:
         return fail(PROG, str(exc))
 
-    if args.nvtx and not nvtx.enable():
+    if args.nvtx and not nvtx.enable(blocks=args.nvtx == "blocks"):
         print(f"{PROG}: note: --nvtx does nothing on {device.type} (NVTX ranges need CUDA)", file=sys.stderr)
     with monitored(args.monitor, args.monitor_interval):
         record = run_benchmark(config.replace(device=str(device)), memory_snapshot=args.memory_snapshot)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from cs336_systems import cuda_graphs
 from cs336_systems.argtypes import EXIT_FAILED, EXIT_INTERRUPTED, ArgumentParser, exit_status, fail, positive_int
 from cs336_systems.child import add_child_arguments, child_limits_from_args
 from cs336_systems.cli import (
@@ -261,6 +262,8 @@ def sweep_main(
         device = resolve_device(args.device)
         if args.timer == "cuda-event" and device.type != "cuda":
             raise DeviceError("--timer cuda-event needs a CUDA device")
+        if args.cuda_graphs and device.type != "cuda":
+            raise DeviceError(cuda_graphs.unsupported_reason(device, "fp32", None))
         if args.model_factory:
             load_model_factory(args.model_factory)
         configs = grid_from_args(args, device)

@@ -408,7 +408,7 @@ def read_results(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if path.suffix == ".csv":
         try:
-            return pd.read_csv(path)
+            return _with_added_config_columns(pd.read_csv(path))
         except pd.errors.ParserError as exc:
             raise ResultFileError(f"{path}: damaged CSV ({str(exc).strip().split('. ')[-1]})") from None
     if path.suffix == ".jsonl":
@@ -418,7 +418,21 @@ def read_results(path: str | Path) -> pd.DataFrame:
                 json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ResultFileError(f"{path}:{number}: damaged JSONL line ({exc.msg})") from None
-        return pd.read_json(io.StringIO(text), lines=True, dtype=False) if text.strip() else pd.DataFrame()
+        frame = pd.read_json(io.StringIO(text), lines=True, dtype=False) if text.strip() else pd.DataFrame()
+        return _with_added_config_columns(frame)
     if path.suffix == ".md":
-        return read_markdown(path)
+        return read_markdown(path)  # a rendering: only its columns
     raise ResultFileError(f"{path}: unknown suffix, expected one of {', '.join(OUTPUT_SUFFIXES)}")
+
+
+def _with_added_config_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """Benchmark files written before compile_mode and cuda_graphs existed: their rows ran
+    torch.compile's default mode (when compiled) and no CUDA graph, so they still match."""
+    if "compile" not in frame.columns:
+        return frame
+    if "compile_mode" not in frame.columns:
+        compiled = frame["compile"].astype(str).str.lower() == "true"
+        frame["compile_mode"] = compiled.map({True: "default", False: None}).astype(object)
+    if "cuda_graphs" not in frame.columns:
+        frame["cuda_graphs"] = False
+    return frame
