@@ -5,7 +5,9 @@ Example (CPU, gloo, both strategies, world sizes 1 and 2):
         --d-model 256 --d-ff 1024 --num-layers 4 --num-heads 4 --context-length 128 --batch-size 4 \
         --output results/ddp.csv --output results/ddp.md
 
-  trainer.py  one rank's training step under a strategy, and its timing
+  strategies.py  how each strategy wraps the model, builds the optimizer and syncs gradients
+  accounting.py  bytes of parameters / gradients / optimizer state per rank, and their prediction
+  trainer.py     one rank's step under a strategy: the correctness check, memory and timing
   record.py   the row: DdpRecord, learning-rate scaling, efficiency, its Markdown view
   cli.py      the flags and main (the launch and row loop are cs336_systems.distributed.driver's)
 
@@ -42,7 +44,8 @@ from cs336_systems.ddp_bench.record import (
     scaled_learning_rates,
     scaling_efficiency,
 )
-from cs336_systems.ddp_bench.trainer import STRATEGIES, DdpUnit, Trainer, ddp_worker, time_interleaved
+from cs336_systems.ddp_bench.strategies import STRATEGIES
+from cs336_systems.ddp_bench.trainer import DdpUnit, Trainer, ddp_worker, reference_step, time_interleaved
 
 __all__ = [
     "STRATEGIES",
@@ -54,6 +57,7 @@ __all__ = [
     "ddp_worker",
     "main",
     "record_for",
+    "reference_step",
     "scaled_learning_rates",
     "scaling_efficiency",
     "time_interleaved",
