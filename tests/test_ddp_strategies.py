@@ -13,7 +13,7 @@ from cs336_systems import ddp_bench
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.distributed import run_spawned
 from cs336_systems.results import read_results
-from tests.conftest import PYTHON, REPO, TINY_SHAPE, child_env, tiny_model_config
+from tests.conftest import PYTHON, REPO, child_env, tiny_model_config
 from tests.test_distributed import SPEC, TINY, run_main, single_process_step
 
 pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs torch.distributed with gloo")

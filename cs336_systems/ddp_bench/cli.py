@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cs336_systems.adapters import AdapterError, load_adapters
 from cs336_systems.argtypes import (
     ArgumentParser,
     exit_status,
@@ -23,7 +24,6 @@ from cs336_systems.ddp_bench.record import (
     record_for,
     scaled_learning_rates,
 )
-from cs336_systems.adapters import AdapterError, load_adapters
 from cs336_systems.ddp_bench.strategies import ADAPTER_STRATEGIES, COMPUTE_DTYPES, STRATEGIES
 from cs336_systems.ddp_bench.trainer import DDP_DEFAULT_BUCKET_CAP_MB, OPTIMIZERS, DdpUnit, ddp_worker
 from cs336_systems.distributed import LaunchError

@@ -15,11 +15,15 @@ from cs336_systems.results import Environment, Record, Timing, fill_timing, iden
 from cs336_systems.stats import summarize
 
 COMM_METHODS = {
+    "naive": "all-reduce loop timed (mean over ranks)",
+    "flat": "all-reduce loop timed (mean over ranks; one flat buffer)",
+    "adapter-sharded-optimizer": "all-reduce loop timed (mean over ranks; one flat buffer)",
     "ddp": "step - no_sync step (exposed)",
     "zero1": "step - no_sync step (gradient all-reduce exposed; ZeRO's parameter broadcast not included)",
     "fsdp2": "all-gather + reduce-scatter time of one profiled step (not only the exposed part)",
 }
-TIMED_COMM_METHOD = "after-backward sync timed (mean over ranks): the communication backward did not hide"
+# the student's on_after_backward, timed: the communication their backward hooks did not hide
+TIMED_COMM_METHOD = "on_after_backward timed (mean over ranks): communication not hidden by backward"
 
 
 @dataclass
@@ -191,7 +195,7 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
             record.no_sync_mean_ms = summarize(record.no_sync_step_ms).mean
         if first["comm_ms"]:
             record.comm_step_ms = mean_over_ranks([message["comm_ms"] for message in messages])
-            record.comm_method = TIMED_COMM_METHOD
+            record.comm_method = COMM_METHODS.get(unit.strategy, TIMED_COMM_METHOD)
         elif record.no_sync_step_ms:
             record.comm_step_ms = [a - b for a, b in zip(record.step_ms, record.no_sync_step_ms, strict=True)]
             record.comm_method = COMM_METHODS[unit.strategy]

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from cs336_systems.adapters import Adapters, load_adapters
@@ -172,6 +171,9 @@ class Zero1(Ddp):
     name = "zero1"
 
     def optimizer(self, model, cls, **kwargs):
+        # imported here: torch.distributed.optim scripts its functional optimizers on import (~seconds)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
         return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, **kwargs)
 
 
