@@ -207,8 +207,9 @@ def ddp_worker(ctx: RankContext, unit: DdpUnit) -> dict | None:
         pin_mmap_threshold()  # freed tensors leave RSS: the check's model does not inflate the peaks
     try:
         with precision_mode(config.precision, ctx.device):
-            message = {"check_max_diff": None, "check_tolerance": check_tolerance(unit)}
-            if unit.strategy != "single" and unit.check:
+            checked = unit.strategy != "single" and unit.check
+            message = {"check_max_diff": None, "check_tolerance": check_tolerance(unit) if checked else None}
+            if checked:
                 message["check_max_diff"] = check_step(ctx, unit)
                 if not message["check_max_diff"] <= message["check_tolerance"]:
                     return {**message, "wrong": True}
