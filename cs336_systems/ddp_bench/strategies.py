@@ -15,6 +15,7 @@ their exposed communication is step - no_sync step.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -69,8 +70,6 @@ def buffer_sync_option(sync: bool) -> dict[str, bool]:
     """DDP's flag for broadcasting buffers before each forward. Our model's only buffers are
     RoPE tables, equal on every rank by construction: re-sending them would be communication for
     nothing. (torch 2.13 renamed broadcast_buffers to forward_sync_buffers.)"""
-    import inspect
-
     parameters = inspect.signature(DistributedDataParallel.__init__).parameters
     return {"forward_sync_buffers" if "forward_sync_buffers" in parameters else "broadcast_buffers": sync}
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from cs336_systems.adapters import NotImplementedAdapter
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.ddp_bench.accounting import held_bytes
-from cs336_systems.ddp_bench.strategies import Setup, Strategy, buffer_sync_option, make_strategy
+from cs336_systems.ddp_bench.strategies import Setup, Strategy, make_strategy
 from cs336_systems.distributed import BarrierFirst, RankContext
 from cs336_systems.memory import PhaseMemory, current_memory_bytes, pin_mmap_threshold, rss_high_water_mark_available
 from cs336_systems.models import build_model
@@ -29,8 +29,6 @@ DDP_DEFAULT_BUCKET_CAP_MB = 25.0  # DistributedDataParallel's default
 # constant factor (a sum not divided by the world size).
 CHECK_LR = 0.5
 CHECK_TOLERANCE = {"fp32": 1e-4, "half": 2e-2}  # max |param - single-process param| after the step
-
-__all__ = ["CHECK_LR", "DdpUnit", "Trainer", "buffer_sync_option", "ddp_worker", "reference_step"]
 
 
 @dataclass(frozen=True)
