@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cs336_systems.adapters import AdapterError, load_adapters
 from cs336_systems.argtypes import (
     ArgumentParser,
     exit_status,
@@ -23,7 +24,8 @@ from cs336_systems.ddp_bench.record import (
     record_for,
     scaled_learning_rates,
 )
-from cs336_systems.ddp_bench.trainer import DDP_DEFAULT_BUCKET_CAP_MB, OPTIMIZERS, STRATEGIES, DdpUnit, ddp_worker
+from cs336_systems.ddp_bench.strategies import ADAPTER_STRATEGIES, COMPUTE_DTYPES, STRATEGIES
+from cs336_systems.ddp_bench.trainer import DDP_DEFAULT_BUCKET_CAP_MB, OPTIMIZERS, DdpUnit, ddp_worker
 from cs336_systems.distributed import LaunchError
 from cs336_systems.distributed.driver import add_launch_arguments, launch_from_args, run_rows
 from cs336_systems.models import ATTENTION_KINDS, MODEL_SIZES, ConfigError, ModelFactoryError, load_model_factory
@@ -37,9 +39,15 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description="our training step under data parallelism, and what it scales to")
     add_launch_arguments(parser, default_timeout_s=600.0)
     add_argument_with_aliases(parser, "--strategies", "--strategy", nargs="+", choices=STRATEGIES, default=["ddp"],
-                              help="ddp: DistributedDataParallel; naive: all-reduce each gradient after backward")  # fmt: skip
+                              help="ddp, naive, flat, zero1, fsdp2; adapter-* need --adapters (default ddp)")  # fmt: skip
     parser.add_argument("--bucket-cap-mb", nargs="+", type=positive_float, metavar="MB",
-                        help=f"DDP bucket sizes to try (default: DDP's own, {DDP_DEFAULT_BUCKET_CAP_MB:g})")  # fmt: skip
+                        help=f"DDP / zero1 / adapter-ddp-bucketed bucket sizes to try (default {DDP_DEFAULT_BUCKET_CAP_MB:g})")  # fmt: skip
+    parser.add_argument("--adapters", metavar="MODULE",
+                        help="a student's adapters (tests/adapters.py or a dotted name) for the adapter-* strategies")  # fmt: skip
+    parser.add_argument("--fsdp-compute-dtype", choices=tuple(COMPUTE_DTYPES), default="fp32",
+                        help="fsdp2 / adapter-fsdp: forward and backward in this dtype (MixedPrecisionPolicy)")  # fmt: skip
+    parser.add_argument("--no-check", dest="check", action="store_false",
+                        help="skip comparing one step of each strategy with a single process")
     parser.add_argument("--model-size", default="small", help=f"one of {', '.join(MODEL_SIZES)} (default small)")
     parser.add_argument("--context-length", type=positive_int, default=512)
     parser.add_argument("--batch-size", type=positive_int, default=4, help="per device (rank); global = N x this")
@@ -65,10 +73,12 @@ def units_for(args: argparse.Namespace, config: BenchmarkConfig, world_size: int
     if first:
         units.append(DdpUnit("single", config, ranks=1, optimizer=args.optimizer, lr=args.base_lr))
     lr = scaled_learning_rates(args.base_lr, base_batch, config.batch_size * world_size)[0]
+    bucketed = ("ddp", "zero1", "adapter-ddp-bucketed")
     for strategy in args.strategies:
-        for bucket in (args.bucket_cap_mb or [None]) if strategy == "ddp" else [None]:
+        for bucket in (args.bucket_cap_mb or [None]) if strategy in bucketed else [None]:
             units.append(DdpUnit(strategy, config, ranks=world_size, optimizer=args.optimizer, lr=lr,
-                                 bucket_cap_mb=bucket))  # fmt: skip
+                                 bucket_cap_mb=bucket, compute_dtype=args.fsdp_compute_dtype,
+                                 adapters=args.adapters, check=args.check))  # fmt: skip
     return units
 
 
@@ -85,6 +95,15 @@ def config_from_args(args: argparse.Namespace, device_type: str) -> BenchmarkCon
     )  # fmt: skip
 
 
+def check_adapters(args: argparse.Namespace) -> None:
+    """A user error before any rank starts: adapter-* without --adapters, or a module that cannot load."""
+    wanted = [strategy for strategy in args.strategies if strategy in ADAPTER_STRATEGIES]
+    if wanted and not args.adapters:
+        raise AdapterError(f"--strategies {' '.join(wanted)} need --adapters MODULE (e.g. tests/adapters.py)")
+    if args.adapters:
+        load_adapters(args.adapters)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return run_command(PROG, lambda: _run(args))
@@ -98,8 +117,9 @@ def _run(args: argparse.Namespace) -> int:
         if reason:
             raise ConfigError(f"--precision {args.precision}: {reason}")
         config = config_from_args(args, device.type)
+        check_adapters(args)
         sink = ResultSink(check_output_paths(args.output) if launch.rank0 else [], DdpRecord)
-    except (LaunchError, ConfigError, ModelFactoryError, ResultFileError) as exc:
+    except (LaunchError, ConfigError, ModelFactoryError, ResultFileError, AdapterError) as exc:
         return fail(PROG, str(exc))
 
     lr_fields = dict(base_lr=args.base_lr, base_batch_size=args.base_batch_size or args.batch_size)

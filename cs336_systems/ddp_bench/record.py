@@ -7,15 +7,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from cs336_systems.ddp_bench.accounting import predicted_peak_bytes
+from cs336_systems.ddp_bench.strategies import SHARDING
 from cs336_systems.ddp_bench.trainer import DDP_DEFAULT_BUCKET_CAP_MB, DdpUnit
 from cs336_systems.distributed import GroupResult, max_over_ranks, mean_over_ranks, oversubscription_note
 from cs336_systems.results import Environment, Record, Timing, fill_timing, identity_field, samples_field
 from cs336_systems.stats import summarize
 
 COMM_METHODS = {
-    "ddp": "step - no_sync step (exposed)",
     "naive": "all-reduce loop timed (mean over ranks)",
+    "flat": "all-reduce loop timed (mean over ranks; one flat buffer)",
+    "adapter-sharded-optimizer": "all-reduce loop timed (mean over ranks; one flat buffer)",
+    "ddp": "step - no_sync step (exposed)",
+    "zero1": "step - no_sync step (gradient all-reduce exposed; ZeRO's parameter broadcast not included)",
+    "fsdp2": "all-gather + reduce-scatter time of one profiled step (not only the exposed part)",
 }
+# the student's on_after_backward, timed: the communication their backward hooks did not hide
+TIMED_COMM_METHOD = "on_after_backward timed (mean over ranks): communication not hidden by backward"
 
 
 @dataclass
@@ -41,6 +49,8 @@ class DdpRecord(Timing, Record):
     precision: str = identity_field()
     optimizer: str = identity_field()
     bucket_cap_mb: float | None = identity_field()
+    compute_dtype: str = identity_field()  # fsdp2 / adapter-fsdp: --fsdp-compute-dtype
+    adapters: str | None = identity_field()
     threads_per_rank: int = identity_field()
     warmup_steps: int = identity_field()
     measure_steps: int = identity_field()
@@ -60,6 +70,20 @@ class DdpRecord(Timing, Record):
     baseline_samples_per_s: float | None = None
     scaling_efficiency: float | None = None
     compute_slowdown: float | None = None  # no_sync step / single step: ranks slowing each other down
+    check_max_diff: float | None = None  # max |param - single-process param| after one SGD step
+    check_tolerance: float | None = None
+    fsdp_all_gather_ms: float | None = None  # per step, mean over ranks (one profiled step)
+    fsdp_reduce_scatter_ms: float | None = None
+    # memory per rank: the max over ranks
+    param_bytes_per_rank: int | None = None  # counted from the tensors each rank holds
+    grad_bytes_per_rank: int | None = None
+    optimizer_state_bytes_per_rank: int | None = None
+    memory_source: str | None = None  # cuda_allocator or rss_high_water_mark (absolute, not above baseline)
+    memory_baseline_bytes: int | None = None  # before the model was built
+    peak_model_bytes: int | None = None  # building the model, wrapping it, making the optimizer
+    peak_before_optimizer_bytes: int | None = None  # forward and backward
+    peak_optimizer_bytes: int | None = None  # gradient sync (naive/flat/adapters) and optimizer step
+    predicted_peak_bytes: int | None = None  # the estimator, state divided as the strategy divides it
     step_ms: list[float] = samples_field()  # per step, the slowest rank
     warmup_step_ms: list[float] = samples_field()
     no_sync_step_ms: list[float] = samples_field()
@@ -83,6 +107,13 @@ class DdpRecord(Timing, Record):
         "samples_per_s",
         "scaling_efficiency",
         "compute_slowdown",
+        "check_max_diff",
+        "param_bytes_per_rank",
+        "grad_bytes_per_rank",
+        "optimizer_state_bytes_per_rank",
+        "peak_before_optimizer_bytes",
+        "peak_optimizer_bytes",
+        "predicted_peak_bytes",
         "lr_linear",
         "lr_sqrt",
     )
@@ -116,6 +147,7 @@ def scaling_efficiency(samples_per_s: float, world_size: int, baseline_samples_p
 
 def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Environment | None) -> DdpRecord:
     config, m = unit.config, unit.config.model
+    uses_buckets = unit.strategy in ("ddp", "zero1", "adapter-ddp-bucketed")
     world_size = 1 if unit.strategy == "single" else base["world_size"]
     global_batch = config.batch_size * world_size
     lr_linear, lr_sqrt = scaled_learning_rates(base["base_lr"], base["base_batch_size"], global_batch)
@@ -126,16 +158,29 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
         vocab_size=m.vocab_size, attention=m.attention, model_factory=config.model_factory,
         context_length=config.context_length, per_device_batch=config.batch_size, global_batch=global_batch,
         precision=config.precision, optimizer=unit.optimizer,
-        bucket_cap_mb=(unit.bucket_cap_mb or DDP_DEFAULT_BUCKET_CAP_MB) if unit.strategy == "ddp" else None,
+        bucket_cap_mb=(unit.bucket_cap_mb or DDP_DEFAULT_BUCKET_CAP_MB) if uses_buckets else None,
+        compute_dtype=unit.compute_dtype, adapters=unit.adapters,
         warmup_steps=config.warmup_steps, measure_steps=config.measure_steps, seed=config.seed,
         lr_linear=lr_linear, lr_sqrt=lr_sqrt,
         status=result.status, error=result.error, environment=result.environment or environment,
     )  # fmt: skip
     note = oversubscription_note(record.backend, world_size, record.threads_per_rank)
     record.notes = note
+    record.predicted_peak_bytes = predicted_peak_bytes(config, SHARDING[unit.strategy], world_size, unit.optimizer)
     if result.status != "ok":
         return record
     messages = [message for message in result.messages if message is not None]
+    first = messages[0]
+    if "skipped" in first:
+        record.status, record.error = "skipped", first["skipped"]
+        return record
+    record.check_max_diff, record.check_tolerance = first["check_max_diff"], first["check_tolerance"]
+    if first.get("wrong"):
+        record.status = "wrong"
+        record.error = (f"after one SGD step a parameter differs from the single-process step by "
+                        f"{record.check_max_diff:.3g} (tolerance {record.check_tolerance:g}); not timed")  # fmt: skip
+        return record
+    _fill_memory(record, messages)
     record.num_params = messages[0]["num_params"]
     record.rank_step_ms = [message["step_ms"] for message in messages]
     record.step_ms = max_over_ranks(record.rank_step_ms)
@@ -145,16 +190,36 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
     record.samples_per_s = global_batch / (summary.mean / 1e3)
     record.tokens_per_s = record.samples_per_s * config.context_length
     if unit.strategy != "single":
-        record.no_sync_step_ms = max_over_ranks([message["no_sync_ms"] for message in messages])
-        record.no_sync_mean_ms = summarize(record.no_sync_step_ms).mean
-        if unit.strategy == "naive":
+        if first["no_sync_ms"]:
+            record.no_sync_step_ms = max_over_ranks([message["no_sync_ms"] for message in messages])
+            record.no_sync_mean_ms = summarize(record.no_sync_step_ms).mean
+        if first["comm_ms"]:
             record.comm_step_ms = mean_over_ranks([message["comm_ms"] for message in messages])
-        else:
+            record.comm_method = COMM_METHODS.get(unit.strategy, TIMED_COMM_METHOD)
+        elif record.no_sync_step_ms:
             record.comm_step_ms = [a - b for a, b in zip(record.step_ms, record.no_sync_step_ms, strict=True)]
-        record.comm_ms = summarize(record.comm_step_ms).mean
-        record.comm_pct = 100 * record.comm_ms / summary.mean
-        record.comm_method = COMM_METHODS[unit.strategy]
+            record.comm_method = COMM_METHODS[unit.strategy]
+        if first["collective_ms"] is not None:
+            record.fsdp_all_gather_ms = sum(m["collective_ms"]["all_gather"] for m in messages) / len(messages)
+            record.fsdp_reduce_scatter_ms = sum(m["collective_ms"]["reduce_scatter"] for m in messages) / len(messages)
+            record.comm_step_ms = [record.fsdp_all_gather_ms + record.fsdp_reduce_scatter_ms]
+            record.comm_method = COMM_METHODS["fsdp2"]
+        if record.comm_step_ms:
+            record.comm_ms = summarize(record.comm_step_ms).mean
+            record.comm_pct = 100 * record.comm_ms / summary.mean
     return record
+
+
+def _fill_memory(record: DdpRecord, messages: list[dict]) -> None:
+    """Each memory column is the max over ranks (the rank that needs the most sets the limit)."""
+    for column, key in (("param_bytes_per_rank", "param_bytes"), ("grad_bytes_per_rank", "grad_bytes"),
+                        ("optimizer_state_bytes_per_rank", "optimizer_state_bytes"),
+                        ("memory_baseline_bytes", "memory_baseline_bytes"), ("peak_model_bytes", "peak_model_bytes"),
+                        ("peak_before_optimizer_bytes", "peak_before_optimizer_bytes"),
+                        ("peak_optimizer_bytes", "peak_optimizer_bytes")):  # fmt: skip
+        values = [message[key] for message in messages if message[key] is not None]
+        setattr(record, column, max(values) if values else None)
+    record.memory_source = messages[0]["memory_source"]
 
 
 def attach_baseline(record: DdpRecord, baseline: DdpRecord | None) -> None:

@@ -1,100 +1,182 @@
-"""One rank's training step under a strategy (single, ddp, naive), and how it is timed."""
+"""One rank's training step under a strategy: its correctness check, memory and timing."""
 
 from __future__ import annotations
 
 import contextlib
-import inspect
+import gc
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+import torch.distributed as dist
+import torch.nn.functional as F
 
+from cs336_systems.adapters import NotImplementedAdapter
 from cs336_systems.config import BenchmarkConfig
-from cs336_systems.distributed import BarrierFirst, RankContext, all_reduce_mean
+from cs336_systems.ddp_bench.accounting import held_bytes
+from cs336_systems.ddp_bench.strategies import Setup, Strategy, make_strategy
+from cs336_systems.distributed import BarrierFirst, RankContext
+from cs336_systems.memory import PhaseMemory, current_memory_bytes, pin_mmap_threshold, rss_high_water_mark_available
 from cs336_systems.models import build_model
-from cs336_systems.optimizer import make_optimizer
-from cs336_systems.precision import precision_mode
-from cs336_systems.runner import make_step
+from cs336_systems.precision import autocast, precision_mode
+from cs336_systems.runner import combine_phases, make_step
 from cs336_systems.timing import HostTimer, StepTimes, device_synchronizer, time_steps
 
-STRATEGIES = ("ddp", "naive")
 OPTIMIZERS = ("adamw", "sgd")
 DDP_DEFAULT_BUCKET_CAP_MB = 25.0  # DistributedDataParallel's default
+# The check steps with SGD: Adam's first step is ~lr * sign(grad), blind to a gradient off by a
+# constant factor (a sum not divided by the world size).
+CHECK_LR = 0.5
+CHECK_TOLERANCE = {"fp32": 1e-4, "half": 2e-2}  # max |param - single-process param| after the step
 
 
 @dataclass(frozen=True)
 class DdpUnit:
     """One run: a strategy on `ranks` ranks (the single baseline runs on rank 0 alone)."""
 
-    strategy: str  # single, ddp or naive
+    strategy: str  # single or one of strategies.STRATEGIES
     config: BenchmarkConfig  # the per-device train-step; its seed seeds the weights, seed + rank the data
     ranks: int
     optimizer: str = "adamw"
     lr: float = 1e-4
     bucket_cap_mb: float | None = None
+    compute_dtype: str = "fp32"  # fsdp2 / adapter-fsdp
+    adapters: str | None = None
+    check: bool = True  # compare one step with a single process before timing
 
 
-def buffer_sync_option(sync: bool) -> dict[str, bool]:
-    """DDP's flag for broadcasting buffers before each forward. Our model's only buffers are
-    RoPE tables, equal on every rank by construction: re-sending them would be communication for
-    nothing. (torch 2.13 renamed broadcast_buffers to forward_sync_buffers.)"""
-    parameters = inspect.signature(DistributedDataParallel.__init__).parameters
-    return {"forward_sync_buffers" if "forward_sync_buffers" in parameters else "broadcast_buffers": sync}
+def optimizer_class(name: str, device: torch.device) -> tuple[type, dict]:
+    if name == "sgd":
+        return torch.optim.SGD, {}
+    # Fused AdamW (as optimizer.make_optimizer): one kernel for all parameters.
+    return torch.optim.AdamW, {"fused": device.type in ("cuda", "cpu")}
 
 
 class Trainer:
     """This rank's model, optimizer and training step for `unit.strategy`."""
 
-    def __init__(self, ctx: RankContext, unit: DdpUnit):
+    def __init__(self, ctx: RankContext, unit: DdpUnit, optimizer: str | None = None, lr: float | None = None,
+                 phase=None):  # fmt: skip
         self.ctx, self.unit = ctx, unit
         device = ctx.device
         config = unit.config.replace(device=str(device), pass_type="train-step")
+        self.strategy: Strategy = make_strategy(unit.strategy, Setup(
+            device=device, bucket_cap_mb=unit.bucket_cap_mb, compute_dtype=unit.compute_dtype,
+            sync_buffers=config.model_factory is not None, adapters=unit.adapters,
+        ))  # fmt: skip
         torch.manual_seed(config.seed)  # the same weights on every rank
         self.module = build_model(config.model, device, config.model_factory)
-        self.model: nn.Module = self.module
-        if unit.strategy == "naive":
-            for parameter in self.module.parameters():  # whatever a user's factory did, start equal
-                torch.distributed.broadcast(parameter.data, src=0)
-        elif unit.strategy == "ddp":
-            self.model = DistributedDataParallel(
-                self.module,
-                device_ids=[device.index] if device.type == "cuda" else None,
-                bucket_cap_mb=unit.bucket_cap_mb,
-                **buffer_sync_option(config.model_factory is not None),
-            )
-        if unit.optimizer == "sgd":
-            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=unit.lr)
-        else:
-            self.optimizer = make_optimizer(self.model, device)
-            for group in self.optimizer.param_groups:
-                group["lr"] = unit.lr
+        self.model = self.strategy.wrap(self.module)
+        cls, kwargs = optimizer_class(optimizer or unit.optimizer, device)
+        if unit.strategy == "fsdp2":
+            kwargs.pop("fused", None)  # fused AdamW does not take DTensor parameters
+        self.optimizer = self.strategy.optimizer(self.model, cls, lr=lr if lr is not None else unit.lr, **kwargs)
         self.comm_ms: list[float] = []
         self._sync = True
         self._comm_timer = HostTimer(synchronize=device_synchronizer(device))
+        phases = self._phase if phase is None else combine_phases(phase, self._phase)  # the optimizer peak includes the sync
         self._step = make_step(config.replace(seed=config.seed + ctx.rank), self.model, device, self.optimizer,
-                               phase=self._phase)  # fmt: skip
+                               phase=phases)  # fmt: skip
 
     @contextlib.contextmanager
     def _phase(self, name: str) -> Iterator[None]:
+        if name == "forward":
+            self.strategy.before_step(self.model, self.optimizer)
         # make_step enters phase("optimizer") after backward, just before the optimizer step:
-        # where the naive strategy averages the gradients.
-        if name == "optimizer" and self.unit.strategy == "naive" and self._sync:
-            self.comm_ms.append(self._comm_timer.time_ms(self._all_reduce_gradients))
+        # where naive/flat and the student's on_after_backward sync the gradients.
+        if name == "optimizer" and self._sync:
+            hook = lambda: self.strategy.after_backward(self.model, self.optimizer)  # noqa: E731
+            if self.strategy.timed_comm:
+                self.comm_ms.append(self._comm_timer.time_ms(hook))
+            else:
+                hook()
         yield
-
-    def _all_reduce_gradients(self) -> None:
-        for parameter in self.module.parameters():
-            if parameter.grad is not None:
-                all_reduce_mean(parameter.grad)
 
     def step(self, sync: bool = True) -> None:
         """One training step; with sync=False the gradients are not averaged (DDP's no_sync)."""
         self._sync = sync
-        quiet = self.model.no_sync() if isinstance(self.model, DistributedDataParallel) and not sync else None
-        with quiet or contextlib.nullcontext():
+        with contextlib.nullcontext() if sync else self.strategy.unsynced(self.model):
             self._step()
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        return self.strategy.full_parameters(self.model, self.module)
+
+
+def reference_step(config: BenchmarkConfig, world_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """The single-process SGD step on the global batch (the N shards, drawn as make_step draws
+    rank r's: tokens then targets from seed + r). The batch mean is accumulated shard by shard
+    (loss / N each): the same gradient as one forward on the concatenated batch, in one shard's memory."""
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, device, config.model_factory)
+    for parameter in model.parameters():
+        dist.broadcast(parameter.data, src=0)  # as the strategies start
+    shape = (config.batch_size, config.context_length)
+    for rank in range(world_size):
+        generator = torch.Generator(device=device).manual_seed(config.seed + rank)
+        tokens = torch.randint(0, config.model.vocab_size, shape, device=device, generator=generator)
+        targets = torch.randint(0, config.model.vocab_size, shape, device=device, generator=generator)
+        with autocast(config.precision, device):
+            logits = model(tokens)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        (loss / world_size).backward()
+    torch.optim.SGD(model.parameters(), lr=CHECK_LR).step()
+    return {name: p.detach() for name, p in model.named_parameters()}
+
+
+def check_tolerance(unit: DdpUnit) -> float:
+    half = unit.config.precision != "fp32" or unit.compute_dtype != "fp32"
+    return CHECK_TOLERANCE["half" if half else "fp32"]
+
+
+def check_step(ctx: RankContext, unit: DdpUnit) -> float:
+    """The largest |parameter - single-process parameter| over this group after one SGD step
+    (a max all-reduce: every rank gets the same verdict). A parameter missing or misshapen is inf."""
+    trainer = Trainer(ctx, unit, optimizer="sgd", lr=CHECK_LR)
+    trainer.step()
+    got = trainer.full_parameters()
+    expected = reference_step(unit.config.replace(device=str(ctx.device)), unit.ranks, ctx.device)
+    difference = 0.0
+    for name, value in expected.items():
+        mine = got.get(name)
+        if mine is None or mine.shape != value.shape:
+            difference = math.inf
+            break
+        difference = max(difference, (mine.float() - value.float()).abs().max().item())
+    del trainer, got, expected
+    gc.collect()
+    verdict = torch.tensor([difference if math.isfinite(difference) else 1e30], device=ctx.device)
+    dist.all_reduce(verdict, op=dist.ReduceOp.MAX)
+    return verdict.item()
+
+
+def collective_time_ms(trainer: Trainer, device: torch.device) -> dict[str, float]:
+    """Time in all-gather and in reduce-scatter over one profiled step (FSDP's collectives):
+    the gloo worker thread's `gloo:*` spans on CPU (gloo runs reduce_scatter_tensor as an
+    all-reduce, `gloo:all_reduce`; FSDP2 issues no other), the NCCL kernels' device time on CUDA."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        trainer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    totals = {"all_gather": 0.0, "reduce_scatter": 0.0}
+    for event in prof.key_averages():
+        key = event.key.lower().replace("allgather", "all_gather").replace("reducescatter", "reduce_scatter")
+        if device.type == "cuda":
+            if not key.startswith("nccl"):
+                continue
+            us = event.device_time_total
+        elif key.startswith("gloo:"):
+            key = key.replace("all_reduce", "reduce_scatter")
+            us = event.cpu_time_total
+        else:
+            continue
+        for kind in totals:
+            if kind in key:
+                totals[kind] += us / 1e3
+    return totals
 
 
 def time_interleaved(trainer: Trainer, warmup_steps: int, measure_steps: int, timer) -> tuple[StepTimes, StepTimes]:
@@ -108,27 +190,59 @@ def time_interleaved(trainer: Trainer, warmup_steps: int, measure_steps: int, ti
     return split(synced), split(unsynced)
 
 
+def _peak(memory: PhaseMemory, names: tuple[str, ...]) -> int | None:
+    values = [step[name][0] for step in memory.steps for name in names if name in step]
+    return max(values) if values else None
+
+
 def ddp_worker(ctx: RankContext, unit: DdpUnit) -> dict | None:
-    """This rank's timings for one unit; None from ranks that sit it out."""
+    """This rank's check, memory and timings for one unit; None from ranks that sit it out."""
     if ctx.rank >= unit.ranks:
         return None
     config = unit.config
-    with precision_mode(config.precision, ctx.device):
-        trainer = Trainer(ctx, unit)
-        timer = HostTimer(synchronize=device_synchronizer(ctx.device))
-        if unit.ranks > 1:
-            timer = BarrierFirst(timer, ctx.barrier)
-        if unit.strategy == "single":
-            synced = time_steps(trainer.step, warmup_steps=config.warmup_steps, measure_steps=config.measure_steps,
-                                timer=timer)  # fmt: skip
-            no_sync = None
-        else:
-            synced, no_sync = time_interleaved(trainer, config.warmup_steps, config.measure_steps, timer)
-        comm_ms = trainer.comm_ms[-config.measure_steps :] if unit.strategy == "naive" else []
+    measured = ctx.device.type == "cuda" or rss_high_water_mark_available()
+    if ctx.device.type == "cpu":
+        pin_mmap_threshold()  # freed tensors leave RSS: the check's model does not inflate the peaks
+    try:
+        with precision_mode(config.precision, ctx.device):
+            checked = unit.strategy != "single" and unit.check
+            message = {"check_max_diff": None, "check_tolerance": check_tolerance(unit) if checked else None}
+            if checked:
+                message["check_max_diff"] = check_step(ctx, unit)
+                if not message["check_max_diff"] <= message["check_tolerance"]:
+                    return {**message, "wrong": True}
+            memory = PhaseMemory(ctx.device)
+            baseline = current_memory_bytes(ctx.device)
+            with memory.whole():
+                trainer = Trainer(ctx, unit, phase=memory.phase if measured else None)
+            timer = HostTimer(synchronize=device_synchronizer(ctx.device))
+            if unit.ranks > 1:
+                timer = BarrierFirst(timer, ctx.barrier)
+            if trainer.strategy.skip_sync:
+                synced, no_sync = time_interleaved(trainer, config.warmup_steps, config.measure_steps, timer)
+            else:
+                synced = time_steps(trainer.step, warmup_steps=config.warmup_steps,
+                                    measure_steps=config.measure_steps, timer=timer)  # fmt: skip
+                no_sync = None
+            held = held_bytes(trainer.model, trainer.optimizer)
+            comm_ms = trainer.comm_ms[-config.measure_steps :] if trainer.strategy.timed_comm else []
+            collectives = collective_time_ms(trainer, ctx.device) if unit.strategy == "fsdp2" else None
+    except NotImplementedAdapter as exc:
+        return {"skipped": str(exc)}
     return {
+        **message,
         "num_params": sum(p.numel() for p in trainer.module.parameters()),
         "step_ms": list(synced.measured_ms),
         "warmup_ms": list(synced.warmup_ms),
         "no_sync_ms": list(no_sync.measured_ms) if no_sync else [],
         "comm_ms": comm_ms,
+        "collective_ms": collectives,
+        "memory_baseline_bytes": baseline if measured else None,
+        "peak_model_bytes": memory.measured_peak[0] if measured else None,
+        "peak_before_optimizer_bytes": _peak(memory, ("forward", "backward")) if measured else None,
+        "peak_optimizer_bytes": _peak(memory, ("optimizer",)) if measured else None,
+        "memory_source": memory.source if measured else None,
+        "param_bytes": held.param_bytes,
+        "grad_bytes": held.grad_bytes,
+        "optimizer_state_bytes": held.optimizer_state_bytes,
     }

@@ -1,0 +1,145 @@
+"""Read a student's official adapters module (their `tests/adapters.py`) by the handout's names.
+
+    adapters = load_adapters("tests/adapters.py")        # or a dotted name: "tests.adapters"
+    Fn = adapters.flash_function("pytorch")              # Fn.apply(q, k, v, is_causal)
+    ddp_model = adapters.call("get_ddp", model)          # NotImplementedAdapter if it raises NotImplementedError
+
+Both editions of the handout are known: 2026 (`get_ddp`, `get_fsdp`, FlashAttention getters) and
+2025 (`get_ddp_individual_parameters`, `get_ddp_bucketed`, ...). A function that raises
+`NotImplementedError` is "not implemented yet": callers list that implementation as skipped.
+A module that cannot be imported, or defines none of these names, is an `AdapterError` (one line;
+the CLIs turn it into exit status 2).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ADAPTERS_2026 = (
+    "get_flashattention_autograd_function_pytorch",
+    "get_flashattention_autograd_function_triton",
+    "get_ddp",
+    "ddp_on_after_backward",
+    "get_fsdp",
+    "fsdp_on_after_backward",
+    "fsdp_gather_full_params",
+    "get_sharded_optimizer",
+)
+ADAPTERS_2025 = (
+    "get_ddp_individual_parameters",
+    "ddp_individual_parameters_on_after_backward",
+    "get_ddp_bucketed",
+    "ddp_bucketed_on_after_backward",
+    "ddp_bucketed_on_train_batch_start",
+    "get_sharded_optimizer",
+)
+ADAPTER_NAMES = tuple(dict.fromkeys(ADAPTERS_2026 + ADAPTERS_2025))
+FLASH_ADAPTERS = {
+    "pytorch": "get_flashattention_autograd_function_pytorch",
+    "triton": "get_flashattention_autograd_function_triton",
+}
+
+
+class AdapterError(ValueError):
+    """The adapters module cannot be used at all (import failure, no adapter defined)."""
+
+
+class MissingAdapter(LookupError):
+    """The module does not define this adapter."""
+
+
+class NotImplementedAdapter(Exception):
+    """The adapter raised NotImplementedError: the student has not written it yet (skip, not error)."""
+
+
+class BadAdapter(TypeError):
+    """The adapter ran but returned something unusable (e.g. not an autograd Function)."""
+
+
+def _import(spec: str) -> ModuleType:
+    path = Path(spec)
+    if spec.endswith(".py") or path.is_file():
+        if not path.is_file():
+            raise AdapterError(f"--adapters {spec}: no such file")
+        name = f"_student_adapters_{abs(hash(str(path.resolve())))}"
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise AdapterError(f"--adapters {spec}: not a Python module")
+        module = importlib.util.module_from_spec(module_spec)
+        # The student's file may import its siblings (`from .x import` aside), as it does under pytest.
+        sys.path.insert(0, str(path.resolve().parent))
+        sys.modules[name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except BaseException as exc:
+            sys.modules.pop(name, None)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise AdapterError(f"--adapters {spec}: cannot import: {type(exc).__name__}: {exc}") from exc
+        finally:
+            sys.path.remove(str(path.resolve().parent))
+        return module
+    try:
+        return importlib.import_module(spec)
+    except Exception as exc:  # the user's module may fail in any way while importing
+        raise AdapterError(f"--adapters {spec}: cannot import: {type(exc).__name__}: {exc}") from exc
+
+
+@dataclass
+class Adapters:
+    """The adapter functions one module defines, looked up by the handout's names."""
+
+    spec: str
+    module: ModuleType
+    functions: dict[str, Callable] = field(default_factory=dict)
+
+    def has(self, name: str) -> bool:
+        return name in self.functions
+
+    @property
+    def edition(self) -> str:
+        """Which handout's names the module uses: '2026', '2025', 'both' (flash/sharded only count once)."""
+        new = any(name in self.functions for name in ADAPTERS_2026 if name not in ADAPTERS_2025)
+        old = any(name in self.functions for name in ADAPTERS_2025 if name not in ADAPTERS_2026)
+        return "both" if new and old else "2025" if old else "2026"
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call adapter `name`; NotImplementedAdapter if it raises NotImplementedError,
+        MissingAdapter if the module lacks it. Other exceptions are the student's and propagate."""
+        if name not in self.functions:
+            raise MissingAdapter(f"{self.spec} defines no {name}")
+        try:
+            return self.functions[name](*args, **kwargs)
+        except NotImplementedError as exc:
+            raise NotImplementedAdapter(f"{name} is not implemented yet (raises NotImplementedError)") from exc
+
+    def flash_function(self, kind: str) -> type:
+        """The student's FlashAttention-2 autograd Function class ('pytorch' or 'triton')."""
+        import torch
+
+        name = FLASH_ADAPTERS[kind]
+        function = self.call(name)
+        if not (isinstance(function, type) and issubclass(function, torch.autograd.Function)):
+            raise BadAdapter(
+                f"{name}() returned {type(function).__name__} {function!r:.60}, not a torch.autograd.Function class"
+            )
+        return function
+
+
+def load_adapters(spec: str) -> Adapters:
+    """Import `spec` (dotted module name or path to a .py file) and collect its adapter functions."""
+    module = _import(spec)
+    functions = {name: getattr(module, name) for name in ADAPTER_NAMES if callable(getattr(module, name, None))}
+    if not functions:
+        raise AdapterError(
+            f"--adapters {spec}: defines none of the official adapter functions "
+            f"(e.g. {ADAPTERS_2026[0]}, get_ddp, {ADAPTERS_2025[0]})"
+        )
+    return Adapters(spec=spec, module=module, functions=functions)

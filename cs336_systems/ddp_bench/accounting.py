@@ -1,0 +1,70 @@
+"""Memory per rank (the handout's optimizer_state_sharding_accounting and fsdp_accounting):
+the bytes of parameters, gradients and optimizer state a rank really holds, counted from its
+tensors, and the estimator's prediction with each divided as the strategy divides it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from cs336_systems.config import BenchmarkConfig
+from cs336_systems.memory.estimate import estimate_memory
+
+
+def local_bytes(tensor: torch.Tensor) -> int:
+    """Bytes this rank stores for `tensor`: a DTensor's local shard only."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer, seen: set[int]) -> list[torch.Tensor]:
+    """The state tensors of `optimizer`, and of optimizers it wraps (ZeRO's `optim`, a student's
+    sharded optimizer holding a local one), each counted once."""
+    found = []
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor) and id(value) not in seen and value.dim() > 0:
+                seen.add(id(value))  # a 0-dim `step` counter is not state worth counting
+                found.append(value)
+    for attribute in vars(optimizer).values():
+        if isinstance(attribute, torch.optim.Optimizer) and attribute is not optimizer:
+            found += _optimizer_tensors(attribute, seen)
+    return found
+
+
+@dataclass(frozen=True)
+class HeldBytes:
+    param_bytes: int
+    grad_bytes: int
+    optimizer_state_bytes: int
+
+
+def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> HeldBytes:
+    """What this rank holds after a step, counted from its tensors (a DDP's bucket buffers and a
+    student's unregistered copies are not parameters, so not counted)."""
+    params = {id(p): p for p in model.parameters()}.values()
+    return HeldBytes(
+        param_bytes=sum(local_bytes(p) for p in params),
+        grad_bytes=sum(local_bytes(p.grad) for p in params if p.grad is not None),
+        optimizer_state_bytes=sum(local_bytes(t) for t in _optimizer_tensors(optimizer, set())),
+    )
+
+
+def predicted_peak_bytes(config: BenchmarkConfig, sharding: tuple[bool, bool, bool], world_size: int,
+                         optimizer: str) -> int | None:  # fmt: skip
+    """The estimator's peak of one step (cs336_systems.memory.estimate, AdamW) with parameters,
+    gradients and optimizer state replaced by the 1/N each rank keeps where the strategy shards
+    them. Activations are unchanged; FSDP's one unsharded block at a time is left out. None for a
+    user's model (the estimator only knows ours)."""
+    if config.model_factory is not None:
+        return None
+    estimate = estimate_memory(config.model, config.batch_size, config.context_length, "train-step",
+                               config.precision, torch.device(config.device).type)  # fmt: skip
+    optimizer_state = estimate.optimizer_state if optimizer == "adamw" else 0
+    peak = estimate.peak_bytes - (estimate.optimizer_state - optimizer_state)
+    for sharded, held in zip(sharding, (estimate.parameters, estimate.gradients, optimizer_state), strict=True):
+        if sharded:
+            peak -= held - held // world_size
+    return peak

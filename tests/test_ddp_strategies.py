@@ -1,0 +1,146 @@
+"""ddp_bench's strategies (flat, zero1, fsdp2, a student's adapters): each checked against one
+process, memory per rank, wrong and skipped rows, two torchrun nodes. gloo, 2 processes, tiny model."""
+
+import socket
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from cs336_systems import ddp_bench
+from cs336_systems.config import BenchmarkConfig
+from cs336_systems.distributed import run_spawned
+from cs336_systems.results import read_results
+from tests.conftest import PYTHON, REPO, child_env, tiny_model_config
+from tests.test_distributed import SPEC, TINY, run_main, single_process_step
+
+pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
+
+STUDENT = str(REPO / "tests" / "fixtures" / "adapters_student.py")
+WRONG = str(REPO / "tests" / "fixtures" / "adapters_ddp_wrong.py")
+SKELETON = str(REPO / "tests" / "fixtures" / "adapters_skeleton.py")
+EVERY = ["ddp", "naive", "flat", "zero1", "fsdp2", "adapter-ddp", "adapter-ddp-bucketed", "adapter-sharded-optimizer",
+         "adapter-fsdp"]  # fmt: skip
+
+
+def full_parameters_after_one_step(ctx, unit):
+    trainer = ddp_bench.Trainer(ctx, unit)
+    trainer.step()
+    return {name: value.cpu().numpy() for name, value in trainer.full_parameters().items()}
+
+
+def test_every_strategy_steps_as_one_process_on_the_global_batch():
+    # The reference here is the test's own (one forward on the concatenated batch), not the
+    # benchmark's reference_step: both the strategies and the benchmark's check are under test.
+    config = BenchmarkConfig(model=tiny_model_config(), context_length=16, batch_size=2, device="cpu", seed=3)
+    units = [ddp_bench.DdpUnit(s, config, ranks=2, optimizer="sgd", lr=0.5, adapters=STUDENT) for s in EVERY]
+    initial, expected = single_process_step(config, world_size=2, lr=0.5)
+    results = list(run_spawned(full_parameters_after_one_step, units, SPEC, unit_timeout_s=120))
+    assert [unit.strategy for unit, _ in results] == EVERY
+    for unit, result in results:
+        assert result.status == "ok", result.error
+        for rank, params in enumerate(result.messages):
+            assert set(params) == set(expected), unit.strategy
+            for name, value in params.items():
+                torch.testing.assert_close(torch.from_numpy(value), expected[name],
+                                           msg=f"{unit.strategy} rank {rank} {name}")  # fmt: skip
+    assert max((expected[name] - initial[name]).abs().max().item() for name in expected) > 1e-3
+
+
+def test_every_strategy_row_is_checked_timed_and_measured(tmp_path, capsys):
+    csv = tmp_path / "ddp.csv"
+    code, out, err = run_main(ddp_bench, capsys, "--world-size", "2", "--strategies", *EVERY, "--adapters", STUDENT,
+                              *TINY, "--warmup-steps", "0", "--measure-steps", "2", "--output", csv)  # fmt: skip
+    assert code == 0, err
+    rows = read_results(csv).set_index("strategy")
+    assert list(rows.index) == ["single", *EVERY] and set(rows["status"]) == {"ok"}
+    strategies = rows.loc[EVERY]
+    assert (strategies["check_max_diff"] <= strategies["check_tolerance"]).all()
+    assert (strategies["mean_ms"] > 0).all() and (strategies["comm_ms"] >= 0).all()
+    assert strategies["comm_method"].notna().all()
+    # fsdp2's collectives come from one profiled step: all-gathers in forward, reduce-scatters in backward
+    assert rows.loc["fsdp2", "fsdp_all_gather_ms"] > 0 and rows.loc["fsdp2", "fsdp_reduce_scatter_ms"] > 0
+    ddp, zero1, fsdp2 = rows.loc["ddp"], rows.loc["zero1"], rows.loc["fsdp2"]
+    params = 4 * ddp["num_params"]  # fp32
+    assert ddp["param_bytes_per_rank"] == params and ddp["grad_bytes_per_rank"] == params
+    assert ddp["optimizer_state_bytes_per_rank"] == 2 * params  # AdamW: exp_avg, exp_avg_sq
+    # ZeRO-1 keeps about half of the AdamW state per rank (whole tensors go to one rank: not exactly half)
+    assert zero1["optimizer_state_bytes_per_rank"] == pytest.approx(params, rel=0.25)
+    assert zero1["param_bytes_per_rank"] == params
+    # FSDP2 shards parameters, gradients and state: the max over ranks is about half (dim-0 padding)
+    for column, whole in (("param_bytes_per_rank", params), ("optimizer_state_bytes_per_rank", 2 * params)):
+        assert fsdp2[column] == pytest.approx(whole / 2, rel=0.1)
+    assert fsdp2["predicted_peak_bytes"] < zero1["predicted_peak_bytes"] < ddp["predicted_peak_bytes"]
+    for row in (ddp, zero1, fsdp2):
+        assert row["memory_source"] == "rss_high_water_mark"
+        assert row["peak_before_optimizer_bytes"] >= row["memory_baseline_bytes"] > 0
+
+
+def test_a_strategy_that_diverges_is_wrong_and_not_timed(tmp_path, capsys):
+    csv = tmp_path / "wrong.csv"
+    code, _, err = run_main(ddp_bench, capsys, "--world-size", "2", "--strategies", "adapter-ddp", "--adapters", WRONG,
+                            *TINY, "--output", csv)  # fmt: skip
+    assert code == 1
+    row = read_results(csv).set_index("strategy").loc["adapter-ddp"]
+    assert row["status"] == "wrong" and "not timed" in row["error"]
+    assert row["check_max_diff"] > row["check_tolerance"] and np.isnan(row["mean_ms"])
+
+
+def test_an_unimplemented_adapter_is_skipped(tmp_path, capsys):
+    csv = tmp_path / "skipped.csv"
+    code, _, err = run_main(ddp_bench, capsys, "--world-size", "2", "--strategies", "adapter-ddp", "adapter-fsdp",
+                            "adapter-sharded-optimizer", "--adapters", SKELETON, *TINY, "--output", csv)  # fmt: skip
+    assert code == 0, err
+    rows = read_results(csv).set_index("strategy")
+    for strategy in ("adapter-ddp", "adapter-fsdp", "adapter-sharded-optimizer"):
+        assert rows.loc[strategy, "status"] == "skipped"
+        assert "not implemented" in rows.loc[strategy, "error"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--strategies", "adapter-ddp"], "need --adapters"),
+        (["--strategies", "adapter-ddp", "--adapters", "no/such/file.py"], "no such file"),
+        (["--fsdp-compute-dtype", "fp8"], "invalid choice"),
+    ],
+)
+def test_strategy_usage_errors_are_one_line(args, message, capsys):
+    code, _, err = run_main(ddp_bench, capsys, *args, *TINY)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_torchrun_nodes_on_one_machine(tmp_path):
+    """Two torchrun launches, one process each, joined over 127.0.0.1 as two nodes would be:
+    rank 0 of node 0 writes the rows, node 1 writes nothing."""
+    port = free_port()
+    outputs = [tmp_path / f"node{node}.csv" for node in (0, 1)]
+    processes = [
+        subprocess.Popen(
+            [PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
+             "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "cs336_systems.ddp_bench",
+             "--strategies", "ddp", "fsdp2", *TINY, "--output", str(outputs[node])],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+        )  # fmt: skip
+        for node in (0, 1)
+    ]
+    try:
+        results = [process.communicate(timeout=240) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    for process, (_, stderr) in zip(processes, results, strict=True):
+        assert process.returncode == 0, stderr[-2000:]
+    rows = read_results(outputs[0]).set_index("strategy")
+    assert list(rows.index) == ["single", "ddp", "fsdp2"] and set(rows["status"]) == {"ok"}
+    assert set(rows["launcher"]) == {"torchrun"} and rows.loc["fsdp2", "world_size"] == 2
+    assert not outputs[1].exists()
