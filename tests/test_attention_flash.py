@@ -235,3 +235,9 @@ def test_adapters_object_is_reused_by_the_rows():
     adapters = load_adapters(STUDENT)
     record = run_attention(tiny("flash-pytorch"), adapters=adapters)
     assert record.status == "ok" and record.adapters is None  # the config names no module; the object came in
+
+
+def test_markdown_shows_small_errors_instead_of_zeros():
+    record = run_attention(tiny("sdpa", steps=1, warmup_steps=0))
+    markdown = attention_bench.AttentionRecord.markdown([record.to_row()])
+    assert f"{record.max_abs_err_out:.2e}" in markdown and 0 < record.max_abs_err_out < 1e-5
