@@ -5,8 +5,12 @@ the same device, in the same precision and pass type. Likely causes, checked in 
   memory oversubscription  the predicted peak exceeds the device's memory, so the driver
                            spills to host memory or the allocator thrashes (docs/reference.md
                            section 3: large at 17.8 s vs medium at 0.93 s on a 16 GB laptop);
-  launch-bound             each layer does under 1/8 of the best row's work, so kernel
-                           launches and small, under-filled kernels dominate;
+  host-bound (measured)    the profiled step (cs336_systems.profiling) shows the GPU idle
+                           for more than HOST_BOUND_IDLE_PCT of the step: the host cannot
+                           launch kernels fast enough; with the GPU busy instead, the row is
+                           device-bound (slow kernels, not launches);
+  launch-bound             without a measured busy figure: each layer does under 1/8 of the
+                           best row's work, so kernel launches and small kernels likely dominate;
   unexplained              neither: look at cv_pct, clocks and other processes.
 """
 
@@ -17,6 +21,7 @@ from collections.abc import Sequence
 
 SLOW_FRACTION = 1 / 3
 LAUNCH_BOUND_WORK_FRACTION = 1 / 8
+HOST_BOUND_IDLE_PCT = 20.0
 GROUP_FIELDS = ("device_name", "precision", "pass_type")
 
 
@@ -58,6 +63,9 @@ def _cause(row: dict, reference: dict) -> str:
             f"memory oversubscription (predicted peak {predicted / 2**30:.1f} GiB > "
             f"{capacity / 2**30:.1f} GiB on the device: expect host spill)"
         )
+    busy_pct = _number(row, "device_busy_pct")
+    if busy_pct is not None:
+        return _measured_cause(busy_pct, _number(row, "kernels_per_step"))
     work, best_work = _work_per_layer(row), _work_per_layer(reference)
     if work is not None and best_work and work < LAUNCH_BOUND_WORK_FRACTION * best_work:
         return "launch-bound (too little work per kernel: each layer does under 1/8 of the best row's FLOPs)"
@@ -67,3 +75,11 @@ def _cause(row: dict, reference: dict) -> str:
 def _work_per_layer(row: dict) -> float | None:
     flops, layers = _number(row, "flops_per_step"), _number(row, "num_layers")
     return flops / layers if flops and layers else None
+
+
+def _measured_cause(busy_pct: float, kernels: float | None) -> str:
+    """The cause read from the profiled step: how much of it the GPU sat idle."""
+    counted = f", {kernels:,.0f} kernels" if kernels is not None else ""
+    if 100.0 - busy_pct > HOST_BOUND_IDLE_PCT:
+        return f"host-bound: GPU idle {100.0 - busy_pct:.0f}% of the step{counted} (measured in a profiled step)"
+    return f"device-bound: GPU busy {busy_pct:.0f}% of the step{counted}: slow kernels, not launches (measured)"

@@ -11,8 +11,8 @@ import sys
 
 from tabulate import tabulate
 
-from cs336_systems import nvtx
-from cs336_systems.argtypes import ArgumentParser, exit_status, fail, positive_int
+from cs336_systems import cuda_graphs, nvtx
+from cs336_systems.argtypes import EXIT_FAILED, ArgumentParser, exit_status, fail, positive_int
 from cs336_systems.cli import (
     ATTENTION_KINDS,
     PASS_TYPE_CHOICES,
@@ -32,7 +32,7 @@ from cs336_systems.models import (
     load_model_factory,
 )
 from cs336_systems.monitor import MonitorPathError, add_monitor_arguments, check_monitor_arguments, monitored
-from cs336_systems.results import BenchmarkRecord, ResultFileError, ResultSink, check_output_paths
+from cs336_systems.results import BenchmarkRecord, ResultFileError, ResultSink, ResultWriteError, check_output_paths
 from cs336_systems.runner import run_benchmark
 
 PROG = "python -m cs336_systems.benchmark"
@@ -62,9 +62,12 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument(
         "--nvtx",
-        action="store_true",
+        nargs="?",
+        const="steps",
+        choices=nvtx.LEVELS,
         help="CUDA: mark warmup, each measured step, forward/backward/optimizer and the naive attention's "
-        "scores/softmax/weighted sum as NVTX ranges for nsys (scripts/nsys_profile.sh); no-op without CUDA",
+        "scores/softmax/weighted sum as NVTX ranges for nsys (scripts/nsys_profile.sh); `--nvtx blocks` "
+        "also marks each Transformer block (block/N); no-op without CUDA",
     )
     add_shape_arguments(parser)
     add_execution_arguments(parser)
@@ -103,7 +106,7 @@ def config_from_args(args) -> BenchmarkConfig:
         batch_size=args.batch_size,
         pass_type=args.pass_type,
         precision=args.precision,
-        compile=args.compile,
+        compile=args.compile or args.compile_mode is not None,
         device=args.device,
     )
 
@@ -119,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(config.device)
         if config.timer == "cuda-event" and device.type != "cuda":
             raise DeviceError("--timer cuda-event needs a CUDA device")
+        if config.cuda_graphs and device.type != "cuda":  # other refusals are 'unsupported' rows, as in sweeps
+            raise DeviceError(cuda_graphs.unsupported_reason(device, config.precision, None))
         if args.memory_snapshot and device.type != "cuda":
             raise DeviceError("--memory-snapshot needs a CUDA device (it records the CUDA allocator's history)")
         if config.model_factory:
@@ -128,12 +133,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, MonitorPathError) as exc:
         return fail(PROG, str(exc))
 
-    if args.nvtx and not nvtx.enable():
+    if args.nvtx and not nvtx.enable(blocks=args.nvtx == "blocks"):
         print(f"{PROG}: note: --nvtx does nothing on {device.type} (NVTX ranges need CUDA)", file=sys.stderr)
     with monitored(args.monitor, args.monitor_interval):
         record = run_benchmark(config.replace(device=str(device)), memory_snapshot=args.memory_snapshot)
-    sink.write(record)
     print(BenchmarkRecord.console([record.to_row()]))
+    try:
+        sink.write(record)
+    except ResultWriteError as exc:  # a full disk: the row is on screen above, the file kept whole
+        print(f"{PROG}: error: {exc.strerror}", file=sys.stderr)
+        return EXIT_FAILED
     for path in [*args.output, *([args.memory_snapshot] if args.memory_snapshot else [])]:
         print(f"wrote {path}", file=sys.stderr)
     if exit_status([record.status]):

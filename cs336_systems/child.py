@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -62,7 +63,7 @@ def add_child_arguments(parser: argparse.ArgumentParser) -> None:
 
 def child_limits_from_args(args: argparse.Namespace, device: torch.device) -> ChildLimits:
     limit = resolve_memory_limit(args.memory_limit, device.type)
-    if args.timeout is not None and args.timeout <= 0:
+    if args.timeout is not None and not 0 < args.timeout < math.inf:  # nan and inf too
         raise ValueError(f"--timeout must be positive, got {args.timeout}")
     return ChildLimits(timeout_s=args.timeout, memory_limit_bytes=limit)
 

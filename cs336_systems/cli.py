@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from cs336_systems.argtypes import add_device_argument, non_negative_int, positive_float, positive_int
-from cs336_systems.config import PASS_TYPES, BenchmarkConfig
+from cs336_systems.config import COMPILE_MODES, PASS_TYPES, BenchmarkConfig
 from cs336_systems.flops import PEAK_CHOICES
 from cs336_systems.models import ATTENTION_KINDS, ModelConfig
 from cs336_systems.precision import PRECISIONS
@@ -59,6 +59,23 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--peak-tflops", type=positive_float, help="your own peak TFLOP/s for MFU (overrides --peak)")
     group.add_argument(
+        "--compile-mode",
+        choices=COMPILE_MODES,
+        help="torch.compile's mode for compiled rows (recorded as compile_mode; on `benchmark` it implies --compile)",
+    )
+    group.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="CUDA: capture the whole step (forward, loss, backward, AdamW capturable) in a CUDA graph after "
+        "warmup and time its replays",
+    )
+    group.add_argument(
+        "--no-profile-step",
+        dest="profile_step",
+        action="store_false",
+        help="skip the extra step under torch.profiler after the measured ones (kernels_per_step, device_busy_pct)",
+    )
+    group.add_argument(
         "--output",
         action="append",
         default=[],
@@ -88,6 +105,9 @@ def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **r
     return BenchmarkConfig(
         model=model,
         compile_scope=args.compile_scope,
+        compile_mode=args.compile_mode or "default",
+        cuda_graphs=args.cuda_graphs,
+        profile_step=args.profile_step,
         timer=args.timer,
         warmup_steps=args.warmup_steps,
         measure_steps=args.measure_steps,
@@ -113,7 +133,11 @@ def config_to_args(config: BenchmarkConfig) -> list[str]:
     if m.size_name != "custom":
         args += ["--model-size", m.size_name]
     if config.compile:
-        args += ["--compile", "--compile-scope", config.compile_scope]
+        args += ["--compile", "--compile-scope", config.compile_scope, "--compile-mode", config.compile_mode]
+    if config.cuda_graphs:
+        args += ["--cuda-graphs"]
+    if not config.profile_step:
+        args += ["--no-profile-step"]
     if config.model_factory:
         args += ["--model-factory", config.model_factory]
     if config.peak_tflops is not None:

@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from cs336_systems.argtypes import EXIT_INTERRUPTED
+from cs336_systems.argtypes import EXIT_FAILED, EXIT_INTERRUPTED
 
 
 def add_argument_with_aliases(
@@ -34,3 +34,10 @@ def run_command(prog: str, run: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; the rows finished so far are in the outputs", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except OSError as exc:
+        from cs336_systems.results.files import ResultWriteError  # pandas: only when a write failed
+
+        if not isinstance(exc, ResultWriteError):
+            raise
+        print(f"{prog}: error: {exc.strerror}; the rows before it are in the outputs", file=sys.stderr)
+        return EXIT_FAILED

@@ -11,6 +11,7 @@ status is 0. Rows present on one side only are listed, never failed.
 
 from __future__ import annotations
 
+import math
 import sys
 
 from tabulate import tabulate
@@ -18,6 +19,7 @@ from tabulate import tabulate
 from cs336_systems.argtypes import ArgumentParser, fail, positive_float
 from cs336_systems.report import model_label
 from cs336_systems.results import CONFIG_FIELDS, ResultFileError, read_results, row_key
+from cs336_systems.results.records import NONFINITE_LOSS_NOTE
 
 PROG = "python -m cs336_systems.compare"
 DEFAULT_BAND_PCT = 5.0
@@ -50,6 +52,16 @@ def environment_summary(rows: dict[tuple, dict]) -> str:
     return "; ".join(parts)
 
 
+def _finite(row: dict) -> bool:
+    """A row whose time or loss is NaN/inf measured nothing to compare (never 'faster')."""
+    median = row.get("median_ms")
+    try:
+        finite = median is not None and math.isfinite(float(median)) and float(median) > 0
+    except (TypeError, ValueError):
+        finite = False
+    return finite and NONFINITE_LOSS_NOTE not in str(row.get("notes") or "")
+
+
 def verdict(base: dict, new: dict, band_pct: float) -> tuple[float | None, str, bool]:
     """(ratio NEW/BASE of median time, verdict, is a regression)."""
     if base["status"] != "ok" and new["status"] != "ok":
@@ -58,6 +70,10 @@ def verdict(base: dict, new: dict, band_pct: float) -> tuple[float | None, str, 
         return None, f"REGRESSION: now {new['status']} (base ran)", True
     if base["status"] != "ok":
         return None, f"fixed: base {base['status']}, new runs", False
+    if not _finite(new):
+        return None, "REGRESSION: new row is NaN (time or loss)", True
+    if not _finite(base):
+        return None, "not comparable: base row is NaN (time or loss)", False
     ratio = new["median_ms"] / base["median_ms"]
     if ratio > 1 + band_pct / 100:
         return ratio, f"SLOWER by {100 * (ratio - 1):.1f}% (> {band_pct:g}%)", True

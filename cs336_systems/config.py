@@ -19,13 +19,14 @@ from cs336_systems.models import ModelConfig
 
 PASS_TYPES = ("forward", "forward-backward", "train-step")
 COMPILE_SCOPES = ("model", "blocks")  # "model": torch.compile(model); "blocks": each block (regional)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 COMPILE_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
 
 # The row columns that identify a configuration, in record order (results.BenchmarkRecord).
 IDENTITY_FIELDS = (
     "model_size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "rope_theta", "attention",
     "model_factory", "context_length", "batch_size", "pass_type", "precision", "compile", "compile_scope",
-    "device", "timer", "warmup_steps", "measure_steps", "seed",
+    "compile_mode", "cuda_graphs", "device", "timer", "warmup_steps", "measure_steps", "seed",
 )  # fmt: skip
 
 
@@ -38,6 +39,8 @@ class BenchmarkConfig:
     precision: str = "fp32"
     compile: bool = False
     compile_scope: str = "model"
+    compile_mode: str = "default"  # torch.compile's mode (COMPILE_MODES)
+    cuda_graphs: bool = False  # capture the whole step in a CUDA graph and time its replays
     device: str = "cpu"
     timer: str = "host"
     warmup_steps: int = 5
@@ -46,6 +49,7 @@ class BenchmarkConfig:
     model_factory: str | None = None
     peak: str = "auto"  # where the MFU denominator comes from: auto, table or measure
     peak_tflops: float | None = None  # a user's own peak, overriding `peak`
+    profile_step: bool = True  # one extra step under torch.profiler after the measured ones
 
     @property
     def tokens_per_step(self) -> int:
@@ -63,6 +67,7 @@ class BenchmarkConfig:
             "attention": m.attention, "model_factory": self.model_factory, "context_length": self.context_length,
             "batch_size": self.batch_size, "pass_type": self.pass_type, "precision": self.precision,
             "compile": self.compile, "compile_scope": self.compile_scope if self.compile else None,
+            "compile_mode": self.compile_mode if self.compile else None, "cuda_graphs": self.cuda_graphs,
             "device": self.device, "timer": self.timer, "warmup_steps": self.warmup_steps,
             "measure_steps": self.measure_steps, "seed": self.seed,
         }  # fmt: skip

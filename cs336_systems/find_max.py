@@ -33,7 +33,7 @@ from cs336_systems.config import BenchmarkConfig
 from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory
 from cs336_systems.monitor import check_monitor_arguments, monitored
-from cs336_systems.results import ResultFileError, ResultSink, check_output_paths
+from cs336_systems.results import ResultFileError, ResultSink, ResultWriteError, check_output_path, check_output_paths
 from cs336_systems.search import search_boundary
 from cs336_systems.sweep import StopRequest, describe
 
@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         outputs = check_output_paths(args.output)
         sink = ResultSink(outputs)
         summary = args.summary or (outputs[0].with_suffix(".json") if outputs else None)
+        if summary:
+            check_output_path(summary, "--summary")  # checked now, not after every probe ran
         check_monitor_arguments(args)  # --monitor comes with the benchmark flags
     except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, ValueError) as exc:
         return fail(PROG, str(exc))
@@ -101,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             saved = " and saved" if outputs else ""
             print(f"interrupted: no answer; {len(done)} probes done{saved}: {done}", file=sys.stderr)
             return stop.exit_status
+        except ResultWriteError as exc:
+            print(f"{PROG}: error: {exc.strerror}; no answer, {len(done)} probes done: {done}", file=sys.stderr)
+            return EXIT_FAILED
     print(f"{searched}")
     print(f"largest {args.dimension} that runs: {result.largest_ok}")
     print(f"smallest {args.dimension} that runs out of memory: {result.smallest_oom}")

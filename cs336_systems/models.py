@@ -265,8 +265,9 @@ class TransformerLM(nn.Module):
                 f"sequence length {tokens.shape[-1]} exceeds the model's context length {self.config.context_length}"
             )
         x = self.token_embeddings(tokens)
-        for layer in self.layers:
-            x = layer(x)
+        for index, layer in enumerate(self.layers):
+            with nvtx.block(index):
+                x = layer(x)
         return self.lm_head(self.ln_final(x))
 
 

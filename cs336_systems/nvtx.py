@@ -12,6 +12,10 @@ ranges are left out too, so they never break its graph: a compiled model shows t
 around it (forward, backward, optimizer) but not those inside attention; profile the eager
 model to see those.
 
+With `enable(blocks=True)` (`--nvtx blocks`) each Transformer block's forward is also a
+range, "block/0", "block/1", ...: the handout's memory_profiling (f) reads per-block
+memory off the timeline by these.
+
 `capture` marks the measured steps: an NVTX range plus cudaProfilerStart/Stop, so
 `nsys profile --capture-range=cudaProfilerApi` (scripts/nsys_profile.sh) records only them.
 """
@@ -26,15 +30,19 @@ from typing import TypeVar
 import torch
 
 _enabled = False
+_blocks = False
+LEVELS = ("steps", "blocks")  # --nvtx [steps|blocks]: steps and phases (and attention), or each block too
 _DISABLED = contextlib.nullcontext()
 
 F = TypeVar("F", bound=Callable)
 
 
-def enable(on: bool = True) -> bool:
-    """Turn ranges on (or off). Returns whether ranges are now emitted: False without CUDA."""
-    global _enabled
+def enable(on: bool = True, blocks: bool = False) -> bool:
+    """Turn ranges on (or off), with a range per Transformer block if `blocks`.
+    Returns whether ranges are now emitted: False without CUDA."""
+    global _enabled, _blocks
     _enabled = bool(on) and torch.cuda.is_available()
+    _blocks = _enabled and blocks
     return _enabled
 
 
@@ -69,6 +77,11 @@ def range(name: str) -> contextlib.AbstractContextManager:  # noqa: A001 (reads 
     backward and optimizer in ranges of those names.
     """
     return _Range(name) if _enabled and not torch.compiler.is_compiling() else _DISABLED
+
+
+def block(index: int) -> contextlib.AbstractContextManager:
+    """The range "block/<index>" around one Transformer block, when block ranges are on."""
+    return _Range(f"block/{index}") if _blocks and _enabled and not torch.compiler.is_compiling() else _DISABLED
 
 
 def annotate(name: str) -> Callable[[F], F]:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cs336_systems import nvtx
+from cs336_systems import cuda_graphs, nvtx
 from cs336_systems.config import PASS_TYPES, BenchmarkConfig
 from cs336_systems.device import (
     compile_unsupported_reason,
@@ -40,9 +40,18 @@ from cs336_systems.precision import (
     precision_mode,
     unsupported_reason,
 )
+from cs336_systems.profiling import StepProfile, profile_step
 from cs336_systems.results import BenchmarkRecord, Environment, collect_environment
+from cs336_systems.results.records import NONFINITE_LOSS_NOTE
 from cs336_systems.stats import summarize
-from cs336_systems.timing import HostTimer, StepTimes, device_synchronizer, make_timer, time_steps
+from cs336_systems.timing import (
+    HostTimer,
+    StepTimes,
+    device_synchronizer,
+    make_phase_recorder,
+    make_timer,
+    time_steps,
+)
 
 OPTIMIZER_STATE_NOTE = "first measured step includes creating the AdamW state (no warmup step ran before it)"
 
@@ -53,7 +62,7 @@ def _tensor_bytes(model: nn.Module) -> int:
 
 
 @contextlib.contextmanager
-def compiled(model: nn.Module, scope: str) -> Iterator[nn.Module]:
+def compiled(model: nn.Module, scope: str, mode: str = "default") -> Iterator[nn.Module]:
     """The model to step: compiled whole, or block by block (regional compilation).
 
     Identical blocks share one compiled graph, so "blocks" compiles about num_layers
@@ -61,7 +70,7 @@ def compiled(model: nn.Module, scope: str) -> Iterator[nn.Module]:
     """
     torch._dynamo.reset()  # a fresh compile per configuration, so compile_s is comparable
     if scope == "model":
-        yield torch.compile(model)
+        yield torch.compile(model, mode=mode)
         return
     blocks = getattr(model, "layers", None)
     if not isinstance(blocks, nn.ModuleList):
@@ -69,7 +78,7 @@ def compiled(model: nn.Module, scope: str) -> Iterator[nn.Module]:
     originals = list(blocks)
     try:
         for index, block in enumerate(originals):
-            blocks[index] = torch.compile(block)
+            blocks[index] = torch.compile(block, mode=mode)
         yield model
     finally:
         for index, block in enumerate(originals):
@@ -83,20 +92,27 @@ def no_phase(name: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+def make_batch(config: BenchmarkConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (tokens, targets) every step of `config` uses, drawn from its seed."""
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+    shape = (config.batch_size, config.context_length)
+    vocab = config.model.vocab_size
+    tokens = torch.randint(0, vocab, shape, device=device, generator=generator)
+    targets = torch.randint(0, vocab, shape, device=device, generator=generator)
+    return tokens, targets
+
+
 def make_step(
     config: BenchmarkConfig,
     model: nn.Module,
     device: torch.device,
     optimizer: torch.optim.Optimizer | None = None,
     phase: Phase = no_phase,
+    losses: list | None = None,
 ) -> Callable[[], None]:
     """The function one timed step calls, its parts wrapped in `phase("forward")`,
     `phase("backward")` and `phase("optimizer")`. Training steps start by setting grads to None."""
-    generator = torch.Generator(device=device).manual_seed(config.seed)
-    shape = (config.batch_size, config.context_length)
-    vocab = config.model.vocab_size
-    tokens = torch.randint(0, vocab, shape, device=device, generator=generator)
-    targets = torch.randint(0, vocab, shape, device=device, generator=generator)
+    tokens, targets = make_batch(config, device)
     scaler = grad_scaler(config.precision, device)
 
     def forward() -> None:
@@ -107,6 +123,8 @@ def make_step(
         with phase("forward"), autocast(config.precision, device):
             logits = model(tokens)  # held until backward ends, as in a training loop
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        if losses is not None:
+            losses.append(loss.detach())  # read once after timing (a NaN loss gets a note)
         with phase("backward"):
             (scaler.scale(loss) if scaler else loss).backward()
 
@@ -185,6 +203,8 @@ def new_record(
         precision=config.precision,
         compile=config.compile,
         compile_scope=config.compile_scope if config.compile else None,
+        compile_mode=config.compile_mode if config.compile else None,
+        cuda_graphs=config.cuda_graphs,
         device=str(device),
         timer=config.timer,
         warmup_steps=config.warmup_steps,
@@ -204,29 +224,44 @@ def _measure(
     notes: list[str],
     memory: PhaseMemory,
     memory_snapshot: str | None,
-) -> StepTimes:
-    """Compile (if asked, timed apart), then the warmup and measured steps.
+) -> tuple[StepTimes, StepProfile | None]:
+    """Compile (if asked, timed apart), then the warmup and measured steps, then the
+    profiled step (if asked): its cost stays outside the timed steps.
 
     Memory is traced per phase on the first step run and on one extra, untimed step after
     the measured ones (the steady state); the measured steps themselves carry only one
     peak reset before them and one read after, so the instrumentation costs them nothing.
+    Phase times come from the measured steps themselves (timing.make_phase_recorder).
     """
     model.train(config.pass_type != "forward")
-    optimizer = make_optimizer(model, device) if config.pass_type == "train-step" else None
+    synchronize = device_synchronizer(device)
     with contextlib.ExitStack() as stack:
-        runnable = stack.enter_context(compiled(model, config.compile_scope)) if config.compile else model
-        plain = make_step(config, runnable, device, optimizer, phase=nvtx.range)
-        traced = make_step(config, runnable, device, optimizer, phase=combine_phases(memory.phase, nvtx.range))
-        steps_run = []
+        runnable = (
+            stack.enter_context(compiled(model, config.compile_scope, config.compile_mode)) if config.compile else model
+        )
+        losses: list[torch.Tensor] = []  # the traced steps' (untimed): first and last
+        if config.cuda_graphs:
+            step, traced = _captured_step(config, runnable, device, notes, memory), None
+            phases = None
+        else:
+            optimizer = make_optimizer(model, device) if config.pass_type == "train-step" else None
+            phases = make_phase_recorder(device, clock)
+            # phases.phase innermost: memory instrumentation stays outside the phase times
+            plain = make_step(config, runnable, device, optimizer, phase=combine_phases(nvtx.range, phases.phase))
+            traced = make_step(
+                config, runnable, device, optimizer, phase=combine_phases(memory.phase, nvtx.range, phases.phase),
+                losses=losses,
+            )
+            steps_run = []
 
-        def step() -> None:
-            (traced if not steps_run else plain)()
-            steps_run.append(1)
+            def step() -> None:
+                (traced if not steps_run else plain)()
+                steps_run.append(1)
 
-        if config.compile:
-            record.compile_s = HostTimer(clock, device_synchronizer(device)).time_ms(step) / 1e3
-        elif config.pass_type == "train-step" and config.warmup_steps == 0:
-            notes.append(OPTIMIZER_STATE_NOTE)
+            if config.compile:
+                record.compile_s = HostTimer(clock, synchronize).time_ms(step) / 1e3
+            elif config.pass_type == "train-step" and config.warmup_steps == 0:
+                notes.append(OPTIMIZER_STATE_NOTE)
         during = contextlib.ExitStack()
         during.enter_context(memory.whole())
         during.enter_context(cuda_memory_history(memory_snapshot, device))
@@ -236,10 +271,41 @@ def _measure(
             measure_steps=config.measure_steps,
             timer=make_timer(config.timer, device, clock),
             during_measurement=during,
+            phases=phases,
         )
-        traced()
-        device_synchronizer(device)()
-        return times
+        if traced is not None:
+            traced()
+        else:
+            memory.steps.append({})  # the steady state: one more replay, traced as a whole step
+            with memory.phase("step"):
+                step()
+        synchronize()
+        if losses and not torch.isfinite(losses[-1]).item():
+            notes.append(NONFINITE_LOSS_NOTE)
+        profile = None
+        if config.profile_step:
+            profile = profile_step(step, device, synchronize, step_ms=summarize(times.measured_ms).median, clock=clock)
+        return times, profile
+
+
+def _captured_step(
+    config: BenchmarkConfig,
+    model: nn.Module,
+    device: torch.device,
+    notes: list[str],
+    memory: PhaseMemory,
+) -> Callable[[], None]:
+    """The whole step captured in a CUDA graph (cuda_graphs.py); the capture is the first step."""
+    optimizer = cuda_graphs.make_optimizer(model) if config.pass_type == "train-step" else None
+    batch = cuda_graphs.StaticBatch(*make_batch(config, device))
+    body = cuda_graphs.step_body(model, batch, config.pass_type, optimizer, lambda: autocast(config.precision, device))
+    with memory.phase("step"):  # first step: the eager iterations (AdamW state created) and the capture
+        captured = cuda_graphs.CapturedStep(body, model)
+    notes.append(
+        f"CUDA graph replays, captured after {cuda_graphs.CAPTURE_WARMUP_ITERS} eager iterations; "
+        "no per-phase times (a replay is one call)"
+    )
+    return captured
 
 
 def _record_memory(record: BenchmarkRecord, memory: PhaseMemory, baseline: int) -> None:
@@ -306,6 +372,10 @@ def run_benchmark(
     reason = unsupported_reason(config.precision, device)
     if reason is None and config.compile:
         reason = compile_unsupported_reason(device)
+    if reason is None and config.cuda_graphs:
+        reason = cuda_graphs.unsupported_reason(
+            device, config.precision, config.compile_mode if config.compile else None
+        )
     if reason is not None:
         record.status, record.error = "unsupported", reason
         return record
@@ -336,7 +406,7 @@ def run_benchmark(
                 if config.model_factory:
                     check_model_output(model, config.model, device, f"--model-factory {config.model_factory}")
             record.num_params = count_parameters(model)
-            times = _measure(config, model, device, clock, record, notes, memory, memory_snapshot)
+            times, profile = _measure(config, model, device, clock, record, notes, memory, memory_snapshot)
         except ModelFactoryError as exc:
             failure = ("error", str(exc))
         except Exception as exc:  # any failure is a row; OOM is told apart from the rest
@@ -354,6 +424,9 @@ def run_benchmark(
     else:
         record.step_ms, record.warmup_step_ms = list(times.measured_ms), list(times.warmup_ms)
         record.add_summary(summarize(times.measured_ms))
+        record.add_phases(times.phase_ms)
+        if profile is not None:
+            record.add_profile(profile)
         record.tokens_per_s = config.tokens_per_step / (record.mean_ms / 1e3)
         peak = resolve_peak(device, env.device_name, config.precision, config.peak, config.peak_tflops)
         record.peak_tflops, record.peak_source = peak.tflops, peak.source

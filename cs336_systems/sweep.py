@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from cs336_systems.argtypes import EXIT_INTERRUPTED, ArgumentParser, exit_status, fail, positive_int
+from cs336_systems import cuda_graphs
+from cs336_systems.argtypes import EXIT_FAILED, EXIT_INTERRUPTED, ArgumentParser, exit_status, fail, positive_int
 from cs336_systems.child import add_child_arguments, child_limits_from_args
 from cs336_systems.cli import (
     ATTENTION_KINDS,
@@ -39,6 +40,7 @@ from cs336_systems.results import (
     BenchmarkRecord,
     ResultFileError,
     ResultSink,
+    ResultWriteError,
     check_output_paths,
     collect_environment,
     read_results,
@@ -58,6 +60,8 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_argument("--batch-sizes", "--batch-size", nargs="+", type=positive_int, default=[4], metavar="B")
     grid.add_argument("--pass-types", "--pass-type", nargs="+", choices=PASS_TYPE_CHOICES, default=["forward-backward"])
     parser.add_argument("--resume", action="store_true", help="skip configurations already in the output file")
+    parser.add_argument("--wait-lock", action="store_true",
+                        help="if another run is writing an output, wait for it instead of exiting")  # fmt: skip
     add_shape_arguments(parser)
     add_execution_arguments(parser)
 
@@ -90,28 +94,45 @@ def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[Bench
 # -- identity of a configuration (resume) -------------------------------------------------
 
 
-def existing_rows(paths: Iterable[Path]) -> list[dict]:
-    """Rows already in the first .csv or .jsonl output that exists (the resume record)."""
-    for path in paths:
-        if path.suffix in (".csv", ".jsonl") and path.exists() and path.stat().st_size > 0:
-            return read_results(path).to_dict("records")
-    return []
+def recorded_outputs(outputs: Iterable[Path]) -> list[Path]:
+    """The outputs that keep rows to resume from (.csv, .jsonl); Markdown is only a rendering."""
+    return [path for path in outputs if path.suffix in (".csv", ".jsonl")]
+
+
+def rows_by_output(outputs: Iterable[Path]) -> dict[Path, list[dict]]:
+    """The rows each .csv / .jsonl output already holds."""
+    return {
+        path: read_results(path).to_dict("records") if path.exists() and path.stat().st_size > 0 else []
+        for path in recorded_outputs(outputs)
+    }
+
+
+def existing_rows(outputs: Iterable[Path]) -> list[dict]:
+    """Every configuration's row already written, once (from the first output holding it)."""
+    rows: dict[tuple, dict] = {}
+    for held in rows_by_output(outputs).values():
+        for row in held:
+            rows.setdefault(row_key(row), row)
+    return list(rows.values())
 
 
 def resumable(outputs: Sequence[Path]) -> bool:
     """Whether a stopped sweep can be resumed from these outputs (a .csv or .jsonl file)."""
-    return any(path.suffix in (".csv", ".jsonl") for path in outputs)
+    return bool(recorded_outputs(outputs))
 
 
 def pending_configs(
-    configs: Sequence[BenchmarkConfig], outputs: Sequence[Path], rows: Sequence[dict], resume: bool
+    configs: Sequence[BenchmarkConfig], held: dict[Path, list[dict]], resume: bool
 ) -> list[BenchmarkConfig]:
-    """The configurations not yet in `rows` (the rows already written). Without --resume,
-    an output that already holds rows is refused: a configuration is never run twice by accident."""
-    if rows and not resume:
-        path = next(p for p in outputs if p.suffix in (".csv", ".jsonl") and p.exists() and p.stat().st_size)
-        raise ResultFileError(f"{path} already has {len(rows)} rows: pass --resume to continue it, or use a new file")
-    done = {row_key(row) for row in rows}
+    """The configurations not yet in every output. A configuration counts as done only when
+    each .csv / .jsonl output holds its row (a run killed between two writes re-runs it; the
+    sink then writes it only where it is missing). Without --resume, an output that already
+    holds rows is refused: a configuration is never run twice by accident."""
+    for path, rows in held.items():
+        if rows and not resume:
+            raise ResultFileError(f"{path} already has {len(rows)} rows: pass --resume to continue it, or use a new file")
+    keys = [{row_key(row) for row in rows} for rows in held.values()]
+    done = set.intersection(*keys) if keys else set()
     return [config for config in configs if config.key() not in done]
 
 
@@ -241,17 +262,27 @@ def sweep_main(
         device = resolve_device(args.device)
         if args.timer == "cuda-event" and device.type != "cuda":
             raise DeviceError("--timer cuda-event needs a CUDA device")
+        if args.cuda_graphs and device.type != "cuda":
+            raise DeviceError(cuda_graphs.unsupported_reason(device, "fp32", None))
         if args.model_factory:
             load_model_factory(args.model_factory)
         configs = grid_from_args(args, device)
         outputs = check_output_paths(args.output)
-        previous = existing_rows(outputs)
-        sink = ResultSink(outputs, previous_rows=previous)  # refuses a file with other columns
-        pending = pending_configs(configs, outputs, previous, args.resume)
-        args.child_limits = child_limits_from_args(args, device) if child_processes else None
         check_monitor_arguments(args)
+        args.child_limits = child_limits_from_args(args, device) if child_processes else None
+        # Locked for the whole sweep, cut last lines dropped, other tools' files refused; then read.
+        sink = ResultSink(outputs, wait_lock=args.wait_lock)
+        try:
+            held = rows_by_output(outputs)
+            pending = pending_configs(configs, held, args.resume)
+        except BaseException:
+            sink.close()
+            raise
     except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, ValueError) as exc:
         return fail(prog, str(exc))
+    previous = existing_rows(outputs)
+    sink.set_previous_rows(previous)
+    sink.holds = {path: {row_key(row) for row in rows} for path, rows in held.items() if rows}
 
     # Children record their own environment; the parent of CUDA children stays off the GPU.
     env = None if child_processes else collect_environment(device)
@@ -264,7 +295,15 @@ def sweep_main(
             execute(pending, args, env, writer)
         except KeyboardInterrupt:
             stop.requested = True
-    rows = [*previous, *(record.to_row() for record in writer.written)]
+        except ResultWriteError as exc:
+            print(f"{prog}: error: {exc.strerror}", file=sys.stderr)
+            print(f"{len(writer.written)} of {len(pending)} configurations saved. Free space, then resume with:\n"
+                  f"  {resume_command(prog, argv)}", file=sys.stderr)  # fmt: skip
+            return EXIT_FAILED
+        finally:
+            sink.close()
+    shown = {row_key(row) for row in previous}  # a row re-run only for a file that lacked it shows once
+    rows = [*previous, *(record.to_row() for record in writer.written if record.key() not in shown)]
     if rows:
         print(render_markdown(rows))
     if stop.requested and len(writer.written) < len(pending):

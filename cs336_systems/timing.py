@@ -7,6 +7,13 @@ asynchronously and an unsynchronised clock times only the kernel launches.
 With `nvtx.enable()` the loop marks itself for Nsight Systems: a "warmup" range around
 the warmup steps, each measured step in a "step" range, and the measured steps inside
 `nvtx.capture()` (what `nsys --capture-range=cudaProfilerApi` records).
+
+Per-phase time comes from the same measured steps: the step calls `phases.phase(name)`
+around its forward, backward and optimizer parts (runner's `phase` callback). On a CPU
+the boundaries are host-clock reads; on CUDA they are event pairs, queued with the work
+and resolved only after the last measured step, so timing the phases adds no
+synchronisation to any step. A phase is the time from its start to its end; what lies
+between phases (zero_grad, Python glue) is the step minus the phases' sum.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -102,12 +109,123 @@ def make_timer(kind: str, device: torch.device, clock: Callable[[], float] = tim
     raise ValueError(f"unknown timer {kind!r}; choose one of {TIMERS}")
 
 
+class _Mark:
+    """Calls `enter()` and `exit()` around a `with` body (also when it raises)."""
+
+    __slots__ = ("begin", "finish")
+
+    def __init__(self, begin: Callable[[], object], finish: Callable[[], object]):
+        self.begin, self.finish = begin, finish
+
+    def __enter__(self) -> None:
+        self.begin()
+
+    def __exit__(self, *exc_info) -> bool:
+        self.finish()
+        return False
+
+
+_OFF = contextlib.nullcontext()
+
+
+class HostPhases:
+    """Phase boundaries read from the host clock: right on a CPU, where the device is the host.
+
+    Only steps between `start_step()` and `end_step()` are recorded; elsewhere (warmup,
+    untimed steps) `phase` is a shared no-op.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
+        self._steps: list[list[tuple[str, float, float]]] = []
+        self._current: list[tuple[str, float, float]] | None = None
+
+    def start_step(self) -> None:
+        self._current = []
+
+    def end_step(self) -> None:
+        self._steps.append(self._current or [])
+        self._current = None
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager:
+        current = self._current
+        if current is None:
+            return _OFF
+        start = [0.0]
+
+        def begin() -> None:
+            start[0] = self.clock()
+
+        def finish() -> None:
+            current.append((name, start[0], self.clock()))
+
+        return _Mark(begin, finish)
+
+    def resolve(self) -> list[dict[str, float]]:
+        """Milliseconds per phase name, one dict per recorded step (a repeated phase adds up)."""
+        return [_add_up((name, (end - start) * 1e3) for name, start, end in step) for step in self._steps]
+
+
+class CudaEventPhases:
+    """Phase boundaries as CUDA event pairs, recorded into the stream with the work.
+
+    Recording an event does not wait for the device; `resolve` waits once, on the last
+    event, after the measured steps, then reads every pair's elapsed time.
+    """
+
+    def __init__(self, event_factory: Callable[[], object] | None = None):
+        self.event_factory = event_factory or (lambda: torch.cuda.Event(enable_timing=True))
+        self._steps: list[list[tuple[str, object, object]]] = []
+        self._current: list[tuple[str, object, object]] | None = None
+
+    def start_step(self) -> None:
+        self._current = []
+
+    def end_step(self) -> None:
+        self._steps.append(self._current or [])
+        self._current = None
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager:
+        current = self._current
+        if current is None:
+            return _OFF
+        start, end = self.event_factory(), self.event_factory()
+        return _Mark(start.record, lambda: (end.record(), current.append((name, start, end))))
+
+    def resolve(self) -> list[dict[str, float]]:
+        pairs = [pair for step in self._steps for pair in step]
+        if pairs:
+            pairs[-1][2].synchronize()  # events complete in stream order: the last one done means all are
+        return [_add_up((name, float(start.elapsed_time(end))) for name, start, end in step) for step in self._steps]
+
+
+def _add_up(items) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for name, ms in items:
+        totals[name] = totals.get(name, 0.0) + ms
+    return totals
+
+
+class PhaseRecorder(Protocol):
+    def start_step(self) -> None: ...
+    def end_step(self) -> None: ...
+    def phase(self, name: str) -> contextlib.AbstractContextManager: ...
+    def resolve(self) -> list[dict[str, float]]: ...
+
+
+def make_phase_recorder(device: torch.device, clock: Callable[[], float] = time.perf_counter) -> PhaseRecorder:
+    """CUDA event pairs on a GPU (no added synchronisation), the host clock elsewhere."""
+    return CudaEventPhases() if device.type == "cuda" else HostPhases(clock)
+
+
 @dataclass(frozen=True)
 class StepTimes:
     """Raw per-step durations. Warmup steps are kept for warmup studies, never summarised."""
 
     warmup_ms: tuple[float, ...]
     measured_ms: tuple[float, ...]
+    # {phase name: one duration per measured step}, in the order the phases first ran
+    phase_ms: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 def time_steps(
@@ -119,6 +237,7 @@ def time_steps(
     during_measurement: contextlib.AbstractContextManager | None = None,
     budget_s: float | None = None,
     min_measure_steps: int = 3,
+    phases: PhaseRecorder | None = None,
 ) -> StepTimes:
     """Warmup steps, then measured steps, each timed on its own.
 
@@ -129,6 +248,9 @@ def time_steps(
     long (after at least one), and measurement stops once its steps have taken that long
     and at least `min_measure_steps` were measured. The budget counts timed step time
     only; how many steps ran is the length of the returned samples.
+
+    `phases` (a recorder whose `phase` callback the step uses) records the phases of the
+    measured steps; they are resolved after the last one.
     """
     if warmup_steps < 0 or measure_steps < 1:
         raise ValueError(f"need warmup_steps >= 0 and measure_steps >= 1, got {warmup_steps}, {measure_steps}")
@@ -146,7 +268,14 @@ def time_steps(
     with during_measurement or contextlib.nullcontext(), nvtx.capture("measured"):
         for _ in range(measure_steps):
             with nvtx.range("step"):
+                if phases is not None:
+                    phases.start_step()
                 measured.append(timer.time_ms(step))
+                if phases is not None:
+                    phases.end_step()
             if over_budget(measured, min(min_measure_steps, measure_steps)):
                 break
-    return StepTimes(warmup_ms=tuple(warmup), measured_ms=tuple(measured))
+    per_step = phases.resolve() if phases is not None else []
+    names = list(dict.fromkeys(name for step_phases in per_step for name in step_phases))
+    phase_ms = {name: tuple(step_phases.get(name, 0.0) for step_phases in per_step) for name in names}
+    return StepTimes(warmup_ms=tuple(warmup), measured_ms=tuple(measured), phase_ms=phase_ms)

@@ -31,6 +31,8 @@ def parse_bytes(text: str) -> int:
     value = float(match.group(1)) * _UNITS[match.group(2)]
     if value <= 0:
         raise ValueError(f"size must be positive, got {text!r}")
+    if value < 1:  # would round to 0 bytes: a limit of nothing
+        raise ValueError(f"size must be at least one byte, got {text!r}")
     return int(value)
 
 

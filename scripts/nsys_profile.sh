@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Profile one benchmark configuration with Nsight Systems, recording only its measured steps.
 #
-#   scripts/nsys_profile.sh OUTPUT_STEM [python -m cs336_systems.benchmark flags...]
+#   scripts/nsys_profile.sh OUTPUT_STEM [--nsys-args NSYS_OPTIONS... --] [python -m cs336_systems.benchmark flags...]
 #   scripts/nsys_profile.sh results/nsys/small_naive --model-size small --context-length 512 --attention naive
+#   scripts/nsys_profile.sh results/nsys/small_mem --nsys-args --pytorch=functions-trace,autograd-shapes-nvtx \
+#       --cuda-memory-usage=true -- --model-size small --pass-type train-step --nvtx blocks
+#
+# Extra `nsys profile` options go between --nsys-args and --, or in $NSYS_ARGS (split on
+# spaces; these come first); both are added after the defaults below.
 #
 # Runs `python -m cs336_systems.benchmark --nvtx FLAGS` under `nsys profile` with
 # --capture-range=cudaProfilerApi: the benchmark calls cudaProfilerStart/Stop around its
@@ -18,11 +23,25 @@ set -euo pipefail
 
 prog=scripts/nsys_profile.sh
 if [ $# -lt 1 ] || [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
   [ $# -lt 1 ] && exit 2 || exit 0
 fi
 stem=$1
 shift
+extra=()
+[ -n "${NSYS_ARGS:-}" ] && read -r -a extra <<<"$NSYS_ARGS"
+if [ "${1:-}" = "--nsys-args" ]; then
+  shift
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+    extra+=("$1")
+    shift
+  done
+  if [ $# -eq 0 ]; then
+    echo "$prog: error: --nsys-args needs a closing -- before the benchmark flags" >&2
+    exit 2
+  fi
+  shift
+fi
 
 find_nsys() {
   if [ -n "${NSYS:-}" ]; then
@@ -52,6 +71,7 @@ mkdir -p "$(dirname "$stem")"
   --sample=none --cpuctxsw=none \
   --capture-range=cudaProfilerApi --capture-range-end=stop \
   --force-overwrite=true --output="$stem" \
+  ${extra[@]+"${extra[@]}"} \
   "$python" -m cs336_systems.benchmark --nvtx "$@"
 
 # Report names changed in nsys 2023.x (nvtxsum -> nvtx_sum, ...): try the new name, then the old.

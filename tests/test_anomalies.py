@@ -53,3 +53,29 @@ def test_slow_but_unexplained_and_groups_kept_apart():
 def test_failed_rows_are_not_compared(status):
     rows = [laptop_row("medium", 928.0), laptop_row("large", 17_800.0, status=status, achieved_tflops=None)]
     assert flag_anomalies(rows) == {}
+
+
+def test_measured_busy_figure_replaces_the_launch_bound_heuristic():
+    big = laptop_row("medium", 928.0, predicted_memory_bytes=1)
+    tiny_flops = big["flops_per_step"] / 1000
+    tiny = dict(big, model_size="tiny", num_layers=2, flops_per_step=tiny_flops, mean_ms=50.0,
+                achieved_tflops=tiny_flops / 0.05 / 1e12, device_busy_pct=38.0, kernels_per_step=4800)  # fmt: skip
+    flags = flag_anomalies([big, tiny])
+    assert list(flags) == [1]
+    assert "host-bound: GPU idle 62% of the step, 4,800 kernels" in flags[1]
+    assert "launch-bound" not in flags[1]
+
+
+def test_measured_busy_device_says_device_bound_even_where_the_heuristic_guessed_launches():
+    big = laptop_row("medium", 928.0, predicted_memory_bytes=1)
+    tiny_flops = big["flops_per_step"] / 1000
+    tiny = dict(big, model_size="tiny", num_layers=2, flops_per_step=tiny_flops, mean_ms=50.0,
+                achieved_tflops=tiny_flops / 0.05 / 1e12, device_busy_pct=97.0, kernels_per_step=120)  # fmt: skip
+    assert "device-bound: GPU busy 97% of the step, 120 kernels" in flag_anomalies([big, tiny])[1]
+    unmeasured = dict(tiny, device_busy_pct=float("nan"), kernels_per_step=None)  # CSV round-trip of a CPU row
+    assert "launch-bound" in flag_anomalies([big, unmeasured])[1]
+
+
+def test_oversubscription_still_comes_before_the_measured_figure():
+    rows = [laptop_row("medium", 928.0), laptop_row("large", 17_800.0, device_busy_pct=30.0, kernels_per_step=900)]
+    assert "memory oversubscription" in flag_anomalies(rows)[1]

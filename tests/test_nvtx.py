@@ -105,7 +105,7 @@ def test_benchmark_run_marks_steps_phases_and_naive_attention(recorded_ranges):
     assert len(pushes) == recorded_ranges.count("pop")
     assert pushes[0] == "warmup" and pushes.count("measured") == 1 and pushes.count("step") == 2
     layers = config.model.num_layers
-    steps = 1 + 2 + 1  # warmup, measured, the untimed step that traces memory
+    steps = 1 + 2 + 1 + 1  # warmup, measured, the untimed step that traces memory, the profiled step
     for name in ("forward", "backward", "optimizer"):
         assert pushes.count(name) == steps
     for name in ("attention/scores", "attention/softmax", "attention/weighted_sum"):
@@ -234,3 +234,55 @@ def test_nsys_script_without_nsys_is_one_line_and_exit_2(tmp_path):
     env["NSYS"] = str(tmp_path / "missing")
     result = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "x")], capture_output=True, text=True, env=env)
     assert result.returncode == 2 and "is not an executable file" in result.stderr
+
+
+def _run_script(tmp_path, *args, **env_changes):
+    log = tmp_path / "log"
+    env = dict(os.environ, NSYS=_fake_nsys(tmp_path), FAKE_NSYS_LOG=str(log), PYTHON="python", **env_changes)
+    result = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), *args], capture_output=True, text=True,
+                            env=env, timeout=60)  # fmt: skip
+    return result, (log.read_text().splitlines()[0] if log.exists() else None)
+
+
+def test_nsys_script_passes_extra_profile_options_through(tmp_path):
+    result, profile = _run_script(
+        tmp_path, "--nsys-args", "--pytorch=functions-trace,autograd-shapes-nvtx", "--cuda-memory-usage=true", "--",
+        "--model-size", "small", "--nvtx", "blocks",
+        NSYS_ARGS="--gpu-metrics-devices=all",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    defaults, _, command = profile.partition(" python -m ")
+    assert defaults.endswith(
+        "--gpu-metrics-devices=all --pytorch=functions-trace,autograd-shapes-nvtx --cuda-memory-usage=true"
+    )
+    assert "--capture-range=cudaProfilerApi" in defaults  # extras come after the defaults, which stay
+    assert command == "cs336_systems.benchmark --nvtx --model-size small --nvtx blocks"
+
+
+def test_nsys_script_without_closing_dashes_is_one_line_and_exit_2(tmp_path):
+    result, profile = _run_script(tmp_path, "--nsys-args", "--cuda-memory-usage=true")
+    assert result.returncode == 2 and profile is None
+    assert result.stderr.count("\n") == 1 and "needs a closing --" in result.stderr
+
+
+def test_block_ranges_only_with_blocks(fake_cuda):
+    nvtx.enable()
+    with nvtx.block(0):
+        pass
+    assert fake_cuda == [] and nvtx.block(0) is nvtx.block(1)
+    nvtx.enable(blocks=True)
+    with nvtx.block(3):
+        pass
+    assert fake_cuda == ["push block/3", "pop"]
+    nvtx.disable()
+    assert nvtx.block(0) is nvtx.range("x")  # off again, blocks included
+
+
+def test_benchmark_run_with_block_ranges(recorded_ranges, monkeypatch):
+    monkeypatch.setattr(nvtx, "_blocks", True)
+    config = tiny_benchmark_config(pass_type="forward", warmup_steps=0, measure_steps=1, profile_step=False)
+    record = runner.run_benchmark(config)
+    assert record.status == "ok", record.error
+    measured = recorded_ranges[recorded_ranges.index("measured") :]
+    assert measured[:4] == ["measured", "step", "forward", "block/0"]
+    assert measured.count("block/0") == measured.count("block/1") == 2  # the measured step, the memory step

@@ -133,3 +133,101 @@ def test_untimed_setup_runs_before_each_step_outside_the_clock():
     times = time_steps(step, warmup_steps=1, measure_steps=2, timer=UntimedSetup(HostTimer(clock), setup))
     assert events == ["setup", "step"] * 3
     assert times.measured_ms == pytest.approx((250.0, 250.0))
+
+
+def _phased_step(clock, phases, durations: dict[str, float], between: float = 0.0):
+    """A step whose phases advance the fake clock by `durations` (seconds), `between` outside them."""
+
+    def step():
+        clock.now += between
+        for name, seconds in durations.items():
+            with phases.phase(name):
+                clock.now += seconds
+
+    return step
+
+
+def test_host_phases_add_up_to_the_step_with_no_extra_sync():
+    from cs336_systems.timing import HostPhases
+
+    clock, syncs = FakeClock(), []
+    phases = HostPhases(clock)
+    step = _phased_step(clock, phases, {"forward": 0.010, "backward": 0.020, "optimizer": 0.005})
+    times = time_steps(step, warmup_steps=2, measure_steps=3, timer=HostTimer(clock, lambda: syncs.append(1)),
+                       phases=phases)  # fmt: skip
+    assert list(times.phase_ms) == ["forward", "backward", "optimizer"]
+    assert times.phase_ms["forward"] == pytest.approx((10.0,) * 3)
+    assert times.phase_ms["backward"] == pytest.approx((20.0,) * 3)
+    assert times.phase_ms["optimizer"] == pytest.approx((5.0,) * 3)
+    for index, step_ms in enumerate(times.measured_ms):
+        assert sum(samples[index] for samples in times.phase_ms.values()) == pytest.approx(step_ms)
+    assert len(syncs) == 2 * 5  # the step timer's two per step, warmup included; the phases add none
+    assert clock.reads == 2 * 5 + 2 * 3 * 3  # two reads per phase, measured steps only
+
+
+def test_host_phases_leave_out_time_between_phases_and_warmup():
+    from cs336_systems.timing import HostPhases
+
+    clock = FakeClock()
+    phases = HostPhases(clock)
+    step = _phased_step(clock, phases, {"forward": 0.010}, between=0.002)
+    times = time_steps(step, warmup_steps=1, measure_steps=2, timer=HostTimer(clock), phases=phases)
+    assert times.measured_ms == pytest.approx((12.0, 12.0))
+    assert times.phase_ms == {"forward": pytest.approx((10.0, 10.0))}
+    assert phases.phase("forward") is phases.phase("backward")  # outside a measured step: a shared no-op
+
+
+def test_cuda_event_phases_record_only_and_resolve_once_after_the_steps():
+    """On a (fake) CUDA device: no synchronize per phase; one wait on the last event, after measuring."""
+    from cs336_systems.timing import CudaEventPhases
+
+    FakeEvent.log, FakeEvent.now = [], 0.0
+    syncs = []
+    phases = CudaEventPhases(FakeEvent)
+
+    def step():
+        for name, ms in (("forward", 3.0), ("backward", 6.0), ("optimizer", 1.0)):
+            with phases.phase(name):
+                FakeEvent.now += ms
+
+    def synchronize():
+        syncs.append(len(FakeEvent.log))
+
+    times = time_steps(step, warmup_steps=1, measure_steps=2, timer=HostTimer(FakeClock(), synchronize), phases=phases)
+    assert times.phase_ms == {"forward": (3.0, 3.0), "backward": (6.0, 6.0), "optimizer": (1.0, 1.0)}
+    assert len(syncs) == 2 * 3  # the host timer's own, nothing added
+    assert FakeEvent.log == ["record"] * 12 + ["wait"]  # 3 pairs per measured step, then one wait
+
+
+def test_cuda_event_phases_inside_a_cuda_event_step_timer():
+    from cs336_systems.timing import CudaEventPhases
+
+    FakeEvent.log, FakeEvent.now = [], 0.0
+    phases = CudaEventPhases(FakeEvent)
+
+    def step():
+        FakeEvent.now += 0.5  # outside any phase
+        with phases.phase("forward"):
+            FakeEvent.now += 4.0
+
+    times = time_steps(step, warmup_steps=0, measure_steps=2, timer=CudaEventTimer(FakeEvent), phases=phases)
+    assert times.measured_ms == (4.5, 4.5) and times.phase_ms == {"forward": (4.0, 4.0)}
+    assert FakeEvent.log == ["record"] * 4 + ["wait"] + ["record"] * 4 + ["wait"] + ["wait"]
+
+
+def test_phases_of_a_real_cpu_train_step_add_up_to_the_step():
+    from cs336_systems import runner
+    from cs336_systems.timing import HostPhases
+    from tests.conftest import tiny_benchmark_config, tiny_model_config
+
+    config = tiny_benchmark_config(pass_type="train-step", context_length=64, batch_size=4,
+                                   model=tiny_model_config(context_length=64))  # fmt: skip
+    device = torch.device("cpu")
+    model = runner.build_model(config.model, device)
+    phases = HostPhases()
+    step = runner.make_step(config, model, device, runner.make_optimizer(model, device), phase=phases.phase)
+    times = time_steps(step, warmup_steps=2, measure_steps=5, timer=HostTimer(), phases=phases)
+    assert list(times.phase_ms) == ["forward", "backward", "optimizer"]
+    phase_total = sum(sum(samples) for samples in times.phase_ms.values())
+    assert phase_total <= sum(times.measured_ms)
+    assert phase_total == pytest.approx(sum(times.measured_ms), rel=0.05)

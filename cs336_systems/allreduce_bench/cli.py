@@ -19,7 +19,7 @@ from cs336_systems.argtypes import (
 from cs336_systems.command import add_argument_with_aliases, run_command
 from cs336_systems.distributed import LaunchError
 from cs336_systems.distributed.driver import add_launch_arguments, launch_from_args, run_rows
-from cs336_systems.results import ResultFileError, ResultSink, check_output_paths
+from cs336_systems.results import ResultFileError, ResultSink, check_output_path, check_output_paths
 
 PROG = "python -m cs336_systems.allreduce_bench"
 DEFAULT_SIZES = ("1MB", "10MB", "100MB", "1GB")
@@ -56,6 +56,8 @@ def _run(args: argparse.Namespace) -> int:
         launch = launch_from_args(args)
         if args.memory_limit is not None and launch.first_device.type != "cpu":
             raise LaunchError("--memory-limit caps CPU address space (RLIMIT_AS); it cannot be used with nccl or CUDA")
+        if args.plot and launch.rank0:
+            check_output_path(args.plot, "--plot")
         sink = ResultSink(check_output_paths(args.output) if launch.rank0 else [], AllReduceRecord)
     except (LaunchError, ResultFileError, ValueError) as exc:
         return fail(PROG, str(exc))

@@ -37,7 +37,13 @@ from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.loading import LoadError, load_callable
 from cs336_systems.memory_cap import soft_address_space_cap
 from cs336_systems.precision import PRECISIONS
-from cs336_systems.results import ResultFileError, ResultSink, check_output_paths, collect_environment
+from cs336_systems.results import (
+    ResultFileError,
+    ResultSink,
+    check_output_path,
+    check_output_paths,
+    collect_environment,
+)
 from cs336_systems.units import format_bytes
 
 PROG = "python -m cs336_systems.attention_bench"
@@ -184,6 +190,8 @@ def _run(args: argparse.Namespace) -> int:
         plot_path = Path(args.plot) if args.plot else (outputs[0].with_suffix(".png") if outputs else None)
         if plot_path is not None and plot_path.suffix not in (".png", ".svg", ".pdf"):
             raise ResultFileError(f"--plot {plot_path}: use a .png, .svg or .pdf file")
+        if plot_path is not None:
+            check_output_path(plot_path, "--plot")
         adapters = check_implementations(args)
         sink = ResultSink(outputs, AttentionRecord)
     except (DeviceError, ResultFileError, LoadError, ValueError) as exc:

@@ -18,7 +18,7 @@ from cs336_systems.cli import (
     add_shape_arguments,
     model_config_from_args,
 )
-from cs336_systems.memory.estimate import MemoryEstimate, estimate_memory, find_max_by_prediction
+from cs336_systems.memory.estimate import FIND_MAX_LIMIT, MemoryEstimate, estimate_memory, find_max_by_prediction
 from cs336_systems.models import ConfigError
 from cs336_systems.units import format_bytes, parse_bytes
 
@@ -110,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         out = {"config": title, **estimate.as_dict(), f"total_bytes_with_{other}_attention": alternative.total_bytes}
         if args.find_max:
             out["find_max"] = {"dimension": args.find_max, "largest_that_fits": largest}
+        if largest is not None and largest >= FIND_MAX_LIMIT:  # the cap fits: the answer is not the cap
+            out["find_max"] = {"dimension": args.find_max, "largest_that_fits": None, "at_least": largest}
         print(json.dumps(out))
     else:
         print(format_estimate(estimate, title))
@@ -118,5 +120,13 @@ def main(argv: list[str] | None = None) -> int:
             f"(activations {format_bytes(sum(alternative.activations.values()))})."
         )
         if args.find_max:
-            print(f"Largest {args.find_max} that fits by prediction: {largest}")
+            print(f"Largest {args.find_max} that fits by prediction: {describe_largest(largest)}")
     return 0
+
+
+def describe_largest(largest: int | None) -> str:
+    if largest is None:
+        return "none (the starting value does not fit)"
+    if largest >= FIND_MAX_LIMIT:
+        return f"more than {FIND_MAX_LIMIT - 1} (the search stops at {FIND_MAX_LIMIT}, which fits too)"
+    return str(largest)

@@ -183,8 +183,11 @@ def _estimate(weights, gradients, optimizer, activations, copies, head, timeline
     )
 
 
+FIND_MAX_LIMIT = 1 << 20  # the prediction search stops here
+
+
 def find_max_by_prediction(
-    estimate_for, dimension: str, start: int, device_memory_bytes: int, limit: int = 1 << 20
+    estimate_for, dimension: str, start: int, device_memory_bytes: int, limit: int = FIND_MAX_LIMIT
 ) -> int | None:
     """Largest value of `dimension` (up to `limit`) whose predicted total fits."""
 

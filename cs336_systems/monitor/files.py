@@ -22,6 +22,7 @@ from cs336_systems.monitor.sampling import (
     ResourceMonitor,
     Sample,
 )
+from cs336_systems.results.files import ResultFileError, check_output_path
 from cs336_systems.results.records import Record, identity_field
 
 # -- summaries and files -------------------------------------------------------------------
@@ -65,7 +66,11 @@ def check_monitor_path(path: str | Path) -> Path:
     for existing in (path, path.with_suffix(".png"), path.with_suffix(".json")):
         if existing.exists():
             raise MonitorPathError(f"monitor output {existing} already exists; choose a new name")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    for written in (path, path.with_suffix(".png"), path.with_suffix(".json")):
+        try:
+            check_output_path(written, "--monitor")
+        except ResultFileError as exc:
+            raise MonitorPathError(str(exc)) from None
     return path
 
 

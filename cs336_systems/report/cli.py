@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from cs336_systems.argtypes import ArgumentParser, fail
-from cs336_systems.results import ResultFileError
+from cs336_systems.results import ResultFileError, check_output_path
 
 from .build import build_document
 from .latex import document_latex, table_latex
@@ -37,6 +37,10 @@ def _check_outputs(outputs: list[Path], tables_only: bool) -> str | None:
             return f"--output {output}: unknown format {output.suffix or '(no extension)'!r}; expected one of {', '.join(FORMATS)}"
         if output.suffix == ".pdf" and tables_only:
             return f"--output {output}: --tables-only writes .md, .tex or .typ snippets, not PDF"
+        try:
+            check_output_path(output)  # a directory, an unwritable place: refused before any work
+        except ResultFileError as exc:
+            return str(exc)
     if any(o.suffix == ".pdf" for o in outputs) and importlib.util.find_spec("typst") is None:
         return INSTALL_HINT
     if any(o.suffix == ".tex" for o in outputs) and importlib.util.find_spec("jinja2") is None:

@@ -1,12 +1,22 @@
-"""Result files: CSV and JSONL accumulate rows (each appended and flushed the moment it
-exists); a Markdown file is a rendering, rewritten after every row. One `ResultSink` writes
-every tool's records; the record type supplies the columns and the Markdown view.
+"""Result files: CSV and JSONL accumulate rows (each appended the moment it exists, as one
+`write` of a complete line); a Markdown file is a rendering, rewritten whole after every row.
+One `ResultSink` writes every tool's records; the record type supplies the columns and the
+Markdown view. The sink holds an exclusive lock on each output for its whole life, so two
+runs never interleave rows or write a header twice.
 """
 
 from __future__ import annotations
 
+import atexit
+import csv
+import errno
+import fcntl
+import io
 import json
+import math
 import os
+import signal
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -16,10 +26,17 @@ import pandas as pd
 from cs336_systems.results.records import BenchmarkRecord
 
 OUTPUT_SUFFIXES = (".csv", ".md", ".jsonl")
+# Tests inject faults through this variable: "enospc@N" makes the Nth row write fail half
+# written with ENOSPC; "kill@N" SIGKILLs the process right after the Nth row write.
+FAULT_ENV = "CS336_SYSTEMS_FAULT"
 
 
 class ResultFileError(ValueError):
-    """An output path we cannot write to as asked (bad suffix, mismatched columns)."""
+    """An output path we cannot write to as asked (bad suffix, mismatched columns, locked)."""
+
+
+class ResultWriteError(OSError):
+    """A row could not be written (a full disk): the file was truncated back to its last whole row."""
 
 
 class ResultRecord(Protocol):
@@ -32,27 +49,202 @@ class ResultRecord(Protocol):
         ...
 
 
-class CsvWriter:
-    """Appends rows; writes the header only to a new file; refuses a file with other columns.
+# -- checking paths before any work -------------------------------------------------------
 
-    A file with the same columns in another order (written before a column moved) keeps its order.
-    """
+
+def check_output_path(raw: str | Path, flag: str = "--output", suffixes: Sequence[str] | None = None) -> Path:
+    """A path we can write, checked before any work starts (a directory, a parent that
+    cannot be created and an unwritable place are refused). Creates missing parents."""
+    path = Path(raw)
+    if suffixes is not None and path.suffix not in suffixes:
+        raise ResultFileError(f"{flag} {raw}: unknown suffix, use one of {', '.join(suffixes)}")
+    if path.is_dir():
+        raise ResultFileError(f"{flag} {raw}: is a directory, give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ResultFileError(f"{flag} {raw}: cannot create its directory {path.parent} ({exc.strerror})") from None
+    existed = path.exists()
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+    except OSError as exc:
+        raise ResultFileError(f"{flag} {raw}: cannot write there ({exc.strerror})") from None
+    if not existed:
+        path.unlink()  # checked, not created: a failed run leaves no empty file behind
+    return path
+
+
+def check_output_paths(paths: Iterable[str | Path], flag: str = "--output") -> list[Path]:
+    """Every result output checked (suffix, writable); a path given twice is used once."""
+    checked: dict[Path, Path] = {}
+    for raw in paths:
+        path = check_output_path(raw, flag, OUTPUT_SUFFIXES)
+        checked.setdefault(path.resolve(), path)
+    return list(checked.values())
+
+
+# -- one writer per file ----------------------------------------------------------------
+
+
+class OutputLock:
+    """An exclusive `flock` on a sidecar `.NAME.lock` holding the writer's pid (the sidecar,
+    not the file, because a Markdown file is replaced by rename on every row). Other processes
+    are kept out; sinks of one process share the lock (counted), so a tool may open a file twice."""
+
+    held: dict[Path, list] = {}  # sidecar -> [fd, users]
+
+    def __init__(self, path: Path, wait: bool = False):
+        self.path = path.with_name(f".{path.name}.lock").resolve()
+        entry = self.held.get(self.path)
+        if entry is None:
+            entry = self.held[self.path] = [self._acquire(path, wait), 0]
+        entry[1] += 1
+        self.active = True
+
+    def _acquire(self, output: Path, wait: bool) -> int:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
+                if not wait:
+                    os.close(fd)
+                    raise ResultFileError(
+                        f"{output} is being written by process {holder} (lock {self.path.name}); "
+                        "wait for it to finish, or pass --wait-lock"
+                    ) from None
+                print(f"waiting for process {holder} to finish writing {output}", file=sys.stderr, flush=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            # The previous holder removes the sidecar on release: make sure ours is the one at the path.
+            try:
+                current = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                return fd
+            os.close(fd)
+
+    def release(self) -> None:
+        if not self.active:
+            return
+        self.active = False
+        entry = self.held.get(self.path)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self.held[self.path]
+            self.path.unlink(missing_ok=True)
+            os.close(entry[0])
+
+
+@atexit.register
+def _release_all() -> None:
+    for path, (fd, _) in list(OutputLock.held.items()):
+        path.unlink(missing_ok=True)
+        os.close(fd)
+    OutputLock.held.clear()
+
+
+# -- whole lines, one write each --------------------------------------------------------
+
+_row_writes = 0
+
+
+def _fault(data: bytes, fd: int) -> None:
+    """The test fault hook (FAULT_ENV); does nothing unless the variable is set."""
+    global _row_writes
+    fault = os.environ.get(FAULT_ENV)
+    if not fault:
+        return
+    _row_writes += 1
+    kind, _, count = fault.partition("@")
+    if int(count or 1) != _row_writes:
+        return
+    if kind == "enospc":
+        os.write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _after_write() -> None:
+    fault = os.environ.get(FAULT_ENV, "")
+    if fault.startswith("kill@") and int(fault.partition("@")[2]) == _row_writes:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append `line` (ending in a newline) in one write; on failure truncate the file back to
+    where it was, so it never holds half a row, and raise ResultWriteError naming the file."""
+    data = line.encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            _fault(data, fd)
+            written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
+        except OSError as exc:
+            os.ftruncate(fd, size)
+            raise ResultWriteError(
+                exc.errno, f"{path}: could not write a row ({exc.strerror}); the partial row was removed"
+            ) from exc
+    finally:
+        os.close(fd)
+    _after_write()
+
+
+def repair_cut_line(path: Path) -> bool:
+    """Drop a last line with no newline (a writer killed mid-row); True when one was dropped."""
+    if not path.exists() or path.stat().st_size == 0:
+        return False
+    with path.open("rb+") as handle:
+        data = handle.read()
+        if data.endswith(b"\n"):
+            return False
+        handle.truncate(data.rfind(b"\n") + 1)
+    return True
+
+
+def csv_line(values: Sequence[object]) -> str:
+    """One CSV line as pandas writes it: empty for None/NaN, QUOTE_MINIMAL."""
+    buffer = io.StringIO()
+    cells = ["" if value is None or (isinstance(value, float) and math.isnan(value)) else value for value in values]
+    csv.writer(buffer, lineterminator="\n").writerow(cells)
+    return buffer.getvalue()
+
+
+# -- the writers ------------------------------------------------------------------------
+
+
+class CsvWriter:
+    """Appends rows; writes the header only to a new file (in the same write as the first row);
+    refuses a file with other columns. A file with the same columns in another order (written
+    before a column moved) keeps its order."""
 
     def __init__(self, path: Path, fields: Sequence[str]):
         self.path, self.fields = path, list(fields)
         existing = _read_csv_header(path)
         if existing is not None and sorted(existing) != sorted(self.fields):
-            raise ResultFileError(f"{path} already holds results with different columns; write to a new file")
+            raise ResultFileError(
+                f"{path} already holds results with different columns (another tool's, or an older schema); "
+                "write to a new file"
+            )
         if existing is not None:
             self.fields = existing
         self._needs_header = existing is None
 
     def write(self, record: ResultRecord) -> None:
-        row = record.to_row()
-        frame = pd.DataFrame([[row.get(name) for name in self.fields]], columns=self.fields)
-        with self.path.open("a", newline="") as handle:
-            frame.to_csv(handle, header=self._needs_header, index=False)
-            handle.flush()
+        self.write_row(record.to_row())
+
+    def write_row(self, row: dict) -> None:
+        line = csv_line([row.get(name) for name in self.fields])
+        if self._needs_header:
+            line = csv_line(self.fields) + line
+        append_line(self.path, line)
         self._needs_header = False
 
 
@@ -60,22 +252,42 @@ def _read_csv_header(path: Path) -> list[str] | None:
     if not path.exists() or path.stat().st_size == 0:
         return None
     with path.open(newline="") as handle:
-        return pd.read_csv(handle, nrows=0).columns.tolist()
+        return next(csv.reader(handle), None)
 
 
 class JsonlWriter:
-    def __init__(self, path: Path):
+    """Appends one JSON object per line; refuses a file whose rows have other keys."""
+
+    def __init__(self, path: Path, fields: Sequence[str] = ()):
         self.path = path
+        first = _first_jsonl_keys(path)
+        if first is not None and fields and not set(fields) <= first:
+            raise ResultFileError(
+                f"{path} already holds results with different keys (another tool's, or an older schema); "
+                "write to a new file"
+            )
 
     def write(self, record: ResultRecord) -> None:
-        line = json.dumps(record.to_json(), default=str, allow_nan=True)
-        with self.path.open("a") as handle:
-            handle.write(line + "\n")
-            handle.flush()
+        append_line(self.path, json.dumps(record.to_json(), default=str, allow_nan=True) + "\n")
+
+
+def _first_jsonl_keys(path: Path) -> set[str] | None:
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    with path.open() as handle:
+        line = handle.readline()
+    try:
+        first = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ResultFileError(f"{path}:1: not a JSON object ({exc.msg})") from None
+    if not isinstance(first, dict):
+        raise ResultFileError(f"{path}:1: not a JSON object")
+    return set(first)
 
 
 class MarkdownWriter:
-    """Re-renders the whole document after each row, atomically (temp file + rename)."""
+    """Re-renders the whole document after each row, atomically (temp file + rename); a
+    failed write leaves the previous rendering and no temp file."""
 
     def __init__(self, path: Path, render: Callable[[Sequence[dict]], str], rows: Iterable[dict] = ()):
         self.path, self.render, self.rows = path, render, list(rows)
@@ -83,21 +295,12 @@ class MarkdownWriter:
     def write(self, record: ResultRecord) -> None:
         self.rows.append(record.to_row())
         temporary = self.path.with_name(self.path.name + ".tmp")
-        temporary.write_text(self.render(self.rows))
-        os.replace(temporary, self.path)
-
-
-def check_output_paths(paths: Iterable[str | Path]) -> list[Path]:
-    """Validate suffixes and parent directories before any work starts."""
-    checked = []
-    for raw in paths:
-        path = Path(raw)
-        if path.suffix not in OUTPUT_SUFFIXES:
-            raise ResultFileError(f"--output {raw}: unknown suffix, use one of {', '.join(OUTPUT_SUFFIXES)}")
-        if path.parent and not path.parent.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-        checked.append(path)
-    return checked
+        try:
+            temporary.write_text(self.render(self.rows))
+            os.replace(temporary, self.path)
+        except OSError as exc:
+            temporary.unlink(missing_ok=True)
+            raise ResultWriteError(exc.errno, f"{self.path}: could not rewrite ({exc.strerror}); kept as it was") from exc
 
 
 class ResultSink:
@@ -106,6 +309,9 @@ class ResultSink:
     `record_type` gives the CSV columns (`row_fields()`) and the Markdown view (`markdown(rows)`);
     `previous_rows` are rows already in the files (a resumed sweep), so the Markdown shows them.
     `fields` / `render` override those for records not yet on `Record` (LegacyRecord).
+    Each output is locked for the sink's life (`close()`, or at exit); a locked output is refused
+    with the holder's pid, or waited for with `wait_lock`. A last line cut by a killed writer is
+    dropped (and said) before any row is appended to it.
     """
 
     def __init__(
@@ -116,21 +322,63 @@ class ResultSink:
         *,
         fields: Sequence[str] | None = None,
         render: Callable[[Sequence[dict]], str] | None = None,
+        wait_lock: bool = False,
     ):
         fields = record_type.row_fields() if fields is None else fields
         render = record_type.markdown if render is None else render
-        self.writers = []
-        for path in check_output_paths(paths):
-            if path.suffix == ".csv":
-                self.writers.append(CsvWriter(path, fields))
-            elif path.suffix == ".jsonl":
-                self.writers.append(JsonlWriter(path))
-            else:
-                self.writers.append(MarkdownWriter(path, render, previous_rows))
+        self.record_type = record_type
+        self.paths = check_output_paths(paths)
+        self.locks: list[OutputLock] = []
+        self.writers: list = []
+        # Rows each output already holds, by key: a resumed run writes a row only where it is missing.
+        self.holds: dict[Path, set] = {}
+        try:
+            for path in self.paths:
+                self.locks.append(OutputLock(path, wait_lock))
+            for path in self.paths:
+                if path.suffix == ".csv":
+                    self._repair(path)
+                    self.writers.append(CsvWriter(path, fields))
+                elif path.suffix == ".jsonl":
+                    self._repair(path)
+                    self.writers.append(JsonlWriter(path, fields))
+                else:
+                    self.writers.append(MarkdownWriter(path, render, previous_rows))
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _repair(path: Path) -> None:
+        if repair_cut_line(path):
+            print(f"{path}: dropped a cut last line (a writer stopped mid-row); its configuration runs again",
+                  file=sys.stderr)  # fmt: skip
+
+    def set_previous_rows(self, rows: Sequence[dict]) -> None:
+        """Rows already written (a resumed run), shown again in every Markdown rendering."""
+        for writer in self.writers:
+            if isinstance(writer, MarkdownWriter):
+                writer.rows = list(rows)
 
     def write(self, record: ResultRecord) -> None:
+        key = record.key() if self.holds else None
         for writer in self.writers:
+            if key is not None and key in self.holds.get(writer.path, ()):
+                continue
             writer.write(record)
+
+    def close(self) -> None:
+        for lock in self.locks:
+            lock.release()
+
+    def __enter__(self) -> ResultSink:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# -- reading ----------------------------------------------------------------------------
 
 
 def read_markdown(path: str | Path) -> pd.DataFrame:
@@ -155,12 +403,36 @@ def read_markdown(path: str | Path) -> pd.DataFrame:
 
 
 def read_results(path: str | Path) -> pd.DataFrame:
-    """Rows of a .csv, .jsonl or .md result file as a DataFrame."""
+    """Rows of a .csv, .jsonl or .md result file as a DataFrame. A damaged file raises
+    ResultFileError naming the file and line."""
     path = Path(path)
     if path.suffix == ".csv":
-        return pd.read_csv(path)
+        try:
+            return _with_added_config_columns(pd.read_csv(path))
+        except pd.errors.ParserError as exc:
+            raise ResultFileError(f"{path}: damaged CSV ({str(exc).strip().split('. ')[-1]})") from None
     if path.suffix == ".jsonl":
-        return pd.read_json(path, lines=True, dtype=False)
+        text = path.read_text()
+        for number, line in enumerate(text.splitlines(), 1):
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ResultFileError(f"{path}:{number}: damaged JSONL line ({exc.msg})") from None
+        frame = pd.read_json(io.StringIO(text), lines=True, dtype=False) if text.strip() else pd.DataFrame()
+        return _with_added_config_columns(frame)
     if path.suffix == ".md":
-        return read_markdown(path)
+        return read_markdown(path)  # a rendering: only its columns
     raise ResultFileError(f"{path}: unknown suffix, expected one of {', '.join(OUTPUT_SUFFIXES)}")
+
+
+def _with_added_config_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """Benchmark files written before compile_mode and cuda_graphs existed: their rows ran
+    torch.compile's default mode (when compiled) and no CUDA graph, so they still match."""
+    if "compile" not in frame.columns:
+        return frame
+    if "compile_mode" not in frame.columns:
+        compiled = frame["compile"].astype(str).str.lower() == "true"
+        frame["compile_mode"] = compiled.map({True: "default", False: None}).astype(object)
+    if "cuda_graphs" not in frame.columns:
+        frame["cuda_graphs"] = False
+    return frame

@@ -18,6 +18,7 @@ from typing import ClassVar
 
 import pandas as pd
 
+from cs336_systems.profiling import StepProfile
 from cs336_systems.results.environment import ENVIRONMENT_FIELDS, Environment, utc_timestamp
 from cs336_systems.results.markdown import (
     BENCHMARK_LABEL_COLUMNS,
@@ -26,11 +27,14 @@ from cs336_systems.results.markdown import (
     render_document,
     row_label,
 )
-from cs336_systems.stats import Summary
+from cs336_systems.stats import Summary, summarize
 
 STATUSES = ("ok", "oom", "error", "unsupported", "timeout")
 # Summary fields in column order; cv_pct is a ratio, the rest are milliseconds.
 TIMING_STATISTICS = ("mean", "std", "cv_pct", "median", "min", "max", "p10", "p90")
+
+# The note a row gets when its training loss came out NaN or inf (compare never ranks such a row).
+NONFINITE_LOSS_NOTE = "loss is not finite (NaN/inf)"
 
 
 def identity_field(**kwargs):
@@ -167,6 +171,8 @@ class BenchmarkRecord(Timing, Record):
     precision: str = identity_field()
     compile: bool = identity_field()
     compile_scope: str | None = identity_field()
+    compile_mode: str | None = identity_field()
+    cuda_graphs: bool = identity_field()
     device: str = identity_field()
     timer: str = identity_field()
     warmup_steps: int = identity_field()
@@ -177,6 +183,17 @@ class BenchmarkRecord(Timing, Record):
     model_context_length: int  # longest sequence the model was built for (sweeps: the longest context)
     tokens_per_s: float | None = None
     compile_s: float | None = None
+    # per phase, from the measured steps (timing.py): mean and median ms; forward rows have
+    # only forward, forward-backward rows no optimizer, CUDA-graph rows none
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    optimizer_ms: float | None = None
+    forward_median_ms: float | None = None
+    backward_median_ms: float | None = None
+    optimizer_median_ms: float | None = None
+    # the profiled step after the measured ones (profiling.py); None with --no-profile-step
+    kernels_per_step: int | None = None
+    device_busy_pct: float | None = None
     # work and utilisation (cs336_systems.flops)
     flops_per_step: int | None = None
     flops_source: str | None = None
@@ -206,6 +223,10 @@ class BenchmarkRecord(Timing, Record):
     grad_scaler: bool | None = None
     step_ms: list[float] = samples_field()
     warmup_step_ms: list[float] = samples_field()
+    forward_samples_ms: list[float] = samples_field()
+    backward_samples_ms: list[float] = samples_field()
+    optimizer_samples_ms: list[float] = samples_field()
+    top_kernels: list[dict] = samples_field()  # {"name", "calls", "total_ms"} of the profiled step
 
     title: ClassVar[str] = "cs336-systems benchmark results"
     markdown_columns: ClassVar[tuple[str, ...]] = (
@@ -225,12 +246,17 @@ class BenchmarkRecord(Timing, Record):
         "median_ms",
         "p10_ms",
         "p90_ms",
+        "forward_ms",
+        "backward_ms",
+        "optimizer_ms",
         "tokens_per_s",
         "achieved_tflops",
         "mfu",
         "peak_memory_gib",
         "predicted_memory_gib",
         "compile_s",
+        "kernels_per_step",
+        "device_busy_pct",
     )
     label_columns: ClassVar[tuple[str, ...]] = BENCHMARK_LABEL_COLUMNS
     # What a terminal shows; every column stays in the files.
@@ -255,6 +281,18 @@ class BenchmarkRecord(Timing, Record):
 
     def add_summary(self, summary: Summary) -> None:
         fill_timing(self, summary)
+
+    def add_phases(self, phase_ms: dict[str, Sequence[float]]) -> None:
+        """Per-phase samples (forward, backward, optimizer) with their mean and median."""
+        for name, samples in phase_ms.items():
+            summary = summarize(samples)
+            setattr(self, f"{name}_samples_ms", list(samples))
+            setattr(self, f"{name}_ms", summary.mean)
+            setattr(self, f"{name}_median_ms", summary.median)
+
+    def add_profile(self, profile: StepProfile) -> None:
+        self.kernels_per_step, self.device_busy_pct = profile.kernels_per_step, profile.device_busy_pct
+        self.top_kernels = list(profile.top_kernels)
 
 
 BENCHMARK_FIELDS = BenchmarkRecord.row_fields()
