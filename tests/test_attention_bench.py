@@ -63,8 +63,7 @@ def test_backward_is_timed_without_its_forward(monkeypatch):
         clock["now"] += 5.0
         return naive_causal_attention(q, k, v)
 
-    real = attention_bench.measure.attention_function
-    monkeypatch.setattr(attention_bench.measure, "attention_function", lambda name: attend if name == "naive" else real(name))
+    monkeypatch.setattr(attention_bench.measure, "attention_for", lambda config, adapters=None: attend)
     monkeypatch.setattr(torch.Tensor, "backward", _advancing_backward(torch.Tensor.backward, clock))
     record = run_attention(tiny("naive", max_seconds=None), clock=lambda: clock["now"])
     assert record.forward_ms == pytest.approx([5000.0] * 3)
@@ -105,7 +104,7 @@ def test_other_failures_are_error_rows(monkeypatch):
     def broken(q, k, v):
         raise ValueError("shapes do not match")
 
-    monkeypatch.setattr(attention_bench.measure, "attention_function", lambda name: broken)
+    monkeypatch.setattr(attention_bench.measure, "attention_for", lambda config, adapters=None: broken)
     record = run_attention(tiny("naive"))
     assert record.status == "error" and record.error == "forward: ValueError: shapes do not match"
 
@@ -169,7 +168,7 @@ def test_cli_writes_every_format_and_a_plot(tmp_path, capsys):
     lines = [json.loads(line) for line in outputs[2].read_text().splitlines()]
     assert len(lines[0]["forward_ms"]) == 2 and len(lines[0]["backward_ms"]) == 2
     assert (tmp_path / "a.png").stat().st_size > 10_000
-    assert "wrote" in err and "naive head_dim=8 seq_len=16: forward" in err
+    assert "wrote" in err and "naive fp32 head_dim=8 seq_len=16: forward" in err
 
 
 def test_plot_marks_oom_points(tmp_path):
@@ -208,7 +207,9 @@ def test_module_entry_point_in_a_child_process():
 
 def test_old_and_singular_spellings_are_aliases():
     parse = attention_bench.build_parser().parse_args
-    new = parse(["--context-lengths", "16", "32", "--measure-steps", "2", "--head-dims", "8", "--implementations", "sdpa"])
+    new = parse(
+        ["--context-lengths", "16", "32", "--measure-steps", "2", "--head-dims", "8", "--implementations", "sdpa"]
+    )
     old = parse(["--seq-lens", "16", "32", "--steps", "2", "--head-dim", "8", "--implementation", "sdpa"])
     assert vars(new) == vars(old)
     assert (new.context_lengths, new.measure_steps, new.head_dims, new.implementations) == ([16, 32], 2, [8], ["sdpa"])

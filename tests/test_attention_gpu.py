@@ -72,3 +72,14 @@ def test_autocast_dtypes_on_cuda(dtype):
     assert seen["fc1 output"] == low and seen["logits (fc2 output)"] == low
     assert seen["LayerNorm output"] == "fp32"  # layer_norm is on CUDA autocast's fp32 list
     assert seen["loss"] == seen["gradients"] == seen["parameters"] == "fp32"
+
+
+def test_the_students_flash_attention_on_do_bench():
+    from tests.conftest import FIXTURES
+
+    config = cuda_config("flash-pytorch", seq_len=256, batch_size=1, timer="do-bench", precision="bf16",
+                         adapters=str(FIXTURES / "adapters_student.py"))  # fmt: skip
+    record = run_attention(config)
+    assert record.status == "ok", record.error
+    assert record.timer_used in ("triton.do_bench", "cuda-event") and record.end_to_end_mean_ms > 0
+    assert record.max_abs_err_out < record.check_tolerance

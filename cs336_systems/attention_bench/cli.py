@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from cs336_systems.adapters import AdapterError, Adapters, load_adapters
 from cs336_systems.argtypes import (
     ArgumentParser,
     add_device_argument,
@@ -19,12 +20,21 @@ from cs336_systems.argtypes import (
     positive_int,
     resolve_memory_limit,
 )
-from cs336_systems.attention_bench.config import IMPLEMENTATIONS, AttentionConfig
+from cs336_systems.attention_bench.config import (
+    BUILTIN_IMPLEMENTATIONS,
+    FLASH_IMPLEMENTATIONS,
+    IMPLEMENTATIONS,
+    LAYOUTS,
+    TIMERS,
+    AttentionConfig,
+    is_custom,
+)
 from cs336_systems.attention_bench.figure import plot
 from cs336_systems.attention_bench.measure import run_attention
 from cs336_systems.attention_bench.record import AttentionRecord
 from cs336_systems.command import add_argument_with_aliases, run_command
 from cs336_systems.device import DeviceError, resolve_device
+from cs336_systems.loading import LoadError, load_callable
 from cs336_systems.memory_cap import soft_address_space_cap
 from cs336_systems.precision import PRECISIONS
 from cs336_systems.results import (
@@ -34,7 +44,6 @@ from cs336_systems.results import (
     check_output_paths,
     collect_environment,
 )
-from cs336_systems.timing import TIMERS
 from cs336_systems.units import format_bytes
 
 PROG = "python -m cs336_systems.attention_bench"
@@ -48,26 +57,45 @@ def build_parser() -> ArgumentParser:
     add_argument_with_aliases(parser, "--context-lengths", "--context-length", "--seq-lens", type=positive_int,
                               nargs="+", default=[256, 1024, 4096, 8192, 16384],
                               help="sequence lengths (the rows' seq_len)")  # fmt: skip
-    parser.add_argument("--batch-size", type=positive_int, default=8)
-    add_argument_with_aliases(parser, "--implementations", "--implementation", nargs="+", choices=IMPLEMENTATIONS,
-                              default=list(IMPLEMENTATIONS))  # fmt: skip
+    parser.add_argument("--batch-size", type=positive_int, default=1)
+    parser.add_argument("--num-heads", type=positive_int, default=1, help="heads of (batch, heads, seq, d) inputs (1)")
     parser.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        default="fp32",
-        help="dtype of q, k, v: fp32, tf32 (fp32 tensors, TF32 matmuls), bf16 or fp16 (no autocast) (fp32)",
+        "--layout",
+        choices=LAYOUTS,
+        default="bhsd",
+        help="bhsd: (batch, heads, seq, d); bsd: (batch, seq, d), as the official tests call the adapters (bhsd)",
     )
+    parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True, help="causal mask (on)")
+    add_argument_with_aliases(parser, "--implementations", "--implementation", nargs="+", type=implementation_name,
+                              metavar="IMPL", help=f"{', '.join(IMPLEMENTATIONS)} or package.module:callable "
+                              "(called f(q, k, v, is_causal); an autograd.Function class as Fn.apply(q, k, v, "
+                              "is_causal)) (naive sdpa compiled, and flash-pytorch flash-triton with --adapters)")  # fmt: skip
+    parser.add_argument(
+        "--adapters",
+        metavar="MODULE",
+        help="the student's adapters module (dotted name or path to a .py file): flash-pytorch and flash-triton "
+        "are its get_flashattention_autograd_function_{pytorch,triton}()",
+    )
+    add_argument_with_aliases(parser, "--precisions", "--precision", nargs="+", choices=PRECISIONS, default=["fp32"],
+                              help="dtype of q, k, v: fp32, tf32 (fp32 tensors, TF32 matmuls), bf16 or fp16 "
+                              "(no autocast) (fp32)")  # fmt: skip
     parser.add_argument("--warmup-steps", type=non_negative_int, default=5)
     add_argument_with_aliases(parser, "--measure-steps", "--steps", type=positive_int, default=100,
                               help="measured steps per pass (100)")  # fmt: skip
     parser.add_argument(
         "--max-seconds",
         type=float,
-        default=30.0,
-        help="per pass (forward, backward) and per warmup: stop once the steps so far took this long and at "
-        "least 3 were measured; the row says how many ran. 0: no limit (30)",
+        default=0.0,
+        help="opt-in budget per pass (forward, backward, end-to-end) and per warmup: stop once the steps so far "
+        "took this long and at least 3 were measured; the row says how many ran. 0: no limit (0)",
     )
-    parser.add_argument("--timer", choices=TIMERS, default="host")
+    parser.add_argument(
+        "--timer",
+        choices=TIMERS,
+        default="host",
+        help="host clock, cuda-event loop, or do-bench: triton.testing.do_bench where Triton and CUDA are there, "
+        "else the CUDA-event loop, else host (the row's timer_used says which) (host)",
+    )
     add_memory_limit_argument(parser, allow_auto=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -81,35 +109,68 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+def implementation_name(text: str) -> str:
+    if text in IMPLEMENTATIONS or is_custom(text):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"invalid choice: {text!r} (choose from {', '.join(IMPLEMENTATIONS)} or package.module:callable)"
+    )
+
+
+def default_implementations(adapters: str | None) -> list[str]:
+    return list(BUILTIN_IMPLEMENTATIONS) + (list(FLASH_IMPLEMENTATIONS) if adapters else [])
+
+
 def configs_from_args(args, device: torch.device) -> list[AttentionConfig]:
+    implementations = args.implementations or default_implementations(args.adapters)
     return [
         AttentionConfig(
             implementation=implementation,
             head_dim=head_dim,
             seq_len=seq_len,
             batch_size=args.batch_size,
-            precision=args.precision,
+            num_heads=args.num_heads,
+            layout=args.layout,
+            causal=args.causal,
+            precision=precision,
             device=str(device),
             timer=args.timer,
             warmup_steps=args.warmup_steps,
             steps=args.measure_steps,
             max_seconds=args.max_seconds,
             seed=args.seed,
+            adapters=args.adapters if implementation in FLASH_IMPLEMENTATIONS else None,
         )
+        for precision in args.precisions
         for head_dim in args.head_dims
         for seq_len in args.context_lengths
-        for implementation in args.implementations
+        for implementation in implementations
     ]
 
 
+def check_implementations(args) -> Adapters | None:
+    """Load what the implementations need before any row runs: the adapters module, the callables."""
+    implementations = args.implementations or default_implementations(args.adapters)
+    for implementation in implementations:
+        if is_custom(implementation):
+            load_callable(implementation, "--implementations", error=AdapterError)
+    flash = [name for name in implementations if name in FLASH_IMPLEMENTATIONS]
+    if flash and not args.adapters:
+        raise AdapterError(f"--implementations {flash[0]} needs --adapters MODULE (the student's adapters module)")
+    if args.layout == "bsd" and args.num_heads != 1:
+        raise AdapterError(f"--layout bsd has no head axis: use --num-heads 1, not {args.num_heads}")
+    return load_adapters(args.adapters) if args.adapters else None
+
+
 def _progress(record: AttentionRecord) -> str:
-    label = f"{record.implementation} head_dim={record.head_dim} seq_len={record.seq_len}"
-    if record.status != "ok":
+    label = f"{record.implementation} {record.precision} head_dim={record.head_dim} seq_len={record.seq_len}"
+    if record.forward_mean_ms is None or record.backward_mean_ms is None:
         return f"{label}: {record.status}: {record.error}"
-    return (
+    text = (
         f"{label}: forward {record.forward_mean_ms:.3f} ms, backward {record.backward_mean_ms:.3f} ms, "
         f"before backward {format_bytes(record.memory_before_backward_bytes)}"
     )
+    return text if record.status == "ok" else f"{text}; {record.status}: {record.error}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,8 +192,9 @@ def _run(args: argparse.Namespace) -> int:
             raise ResultFileError(f"--plot {plot_path}: use a .png, .svg or .pdf file")
         if plot_path is not None:
             check_output_path(plot_path, "--plot")
+        adapters = check_implementations(args)
         sink = ResultSink(outputs, AttentionRecord)
-    except (DeviceError, ResultFileError, ValueError) as exc:
+    except (DeviceError, ResultFileError, LoadError, ValueError) as exc:
         return fail(PROG, str(exc))
 
     env = collect_environment(device)
@@ -146,7 +208,7 @@ def _run(args: argparse.Namespace) -> int:
     rows = []
     with soft_address_space_cap(limit) if limit is not None else contextlib.nullcontext():
         for config in configs:
-            record = run_attention(config, environment=env, memory_limit_bytes=limit)
+            record = run_attention(config, environment=env, memory_limit_bytes=limit, adapters=adapters)
             sink.write(record)
             rows.append(record.to_row())
             print(_progress(record), file=sys.stderr, flush=True)

@@ -6,9 +6,26 @@ from dataclasses import dataclass
 
 from cs336_systems.precision import PRECISION_TABLE
 
-IMPLEMENTATIONS = ("naive", "sdpa", "compiled")
+BUILTIN_IMPLEMENTATIONS = ("naive", "sdpa", "compiled")
+# the student's FlashAttention-2 from --adapters: implementation name -> Adapters.flash_function kind
+FLASH_IMPLEMENTATIONS = {"flash-pytorch": "pytorch", "flash-triton": "triton"}
+IMPLEMENTATIONS = BUILTIN_IMPLEMENTATIONS + tuple(FLASH_IMPLEMENTATIONS)  # and any package.module:callable
 TENSOR_DTYPES = {name: mode.compute_dtype for name, mode in PRECISION_TABLE.items()}  # q, k, v (no autocast)
-PASSES = ("forward", "backward")
+PASSES = ("forward", "backward", "end_to_end")
+LAYOUTS = ("bhsd", "bsd")  # (batch, heads, seq, d) as SDPA wants; (batch, seq, d) as the official tests call
+TIMERS = ("host", "cuda-event", "do-bench")
+
+# Largest allowed |implementation - fp32 naive reference|, per dtype of q, k, v, as a fraction of
+# max(1, max |reference|) of the compared tensor (output, dq, dk or dv). fp32 leaves room for a
+# different summation order over long rows; tf32 and fp16 have 10-bit mantissas (eps ~1e-3);
+# bf16 has 7 (eps ~8e-3), so a few roundings of O(1) values reach 1e-2. The official tests'
+# FlashAttention tolerance is 1e-2 (absolute and relative).
+TOLERANCES = {"fp32": 1e-4, "tf32": 5e-3, "fp16": 5e-3, "bf16": 3e-2}
+
+
+def is_custom(implementation: str) -> bool:
+    """A `package.module:callable` implementation, called as f(q, k, v, is_causal)."""
+    return ":" in implementation
 
 
 @dataclass(frozen=True)
@@ -16,21 +33,32 @@ class AttentionConfig:
     implementation: str
     head_dim: int
     seq_len: int
-    batch_size: int = 8
+    batch_size: int = 1
+    num_heads: int = 1
+    layout: str = "bhsd"
+    causal: bool = True
     precision: str = "fp32"
     device: str = "cpu"
     timer: str = "host"
     warmup_steps: int = 5
     steps: int = 100
-    max_seconds: float | None = 30.0
+    max_seconds: float | None = None
     seed: int = 0
+    adapters: str | None = None  # the --adapters module the flash-* implementations come from
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if self.layout == "bsd":
+            return (self.batch_size, self.seq_len, self.head_dim)
+        return (self.batch_size, self.num_heads, self.seq_len, self.head_dim)
 
     @property
     def forward_flops(self) -> int:
-        """QK^T and PV: two (T x d) @ (d x T)-sized matmuls per batch element, full square."""
-        return 2 * 2 * self.batch_size * self.seq_len**2 * self.head_dim
+        """QK^T and PV: two (T x d) @ (d x T)-sized matmuls per batch element and head, full square
+        (causal included: the convention of flops.py, whatever an implementation skips)."""
+        return 2 * 2 * self.batch_size * self.num_heads * self.seq_len**2 * self.head_dim
 
     @property
     def scores_bytes(self) -> int:
-        """One (batch, T, T) score matrix: what the naive implementation materialises."""
-        return self.batch_size * self.seq_len**2 * TENSOR_DTYPES[self.precision].itemsize
+        """One (batch, heads, T, T) score matrix: what the naive implementation materialises."""
+        return self.batch_size * self.num_heads * self.seq_len**2 * TENSOR_DTYPES[self.precision].itemsize

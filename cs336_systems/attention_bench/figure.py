@@ -20,7 +20,7 @@ def plot(rows: Sequence[dict], path: str | Path) -> Path:
 
 
 def draw(rows: Sequence[dict]):
-    """Forward and backward mean time vs sequence length (log-log), one column per head dim;
+    """Forward, backward (and end-to-end) mean time vs sequence length (log-log), one column per head dim;
     out-of-memory points are marked with an x along the top edge. Returns the Figure."""
     import matplotlib
 
@@ -33,13 +33,25 @@ def draw(rows: Sequence[dict]):
     frame = pd.DataFrame(list(rows))
     head_dims = sorted(frame["head_dim"].unique())
     seq_lens = sorted(int(n) for n in frame["seq_len"].unique())
-    implementations = [name for name in IMPLEMENTATIONS if name in set(frame["implementation"])]
-    colors = dict(zip(IMPLEMENTATIONS, ("tab:red", "tab:blue", "tab:green")))
+    present = list(dict.fromkeys(frame["implementation"]))
+    implementations = [name for name in IMPLEMENTATIONS if name in present]
+    implementations += [name for name in present if name not in implementations]  # package.module:callable
+    palette = ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:gray")
+    colors = {
+        name: palette[i % len(palette)]
+        for i, name in enumerate(dict.fromkeys(IMPLEMENTATIONS + tuple(implementations)))
+    }
+    passes = [name for name in PASSES if f"{name}_mean_ms" in frame]
     fig, axes = plt.subplots(
-        2, len(head_dims), figsize=(3.6 * len(head_dims) + 1, 6.5), squeeze=False, sharex=True, sharey="row"
+        len(passes),
+        len(head_dims),
+        figsize=(3.6 * len(head_dims) + 1, 3.25 * len(passes)),
+        squeeze=False,
+        sharex=True,
+        sharey="row",
     )
     for column, head_dim in enumerate(head_dims):
-        for row_index, name in enumerate(PASSES):
+        for row_index, name in enumerate(passes):
             ax = axes[row_index][column]
             edge = transforms.blended_transform_factory(ax.transData, ax.transAxes)
             for implementation in implementations:
@@ -73,7 +85,7 @@ def draw(rows: Sequence[dict]):
             ax.set_title(f"{name}, head_dim {head_dim}", fontsize=10)
             if column == 0:
                 ax.set_ylabel(f"{name} mean (ms)")
-            if row_index == len(PASSES) - 1:
+            if row_index == len(passes) - 1:
                 ax.set_xlabel("sequence length")
     legend: dict[str, object] = {}
     for ax in axes.flat:

@@ -11,23 +11,26 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from cs336_systems.attention_bench.config import IMPLEMENTATIONS, PASSES, TENSOR_DTYPES, AttentionConfig
+from cs336_systems.adapters import Adapters, NotImplementedAdapter
+from cs336_systems.attention_bench.config import PASSES, TENSOR_DTYPES, AttentionConfig
+from cs336_systems.attention_bench.correctness import check, reference
+from cs336_systems.attention_bench.dobench import TRITON, do_bench_backend, do_bench_samples
+from cs336_systems.attention_bench.implementations import attention_for
 from cs336_systems.attention_bench.record import AttentionRecord, new_record
 from cs336_systems.device import compile_unsupported_reason, failure_status, release_memory, resolve_device
 from cs336_systems.memory import PhaseMemory, current_memory_bytes, rss_high_water_mark_available
-from cs336_systems.models import naive_causal_attention, sdpa_causal_attention
 from cs336_systems.precision import cpu_has_native, precision_mode, unsupported_reason
 from cs336_systems.results import Environment, collect_environment, fill_timing
 from cs336_systems.stats import is_noisy, summarize
 from cs336_systems.timing import HostTimer, UntimedSetup, device_synchronizer, make_timer, time_steps
 
 
-def sdpa_backend_name(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+def sdpa_backend_name(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = True) -> str | None:
     """Which kernel F.scaled_dot_product_attention dispatches to for these inputs (private torch API)."""
     try:
         from torch.nn.attention import SDPBackend
 
-        return SDPBackend(torch._fused_sdp_choice(q, k, v, is_causal=True)).name.lower()
+        return SDPBackend(torch._fused_sdp_choice(q, k, v, is_causal=is_causal)).name.lower()
     except Exception:  # private API: absent or changed in other torch versions
         return None
 
@@ -50,27 +53,32 @@ def saved_tensor_bytes(function: Callable[..., torch.Tensor], *inputs: torch.Ten
 def make_inputs(config: AttentionConfig, device: torch.device) -> tuple[torch.Tensor, ...]:
     """q, k, v (requiring grad) and the output gradient, seeded."""
     generator = torch.Generator(device=device).manual_seed(config.seed)
-    shape = (config.batch_size, 1, config.seq_len, config.head_dim)
     dtype = TENSOR_DTYPES[config.precision]
-    q, k, v, grad_out = (torch.randn(shape, generator=generator, device=device, dtype=dtype) for _ in range(4))
+    q, k, v, grad_out = (torch.randn(config.shape, generator=generator, device=device, dtype=dtype) for _ in range(4))
     return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), grad_out
 
 
-def attention_function(implementation: str) -> Callable[..., torch.Tensor]:
-    if implementation == "naive":
-        return naive_causal_attention
-    if implementation == "sdpa":
-        return sdpa_causal_attention
-    if implementation == "compiled":
-        torch._dynamo.reset()  # a fresh compile per configuration, so compile_s is comparable
-        return torch.compile(naive_causal_attention)
-    raise ValueError(f"unknown implementation {implementation!r}; choose one of {IMPLEMENTATIONS}")
+class WrongOutput(Exception):
+    """The implementation returned something that cannot be attention's output."""
+
+
+def _check_output(out: object, q: torch.Tensor) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise WrongOutput(f"returned {type(out).__name__}, not a tensor")
+    if out.shape != q.shape:
+        raise WrongOutput(f"output shape {tuple(out.shape)}, expected {tuple(q.shape)} (that of q)")
+
+
+class NotHere(Exception):
+    """The implementation exists but cannot run on this device."""
 
 
 class _Phase:
-    """The part of a configuration running now, named in an error row."""
+    """The part of a configuration running now, named in an error row, and notes on the way."""
 
-    name = "setup"
+    def __init__(self) -> None:
+        self.name = "setup"
+        self.notes: list[str] = []
 
 
 def _measure(
@@ -79,10 +87,13 @@ def _measure(
     record: AttentionRecord,
     phase: _Phase,
     clock: Callable[[], float],
+    adapters: Adapters | None,
 ) -> None:
     sync = device_synchronizer(device)
     phase.name = "compile" if config.implementation == "compiled" else "setup"
-    attend = attention_function(config.implementation)
+    attend = attention_for(config, adapters)  # the adapter is asked first: not implemented beats not here
+    if config.implementation == "flash-triton" and device.type != "cuda":
+        raise NotHere("flash-triton: Triton kernels need a CUDA device")
     if config.implementation == "compiled":
         # Compile on inputs of the same shape that are freed before memory is counted.
         q, k, v, grad_out = make_inputs(config, device)
@@ -99,59 +110,110 @@ def _measure(
     q, k, v, grad_out = make_inputs(config, device)
     inputs = (q, k, v)
     if config.implementation == "sdpa":
-        record.sdpa_backend = sdpa_backend_name(q, k, v)
+        record.sdpa_backend = sdpa_backend_name(q, k, v, config.causal)
 
-    # One untimed forward and backward: memory before backward and the peak of each pass.
+    # One untimed forward and backward: memory before backward, the peak of each pass, and the
+    # output and gradients the check compares with the reference.
     phase.name = "forward"
     memory = PhaseMemory(device) if record.memory_source else None
     with memory.phase("forward") if memory else contextlib.nullcontext():
         out = attend(*inputs)
         sync()
+    _check_output(out, q)
     if memory:
         record.memory_before_backward_bytes = current_memory_bytes(device) - baseline
     phase.name = "backward"
     with memory.phase("backward") if memory else contextlib.nullcontext():
         out.backward(grad_out)
         sync()
-    del out
+    out = out.detach()
     if memory:
         record.forward_peak_bytes = memory.steps[-1]["forward"][0] - baseline
         record.backward_peak_bytes = memory.steps[-1]["backward"][0] - baseline
 
-    timer = make_timer(config.timer, device, clock)
-    budget = dict(warmup_steps=config.warmup_steps, measure_steps=config.steps, budget_s=config.max_seconds or None)
-    phase.name = "forward"
-    held = {}  # each output is freed before the next step starts, outside the clock
-    forward = time_steps(
-        lambda: held.__setitem__("out", attend(*inputs)), timer=UntimedSetup(timer, held.clear), **budget
-    )
-    held.clear()
-    record.forward_ms, record.forward_warmup_ms = list(forward.measured_ms), list(forward.warmup_ms)
-    _add_summary(record, "forward", forward.measured_ms)
+    phase.name = "check"
+    try:
+        expected_out, expected_grads = reference(q, k, v, grad_out, config.causal)
+        result = check(out, (q.grad, k.grad, v.grad), expected_out, expected_grads, config.precision)
+        del expected_out, expected_grads
+    except torch.OutOfMemoryError:
+        phase.notes.append("not checked: the fp32 reference ran out of memory")
+    else:
+        record.max_abs_err_out, record.max_abs_err_grad = result.max_abs_err_out, result.max_abs_err_grad
+        record.check_tolerance = result.tolerance
+        if result.wrong:
+            record.status, record.error = "wrong", result.message()
+    del out
+    release_memory(device)
 
-    phase.name = "backward"
-    state = {}
-
-    def fresh_forward() -> None:
+    def clear_grads() -> None:
         for tensor in inputs:
             tensor.grad = None
-        state["out"] = attend(*inputs)
 
-    backward = time_steps(
-        lambda: state.pop("out").backward(grad_out), timer=UntimedSetup(timer, fresh_forward), **budget
-    )
-    record.backward_ms, record.backward_warmup_ms = list(backward.measured_ms), list(backward.warmup_ms)
-    _add_summary(record, "backward", backward.measured_ms)
+    clear_grads()
+    if config.timer == "do-bench":
+        record.timer_used, do_bench, why = do_bench_backend(device)
+        if why:
+            phase.notes.append(why)
+    else:
+        record.timer_used, do_bench = config.timer, None
+    if do_bench is not None:
+        phase.name = "forward"
+        forward = do_bench_samples(do_bench, lambda: attend(*inputs), inputs)
+        _keep(record, "forward", forward, [])
+        phase.name = "backward"
+        out = attend(*inputs)
+        backward = do_bench_samples(do_bench, lambda: out.backward(grad_out, retain_graph=True), inputs)
+        del out
+        _keep(record, "backward", backward, [])
+        phase.name = "end_to_end"
+        end_to_end = do_bench_samples(do_bench, lambda: attend(*inputs).backward(grad_out), inputs)
+        _keep(record, "end_to_end", end_to_end, [])
+    else:
+        timer = make_timer(record.timer_used, device, clock)
+        budget = dict(warmup_steps=config.warmup_steps, measure_steps=config.steps, budget_s=config.max_seconds or None)
+        phase.name = "forward"
+        held = {}  # each output is freed before the next step starts, outside the clock
+        forward = time_steps(
+            lambda: held.__setitem__("out", attend(*inputs)), timer=UntimedSetup(timer, held.clear), **budget
+        )
+        held.clear()
+        _keep(record, "forward", forward.measured_ms, forward.warmup_ms)
+
+        phase.name = "backward"
+        state = {}
+
+        def fresh_forward() -> None:
+            clear_grads()
+            state["out"] = attend(*inputs)
+
+        backward = time_steps(
+            lambda: state.pop("out").backward(grad_out), timer=UntimedSetup(timer, fresh_forward), **budget
+        )
+        _keep(record, "backward", backward.measured_ms, backward.warmup_ms)
+
+        phase.name = "end_to_end"
+        end_to_end = time_steps(
+            lambda: attend(*inputs).backward(grad_out), timer=UntimedSetup(timer, clear_grads), **budget
+        )
+        _keep(record, "end_to_end", end_to_end.measured_ms, end_to_end.warmup_ms)
 
     phase.name = "saved-tensors count"
+    clear_grads()
     record.saved_for_backward_bytes = saved_tensor_bytes(attend, *inputs)
+
+
+def _keep(record: AttentionRecord, prefix: str, measured: Sequence[float], warmup: Sequence[float]) -> None:
+    setattr(record, f"{prefix}_ms", list(measured))
+    setattr(record, f"{prefix}_warmup_ms", list(warmup))
+    _add_summary(record, prefix, measured)
 
 
 def _add_summary(record: AttentionRecord, prefix: str, samples: Sequence[float]) -> None:
     summary = summarize(samples)
     setattr(record, f"{prefix}_steps", summary.n)
     fill_timing(record, summary, prefix=f"{prefix}_")
-    flops = record.forward_flops if prefix == "forward" else record.backward_flops
+    flops = {"forward": 1, "backward": 2, "end_to_end": 3}[prefix] * record.forward_flops
     setattr(record, f"{prefix}_tflops", flops / (summary.mean / 1e3) / 1e12)
 
 
@@ -159,7 +221,7 @@ def _notes(config: AttentionConfig, record: AttentionRecord, device: torch.devic
     notes = []
     for name in PASSES:
         measured = getattr(record, f"{name}_steps")
-        if measured is not None and measured < config.steps:
+        if measured is not None and measured < config.steps and record.timer_used != TRITON:
             notes.append(f"{name}: {measured} of {config.steps} steps (the {config.max_seconds:g} s budget ran out)")
         cv = getattr(record, f"{name}_cv_pct")
         if is_noisy(None if cv is None or math.isnan(cv) else cv):
@@ -182,8 +244,10 @@ def run_attention(
     environment: Environment | None = None,
     clock: Callable[[], float] = time.perf_counter,
     memory_limit_bytes: int | None = None,
+    adapters: Adapters | None = None,
 ) -> AttentionRecord:
-    """Measure one configuration. Out of memory (or any failure) is a row, never a raise."""
+    """Measure one configuration. Out of memory (or any failure) is a row, never a raise; an
+    adapter that raises NotImplementedError is a 'skipped' row, a wrong output a 'wrong' row."""
     device = resolve_device(config.device)
     env = environment or collect_environment(device)
     record = new_record(config, device, env)
@@ -203,11 +267,17 @@ def run_attention(
     with precision_mode(config.precision, device) as state:
         record.matmul_precision, record.cuda_matmul_allow_tf32 = state.matmul_precision, state.cuda_matmul_allow_tf32
         try:
-            _measure(config, device, record, phase, clock)
+            _measure(config, device, record, phase, clock, adapters)
+        except NotImplementedAdapter as exc:
+            record.status, record.error = "skipped", str(exc)
+        except NotHere as exc:
+            record.status, record.error = "unsupported", str(exc)
+        except WrongOutput as exc:
+            record.status, record.error = "wrong", f"{phase.name}: {exc}"
         except Exception as exc:  # any failure is a row; OOM is told apart from the rest
             record.status, detail = failure_status(exc)
             record.error = f"{phase.name}: {detail}"
         finally:
             release_memory(device)  # the failed step's tensors died with the exception
-    record.notes = "; ".join(_notes(config, record, device)) or None
+    record.notes = "; ".join(phase.notes + _notes(config, record, device)) or None
     return record

@@ -18,17 +18,22 @@ from cs336_systems.results import (
 )
 
 ForwardTiming, BackwardTiming = timing_columns("forward_"), timing_columns("backward_")
+EndToEndTiming = timing_columns("end_to_end_")
 
 
 @dataclass
-class AttentionRecord(BackwardTiming, ForwardTiming, Record):
-    """One (implementation, head dim, seq len) of attention_bench; forward_* and backward_* timing
-    statistics from the one declaration in results (status, error, notes, environment: Record's)."""
+class AttentionRecord(EndToEndTiming, BackwardTiming, ForwardTiming, Record):
+    """One (implementation, head dim, seq len) of attention_bench; forward_*, backward_* and
+    end_to_end_* timing statistics from the one declaration in results (status, error, notes,
+    environment: Record's)."""
 
     implementation: str = identity_field()
     head_dim: int = identity_field()
     seq_len: int = identity_field()
     batch_size: int = identity_field()
+    num_heads: int = identity_field()
+    layout: str = identity_field()
+    causal: bool = identity_field()
     precision: str = identity_field()
     device: str = identity_field()
     timer: str = identity_field()
@@ -36,15 +41,23 @@ class AttentionRecord(BackwardTiming, ForwardTiming, Record):
     steps: int = identity_field()
     max_seconds: float | None = identity_field()
     seed: int = identity_field()
+    adapters: str | None = identity_field()
     # outcome
+    timer_used: str | None = None  # what --timer do-bench ran: triton.do_bench, cuda-event or host
     forward_steps: int | None = None  # measured (fewer than `steps` when the time budget ran out)
     backward_steps: int | None = None
+    end_to_end_steps: int | None = None
+    # against the fp32 naive reference on the same inputs (status 'wrong' above check_tolerance)
+    max_abs_err_out: float | None = None
+    max_abs_err_grad: float | None = None  # the largest of dq, dk, dv
+    check_tolerance: float | None = None  # times max(1, max |reference|) of each tensor
     compile_s: float | None = None
     # work
     forward_flops: int | None = None
     backward_flops: int | None = None
     forward_tflops: float | None = None
     backward_tflops: float | None = None
+    end_to_end_tflops: float | None = None
     scores_bytes: int | None = None
     sdpa_backend: str | None = None
     # memory
@@ -61,6 +74,8 @@ class AttentionRecord(BackwardTiming, ForwardTiming, Record):
     backward_ms: list[float] = samples_field()
     forward_warmup_ms: list[float] = samples_field()
     backward_warmup_ms: list[float] = samples_field()
+    end_to_end_ms: list[float] = samples_field()
+    end_to_end_warmup_ms: list[float] = samples_field()
 
     title: ClassVar[str] = "Attention forward and backward"
     markdown_columns: ClassVar[tuple[str, ...]] = (
@@ -74,20 +89,28 @@ class AttentionRecord(BackwardTiming, ForwardTiming, Record):
         "forward_cv_pct",
         "backward_mean_ms",
         "backward_cv_pct",
+        "end_to_end_mean_ms",
+        "max_abs_err_out",
+        "max_abs_err_grad",
         "forward_tflops",
-        "backward_tflops",
         "memory_before_backward_mib",
         "saved_for_backward_mib",
         "backward_peak_mib",
         "compile_s",
     )
     label_columns: ClassVar[tuple[str, ...]] = ("implementation", "head_dim", "seq_len")
-    conventions: ClassVar[str] = STATS_CONVENTIONS + "\n\n" + (
-        "forward: autograd recording, as in training; backward: against a fixed random output gradient, after an "
-        "untimed fresh forward. FLOPs count the QK^T and PV matmuls over the full T x T square (backward = 2x forward). "
-        "Memory is counted from just before the inputs were made: CUDA allocator bytes, or on a CPU the growth of the "
-        "resident set (includes what glibc keeps after frees). saved_for_backward counts the distinct storages autograd "
-        "saved, inputs included. compile_s = first forward + first backward call of torch.compile(naive)."
+    conventions: ClassVar[str] = (
+        STATS_CONVENTIONS
+        + "\n\n"
+        + (
+            "forward: autograd recording, as in training; backward: against a fixed random output gradient, after an "
+            "untimed fresh forward; end_to_end: forward and backward in one step. Each row is checked once, outside the "
+            "timed loop, against fp32 naive attention on the same inputs: max_abs_err_out and max_abs_err_grad (largest of "
+            "dq, dk, dv); status wrong when an error exceeds check_tolerance x max(1, max |reference|). FLOPs count the QK^T and PV matmuls over the full T x T square (backward = 2x forward, end_to_end = 3x). "
+            "Memory is counted from just before the inputs were made: CUDA allocator bytes, or on a CPU the growth of the "
+            "resident set (includes what glibc keeps after frees). saved_for_backward counts the distinct storages autograd "
+            "saved, inputs included. compile_s = first forward + first backward call of torch.compile(naive)."
+        )
     )
 
 
@@ -100,6 +123,9 @@ def new_record(config: AttentionConfig, device: torch.device, env: Environment |
         head_dim=config.head_dim,
         seq_len=config.seq_len,
         batch_size=config.batch_size,
+        num_heads=config.num_heads,
+        layout=config.layout,
+        causal=config.causal,
         precision=config.precision,
         device=str(device),
         timer=config.timer,
@@ -107,6 +133,7 @@ def new_record(config: AttentionConfig, device: torch.device, env: Environment |
         steps=config.steps,
         max_seconds=config.max_seconds,
         seed=config.seed,
+        adapters=config.adapters,
         status="ok",
         forward_flops=config.forward_flops,
         backward_flops=2 * config.forward_flops,
