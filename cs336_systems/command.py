@@ -1,5 +1,5 @@
 """What every command shares beyond its flags' types (argtypes): old and singular spellings of
-a flag accepted but not advertised, and Ctrl-C as exit status 130.
+a flag accepted but not advertised, and Ctrl-C as exit status 130 (SIGTERM 143).
 
 argparse names an action by all its option strings in errors ("argument --head-dims/--head-dim:
 ..."); an alias added as its own hidden action keeps the error naming the one spelling we teach,
@@ -12,7 +12,8 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from cs336_systems.argtypes import EXIT_INTERRUPTED
+from cs336_systems.argtypes import EXIT_INTERRUPTED, EXIT_TERMINATED
+from cs336_systems.lifetime import Terminated, terminate_as_interrupt
 
 
 def add_argument_with_aliases(
@@ -28,9 +29,12 @@ def add_argument_with_aliases(
 
 
 def run_command(prog: str, run: Callable[[], int]) -> int:
-    """run()'s exit status; Ctrl-C is 130, after one line (the rows written so far stay written)."""
+    """run()'s exit status; Ctrl-C is 130 and SIGTERM 143, after one line (the rows written so far
+    stay written; children are ended by the cleanup the interrupt runs through)."""
     try:
-        return run()
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted; the rows finished so far are in the outputs", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        with terminate_as_interrupt():
+            return run()
+    except KeyboardInterrupt as exc:
+        how = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        print(f"{prog}: {how}; the rows finished so far are in the outputs", file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
