@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 
 from cs336_systems.argtypes import EXIT_INTERRUPTED, EXIT_TERMINATED
-from cs336_systems.lifetime import Terminated, terminate_as_interrupt
+from cs336_systems.lifetime import Terminated, check_interrupted, signals_interrupt
 
 
 def add_argument_with_aliases(
@@ -32,9 +32,12 @@ def run_command(prog: str, run: Callable[[], int]) -> int:
     """run()'s exit status; Ctrl-C is 130 and SIGTERM 143, after one line (the rows written so far
     stay written; children are ended by the cleanup the interrupt runs through)."""
     try:
-        with terminate_as_interrupt():
-            return run()
+        with signals_interrupt():
+            status = run()
+            check_interrupted()  # one Python swallowed (e.g. raised in an at-fork hook) still counts
+            return status
     except KeyboardInterrupt as exc:
-        how = "terminated" if isinstance(exc, Terminated) else "interrupted"
-        print(f"{prog}: {how}; the rows finished so far are in the outputs", file=sys.stderr)
-        return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+        terminated = isinstance(exc, Terminated)
+        print(f"{prog}: {'terminated' if terminated else 'interrupted'}; the rows finished so far are in the outputs",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED

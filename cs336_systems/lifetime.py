@@ -7,8 +7,10 @@ never left behind. torch-free on import.
   parent's own cleanup (children in their own process group, killed with it) is all there is.
 - `child_preexec(deadline_s)` also arms the child's own alarm: SIGALRM's default action ends it at
   its deadline even when the parent that would have killed it is gone (interval timers survive exec).
-- `terminate_as_interrupt()`: SIGTERM raises `Terminated` (a KeyboardInterrupt), so every command
-  cleans up as on Ctrl-C and exits 143.
+- `signals_interrupt()`: SIGTERM raises `Terminated` (a KeyboardInterrupt), so every command
+  cleans up as on Ctrl-C and exits 143; an interrupt Python swallowed is still seen (check_interrupted).
+- `ignoring_interrupts()` / `deferring_interrupts()`: processes started inside do not see a
+  terminal's Ctrl-C (their parent ends them), and no interrupt is lost while they start.
 - `temporary_directory(kind)`: `cs336-KIND-PID-…` in the temp directory; a directory whose owner
   pid is no longer running (it was SIGKILLed) is removed by the next one made.
 """
@@ -73,22 +75,62 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where Ctrl-C would raise KeyboardInterrupt."""
 
 
-def _raise_terminated(signum, frame):
-    raise Terminated()
+_received: list[int] = []  # signals seen by signals_interrupt's handler, in order
+
+
+def _raise_interrupt(signum, frame):
+    _received.append(signum)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def interrupt_received() -> int | None:
+    """The signal (SIGINT or SIGTERM) seen inside signals_interrupt, if any. An interrupt can be
+    swallowed (raised inside an at-fork hook or a __del__, where Python only prints it), so loops
+    check this between rows as well."""
+    return _received[-1] if _received else None
+
+
+def check_interrupted() -> None:
+    """Raise the interrupt again if one was received and swallowed."""
+    if interrupt_received() is not None:
+        _raise_interrupt(interrupt_received(), None)
 
 
 @contextlib.contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """Inside, SIGTERM raises Terminated (main thread only; elsewhere this does nothing)."""
+def signals_interrupt() -> Iterator[None]:
+    """Inside, Ctrl-C raises KeyboardInterrupt and SIGTERM raises Terminated, and both are remembered
+    (interrupt_received). Main thread only; elsewhere this does nothing."""
     try:
-        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+        previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread
+        yield
+        return
+    _received.clear()
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def deferring_interrupts() -> Iterator[None]:
+    """Inside, Ctrl-C and SIGTERM are only remembered, and delivered again on leaving. For forking
+    code (DataLoader workers): an interrupt raised in an at-fork hook is swallowed, with a traceback."""
+    got: list[int] = []
+    try:
+        previous = {sig: signal.signal(sig, lambda signum, frame: got.append(signum))
+                    for sig in (signal.SIGINT, signal.SIGTERM)}  # fmt: skip
     except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if got:
+            signal.raise_signal(got[-1])
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ from cs336_systems.argtypes import (
 )
 from cs336_systems.command import run_command
 from cs336_systems.device import DeviceError, resolve_device
-from cs336_systems.lifetime import temporary_directory
+from cs336_systems.lifetime import check_interrupted, temporary_directory
 from cs336_systems.loader_bench.config import BenchConfig, LoaderConfig, load_dataset, loader_grid
 from cs336_systems.loader_bench.measure import error_text, run_configuration
 from cs336_systems.loader_bench.recommend import recommend, recommendation_text
@@ -207,6 +207,7 @@ def _run(args, argv: list[str], bench: BenchConfig, device, sink: ResultSink) ->
                 sink.write(record)
                 rows.append(record.to_row())
             print(progress_line(loader, records), file=sys.stderr, flush=True)
+            check_interrupted()  # a Ctrl-C swallowed while a worker was forked stops here
     print(LoaderRecord.markdown(rows))
     print(recommendation_text(recommend(rows, ram_budget), ram_budget))
     for path in args.output:

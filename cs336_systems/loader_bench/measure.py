@@ -18,7 +18,7 @@ import psutil
 import torch
 
 from cs336_systems.device import resolve_device
-from cs336_systems.lifetime import die_with_parent, ignoring_interrupts
+from cs336_systems.lifetime import deferring_interrupts, die_with_parent
 from cs336_systems.loader_bench.config import BenchConfig, LoaderConfig, load_dataset
 from cs336_systems.loader_bench.data import EpochSampler, StoreDataset, batch_nbytes, make_loader, to_device
 from cs336_systems.loader_bench.step import PhaseTimer, make_compute
@@ -85,7 +85,8 @@ def run_epochs(
             sampler_cm = WorkerMemorySampler(not_workers) if loader.num_workers > 0 else contextlib.nullcontext()
             with sampler_cm as memory:
                 start = clock()
-                iterator = iter(data)
+                with deferring_interrupts():  # workers are forked here
+                    iterator = iter(data)
                 while True:
                     before = clock()
                     try:
@@ -171,7 +172,7 @@ def run_processes(bench: BenchConfig, loader: LoaderConfig) -> list[list[EpochMe
         ctx.Process(target=_process_main, args=(bench, loader, indices[rank::n], barrier, results, rank, os.getpid()))
         for rank in range(n)
     ]
-    with ignoring_interrupts():
+    with deferring_interrupts():
         for process in processes:
             process.start()
     collected: dict[int, list[EpochMeasurement]] = {}
