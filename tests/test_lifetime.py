@@ -164,17 +164,30 @@ CTRL_C_CASES = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("module", CTRL_C_CASES)
-def test_ctrl_c_from_a_terminal_is_one_line_130_and_keeps_finished_rows(module, tmp_path):
+@pytest.mark.parametrize(
+    "module, signum",
+    [
+        *((module, signal.SIGINT) for module in CTRL_C_CASES),
+        ("ddp_bench", signal.SIGTERM),
+        ("loader_bench", signal.SIGTERM),
+    ],
+)
+def test_ctrl_c_or_sigterm_is_one_line_and_keeps_finished_rows_and_no_child(module, signum, tmp_path):
     out = tmp_path / "rows.csv"
     process = _start([f"cs336_systems.{module}", *CTRL_C_CASES[module], "--output", str(out)], tmp_path)
     _wait_for(lambda: _rows(out) >= 1, process, seconds=240)
-    os.killpg(process.pid, signal.SIGINT)  # as a terminal does: to the whole process group
+    children = [child.pid for child in psutil.Process(process.pid).children(recursive=True)]
+    if signum == signal.SIGINT:
+        os.killpg(process.pid, signum)  # as a terminal does: to the whole process group
+    else:
+        process.send_signal(signum)  # as kill does: to the command alone
     _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130, stderr
+    assert process.returncode == 128 + signum, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
-    assert stderr.strip().splitlines()[-1].endswith("interrupted; the rows finished so far are in the outputs")
+    how = "interrupted" if signum == signal.SIGINT else "terminated"
+    assert stderr.strip().splitlines()[-1].endswith(f"{how}; the rows finished so far are in the outputs")
     assert _rows(out) >= 1
+    assert _gone_within(children, 5.0)  # ranks, workers: ended by the cleanup, none left behind
 
 
 # -- temporary directories and bad inputs ------------------------------------------------------
