@@ -23,7 +23,7 @@ from pathlib import Path
 
 TINY = ["--d-model", "32", "--d-ff", "64", "--num-layers", "2", "--num-heads", "2", "--vocab-size", "97"]
 RUN = ["--device", "cpu", "--warmup-steps", "1", "--measure-steps", "1"]
-CASE_TIMEOUT_S = 120.0
+CASE_TIMEOUT_S = 40.0  # refusing takes an import of torch; more means work started
 
 # {tmp} is a scratch directory made per run; it holds the files named below (see make_files)
 BENCHMARK_LIKE = [
@@ -95,7 +95,7 @@ TABLE: dict[str, list[list[str]]] = {
         ["--device-memory", "-1GB"],
         ["--device-memory", "0.5"],
         ["--find-max", "batch-size"],
-        ["--num-heads", "3"],
+        ["--num-heads", "5"],  # 768 is not a multiple of 5
         ["--model-factory", "no_such_module:build"],
         ["--rope-theta", "nan"],
     ],
@@ -106,6 +106,7 @@ TABLE: dict[str, list[list[str]]] = {
         ["{tmp}/garbage.csv"],
         ["{tmp}/empty.csv"],
         ["{tmp}/broken.jsonl"],
+        ["{tmp}/few_columns.csv"],
         ["{tmp}/rows.csv", "--output", "/proc/r.md"],
         ["{tmp}/rows.csv", "--output", "{tmp}"],
         ["{tmp}/rows.csv", "--output", "{tmp}/r.xyz"],
@@ -121,6 +122,7 @@ TABLE: dict[str, list[list[str]]] = {
         ["{tmp}/garbage.csv", "{tmp}/rows.csv"],
         ["{tmp}/empty.csv", "{tmp}/rows.csv"],
         ["{tmp}/broken.jsonl", "{tmp}/rows.csv"],
+        ["{tmp}/few_columns.csv", "{tmp}/rows.csv"],
         ["{tmp}/rows.csv", "{tmp}/rows.csv", "--fail-above", "-5"],
         ["{tmp}/rows.csv", "{tmp}/rows.csv", "--fail-above", "nan"],
         ["{tmp}/rows.csv", "{tmp}/rows.csv", "--fail-above", "abc"],
@@ -133,7 +135,7 @@ TABLE: dict[str, list[list[str]]] = {
         ["--precision", "fp8"],
         ["--warmup-steps", "-1"],
         ["--max-seconds", "nan"],
-        ["--max-seconds", "0"],
+        ["--max-seconds", "-1"],
         ["--memory-limit", "0.5"],
         ["--memory-limit", "lots"],
         ["--device", "cuda:99"],
@@ -264,11 +266,15 @@ class Outcome:
         return self.returncode == 2 and len(self.lines) == 1 and "Traceback" not in self.stderr
 
 
+def make_results_file(tmp: Path) -> None:
+    """rows.csv: a real results file of one tiny benchmark row (report and compare read it)."""
+    subprocess.run([sys.executable, "-m", "cs336_systems.benchmark", *BASE["benchmark"], "--output",
+                    str(tmp / "rows.csv")], check=True, capture_output=True)  # fmt: skip
+
+
 def make_files(tmp: Path) -> None:
-    """The inputs the table names: a valid results CSV, a damaged one, an empty one, and so on."""
-    (tmp / "rows.csv").write_text(
-        "model_size,context_length,batch_size,pass_type,precision,status,mean_ms\nsmall,8,2,forward,fp32,ok,1.5\n"
-    )
+    """The inputs the table names besides rows.csv: a damaged results file, an empty one, and so on."""
+    (tmp / "few_columns.csv").write_text("model_size,status,mean_ms\nsmall,ok,1.5\n")
     (tmp / "garbage.csv").write_text("this is,not\na results file\n")
     (tmp / "empty.csv").write_text("")
     (tmp / "broken.jsonl").write_text('{"model_size": "small", "status": "ok"}\n{not json\n')
@@ -327,6 +333,7 @@ def main() -> int:
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bad-inputs-") as tmp:
         make_files(Path(tmp))
+        make_results_file(Path(tmp))
         with ThreadPoolExecutor(args.jobs) as pool:
             outcomes = list(pool.map(lambda case: run_case(*case, Path(tmp)), cases(args.commands)))
     seconds = time.monotonic() - start

@@ -15,6 +15,7 @@ from cs336_systems.argtypes import (
     add_memory_limit_argument,
     exit_status,
     fail,
+    non_negative_float,
     non_negative_int,
     positive_int,
     resolve_memory_limit,
@@ -56,7 +57,7 @@ def build_parser() -> ArgumentParser:
                               help="measured steps per pass (100)")  # fmt: skip
     parser.add_argument(
         "--max-seconds",
-        type=float,
+        type=non_negative_float,
         default=30.0,
         help="per pass (forward, backward) and per warmup: stop once the steps so far took this long and at "
         "least 3 were measured; the row says how many ran. 0: no limit (30)",
