@@ -15,7 +15,12 @@ import pandas as pd
 import psutil
 import pytest
 
-from cs336_systems.lifetime import child_preexec, remove_stale_temporary_directories, temporary_directory
+from cs336_systems.lifetime import (
+    child_preexec,
+    deferring_interrupts,
+    remove_stale_temporary_directories,
+    temporary_directory,
+)
 from tests.conftest import PYTHON, REPO, TINY_SHAPE, child_env
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
@@ -190,6 +195,15 @@ def test_ctrl_c_or_sigterm_is_one_line_and_keeps_finished_rows_and_no_child(modu
     assert _gone_within(children, 5.0)  # ranks, workers: ended by the cleanup, none left behind
 
 
+def test_an_interrupt_while_workers_fork_is_delivered_once_they_started():
+    reached = False
+    with pytest.raises(KeyboardInterrupt), deferring_interrupts():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # the handler runs here and only remembers it
+        reached = True
+    assert reached
+
+
 # -- temporary directories and bad inputs ------------------------------------------------------
 
 
@@ -210,6 +224,7 @@ def test_only_temp_dirs_of_dead_owners_are_removed(tmp_path):
 def _bad_inputs_script():
     spec = importlib.util.spec_from_file_location("bad_inputs", REPO / "scripts" / "bad_inputs.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bad_inputs", module)  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -228,6 +243,7 @@ def test_bad_inputs_table_cases_are_one_line_and_exit_2(command, args, tmp_path,
     script = _bad_inputs_script()
     assert args in script.TABLE[command]  # the script checks this very case
     monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setattr(script, "CASE_TIMEOUT_S", 300.0)  # a loaded test machine imports torch slowly
     script.make_files(tmp_path)
     outcome = script.run_case(command, args, tmp_path)
     assert outcome.passed, (outcome.returncode, outcome.stderr)

@@ -15,7 +15,6 @@ from cs336_systems.argtypes import (
     add_memory_limit_argument,
     exit_status,
     fail,
-    non_negative_float,
     non_negative_int,
     positive_int,
     resolve_memory_limit,
@@ -57,7 +56,7 @@ def build_parser() -> ArgumentParser:
                               help="measured steps per pass (100)")  # fmt: skip
     parser.add_argument(
         "--max-seconds",
-        type=non_negative_float,
+        type=float,
         default=30.0,
         help="per pass (forward, backward) and per warmup: stop once the steps so far took this long and at "
         "least 3 were measured; the row says how many ran. 0: no limit (30)",
@@ -114,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        if args.max_seconds < 0:
+        if not args.max_seconds >= 0:  # nan too
             raise DeviceError(f"--max-seconds must be zero or more, got {args.max_seconds:g}")
         device = resolve_device(args.device)
         if args.timer == "cuda-event" and device.type != "cuda":
