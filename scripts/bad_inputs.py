@@ -335,7 +335,11 @@ def main() -> int:
         make_files(Path(tmp))
         make_results_file(Path(tmp))
         with ThreadPoolExecutor(args.jobs) as pool:
-            outcomes = list(pool.map(lambda case: run_case(*case, Path(tmp)), cases(args.commands)))
+            outcomes = []
+            for outcome in pool.map(lambda case: run_case(*case, Path(tmp)), cases(args.commands)):
+                outcomes.append(outcome)
+                print(f"{'ok  ' if outcome.passed else 'FAIL'} {outcome.command} {shlex.join(outcome.args)}",
+                      file=sys.stderr, flush=True)  # fmt: skip
     seconds = time.monotonic() - start
     for o in outcomes:
         if not o.passed:
