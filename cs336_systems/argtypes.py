@@ -16,6 +16,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # a row is 'error', 'timeout' or 'wrong'
 EXIT_USAGE = 2  # bad input
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+EXIT_TERMINATED = 143  # SIGTERM (128 + SIGTERM), handled as Ctrl-C
 
 # Rows that ran or are an expected result of the configuration (an OOM is a measurement).
 EXPECTED_STATUSES = ("ok", "oom", "unsupported", "skipped")

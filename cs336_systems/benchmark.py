@@ -22,6 +22,7 @@ from cs336_systems.cli import (
     benchmark_config_from_args,
     model_config_from_args,
 )
+from cs336_systems.command import run_command
 from cs336_systems.config import COMPILE_SCOPES, BenchmarkConfig
 from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.models import (
@@ -151,4 +152,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(PROG, main))  # Ctrl-C 130, SIGTERM 143, one line

@@ -15,15 +15,20 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from cs336_systems.argtypes import add_memory_limit_argument, describe_memory_limit, resolve_memory_limit
+from cs336_systems.argtypes import (
+    add_memory_limit_argument,
+    describe_memory_limit,
+    positive_float,
+    resolve_memory_limit,
+)
 from cs336_systems.cli import config_to_args
 from cs336_systems.config import BenchmarkConfig
+from cs336_systems.lifetime import child_preexec, temporary_directory
 from cs336_systems.models import count_parameters_for
 from cs336_systems.results import ENVIRONMENT_FIELDS, BenchmarkRecord, Environment, collect_environment
 from cs336_systems.runner import new_record
@@ -53,7 +58,7 @@ class ChildLimits:
 
 def add_child_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("child processes")
-    group.add_argument("--timeout", type=float, metavar="SECONDS", help="per configuration; status 'timeout'")
+    group.add_argument("--timeout", type=positive_float, metavar="SECONDS", help="per configuration; status 'timeout'")
     add_memory_limit_argument(
         group,
         help="CPU only: each child may allocate this much beyond torch's own libraries (e.g. 8GiB), "
@@ -69,6 +74,9 @@ def child_limits_from_args(args: argparse.Namespace, device: torch.device) -> Ch
 
 
 STDERR_TAIL_LINES = 8
+# the child's own alarm goes off this long after the parent's --timeout, so the parent's
+# timeout row wins while the parent lives, and a child outliving its parent still ends
+WATCHDOG_GRACE_S = 5.0
 
 
 def run_in_child(config: BenchmarkConfig, limits: ChildLimits, env: Environment | None = None) -> BenchmarkRecord:
@@ -77,8 +85,11 @@ def run_in_child(config: BenchmarkConfig, limits: ChildLimits, env: Environment 
 
     The row is the child's own (with its environment). `env` goes into the rows of a
     child that wrote none (timeout, crash); when it is None it is collected here only
-    then, so a parent driving CUDA children does not hold a CUDA context of its own."""
-    with tempfile.TemporaryDirectory(prefix="cs336-child-") as tmp:
+    then, so a parent driving CUDA children does not hold a CUDA context of its own.
+
+    The child dies with this process (lifetime.child_preexec), and by its own alarm
+    WATCHDOG_GRACE_S after --timeout."""
+    with temporary_directory("child") as tmp:
         output = Path(tmp) / "row.jsonl"
         # Never the user's factory here: it may be what hangs or crashes (the child counts it).
         num_params = None if config.model_factory else count_parameters_for(config.model)
@@ -88,9 +99,10 @@ def run_in_child(config: BenchmarkConfig, limits: ChildLimits, env: Environment 
         command += ["cs336_systems.benchmark", *config_to_args(config), "--output", str(output)]
         # what the parent can import (a user's --model-factory module), the child can too
         variables = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        watchdog = None if limits.timeout_s is None else limits.timeout_s + WATCHDOG_GRACE_S
         process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=variables,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=child_preexec(watchdog),
         )  # fmt: skip
         try:
             _, stderr = process.communicate(timeout=limits.timeout_s)

@@ -1,5 +1,5 @@
 """What every command shares beyond its flags' types (argtypes): old and singular spellings of
-a flag accepted but not advertised, and Ctrl-C as exit status 130.
+a flag accepted but not advertised, and Ctrl-C as exit status 130 (SIGTERM 143).
 
 argparse names an action by all its option strings in errors ("argument --head-dims/--head-dim:
 ..."); an alias added as its own hidden action keeps the error naming the one spelling we teach,
@@ -12,7 +12,8 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from cs336_systems.argtypes import EXIT_FAILED, EXIT_INTERRUPTED
+from cs336_systems.argtypes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED
+from cs336_systems.lifetime import Terminated, check_interrupted, signals_interrupt
 
 
 def add_argument_with_aliases(
@@ -28,12 +29,18 @@ def add_argument_with_aliases(
 
 
 def run_command(prog: str, run: Callable[[], int]) -> int:
-    """run()'s exit status; Ctrl-C is 130, after one line (the rows written so far stay written)."""
+    """run()'s exit status; Ctrl-C is 130 and SIGTERM 143, after one line (the rows written so far
+    stay written; children are ended by the cleanup the interrupt runs through)."""
     try:
-        return run()
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted; the rows finished so far are in the outputs", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        with signals_interrupt():
+            status = run()
+            check_interrupted()  # one Python swallowed (e.g. raised in an at-fork hook) still counts
+            return status
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
+        print(f"{prog}: {'terminated' if terminated else 'interrupted'}; the rows finished so far are in the outputs",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except OSError as exc:
         from cs336_systems.results.files import ResultWriteError  # pandas: only when a write failed
 

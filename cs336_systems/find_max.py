@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         device = resolve_device(args.device)
+        if args.timer == "cuda-event" and device.type != "cuda":
+            raise DeviceError("--timer cuda-event needs a CUDA device")
         if args.model_factory:
             load_model_factory(args.model_factory)
         start = args.start or (1 if args.dimension == "batch-size" else 128)

@@ -21,6 +21,7 @@ from tabulate import tabulate
 from torch import nn
 
 from cs336_systems.argtypes import ArgumentParser, add_device_argument, fail
+from cs336_systems.command import run_command
 from cs336_systems.device import DeviceError, resolve_device
 
 PROG = "python -m cs336_systems.mixed_precision"
@@ -250,4 +251,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(PROG, main))  # Ctrl-C 130, SIGTERM 143, one line

@@ -38,6 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from cs336_systems.argtypes import ArgumentParser, byte_size, non_negative_float, non_negative_int
+from cs336_systems.lifetime import child_preexec
 
 STORAGE_KINDS = ("simulated", "local", "http")
 HOST = "127.0.0.1"
@@ -296,7 +297,12 @@ def http_server(root: str | Path, model: LatencyModel, start_timeout_s: float = 
     """Start `python -m cs336_systems.storage serve` in its own process; yield its URL."""
     command = [sys.executable, "-m", "cs336_systems.storage", "serve", "--root", str(root), *server_arguments(model)]
     variables = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=variables)
+    # its own session: a terminal's Ctrl-C reaches the benchmark, which stops the server itself;
+    # and it dies with this process, even a SIGKILLed one
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=variables,
+        start_new_session=True, preexec_fn=child_preexec(),
+    )  # fmt: skip
     try:
         with selectors.DefaultSelector() as selector:
             selector.register(process.stdout, selectors.EVENT_READ)

@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        if args.max_seconds < 0:
+        if not args.max_seconds >= 0:  # nan too
             raise DeviceError(f"--max-seconds must be zero or more, got {args.max_seconds:g}")
         device = resolve_device(args.device)
         if args.timer == "cuda-event" and device.type != "cuda":

@@ -24,6 +24,7 @@ from cs336_systems.distributed.group import (
     leave_group,
     maybe_inject_failure,
 )
+from cs336_systems.lifetime import die_with_parent, ignoring_interrupts
 from cs336_systems.results import Environment, collect_environment
 
 EXIT_GRACE_S = 10.0  # how long finished ranks get to leave the group before they are killed
@@ -33,9 +34,16 @@ SILENT_DEATH_SUFFIXES = ("without reporting", "(the Linux OOM killer sends this)
 
 
 def _rank_main(
-    rank: int, spec: LaunchSpec, worker: Worker, units: Sequence[Any], conn: multiprocessing.connection.Connection
+    rank: int,
+    spec: LaunchSpec,
+    worker: Worker,
+    units: Sequence[Any],
+    conn: multiprocessing.connection.Connection,
+    parent_pid: int,
 ) -> None:
-    """Entry point of one spawned rank: bind, join the group, run every unit, report each."""
+    """Entry point of one spawned rank: bind, join the group, run every unit, report each.
+    The rank dies with the parent, even a SIGKILLed one (no rank left waiting in a collective)."""
+    die_with_parent(parent_pid)
     try:
         bind_threads(spec.threads_per_rank)
         ctx = init_group(spec, rank, local_rank=rank, launcher="spawn")
@@ -83,11 +91,15 @@ class SpawnedGroup:
         }
         self.processes: list[mp.Process] = []
         self.connections: list[multiprocessing.connection.Connection] = []
-        with _environment(variables):
+        # Ranks start with Ctrl-C ignored: it reaches the parent alone, which ends the group.
+        with _environment(variables), ignoring_interrupts():
             for rank in range(spec.world_size):
                 receive, send = context.Pipe(duplex=False)
                 process = context.Process(
-                    target=_rank_main, args=(rank, spec, worker, list(units), send), daemon=True, name=f"rank{rank}"
+                    target=_rank_main,
+                    args=(rank, spec, worker, list(units), send, os.getpid()),
+                    daemon=True,
+                    name=f"rank{rank}",
                 )
                 process.start()
                 send.close()  # the child holds the only sending end: its death is an EOF here

@@ -27,7 +27,9 @@ from cs336_systems.argtypes import (
     positive_float,
     positive_int,
 )
+from cs336_systems.command import run_command
 from cs336_systems.device import DeviceError, resolve_device
+from cs336_systems.lifetime import check_interrupted, temporary_directory
 from cs336_systems.loader_bench.config import BenchConfig, LoaderConfig, load_dataset, loader_grid
 from cs336_systems.loader_bench.measure import error_text, run_configuration
 from cs336_systems.loader_bench.recommend import recommend, recommendation_text
@@ -149,7 +151,7 @@ def prepared_storage(bench: BenchConfig, data_dir: Path | None) -> Iterator[Benc
         return
     with contextlib.ExitStack() as stack:
         if data_dir is None:
-            data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cs336-loader-")))
+            data_dir = Path(stack.enter_context(temporary_directory("loader")))
         print(f"writing {bench.num_items} items of {format_bytes(bench.item_bytes)} to {data_dir}", file=sys.stderr)
         write_items(data_dir, bench.num_items, bench.item_bytes, bench.seed)
         if bench.storage == "local":
@@ -172,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         sink = ResultSink(check_output_paths(args.output), LoaderRecord)
     except (ValueError, DeviceError, ResultFileError, StorageError) as exc:
         return fail(PROG, str(exc))
+    return run_command(PROG, lambda: _run(args, argv, bench, device, sink))
+
+
+def _run(args, argv: list[str], bench: BenchConfig, device, sink: ResultSink) -> int:
+    """Every loader configuration, a row each as it finishes (Ctrl-C keeps them: run_command)."""
     ram_budget = args.ram_budget if args.ram_budget is not None else psutil.virtual_memory().available
     grid = loader_grid(args.num_workers, args.prefetch_factor, args.pin_memory, args.persistent_workers, args.processes)
     env = collect_environment(device)
@@ -200,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                 sink.write(record)
                 rows.append(record.to_row())
             print(progress_line(loader, records), file=sys.stderr, flush=True)
+            check_interrupted()  # a Ctrl-C swallowed while a worker was forked stops here
     print(LoaderRecord.markdown(rows))
     print(recommendation_text(recommend(rows, ram_budget), ram_budget))
     for path in args.output:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from cs336_systems.lifetime import die_with_parent
 from cs336_systems.loader_bench.config import BenchConfig, LoaderConfig
 
 
@@ -50,6 +51,7 @@ class EpochSampler(Sampler):
 
 
 def _worker_init(worker_id: int) -> None:
+    die_with_parent()  # not left behind by a SIGKILLed benchmark
     torch.set_num_threads(1)  # workers fetch; they must not fight the training step for cores
 
 

@@ -6,7 +6,9 @@ import contextlib
 import functools
 import gc
 import multiprocessing as mp
+import os
 import queue
+import signal
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -16,6 +18,7 @@ import psutil
 import torch
 
 from cs336_systems.device import resolve_device
+from cs336_systems.lifetime import deferring_interrupts, die_with_parent
 from cs336_systems.loader_bench.config import BenchConfig, LoaderConfig, load_dataset
 from cs336_systems.loader_bench.data import EpochSampler, StoreDataset, batch_nbytes, make_loader, to_device
 from cs336_systems.loader_bench.step import PhaseTimer, make_compute
@@ -82,7 +85,8 @@ def run_epochs(
             sampler_cm = WorkerMemorySampler(not_workers) if loader.num_workers > 0 else contextlib.nullcontext()
             with sampler_cm as memory:
                 start = clock()
-                iterator = iter(data)
+                with deferring_interrupts():  # workers are forked here
+                    iterator = iter(data)
                 while True:
                     before = clock()
                     try:
@@ -139,7 +143,10 @@ def error_text(exc: BaseException) -> str:
     return text
 
 
-def _process_main(bench, loader, indices, barrier, results, rank) -> None:
+def _process_main(bench, loader, indices, barrier, results, rank, parent_pid) -> None:
+    # dies with the benchmark, even a SIGKILLed one; Ctrl-C is the parent's to handle
+    die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     try:
         results.put((rank, run_epochs(bench, loader, indices, barrier), None))
@@ -162,14 +169,16 @@ def run_processes(bench: BenchConfig, loader: LoaderConfig) -> list[list[EpochMe
     barrier, results = ctx.Barrier(n), ctx.Queue()
     indices = list(range(bench.num_items))
     processes = [
-        ctx.Process(target=_process_main, args=(bench, loader, indices[rank::n], barrier, results, rank))
+        ctx.Process(target=_process_main, args=(bench, loader, indices[rank::n], barrier, results, rank, os.getpid()))
         for rank in range(n)
     ]
-    for process in processes:
-        process.start()
+    with deferring_interrupts():
+        for process in processes:
+            process.start()
     collected: dict[int, list[EpochMeasurement]] = {}
     errors = []
     deadline = time.monotonic() + CHILD_TIMEOUT_S
+    finished = False  # interrupted: the processes are ended at once, not waited for
     try:
         while len(collected) + len(errors) < n:
             try:
@@ -185,9 +194,10 @@ def run_processes(bench: BenchConfig, loader: LoaderConfig) -> list[list[EpochMe
                 errors.append(error)
             else:
                 collected[rank] = measured
+        finished = True
     finally:
         for process in processes:
-            process.join(timeout=10)
+            process.join(timeout=10 if finished else 0)
             if process.is_alive():
                 process.kill()
                 process.join()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cs336_systems.argtypes import ArgumentParser, fail, non_negative_int, positive_float
+from cs336_systems.lifetime import child_preexec
 from cs336_systems.monitor.files import MonitorPathError, SampleCsvWriter, check_monitor_path, report_text, write_report
 from cs336_systems.monitor.sampling import DEFAULT_INTERVAL_S, GpuProbe, ResourceMonitor
 
@@ -41,11 +43,12 @@ def exit_status(returncode: int) -> int:
 def run_monitored(command: Sequence[str], csv_path: Path, interval_s: float, gpu_indices=None) -> int:
     writer = SampleCsvWriter(csv_path)
     try:
-        process = subprocess.Popen(list(command))
-    except OSError:
+        # the command dies with the monitor, even a SIGKILLed one (nothing left unmeasured)
+        process = subprocess.Popen(list(command), preexec_fn=child_preexec())
+    except OSError as exc:  # not a program (e.g. exec format error): nothing was run
         writer.close()
         csv_path.unlink(missing_ok=True)
-        raise
+        raise ValueError(f"cannot run {command[0]}: {exc.strerror}") from None
     # Ctrl-C reaches the command (same process group); the monitor waits for it to finish.
     previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT,)}
     forward = lambda signum, frame: process.send_signal(signum)  # noqa: E731
@@ -63,6 +66,17 @@ def run_monitored(command: Sequence[str], csv_path: Path, interval_s: float, gpu
     report = write_report(monitor, csv_path, shlex.join(command), status)
     print(report_text(report, csv_path), file=sys.stderr)
     return status
+
+
+def check_command(name: str) -> None:
+    """Refuse a command that cannot start, before any file is made (as a shell would find it)."""
+    if shutil.which(name) is not None:
+        return
+    path = Path(name)
+    if os.sep in name and path.exists():
+        what = "a directory" if path.is_dir() else "not executable"
+        raise ValueError(f"cannot run {name}: {what}")
+    raise ValueError(f"command not found: {name}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,14 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         return fail(PROG, "no command to run: put it after --, e.g. -- python train.py")
     output = args.output or time.strftime("monitor-%Y%m%d-%H%M%S.csv")
     try:
+        check_command(command[0])
         csv_path = check_monitor_path(output)
         if args.gpus is not None:
             GpuProbe(args.gpus)
         return run_monitored(command, csv_path, args.interval, args.gpus)
     except (MonitorPathError, ValueError) as exc:
         return fail(PROG, str(exc))
-    except FileNotFoundError:
-        return fail(PROG, f"command not found: {command[0]}")
-    except PermissionError:
-        return fail(PROG, f"command not executable: {command[0]}")
 

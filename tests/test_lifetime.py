@@ -1,0 +1,260 @@
+"""No orphans: children die with a SIGKILLed parent, SIGTERM is Ctrl-C, Ctrl-C is one line and 130,
+temporary directories of dead owners are removed, bad inputs are refused in one line."""
+
+import contextlib
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from cs336_systems.lifetime import (
+    child_preexec,
+    deferring_interrupts,
+    remove_stale_temporary_directories,
+    temporary_directory,
+)
+from tests.conftest import PYTHON, REPO, TINY_SHAPE, child_env
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+
+TINY_RUN = [*TINY_SHAPE, "--device", "cpu", "--warmup-steps", "1", "--measure-steps", "2", "--peak-tflops", "1"]
+
+
+def _gone(pid: int) -> bool:
+    """Not running: no such process, or a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _gone_within(pids, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not all(_gone(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _wait_for(predicate, process: subprocess.Popen, seconds: float = 120):
+    deadline = time.monotonic() + seconds
+    while not (value := predicate()):
+        assert process.poll() is None, process.communicate()[1]
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+    return value
+
+
+def _kill(pids) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _start(args, tmp_path, **env) -> subprocess.Popen:
+    """A command in its own session (as from a terminal), temp files in tmp_path."""
+    return subprocess.Popen(
+        [PYTHON, "-m", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**child_env(), "TMPDIR": str(tmp_path), **env}, start_new_session=True,
+    )  # fmt: skip
+
+
+def _rows(path: Path) -> int:
+    try:
+        return len(pd.read_csv(path)) if path.exists() and path.stat().st_size else 0
+    except (pd.errors.EmptyDataError, pd.errors.ParserError):
+        return 0
+
+
+# -- children die with a SIGKILLed parent ----------------------------------------------------
+
+
+def test_sweep_child_dies_with_its_sigkilled_parent_and_the_next_run_removes_its_temp_dir(tmp_path):
+    pids = tmp_path / "pids"
+    process = _start(["cs336_systems.run_benchmarks", *TINY_RUN, "--model-factory", "user_models:hangs_with_a_child",
+                      "--context-lengths", "8", "--timeout", "600"], tmp_path, CS336_TEST_PIDS=str(pids))  # fmt: skip
+    child, grandchild = _wait_for(lambda: pids.exists() and [int(p) for p in pids.read_text().split()], process)
+    leftover = list(tmp_path.glob(f"cs336-child-{process.pid}-*"))
+    assert len(leftover) == 1  # the child's row directory, named after its owner
+    process.kill()
+    process.wait()
+    try:
+        assert _gone_within([child], 1.0)
+    finally:
+        _kill([child, grandchild])  # the user's own process is the user's (it is not ours to reach)
+    assert leftover[0].exists()  # SIGKILL left it; the next run removes it
+    with temporary_directory("child", dir=tmp_path):
+        assert not leftover[0].exists()
+
+
+def test_spawned_ranks_die_with_their_sigkilled_parent(tmp_path):
+    # rank 1 hangs at its first unit, rank 0 waits for it in the all-reduce: both have joined the group
+    process = _start(["cs336_systems.allreduce_bench", "--device", "cpu", "--world-sizes", "2", "--sizes", "4KB",
+                      "--timeout", "600"], tmp_path, CS336_SYSTEMS_INJECT_FAILURE="1:hang")  # fmt: skip
+    parent = psutil.Process(process.pid)
+
+    def joined():
+        ranks = [p for p in parent.children() if "spawn_main" in " ".join(p.cmdline())]
+        return len(ranks) == 2 and all(r.net_connections("tcp") for r in ranks) and [r.pid for r in ranks]
+
+    ranks = _wait_for(joined, process)
+    process.kill()
+    process.wait()
+    try:
+        assert _gone_within(ranks, 1.0)
+    finally:
+        _kill(ranks)
+
+
+def test_http_store_dies_with_its_sigkilled_parent(tmp_path):
+    script = textwrap.dedent(f"""
+        import time
+        from cs336_systems.storage import LatencyModel, http_server, write_items
+        write_items({str(tmp_path)!r}, 2, 8, 0)
+        with http_server({str(tmp_path)!r}, LatencyModel()) as url:
+            print(url, flush=True)
+            time.sleep(600)
+    """)
+    process = subprocess.Popen([PYTHON, "-c", script], stdout=subprocess.PIPE, text=True, env=child_env())
+    assert process.stdout.readline().startswith("http://")
+    (server,) = psutil.Process(process.pid).children()
+    process.kill()
+    process.wait()
+    try:
+        assert _gone_within([server.pid], 1.0)
+    finally:
+        _kill([server.pid])
+
+
+def test_a_child_outliving_its_parent_is_ended_by_its_own_alarm():
+    start = time.monotonic()
+    child = subprocess.Popen(["sleep", "30"], preexec_fn=child_preexec(0.5))
+    assert child.wait(timeout=20) == -signal.SIGALRM and time.monotonic() - start < 20
+
+
+# -- SIGTERM and Ctrl-C ---------------------------------------------------------------------
+
+
+def test_sigterm_on_a_sweep_keeps_the_finished_rows_and_exits_143(tmp_path):
+    out, pids = tmp_path / "rows.csv", tmp_path / "pids"
+    process = _start(["cs336_systems.run_benchmarks", *TINY_RUN, "--model-factory", "user_models:hangs_at_batch_4",
+                      "--context-lengths", "8", "--batch-sizes", "1", "4", "--output", str(out)],
+                     tmp_path, CS336_TEST_PIDS=str(pids))  # fmt: skip
+    (child,) = _wait_for(lambda: pids.exists() and [int(p) for p in pids.read_text().split()], process)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143, stderr
+    assert "Traceback" not in stderr and "Resume with:" in stderr
+    rows = pd.read_csv(out)
+    assert list(rows["batch_size"]) == [1] and list(rows["status"]) == ["ok"]
+    assert _gone_within([child], 5.0)
+
+
+CTRL_C_CASES = {
+    "allreduce_bench": ["--device", "cpu", "--world-sizes", "2", "--sizes", "1KB", "2KB", "4KB", "8KB", "16KB", "32KB",
+                        "--warmup-steps", "1", "--measure-steps", "400"],
+    "ddp_bench": [*TINY_SHAPE, "--device", "cpu", "--world-sizes", "2", "--strategies", "ddp", "naive",
+                  "--context-length", "8", "--batch-size", "2", "--warmup-steps", "1", "--measure-steps", "300"],
+    "loader_bench": ["--num-items", "64", "--item-bytes", "64", "--batch-size", "4", "--epochs", "3",
+                     "--compute-ms", "50", "--num-workers", "0", "1", "2", "--device", "cpu"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "module, signum",
+    [
+        *((module, signal.SIGINT) for module in CTRL_C_CASES),
+        ("ddp_bench", signal.SIGTERM),
+        ("loader_bench", signal.SIGTERM),
+    ],
+)
+def test_ctrl_c_or_sigterm_is_one_line_and_keeps_finished_rows_and_no_child(module, signum, tmp_path):
+    out = tmp_path / "rows.csv"
+    process = _start([f"cs336_systems.{module}", *CTRL_C_CASES[module], "--output", str(out)], tmp_path)
+    _wait_for(lambda: _rows(out) >= 1, process, seconds=240)
+    children = [child.pid for child in psutil.Process(process.pid).children(recursive=True)]
+    if signum == signal.SIGINT:
+        os.killpg(process.pid, signum)  # as a terminal does: to the whole process group
+    else:
+        process.send_signal(signum)  # as kill does: to the command alone
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signum, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    how = "interrupted" if signum == signal.SIGINT else "terminated"
+    assert stderr.strip().splitlines()[-1].endswith(f"{how}; the rows finished so far are in the outputs")
+    assert _rows(out) >= 1
+    assert _gone_within(children, 5.0)  # ranks, workers: ended by the cleanup, none left behind
+
+
+def test_an_interrupt_while_workers_fork_is_delivered_once_they_started():
+    reached = False
+    with pytest.raises(KeyboardInterrupt), deferring_interrupts():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # the handler runs here and only remembers it
+        reached = True
+    assert reached
+
+
+# -- temporary directories and bad inputs ------------------------------------------------------
+
+
+def test_only_temp_dirs_of_dead_owners_are_removed(tmp_path):
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    dead = tmp_path / f"cs336-child-{finished.pid}-abc"
+    mine = tmp_path / f"cs336-child-{os.getpid()}-abc"
+    alive = tmp_path / "cs336-loader-1-abc"  # pid 1 always runs
+    other = tmp_path / f"not-ours-{finished.pid}-abc"
+    for path in (dead, mine, alive, other):
+        path.mkdir()
+        (path / "row.jsonl").write_text("{}\n")
+    assert remove_stale_temporary_directories(tmp_path) == [dead]
+    assert not dead.exists() and mine.exists() and alive.exists() and other.exists()
+
+
+def _bad_inputs_script():
+    spec = importlib.util.spec_from_file_location("bad_inputs", REPO / "scripts" / "bad_inputs.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bad_inputs", module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "command, args",
+    [
+        ("monitor", ["--", "{tmp}/not_executable.sh"]),
+        ("monitor", ["--", "no-such-command-xyz"]),
+        ("run_benchmarks", ["--timeout", "nan"]),
+        ("loader_bench", ["--processes", "0"]),
+        ("memory", ["--find-max", "batch-size"]),
+    ],
+)
+def test_bad_inputs_table_cases_are_one_line_and_exit_2(command, args, tmp_path, monkeypatch):
+    script = _bad_inputs_script()
+    assert args in script.TABLE[command]  # the script checks this very case
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setattr(script, "CASE_TIMEOUT_S", 300.0)  # a loaded test machine imports torch slowly
+    script.make_files(tmp_path)
+    outcome = script.run_case(command, args, tmp_path)
+    assert outcome.passed, (outcome.returncode, outcome.stderr)
+
+
+def test_bad_inputs_cover_every_command_at_least_ten_times_but_mixed_precision():
+    table = _bad_inputs_script().TABLE
+    commands = {path.stem for path in (REPO / "cs336_systems").glob("*.py")} | {
+        path.parent.name for path in (REPO / "cs336_systems").glob("*/__main__.py")
+    }
+    tools = {"benchmark", "benchmark_direct", "run_benchmarks", "find_max", "memory", "report", "compare",
+             "attention_bench", "allreduce_bench", "ddp_bench", "loader_bench", "monitor", "mixed_precision"}  # fmt: skip
+    assert tools <= commands and set(table) == tools
+    assert all(len(cases) >= 10 for name, cases in table.items() if name != "mixed_precision")
