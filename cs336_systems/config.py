@@ -81,7 +81,8 @@ class BenchmarkConfig:
 
 def _normal(value: object) -> str:
     """One spelling per value whether it came from a record, a CSV or a JSONL file."""
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+    # "n/a" (a --model-factory row's attention) is one of pandas' default NA strings: read back as NaN
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA or value == "n/a":
         return ""
     if isinstance(value, bool) or str(value) in ("True", "False", "true", "false"):
         return str(value).lower()
