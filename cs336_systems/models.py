@@ -74,7 +74,9 @@ def canonical_size_name(name: str, edition: str = DEFAULT_SIZE_TABLE) -> str:
         return by_lower[name.lower()]
     except KeyError:
         choices = ", ".join(sizes)
-        raise ConfigError(f"unknown model size {name!r} in the {edition} table; choose one of: {choices}") from None
+        elsewhere = [e for e, table in SIZE_TABLES.items() if name.lower() in {key.lower() for key in table}]
+        hint = f" ({name} is in the {elsewhere[0]} table: --size-table {elsewhere[0]})" if elsewhere else ""
+        raise ConfigError(f"unknown model size {name!r}; choose one of: {choices}{hint}") from None
 
 
 def checkpoint_group_size(checkpoint_blocks: int | str | None, num_layers: int) -> int:

@@ -47,7 +47,7 @@ def test_every_size_built_has_the_formula_count(edition):
 
 
 def test_size_not_in_the_table_is_refused():
-    with pytest.raises(ConfigError, match="unknown model size '10B' in the 2025 table"):
+    with pytest.raises(ConfigError, match=r"unknown model size '10B'; .* \(10B is in the 2026 table: --size-table 2026\)"):
         ModelConfig.from_size("10B")
 
 
@@ -74,7 +74,7 @@ def test_list_sizes_shows_the_table_in_use(capsys):
         (["--checkpoint-blocks", "half"], "expected 0, a number of blocks, sqrt or all"),
         (["--checkpoint-blocks", "3"], "--checkpoint-blocks 3 is more than the model's 2 layers"),
         (["--checkpoint-blocks", "1", "--model-factory", "tests.test_checkpointing:make_model"], "cannot wrap"),
-        (["--model-size", "10B"], "unknown model size '10B' in the 2025 table"),
+        (["--model-size", "10B"], "(10B is in the 2026 table: --size-table 2026)"),
         (["--optimizer", "tests.test_checkpointing:missing"], "has no attribute 'missing'"),
     ],
 )
