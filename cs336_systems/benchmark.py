@@ -17,7 +17,9 @@ from cs336_systems.cli import (
     ATTENTION_KINDS,
     PASS_TYPE_CHOICES,
     PRECISIONS,
+    add_checkpoint_argument,
     add_execution_arguments,
+    add_optimizer_argument,
     add_shape_arguments,
     benchmark_config_from_args,
     model_config_from_args,
@@ -26,13 +28,14 @@ from cs336_systems.command import run_command
 from cs336_systems.config import COMPILE_SCOPES, BenchmarkConfig
 from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.models import (
-    MODEL_SIZES,
+    SIZE_TABLES,
     ConfigError,
     ModelFactoryError,
     count_parameters_for,
     load_model_factory,
 )
 from cs336_systems.monitor import MonitorPathError, add_monitor_arguments, check_monitor_arguments, monitored
+from cs336_systems.optimizer import OptimizerFactoryError, load_optimizer_factory
 from cs336_systems.results import BenchmarkRecord, ResultFileError, ResultSink, ResultWriteError, check_output_paths
 from cs336_systems.runner import run_benchmark
 
@@ -41,7 +44,7 @@ PROG = "python -m cs336_systems.benchmark"
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
-    parser.add_argument("--model-size", default="small", help=f"one of {', '.join(MODEL_SIZES)} (default small)")
+    parser.add_argument("--model-size", default="small", help="a name in --size-table's table (--list-sizes shows it; default small)")
     parser.add_argument("--context-length", type=positive_int, default=512)
     parser.add_argument("--batch-size", type=positive_int, default=4)
     parser.add_argument("--pass-type", choices=PASS_TYPE_CHOICES, default="forward-backward")
@@ -55,7 +58,9 @@ def build_parser() -> ArgumentParser:
         "compiled graph, so compiling takes about num_layers times less)",
     )
     parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
-    parser.add_argument("--list-sizes", action="store_true", help="print the size table and exit")
+    parser.add_argument("--list-sizes", action="store_true", help="print --size-table's sizes and exit")
+    add_checkpoint_argument(parser)
+    add_optimizer_argument(parser)
     parser.add_argument(
         "--memory-snapshot",
         metavar="PATH.pickle",
@@ -78,11 +83,12 @@ def build_parser() -> ArgumentParser:
 
 def size_table(args) -> str:
     rows = []
-    for name in MODEL_SIZES:
+    for name in SIZE_TABLES[args.size_table]:
         config = model_config_from_args(args, name, args.context_length, args.attention)
         params = count_parameters_for(config)
         rows.append(
             [
+                args.size_table,
                 name,
                 config.d_model,
                 config.d_ff,
@@ -93,13 +99,19 @@ def size_table(args) -> str:
                 f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.1f}M",
             ]
         )
-    headers = ["size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "num_params", "approx"]
+    headers = ["size_table", "size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "num_params", "approx"]
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def check_checkpointing(model, model_factory: str | None) -> None:
+    if model.checkpoint_group_size and model_factory:
+        raise ConfigError("--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model")
 
 
 def config_from_args(args) -> BenchmarkConfig:
     model = model_config_from_args(args, args.model_size, args.context_length, args.attention)
     model.check_context(args.context_length)
+    check_checkpointing(model, args.model_factory)
     return benchmark_config_from_args(
         args,
         model,
@@ -129,9 +141,13 @@ def main(argv: list[str] | None = None) -> int:
             raise DeviceError("--memory-snapshot needs a CUDA device (it records the CUDA allocator's history)")
         if config.model_factory:
             load_model_factory(config.model_factory)
+        if config.optimizer_factory:
+            load_optimizer_factory(config.optimizer_factory)
         sink = ResultSink(check_output_paths(args.output))
         check_monitor_arguments(args)
-    except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, MonitorPathError) as exc:
+    except (
+        ConfigError, DeviceError, ModelFactoryError, OptimizerFactoryError, ResultFileError, MonitorPathError
+    ) as exc:  # fmt: skip
         return fail(PROG, str(exc))
 
     if args.nvtx and not nvtx.enable(blocks=args.nvtx == "blocks"):

@@ -10,15 +10,54 @@ import argparse
 from cs336_systems.argtypes import add_device_argument, non_negative_int, positive_float, positive_int
 from cs336_systems.config import COMPILE_MODES, PASS_TYPES, BenchmarkConfig
 from cs336_systems.flops import PEAK_CHOICES
-from cs336_systems.models import ATTENTION_KINDS, ModelConfig
+from cs336_systems.models import ATTENTION_KINDS, CHECKPOINT_WORDS, DEFAULT_SIZE_TABLE, SIZE_TABLES, ModelConfig
 from cs336_systems.precision import PRECISIONS
 from cs336_systems.timing import TIMERS
 
 PASS_TYPE_CHOICES = PASS_TYPES
 
 
+def checkpoint_blocks(text: str) -> int | str | None:
+    """--checkpoint-blocks: 0 (off), K blocks per checkpointed group, sqrt or all."""
+    if text in CHECKPOINT_WORDS:
+        return text
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected 0, a number of blocks, sqrt or all; got {text!r}")
+    return int(text) or None
+
+
+CHECKPOINT_HELP = (
+    "activation checkpointing: wrap each run of K consecutive blocks in torch.utils.checkpoint "
+    "(0 = off; sqrt = groups of ceil(sqrt(num_layers)); all = one group)"
+)
+
+
+def add_checkpoint_argument(parser: argparse.ArgumentParser, plural: bool = False) -> None:
+    if plural:
+        parser.add_argument("--checkpoint-blocks", nargs="+", type=checkpoint_blocks, default=[None], metavar="K",
+                            help=CHECKPOINT_HELP + "; a list runs each")  # fmt: skip
+    else:
+        parser.add_argument("--checkpoint-blocks", type=checkpoint_blocks, default=None, metavar="K",
+                            help=CHECKPOINT_HELP)  # fmt: skip
+
+
+def add_optimizer_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--optimizer",
+        metavar="package.module:callable",
+        help="train-step: your optimizer instead of torch's fused AdamW, called with the parameters and "
+        "lr, weight_decay, betas, eps",
+    )
+
+
 def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model shape (overrides on top of the named size)")
+    group.add_argument(
+        "--size-table",
+        choices=tuple(SIZE_TABLES),
+        default=DEFAULT_SIZE_TABLE,
+        help="which handout's table of named sizes (2026: xl is d_model 2560, 10B is new; default 2025)",
+    )
     group.add_argument("--d-model", type=positive_int)
     group.add_argument("--d-ff", type=positive_int)
     group.add_argument("--num-layers", type=positive_int)
@@ -84,10 +123,16 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def model_config_from_args(args: argparse.Namespace, size: str, context_length: int, attention: str) -> ModelConfig:
-    """The model for one (size, context, attention) with the shape overrides applied."""
+def model_config_from_args(
+    args: argparse.Namespace, size: str, context_length: int, attention: str, checkpoint: int | str | None = None
+) -> ModelConfig:
+    """The model for one (size, context, attention, checkpointing) with the shape overrides applied."""
+    if checkpoint is None and not isinstance(getattr(args, "checkpoint_blocks", None), list):
+        checkpoint = getattr(args, "checkpoint_blocks", None)
     return ModelConfig.from_size(
         size,
+        getattr(args, "size_table", None),
+        checkpoint_blocks=checkpoint,
         d_model=args.d_model,
         d_ff=args.d_ff,
         num_layers=args.num_layers,
@@ -113,6 +158,7 @@ def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **r
         measure_steps=args.measure_steps,
         seed=args.seed,
         model_factory=args.model_factory,
+        optimizer_factory=getattr(args, "optimizer", None),
         peak=args.peak,
         peak_tflops=args.peak_tflops,
         **run,
@@ -131,7 +177,11 @@ def config_to_args(config: BenchmarkConfig) -> list[str]:
         "--seed", config.seed, "--peak", config.peak,
     ]  # fmt: skip
     if m.size_name != "custom":
-        args += ["--model-size", m.size_name]
+        args += ["--model-size", m.size_name, "--size-table", m.size_table]
+    if m.checkpoint_blocks is not None:
+        args += ["--checkpoint-blocks", m.checkpoint_blocks]
+    if config.optimizer_factory:
+        args += ["--optimizer", config.optimizer_factory]
     if config.compile:
         args += ["--compile", "--compile-scope", config.compile_scope, "--compile-mode", config.compile_mode]
     if config.cuda_graphs:

@@ -26,8 +26,10 @@ COMPILE_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
 IDENTITY_FIELDS = (
     "model_size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "rope_theta", "attention",
     "model_factory", "context_length", "batch_size", "pass_type", "precision", "compile", "compile_scope",
-    "compile_mode", "cuda_graphs", "device", "timer", "warmup_steps", "measure_steps", "seed",
+    "compile_mode", "cuda_graphs", "device", "timer", "warmup_steps", "measure_steps", "seed", "checkpoint_blocks",
+    "optimizer_factory",
 )  # fmt: skip
+# Off (no checkpointing, torch's AdamW) is None, so rows written before these columns existed keep their key.
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class BenchmarkConfig:
     measure_steps: int = 10
     seed: int = 0
     model_factory: str | None = None
+    optimizer_factory: str | None = None  # train-step: 'package.module:callable' instead of torch's AdamW
     peak: str = "auto"  # where the MFU denominator comes from: auto, table or measure
     peak_tflops: float | None = None  # a user's own peak, overriding `peak`
     profile_step: bool = True  # one extra step under torch.profiler after the measured ones
@@ -54,6 +57,11 @@ class BenchmarkConfig:
     @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.context_length
+
+    @property
+    def attention(self) -> str:
+        """The built-in model's attention; a --model-factory model's is not ours to know."""
+        return self.model.attention if self.model_factory is None else "n/a"
 
     def replace(self, **changes) -> BenchmarkConfig:
         return dataclasses.replace(self, **changes)
@@ -64,12 +72,13 @@ class BenchmarkConfig:
         return {
             "model_size": m.size_name, "d_model": m.d_model, "d_ff": m.d_ff, "num_layers": m.num_layers,
             "num_heads": m.num_heads, "vocab_size": m.vocab_size, "rope_theta": m.rope_theta,
-            "attention": m.attention, "model_factory": self.model_factory, "context_length": self.context_length,
+            "attention": self.attention, "model_factory": self.model_factory, "context_length": self.context_length,
             "batch_size": self.batch_size, "pass_type": self.pass_type, "precision": self.precision,
             "compile": self.compile, "compile_scope": self.compile_scope if self.compile else None,
             "compile_mode": self.compile_mode if self.compile else None, "cuda_graphs": self.cuda_graphs,
             "device": self.device, "timer": self.timer, "warmup_steps": self.warmup_steps,
-            "measure_steps": self.measure_steps, "seed": self.seed,
+            "measure_steps": self.measure_steps, "seed": self.seed, "checkpoint_blocks": m.checkpoint_blocks,
+            "optimizer_factory": self.optimizer_factory if self.pass_type == "train-step" else None,
         }  # fmt: skip
 
     def key(self) -> tuple[str, ...]:
@@ -78,7 +87,8 @@ class BenchmarkConfig:
 
 def _normal(value: object) -> str:
     """One spelling per value whether it came from a record, a CSV or a JSONL file."""
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+    # "n/a" (a --model-factory row's attention) is one of pandas' default NA strings: read back as NaN
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA or value == "n/a":
         return ""
     if isinstance(value, bool) or str(value) in ("True", "False", "true", "false"):
         return str(value).lower()

@@ -33,6 +33,7 @@ from cs336_systems.config import BenchmarkConfig
 from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory
 from cs336_systems.monitor import check_monitor_arguments, monitored
+from cs336_systems.optimizer import load_optimizer_factory
 from cs336_systems.results import ResultFileError, ResultSink, ResultWriteError, check_output_path, check_output_paths
 from cs336_systems.search import search_boundary
 from cs336_systems.sweep import StopRequest, describe
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             raise DeviceError("--timer cuda-event needs a CUDA device")
         if args.model_factory:
             load_model_factory(args.model_factory)
+        if args.optimizer:
+            load_optimizer_factory(args.optimizer)
         start = args.start or (1 if args.dimension == "batch-size" else 128)
         if start > args.max:
             raise ValueError(f"--start {start} is above --max {args.max}")

@@ -7,7 +7,10 @@ Analytic matmul FLOPs of one forward pass of the built-in model, per token
 The attention term counts the full T x T square, as FlopCounterMode and the PaLM/nanoGPT
 MFU convention do; a causal kernel skips about half of it (`causal_discount=True`
 gives that count). Backward is 2x forward, so forward-backward and a training step are
-3x forward (the optimizer's elementwise work is not counted).
+3x forward (the optimizer's elementwise work is not counted). Activation checkpointing
+runs every block's forward once more during backward: `flops_per_step` counts that
+recomputation (the work the device does), while MFU stays on model FLOPs (3x forward),
+so checkpointing shows as lower MFU, not as more useful work.
 
 MFU = achieved FLOP/s / peak FLOP/s, with the peak chosen for the device *and* the
 precision in effect (hard-coding one GPU's peak gives >100% "MFU" on another).
@@ -51,6 +54,15 @@ def forward_flops_per_token(config: ModelConfig, seq_len: int, causal_discount: 
     dense = 2 * (L * (4 * d * d + 3 * d * d_ff) + d * V)
     attention = 2 * 2 * L * seq_len * d
     return dense + (attention // 2 if causal_discount else attention)
+
+
+def recompute_flops_per_step(config: ModelConfig, batch_size: int, seq_len: int, pass_type: str) -> int:
+    """The blocks' forward once more (not the LM head) when checkpointing and backward runs."""
+    if pass_type == "forward" or not config.checkpoint_group_size:
+        return 0
+    d, d_ff, L = config.d_model, config.d_ff, config.num_layers
+    per_token = 2 * L * (4 * d * d + 3 * d * d_ff) + 2 * 2 * L * seq_len * d
+    return per_token * batch_size * seq_len
 
 
 def analytic_flops_per_step(
@@ -100,8 +112,13 @@ def counted_flops_per_step(
 
 @dataclass(frozen=True)
 class StepFlops:
-    flops_per_step: int
+    flops_per_step: int  # what the device computes, checkpointing's recomputation included
     source: str  # "analytic" (built-in model) or "counted" (FlopCounterMode)
+    model_flops_per_step: int | None = None  # without recomputation: the MFU numerator
+
+    @property
+    def model_flops(self) -> int:
+        return self.flops_per_step if self.model_flops_per_step is None else self.model_flops_per_step
 
 
 def flops_per_step(
@@ -114,7 +131,9 @@ def flops_per_step(
 ) -> StepFlops | None:
     """Analytic for the built-in model; counted for a user's model (meta device first)."""
     if model_factory is None:
-        return StepFlops(analytic_flops_per_step(config, batch_size, seq_len, pass_type), "analytic")
+        model = analytic_flops_per_step(config, batch_size, seq_len, pass_type)
+        extra = recompute_flops_per_step(config, batch_size, seq_len, pass_type)
+        return StepFlops(model + extra, "analytic", model)
     for where in ("meta", device):
         try:
             count = counted_flops_per_step(

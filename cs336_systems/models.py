@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from cs336_systems import nvtx
 from cs336_systems.loading import load_callable
@@ -26,14 +27,28 @@ DEFAULT_ROPE_THETA = 10_000.0
 DEFAULT_CONTEXT_LENGTH = 512
 CUSTOM_SIZE_NAME = "custom"
 
-# The CS336 assignment 2 sizes; a size is a name looked up here and nowhere else.
-MODEL_SIZES: dict[str, dict[str, int]] = {
+# The CS336 assignment 2 sizes, per handout edition; a size is a name looked up here and
+# nowhere else. The 2026 edition keeps small..large, makes xl the old 2.7B and adds 10B.
+_SMALL_TO_LARGE = {
     "small": dict(d_model=768, d_ff=3072, num_layers=12, num_heads=12),
     "medium": dict(d_model=1024, d_ff=4096, num_layers=24, num_heads=16),
     "large": dict(d_model=1280, d_ff=5120, num_layers=36, num_heads=20),
-    "xl": dict(d_model=1600, d_ff=6400, num_layers=48, num_heads=25),
-    "2.7B": dict(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
 }
+SIZE_TABLES: dict[str, dict[str, dict[str, int]]] = {
+    "2025": {
+        **_SMALL_TO_LARGE,
+        "xl": dict(d_model=1600, d_ff=6400, num_layers=48, num_heads=25),
+        "2.7B": dict(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
+    },
+    "2026": {
+        **_SMALL_TO_LARGE,
+        "xl": dict(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
+        "10B": dict(d_model=4608, d_ff=12288, num_layers=50, num_heads=36),
+    },
+}
+DEFAULT_SIZE_TABLE = "2025"
+MODEL_SIZES = SIZE_TABLES[DEFAULT_SIZE_TABLE]
+CHECKPOINT_WORDS = ("sqrt", "all")  # --checkpoint-blocks besides a number of blocks K (0 = off)
 
 
 class ConfigError(ValueError):
@@ -44,14 +59,35 @@ class ModelFactoryError(RuntimeError):
     """A user's --model-factory that cannot be imported, called or used."""
 
 
-def canonical_size_name(name: str) -> str:
-    """Map a size name to its key in MODEL_SIZES, ignoring case ('XL' -> 'xl')."""
-    by_lower = {key.lower(): key for key in MODEL_SIZES}
+def size_table(edition: str) -> dict[str, dict[str, int]]:
+    try:
+        return SIZE_TABLES[str(edition)]
+    except KeyError:
+        raise ConfigError(f"unknown size table {edition!r}; choose one of: {', '.join(SIZE_TABLES)}") from None
+
+
+def canonical_size_name(name: str, edition: str = DEFAULT_SIZE_TABLE) -> str:
+    """Map a size name to its key in the edition's table, ignoring case ('XL' -> 'xl')."""
+    sizes = size_table(edition)
+    by_lower = {key.lower(): key for key in sizes}
     try:
         return by_lower[name.lower()]
     except KeyError:
-        choices = ", ".join(MODEL_SIZES)
-        raise ConfigError(f"unknown model size {name!r}; choose one of: {choices}") from None
+        choices = ", ".join(sizes)
+        elsewhere = [e for e, table in SIZE_TABLES.items() if name.lower() in {key.lower() for key in table}]
+        hint = f" ({name} is in the {elsewhere[0]} table: --size-table {elsewhere[0]})" if elsewhere else ""
+        raise ConfigError(f"unknown model size {name!r}; choose one of: {choices}{hint}") from None
+
+
+def checkpoint_group_size(checkpoint_blocks: int | str | None, num_layers: int) -> int:
+    """Blocks per checkpointed group: 0 (off), K, ceil(sqrt(num_layers)) or num_layers."""
+    if checkpoint_blocks in (None, 0, "0"):
+        return 0
+    if checkpoint_blocks == "sqrt":
+        return math.isqrt(num_layers - 1) + 1  # ceil(sqrt(L))
+    if checkpoint_blocks == "all":
+        return num_layers
+    return int(checkpoint_blocks)
 
 
 @dataclass(frozen=True)
@@ -67,18 +103,25 @@ class ModelConfig:
     rope_theta: float = DEFAULT_ROPE_THETA
     attention: str = "sdpa"
     size_name: str = CUSTOM_SIZE_NAME
+    size_table: str = DEFAULT_SIZE_TABLE
+    # Activation checkpointing: None (off), K blocks per group, "sqrt" or "all" (one group).
+    checkpoint_blocks: int | str | None = None
 
     @classmethod
-    def from_size(cls, size: str, **overrides) -> ModelConfig:
-        """A named size with optional overrides; the name becomes 'custom' if the shape changes."""
-        name = canonical_size_name(size)
-        shape = dict(MODEL_SIZES[name])
+    def from_size(cls, size: str, size_table: str | None = None, **overrides) -> ModelConfig:
+        """A named size of `size_table` with optional overrides; the name becomes 'custom' if the shape changes."""
+        edition = str(size_table or DEFAULT_SIZE_TABLE)
+        name = canonical_size_name(size, edition)
+        shape = dict(SIZE_TABLES[edition][name])
         given = {key: value for key, value in overrides.items() if value is not None}
         changed = any(given.get(key, shape[key]) != shape[key] for key in shape)
         if given.get("vocab_size", DEFAULT_VOCAB_SIZE) != DEFAULT_VOCAB_SIZE:
             changed = True
         shape.update(given)
         shape["size_name"] = CUSTOM_SIZE_NAME if changed else name
+        shape["size_table"] = edition
+        if shape.get("checkpoint_blocks") in (0, "0"):
+            shape["checkpoint_blocks"] = None
         config = cls(**shape)
         config.validate()
         return config
@@ -86,6 +129,10 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
+
+    @property
+    def checkpoint_group_size(self) -> int:
+        return checkpoint_group_size(self.checkpoint_blocks, self.num_layers)
 
     def validate(self) -> None:
         for field in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length"):
@@ -99,6 +146,13 @@ class ModelConfig:
             raise ConfigError(f"RoPE needs an even head dimension, got d_model/num_heads = {self.head_dim}")
         if self.attention not in ATTENTION_KINDS:
             raise ConfigError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        size_table(self.size_table)
+        blocks = self.checkpoint_blocks
+        if blocks is not None and blocks not in CHECKPOINT_WORDS:
+            if not str(blocks).isdigit():
+                raise ConfigError(f"--checkpoint-blocks must be 0, a number of blocks, sqrt or all; got {blocks!r}")
+            if int(blocks) > self.num_layers:
+                raise ConfigError(f"--checkpoint-blocks {blocks} is more than the model's {self.num_layers} layers")
 
     def factory_kwargs(self) -> dict:
         """The keyword arguments a user's --model-factory callable receives."""
@@ -265,10 +319,24 @@ class TransformerLM(nn.Module):
                 f"sequence length {tokens.shape[-1]} exceeds the model's context length {self.config.context_length}"
             )
         x = self.token_embeddings(tokens)
-        for index, layer in enumerate(self.layers):
-            with nvtx.block(index):
-                x = layer(x)
+        group = self.config.checkpoint_group_size
+        if not group or not torch.is_grad_enabled():
+            for index, layer in enumerate(self.layers):
+                with nvtx.block(index):
+                    x = layer(x)
+        else:
+            # Only each group's input is kept; its blocks' residuals are rebuilt in backward.
+            for start in range(0, len(self.layers), group):
+                blocks = self.layers[start : start + group]
+                with nvtx.block(start):
+                    x = checkpoint(_run_blocks, blocks, x, use_reentrant=False)
         return self.lm_head(self.ln_final(x))
+
+
+def _run_blocks(blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+    for block in blocks:
+        x = block(x)
+    return x
 
 
 def load_model_factory(spec: str) -> Callable[..., nn.Module]:
@@ -282,6 +350,8 @@ def build_model(
     model_factory: str | None = None,
 ) -> nn.Module:
     """Build the model directly on `device` (initialising 3B parameters on a GPU is fast)."""
+    if model_factory is not None and config.checkpoint_group_size:
+        raise ModelFactoryError("--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model")
     with torch.device(device):
         if model_factory is None:
             return TransformerLM(config)

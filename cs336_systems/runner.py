@@ -32,7 +32,7 @@ from cs336_systems.models import (
     count_parameters,
     count_parameters_for,
 )
-from cs336_systems.optimizer import make_optimizer
+from cs336_systems.optimizer import OptimizerFactoryError, make_optimizer, optimizer_name
 from cs336_systems.precision import (
     autocast,
     cpu_has_native,
@@ -194,8 +194,12 @@ def new_record(
         vocab_size=m.vocab_size,
         rope_theta=m.rope_theta,
         model_context_length=m.context_length,
-        attention=m.attention,
+        attention=config.attention,
         model_factory=config.model_factory,
+        size_table=m.size_table,
+        checkpoint_blocks=m.checkpoint_blocks,
+        checkpoint_group_size=m.checkpoint_group_size,
+        optimizer_factory=config.optimizer_factory if config.pass_type == "train-step" else None,
         num_params=num_params,
         context_length=config.context_length,
         batch_size=config.batch_size,
@@ -244,7 +248,10 @@ def _measure(
             step, traced = _captured_step(config, runnable, device, notes, memory), None
             phases = None
         else:
-            optimizer = make_optimizer(model, device) if config.pass_type == "train-step" else None
+            optimizer = (
+                make_optimizer(model, device, config.optimizer_factory) if config.pass_type == "train-step" else None
+            )
+            record.optimizer = optimizer_name(optimizer) if optimizer is not None else None
             phases = make_phase_recorder(device, clock)
             # phases.phase innermost: memory instrumentation stays outside the phase times
             plain = make_step(config, runnable, device, optimizer, phase=combine_phases(nvtx.range, phases.phase))
@@ -364,6 +371,9 @@ def run_benchmark(
     )
     if step_flops is not None:
         record.flops_per_step, record.flops_source = step_flops.flops_per_step, step_flops.source
+        model_flops = step_flops.model_flops
+    else:
+        model_flops = None
     if config.model_factory is None:
         record.predicted_memory_bytes = estimate_memory(
             config.model, config.batch_size, config.context_length, config.pass_type, config.precision, device.type
@@ -407,7 +417,7 @@ def run_benchmark(
                     check_model_output(model, config.model, device, f"--model-factory {config.model_factory}")
             record.num_params = count_parameters(model)
             times, profile = _measure(config, model, device, clock, record, notes, memory, memory_snapshot)
-        except ModelFactoryError as exc:
+        except (ModelFactoryError, OptimizerFactoryError) as exc:
             failure = ("error", str(exc))
         except Exception as exc:  # any failure is a row; OOM is told apart from the rest
             failure = failure_status(exc)
@@ -430,7 +440,7 @@ def run_benchmark(
         record.tokens_per_s = config.tokens_per_step / (record.mean_ms / 1e3)
         peak = resolve_peak(device, env.device_name, config.precision, config.peak, config.peak_tflops)
         record.peak_tflops, record.peak_source = peak.tflops, peak.source
-        record.achieved_tflops, record.mfu = mfu(record.flops_per_step, record.mean_ms / 1e3, peak)
+        record.achieved_tflops, record.mfu = mfu(model_flops, record.mean_ms / 1e3, peak)
         _record_memory(record, memory, baseline)
     record.notes = "; ".join(notes) or None
     return record

@@ -1,6 +1,6 @@
 """What both sweep commands share: the grid, its flags, resume, Ctrl-C, children, progress.
 
-Grid order (the order of rows in the output file): model size, attention, precision,
+Grid order (the order of rows in the output file): model size, attention, checkpointing, precision,
 compile, context length, batch size, pass type. A model depends only on (size, shape,
 attention), so `benchmark_direct` builds each one once and reuses it for every
 precision, context, batch and pass type after it in the grid.
@@ -27,7 +27,9 @@ from cs336_systems.cli import (
     ATTENTION_KINDS,
     PASS_TYPE_CHOICES,
     PRECISIONS,
+    add_checkpoint_argument,
     add_execution_arguments,
+    add_optimizer_argument,
     add_shape_arguments,
     benchmark_config_from_args,
     model_config_from_args,
@@ -36,6 +38,7 @@ from cs336_systems.config import COMPILE_CHOICES, COMPILE_SCOPES, BenchmarkConfi
 from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory
 from cs336_systems.monitor import add_monitor_arguments, check_monitor_arguments, monitored
+from cs336_systems.optimizer import load_optimizer_factory
 from cs336_systems.results import (
     BenchmarkRecord,
     ResultFileError,
@@ -59,9 +62,11 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_argument("--context-lengths", "--context-length", nargs="+", type=positive_int, default=[512], metavar="T")
     grid.add_argument("--batch-sizes", "--batch-size", nargs="+", type=positive_int, default=[4], metavar="B")
     grid.add_argument("--pass-types", "--pass-type", nargs="+", choices=PASS_TYPE_CHOICES, default=["forward-backward"])
+    add_checkpoint_argument(grid, plural=True)
     parser.add_argument("--resume", action="store_true", help="skip configurations already in the output file")
     parser.add_argument("--wait-lock", action="store_true",
                         help="if another run is writing an output, wait for it instead of exiting")  # fmt: skip
+    add_optimizer_argument(parser)
     add_shape_arguments(parser)
     add_execution_arguments(parser)
 
@@ -70,12 +75,14 @@ def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[Bench
     """Every configuration of the grid, in grid order. Raises ConfigError on a bad shape."""
     longest = max(args.context_lengths)
     configs = []
-    for size, attention, precision, compiled, context, batch, pass_type in itertools.product(
-        args.model_sizes, args.attentions, args.precisions, COMPILE_CHOICES[args.compile],
+    for size, attention, checkpoint, precision, compiled, context, batch, pass_type in itertools.product(
+        args.model_sizes, args.attentions, args.checkpoint_blocks, args.precisions, COMPILE_CHOICES[args.compile],
         args.context_lengths, args.batch_sizes, args.pass_types,
     ):  # fmt: skip
-        model = model_config_from_args(args, size, longest, attention)
+        model = model_config_from_args(args, size, longest, attention, checkpoint)
         model.check_context(longest, f"--context-lengths up to {longest}")
+        if model.checkpoint_group_size and args.model_factory:
+            raise ConfigError("--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model")
         configs.append(
             benchmark_config_from_args(
                 args,
@@ -266,6 +273,8 @@ def sweep_main(
             raise DeviceError(cuda_graphs.unsupported_reason(device, "fp32", None))
         if args.model_factory:
             load_model_factory(args.model_factory)
+        if args.optimizer:
+            load_optimizer_factory(args.optimizer)
         configs = grid_from_args(args, device)
         outputs = check_output_paths(args.output)
         check_monitor_arguments(args)

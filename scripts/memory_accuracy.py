@@ -7,7 +7,8 @@ CPU: each configuration runs in a fresh process twice: with glibc returning free
 (MALLOC_MMAP_THRESHOLD_ pinned, so RSS tracks live tensors: the accuracy figure) and with
 glibc's defaults (the RSS a training script would really see; the difference is memory
 glibc keeps resident after tensors are freed). GPU: the caching allocator's max allocated.
-Targets (issue 5): within 15% on CPU above 1 GB, within 10% on GPU.
+Targets (issue 5): within 15% on CPU above 1 GB, within 10% on GPU; with activation
+checkpointing (issue 16) within 10% on CPU for K = 1, 2, sqrt, all.
 """
 
 from __future__ import annotations
@@ -39,7 +40,12 @@ CPU_CONFIGS = [
     ("small", dict(size="small"), 4, 256, "train-step", "bf16"),
     ("d1024 L4", dict(d_model=1024, d_ff=2816, num_layers=4, num_heads=16), 8, 512, "forward-backward", "fp32"),
     ("d1024 L4", dict(d_model=1024, d_ff=2816, num_layers=4, num_heads=16), 8, 512, "train-step", "fp32"),
-]
+    # activation checkpointing (--checkpoint-blocks): off, K = 1, 2, sqrt (= 3 of 9 layers), all
+    *[(f"d512 L9 ckpt {k}", dict(d_model=512, d_ff=1344, num_layers=9, num_heads=8, checkpoint_blocks=k), 8, 512,
+       "forward-backward", "fp32") for k in (None, 1, 2, "sqrt", "all")],
+    ("d512 L9 ckpt sqrt", dict(d_model=512, d_ff=1344, num_layers=9, num_heads=8, checkpoint_blocks="sqrt"), 8, 512,
+     "train-step", "bf16"),
+]  # fmt: skip
 
 
 def model_for(shape: dict, context: int) -> ModelConfig:
@@ -105,6 +111,7 @@ def _row(label: str, row: dict, default_rss: int | None = None) -> dict:
         pass_type=row["pass_type"],
         precision=row["precision"],
         attention=row["attention"],
+        checkpoint_blocks=row.get("checkpoint_blocks"),
         status=row["status"],
         predicted_gib=predicted / GIB,
         measured_gib=measured / GIB if ok else None,

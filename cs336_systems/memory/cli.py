@@ -15,6 +15,7 @@ from cs336_systems.cli import (
     ATTENTION_KINDS,
     PASS_TYPE_CHOICES,
     PRECISIONS,
+    add_checkpoint_argument,
     add_shape_arguments,
     model_config_from_args,
 )
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-step", action="store_true", help="the first train-step (no optimizer state yet)")
     parser.add_argument("--find-max", choices=("batch-size", "context-length"))
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    add_checkpoint_argument(parser)
     add_shape_arguments(parser)
     args = parser.parse_args(argv)
     try:
@@ -102,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     args.attention, chosen = other, args.attention
     alternative = estimate_for(args.batch_size, args.context_length)
     args.attention = chosen
+    checkpointing = f" checkpoint-blocks {args.checkpoint_blocks}" if args.checkpoint_blocks else ""
     title = (
-        f"{args.model_size} context {args.context_length} batch {args.batch_size} {args.pass_type} "
+        f"{args.size_table} {args.model_size}{checkpointing} context {args.context_length} batch {args.batch_size} {args.pass_type} "
         f"{args.precision} {args.attention} on {args.device_type}"
     )
     if args.json:

@@ -4,7 +4,9 @@ The estimate follows the built-in model op by op: what autograd saves for backwa
 each block component (read off with saved-tensor hooks and pinned by tests), the
 autocast weight copies, the logits and loss, then a timeline of one step (forward
 saves, backward frees activations as gradients appear, the optimizer step) whose
-maximum is the predicted peak of the allocator. N = batch * context tokens.
+maximum is the predicted peak of the allocator. N = batch * context tokens. With
+activation checkpointing the forward keeps only each group's input, and backward
+rebuilds one group's residuals at a time (models.TransformerLM.forward).
 """
 
 from __future__ import annotations
@@ -102,6 +104,20 @@ def _block(m: ModelConfig, batch: int, seq: int, precision: str, device_type: st
     )
 
 
+def block_saved_bytes(m: ModelConfig, batch: int, seq: int, precision: str, device_type: str) -> dict[str, int]:
+    """What one block saves for backward, per component (python -m cs336_systems.residuals shows the tensors)."""
+    layer = _block(m, batch, seq, precision, device_type)
+    return {**layer.saved, **({"autocast weight copies": layer.weight_copies} if layer.weight_copies else {})}
+
+
+def _checkpoint_groups(m: ModelConfig) -> list[int]:
+    """Blocks per checkpointed group, first to last ([] when off): K, K, ..., the rest."""
+    size = m.checkpoint_group_size
+    if not size:
+        return []
+    return [min(size, m.num_layers - start) for start in range(0, m.num_layers, size)]
+
+
 def estimate_memory(
     m: ModelConfig,
     batch_size: int,
@@ -137,26 +153,50 @@ def estimate_memory(
     final_saved = 2 * N * d * FP32 + N * FP32 + N * d * act  # final norm, lm_head input
     logits = N * V * act  # held by the step until backward ends
     log_probs = N * V * FP32  # saved by cross-entropy's log-softmax, fp32 under autocast too
+    saved = sum(layer.saved.values())
+    groups = _checkpoint_groups(m)
     mem = base
-    for _ in range(m.num_layers):
-        timeline.append(("forward", mem + sum(layer.saved.values()) + layer.weight_copies + layer.forward_transient))
-        mem += sum(layer.saved.values()) + layer.weight_copies
+    if groups:
+        # Checkpointed: each group keeps only its input (fp32 residual stream); autocast's
+        # weight-cast cache still holds every block's copies until autocast exits.
+        for size in groups:
+            timeline.append(("forward", mem + size * layer.weight_copies + layer.forward_transient))
+            mem += N * d * FP32 + size * layer.weight_copies
+        cache = layer.weight_copies * m.num_layers
+    else:
+        for _ in range(m.num_layers):
+            timeline.append(("forward", mem + saved + layer.weight_copies + layer.forward_transient))
+            mem += saved + layer.weight_copies
+        cache = 0
     mem += final_saved + head_copy + logits + log_probs
     timeline.append(("end of forward", mem + (N * V * FP32 if autocast else 0)))
+    mem -= cache  # checkpointed: the weight casts were cached, not saved; freed as autocast exits
     # loss backward: gradients of the log-probabilities and of the logits, the head's gradient
     loss_grads = 2 * N * V * FP32 + (N * V * HALF if autocast else 0)
     timeline.append(("backward (loss and LM head)", mem + loss_grads + d * V * (FP32 + act)))
     mem += d * V * FP32 - final_saved - head_copy - log_probs
-    for _ in range(m.num_layers):
-        timeline.append(("backward (blocks)", mem + layer.backward_transient + layer.gradients))
-        mem += layer.gradients - sum(layer.saved.values()) - layer.weight_copies
+    for size in reversed(groups or [1] * m.num_layers):
+        if groups:
+            # the group's forward runs again, saving its blocks' residuals (and weight casts)
+            timeline.append(("backward (recompute)", mem + size * (saved + layer.weight_copies) + layer.forward_transient))
+            mem += size * (saved + layer.weight_copies)
+        for _ in range(size):
+            timeline.append(("backward (blocks)", mem + layer.backward_transient + layer.gradients))
+            mem += layer.gradients - saved - layer.weight_copies
+        if groups:
+            mem -= N * d * FP32  # the group's input, kept by the checkpoint, goes with its graph
     embedding_grad = V * d * FP32
     timeline.append(("backward (embedding)", mem + embedding_grad + N * d * FP32))
     mem += embedding_grad + d * FP32 - logits
     if pass_type == "train-step":
         timeline.append(("optimizer step", weights + gradients + optimizer))
 
-    activations = {name: value * m.num_layers for name, value in layer.saved.items()}
+    if groups:
+        # kept through forward: the group inputs; one group's residuals are rebuilt at a time
+        activations = {"checkpointed group inputs": len(groups) * N * d * FP32}
+        activations.update({f"{name} (one group, rebuilt)": value * max(groups) for name, value in layer.saved.items()})
+    else:
+        activations = {name: value * m.num_layers for name, value in layer.saved.items()}
     activations["final norm and LM-head input"] = final_saved
     weight_copies = layer.weight_copies * m.num_layers + head_copy
     return _estimate(

@@ -178,9 +178,14 @@ class BenchmarkRecord(Timing, Record):
     warmup_steps: int = identity_field()
     measure_steps: int = identity_field()
     seed: int = identity_field()
+    checkpoint_blocks: int | str | None = identity_field()  # None: off; K, sqrt or all
+    optimizer_factory: str | None = identity_field()  # train-step: the user's --optimizer
     # outcome
     num_params: int | None
     model_context_length: int  # longest sequence the model was built for (sweeps: the longest context)
+    size_table: str | None = None  # the handout edition whose table named model_size (2025, 2026)
+    checkpoint_group_size: int = 0  # blocks per checkpointed group (0: off)
+    optimizer: str | None = None  # train-step: the optimizer class that really ran
     tokens_per_s: float | None = None
     compile_s: float | None = None
     # per phase, from the measured steps (timing.py): mean and median ms; forward rows have

@@ -1,0 +1,278 @@
+"""python -m cs336_systems.residuals: the tensors autograd saves for backward ("residuals").
+
+For one Transformer block (and totals for the whole model) it lists every tensor a
+saved-tensor hook sees: shape, dtype, bytes, the op that saved it (its backward node,
+found by walking the graph and unpacking each node's saved tensors) and the estimator
+component it belongs to. Parameters are left out (they exist anyway); a storage saved by
+several ops counts once. Totals per block come for the eager and the torch.compile'd
+block, with and without activation checkpointing, next to the numbers the memory
+estimator uses (cs336_systems.memory.estimate), so the two can be compared line by line.
+
+Example:
+    python -m cs336_systems.residuals --model-size small --context-length 512 --batch-size 4 --precision bf16
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tabulate import tabulate
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from cs336_systems.argtypes import ArgumentParser, add_device_argument, fail, positive_int
+from cs336_systems.cli import ATTENTION_KINDS, PRECISIONS, add_shape_arguments, model_config_from_args
+from cs336_systems.device import DeviceError, compile_unsupported_reason, resolve_device
+from cs336_systems.memory.estimate import FP32, block_saved_bytes
+from cs336_systems.models import ConfigError, ModelConfig, TransformerBlock, TransformerLM
+from cs336_systems.precision import autocast, unsupported_reason
+
+PROG = "python -m cs336_systems.residuals"
+MIB = 2**20
+
+# Where a tensor saved inside a block's submodule goes in the estimator's breakdown.
+COMPILED = "compiled graph (not split by component)"
+PROJECTION_INPUTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "ffn.w1", "ffn.w3")
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    module: str  # the submodule that was running when it was saved ("" = the model's top level)
+    op: str  # the backward node that saved it, e.g. MmBackward0
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int  # of its storage
+    kind: str  # activation, parameter, weight copy (autocast's cast of a parameter), checkpoint input
+    component: str
+    counted: bool  # False when an earlier tensor shares its storage (or it is a parameter)
+
+
+def component_of(module: str, attention: str, requires_grad: bool) -> str:
+    """The estimator's component for a tensor saved in block submodule `module`."""
+    name = module.split(".", 2)[-1] if module.startswith("layers.") else module
+    if name in ("ln1", "ln2"):
+        return "rmsnorm"
+    if name in PROJECTION_INPUTS:
+        return "projection inputs"
+    if name == "attn.rope" and not requires_grad:
+        return "rope cos/sin copies"
+    if name.startswith("attn"):
+        return f"attention ({attention})"
+    if name.startswith("ffn"):
+        return "swiglu"
+    return "final norm, LM head and loss"
+
+
+@contextlib.contextmanager
+def module_tracker(root: nn.Module) -> Iterator[list[str]]:
+    """A stack of the qualified names of the submodules running now."""
+    stack: list[str] = []
+    handles = []
+    for name, module in root.named_modules():
+        if name:
+            handles.append(module.register_forward_pre_hook(lambda _m, _a, name=name: stack.append(name)))
+            handles.append(module.register_forward_hook(lambda _m, _a, _o: [stack.pop(), None][1]))
+    try:
+        yield stack
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def record_saved(
+    root: nn.Module, run: Callable[[], torch.Tensor], attention: str, checkpointed: bool = False, compiled: bool = False
+) -> list[SavedTensor]:
+    """Run `run` (forward, returning what backward would start from) under saved-tensor hooks.
+
+    Under non-reentrant checkpointing the hooks see only what the checkpoint keeps (its
+    inputs); unpacking anything inside would run the forward again, so the graph is not walked.
+    A compiled graph saves its tensors as one node, so they are not split by component.
+    """
+    parameters = {p.untyped_storage().data_ptr() for p in root.parameters()}
+    buffers = {b.untyped_storage().data_ptr() for b in root.buffers()}
+    tensors: list[torch.Tensor] = []
+    modules: list[str] = []
+    ops: dict[int, str] = {}
+    current: list[str] = [""]
+
+    def pack(tensor: torch.Tensor) -> int:
+        tensors.append(tensor)
+        modules.append(stack[-1] if stack else "")
+        return len(tensors) - 1
+
+    def unpack(index: int) -> torch.Tensor:
+        ops.setdefault(index, current[0])
+        return tensors[index]
+
+    with module_tracker(root) as stack, torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        out = run()
+        if not checkpointed:
+            _walk(out.grad_fn, current)
+
+    rows, seen = [], set()
+    for index, tensor in enumerate(tensors):
+        storage = tensor.untyped_storage()
+        pointer = storage.data_ptr()
+        if pointer in parameters:
+            kind = "parameter"
+        elif pointer in buffers:
+            kind = "buffer"
+        elif checkpointed:
+            kind = "checkpoint input"
+        elif _is_weight_cast(tensor):
+            kind = "weight copy"
+        else:
+            kind = "activation"
+        counted = kind in ("activation", "weight copy", "checkpoint input") and pointer not in seen
+        seen.add(pointer)
+        component = {"weight copy": "autocast weight copies", "checkpoint input": "checkpointed group inputs"}.get(
+            kind, COMPILED if compiled else component_of(modules[index], attention, tensor.requires_grad)
+        )
+        rows.append(SavedTensor(
+            module=modules[index], op="checkpoint (inputs kept)" if checkpointed else ops.get(index, "?"), shape=tuple(tensor.shape), dtype=str(tensor.dtype).removeprefix("torch."),
+            bytes=storage.nbytes(), kind=kind, counted=counted, component=component,
+        ))  # fmt: skip
+    return rows
+
+
+def _walk(node, current: list[str]) -> None:
+    """Unpack every saved tensor of every node reachable from `node`, naming the op that saved it."""
+    todo, visited = [node], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in visited:
+            continue
+        visited.add(node)
+        current[0] = node.name()
+        for attribute in dir(node):
+            if attribute.startswith("_saved_") or attribute == "saved_tensors":
+                with contextlib.suppress(Exception):  # some attributes are sizes, or already freed
+                    getattr(node, attribute)
+        todo.extend(next_node for next_node, _ in node.next_functions)
+
+
+def _is_weight_cast(tensor: torch.Tensor) -> bool:
+    """Autocast's cast of a parameter (or a view of one, as mm saves W.t()): a ToCopy of a leaf."""
+    fn = (tensor._base if tensor._base is not None else tensor).grad_fn
+    return fn is not None and fn.name() == "ToCopyBackward0" and fn.next_functions[0][0].name() == "torch::autograd::AccumulateGrad"
+
+
+def block_residuals(
+    config: ModelConfig, batch: int, seq: int, precision: str, device: torch.device, compiled: bool = False,
+    checkpointed: bool = False,
+) -> list[SavedTensor]:  # fmt: skip
+    """The saved tensors of one block's forward (input: a fresh fp32 residual stream)."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        block = TransformerBlock(config)
+        x = torch.randn(batch, seq, config.d_model, requires_grad=True)
+    forward = torch.compile(block) if compiled else block
+
+    def run() -> torch.Tensor:
+        with autocast(precision, device):
+            if checkpointed:
+                return checkpoint(forward, x, use_reentrant=False)
+            return forward(x)
+
+    if compiled:
+        torch._dynamo.reset()
+    return record_saved(block, run, config.attention, checkpointed, compiled)
+
+
+def model_residuals(config: ModelConfig, batch: int, seq: int, precision: str, device: torch.device) -> list[SavedTensor]:
+    """The saved tensors of the whole model's forward and loss (the step's residuals)."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = TransformerLM(config)
+        tokens = torch.randint(0, config.vocab_size, (batch, seq))
+
+    def run() -> torch.Tensor:
+        with autocast(precision, device):
+            logits = model(tokens)
+            return F.cross_entropy(logits.reshape(-1, config.vocab_size), tokens.reshape(-1))
+
+    return record_saved(model, run, config.attention)
+
+
+def totals(rows: list[SavedTensor]) -> dict[str, int]:
+    """Bytes per component, each storage once, parameters left out."""
+    out: dict[str, int] = {}
+    for row in rows:
+        if row.counted:
+            out[row.component] = out.get(row.component, 0) + row.bytes
+    return out
+
+
+def block_table(rows: list[SavedTensor]) -> str:
+    body = [
+        [r.module or "(input)", r.op, "x".join(map(str, r.shape)), r.dtype, r.bytes, r.kind, r.component,
+         "yes" if r.counted else (f"no ({r.kind})" if r.kind in ("parameter", "buffer") else "no (shared storage)")]
+        for r in rows
+    ]  # fmt: skip
+    headers = ["module", "saved by", "shape", "dtype", "bytes", "kind", "component", "counted"]
+    return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    parser.add_argument("--model-size", default="small")
+    parser.add_argument("--context-length", type=positive_int, default=512)
+    parser.add_argument("--batch-size", type=positive_int, default=4)
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd block")
+    parser.add_argument("--no-model", action="store_true", help="skip the whole model's totals")
+    add_device_argument(parser, default="cpu")
+    add_shape_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        device = resolve_device(args.device)
+        config = model_config_from_args(args, args.model_size, args.context_length, args.attention)
+        if args.model_factory:
+            raise ConfigError("residuals reads the built-in model's blocks; drop --model-factory")
+        reason = unsupported_reason(args.precision, device)
+        if reason:
+            raise DeviceError(reason)
+    except (ConfigError, DeviceError) as exc:
+        return fail(PROG, str(exc))
+
+    batch, seq = args.batch_size, args.context_length
+    rows = block_residuals(config, batch, seq, args.precision, device)
+    estimate = block_saved_bytes(config, batch, seq, args.precision, device.type)
+    print(f"# Residuals of one block: {config.size_table} {config.size_name} d_model {config.d_model}, "
+          f"batch {batch}, context {seq}, {args.precision}, {args.attention}, {device}\n")  # fmt: skip
+    print(block_table(rows), "\n")
+
+    variants = [("eager", False, False), ("eager, checkpointed", False, True)]
+    compile_reason = compile_unsupported_reason(device)
+    if not args.no_compile and compile_reason is None:
+        variants += [("compiled", True, False), ("compiled, checkpointed", True, True)]
+    measured = {name: totals(block_residuals(config, batch, seq, args.precision, device, c, k))
+                for name, c, k in variants}  # fmt: skip
+    measured["eager"] = totals(rows)
+    measured["estimator"] = estimate
+    measured["estimator, checkpointed"] = {"checkpointed group inputs": batch * seq * config.d_model * FP32}
+    components = list(dict.fromkeys(c for t in measured.values() for c in t))
+    body = [[c, *(f"{t.get(c, 0) / MIB:.3f}" for t in measured.values())] for c in components]
+    body.append(["total", *(f"{sum(t.values()) / MIB:.3f}" for t in measured.values())])
+    print("## Per block, MiB (each storage once; parameters left out)\n")
+    print(tabulate(body, headers=["component", *measured, "estimator"], tablefmt="github", disable_numparse=True))
+    print(f"\nestimator: cs336_systems.memory.estimate.block_saved_bytes; a checkpointed block keeps only its "
+          f"input ({batch * seq * config.d_model * FP32 / MIB:.3f} MiB) and rebuilds the rest in backward.")  # fmt: skip
+    if not args.no_compile and compile_reason is not None:
+        print(f"(compiled block skipped: {compile_reason})")
+    if not args.no_model:
+        whole = totals(model_residuals(config, batch, seq, args.precision, device))
+        print(f"\n## Whole model ({config.num_layers} blocks, forward + loss), MiB\n")
+        print(tabulate([[c, f"{v / MIB:.3f}"] for c, v in whole.items()] + [["total", f"{sum(whole.values()) / MIB:.3f}"]],
+                       headers=["component", "saved"], tablefmt="github", disable_numparse=True))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
