@@ -4,7 +4,7 @@
     python scripts/checkpoint_tables.py
     # GPU, the handout's sizes (xl of the 2026 table = d_model 2560, 32 layers):
     python scripts/checkpoint_tables.py --device cuda --size-table 2026 --model-size xl \
-        --contexts 128 256 512 --checkpoint-blocks 0 1 2 4 sqrt all --checkpoint-context 512
+        --context-lengths 128 256 512 --checkpoint-blocks 0 1 2 4 sqrt all --checkpoint-context 512
 
 Table 1 (memory_profiling): peak memory of a forward pass and of a full training step
 per context length, fp32 and bf16. Table 2 (gradient_checkpointing): peak of a training
@@ -16,13 +16,13 @@ caching allocator's max allocated.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import pandas as pd
 from tabulate import tabulate
 
+from cs336_systems.argtypes import ArgumentParser, positive_int
 from cs336_systems.cli import checkpoint_blocks
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.device import resolve_device
@@ -52,30 +52,30 @@ def measure(model: ModelConfig, context: int, batch: int, pass_type: str, precis
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--size-table", default="2026")
     parser.add_argument("--model-size", help="a named size (default on CPU: a small custom shape)")
-    parser.add_argument("--contexts", nargs="+", type=int, default=[64, 128, 256])
-    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--context-lengths", "--contexts", nargs="+", type=positive_int, default=[64, 128, 256])
+    parser.add_argument("--batch-size", type=positive_int, default=4)
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     parser.add_argument("--checkpoint-blocks", nargs="+", type=checkpoint_blocks, default=[None, 1, 2, "sqrt", "all"])
-    parser.add_argument("--checkpoint-context", type=int, help="context of table 2 (default: the longest)")
+    parser.add_argument("--checkpoint-context", type=positive_int, help="context of table 2 (default: the longest)")
     parser.add_argument("--output-dir", type=Path, default=RESULTS)
     args = parser.parse_args()
     device = resolve_device(args.device)
     if device.type == "cpu":
         pin_mmap_threshold()
     if args.model_size:
-        model = ModelConfig.from_size(args.model_size, args.size_table, context_length=max(args.contexts))
+        model = ModelConfig.from_size(args.model_size, args.size_table, context_length=max(args.context_lengths))
         label = f"{args.size_table} {model.size_name}"
     else:
-        model = ModelConfig(**CPU_SHAPE, context_length=max(args.contexts))
+        model = ModelConfig(**CPU_SHAPE, context_length=max(args.context_lengths))
         label = "custom " + " ".join(f"{k}={v}" for k, v in CPU_SHAPE.items())
 
     profiling = [measure(model, t, args.batch_size, p, precision, device)
-                 for precision in args.precisions for t in args.contexts for p in ("forward", "train-step")]  # fmt: skip
-    context = args.checkpoint_context or max(args.contexts)
+                 for precision in args.precisions for t in args.context_lengths for p in ("forward", "train-step")]  # fmt: skip
+    context = args.checkpoint_context or max(args.context_lengths)
     checkpointing = [measure(model.replace(checkpoint_blocks=k), context, args.batch_size, "train-step", "fp32", device)
                      for k in args.checkpoint_blocks]  # fmt: skip
 
