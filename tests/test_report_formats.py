@@ -199,3 +199,13 @@ def test_tex_compiles_with_pdflatex(files, tmp_path):
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:]
     assert (tmp_path / "report.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_model_label_names_the_size_table_where_a_size_changed_shape():
+    from cs336_systems.report import model_label
+
+    assert model_label({"model_size": "xl", "size_table": "2025"}) == "xl"
+    assert model_label({"model_size": "xl", "size_table": "2026"}) == "xl (2026)"
+    assert model_label({"model_size": "small", "size_table": "2026"}) == "small"  # same shape in both
+    assert model_label({"model_size": "10B", "size_table": "2026"}) == "10B"
+    assert model_label({"model_size": "xl"}) == "xl"  # files written before size_table existed

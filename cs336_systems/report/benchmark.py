@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from cs336_systems.anomalies import flag_anomalies
-from cs336_systems.models import MODEL_SIZES
+from cs336_systems.models import MODEL_SIZES, SIZE_TABLES
 from cs336_systems.results import LABEL_COLUMNS, row_label, row_warnings
 from cs336_systems.stats import HIGH_CV_PCT, is_noisy
 
@@ -40,8 +40,11 @@ NOISY_FOOTNOTE = f"{NOISY_MARK} CV above {HIGH_CV_PCT:g}%: noisy, treat the mean
 def model_label(row: dict) -> str:
     """The row label of a table: the size name, or the shape (and factory) of a custom model,
     so that two different custom models never share a row."""
-    if row.get("model_size") != "custom":
-        return str(row.get("model_size"))
+    name, table = str(row.get("model_size")), str(row.get("size_table"))
+    if name != "custom":
+        # A size that means another shape in the other handout edition (xl) says which table.
+        other = SIZE_TABLES.get(table, {}).get(name)
+        return f"{name} ({table})" if MODEL_SIZES.get(name) not in (None, other) else name
     shape = f"d{row.get('d_model')} L{row.get('num_layers')} ff{row.get('d_ff')} V{row.get('vocab_size')}"
     factory = row.get("model_factory")
     return f"{factory} {shape}" if isinstance(factory, str) and factory else f"custom {shape}"
@@ -59,7 +62,9 @@ def prepare(frame: pd.DataFrame) -> pd.DataFrame:
 
 def size_order(frame: pd.DataFrame) -> list[str]:
     """Named sizes in the table's order, then other models by parameter count."""
-    known = [name for name in MODEL_SIZES if name in set(frame["model"])]
+    names = [name for sizes in SIZE_TABLES.values() for name in sizes]
+    names += [f"{name} ({table})" for table, sizes in SIZE_TABLES.items() for name in sizes]
+    known = [name for name in dict.fromkeys(names) if name in set(frame["model"])]
     others = frame[~frame["model"].isin(known)].sort_values("num_params", na_position="last")["model"]
     return known + list(dict.fromkeys(others))
 
