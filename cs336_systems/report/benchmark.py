@@ -44,7 +44,7 @@ def model_label(row: dict) -> str:
     if name != "custom":
         # A size that means another shape in the other handout edition (xl) says which table.
         other = SIZE_TABLES.get(table, {}).get(name)
-        return f"{name} ({table})" if MODEL_SIZES.get(name) not in (None, other) else name
+        return f"{name} ({table})" if other is not None and MODEL_SIZES.get(name) not in (None, other) else name
     shape = f"d{row.get('d_model')} L{row.get('num_layers')} ff{row.get('d_ff')} V{row.get('vocab_size')}"
     factory = row.get("model_factory")
     return f"{factory} {shape}" if isinstance(factory, str) and factory else f"custom {shape}"
