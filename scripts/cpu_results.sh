@@ -89,7 +89,7 @@ run_stage() {
       ;;
     report)
       stage report $py -m cs336_systems.report $r/cpu_sweep.csv $r/cpu_sweep_4gib.csv $r/gpu_sweep_h100.csv \
-        $r/warmup_study_cpu.csv $r/attention_cpu.csv $r/allreduce_gloo_cpu.csv $r/ddp_gloo_cpu.csv \
+        $r/warmup_study_cpu.csv $r/attention_cpu.csv $r/flash_cpu.csv $r/allreduce_gloo_cpu.csv $r/ddp_gloo_cpu.csv $r/ddp_strategies_cpu.csv \
         $r/input_pipeline_enough_workers_cpu.csv $r/input_pipeline_cold_cache_cpu.csv \
         $r/input_pipeline_volumetric_cpu.csv $r/input_pipeline_captioning_cpu.csv \
         --output writeup/report.md --output writeup/report.tex --output writeup/report.typ --output writeup/report.pdf
