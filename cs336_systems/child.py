@@ -23,7 +23,6 @@ import torch
 from cs336_systems.argtypes import (
     add_memory_limit_argument,
     describe_memory_limit,
-    positive_float,
     resolve_memory_limit,
 )
 from cs336_systems.cli import config_to_args
@@ -58,7 +57,7 @@ class ChildLimits:
 
 def add_child_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("child processes")
-    group.add_argument("--timeout", type=positive_float, metavar="SECONDS", help="per configuration; status 'timeout'")
+    group.add_argument("--timeout", type=float, metavar="SECONDS", help="per configuration; status 'timeout'")
     add_memory_limit_argument(
         group,
         help="CPU only: each child may allocate this much beyond torch's own libraries (e.g. 8GiB), "

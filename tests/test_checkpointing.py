@@ -156,7 +156,7 @@ def test_checkpointing_lowers_the_measured_peak_as_predicted():
         assert rows[blocks]["status"] == "ok", rows[blocks]["error"]
         assert rows[blocks]["predicted_memory_bytes"] == pytest.approx(rows[blocks]["peak_memory_bytes"], rel=0.10)
     assert rows[1]["peak_memory_bytes"] < 0.6 * rows[None]["peak_memory_bytes"]
-    assert rows[1]["checkpoint_blocks"] == "1" and rows[1]["checkpoint_group_size"] == 1
+    assert rows[1]["checkpoint_blocks"] == 1 and rows[1]["checkpoint_group_size"] == 1
 
 
 # -- residuals -------------------------------------------------------------------------
