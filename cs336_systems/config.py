@@ -9,13 +9,11 @@ back from CSV / JSONL, so one spelling per value whatever the file format.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import pandas as pd
-
 from cs336_systems.models import ModelConfig
+from cs336_systems.results.records import identity_value
 
 PASS_TYPES = ("forward", "forward-backward", "train-step")
 COMPILE_SCOPES = ("model", "blocks")  # "model": torch.compile(model); "blocks": each block (regional)
@@ -86,16 +84,9 @@ class BenchmarkConfig:
 
 
 def _normal(value: object) -> str:
-    """One spelling per value whether it came from a record, a CSV or a JSONL file."""
-    # "n/a" (a --model-factory row's attention) is one of pandas' default NA strings: read back as NaN
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA or value == "n/a":
-        return ""
-    if isinstance(value, bool) or str(value) in ("True", "False", "true", "false"):
-        return str(value).lower()
-    try:
-        return repr(float(value))
-    except (TypeError, ValueError):
-        return str(value)
+    """identity_value, plus: "n/a" (a --model-factory row's attention) is one of pandas' default NA
+    strings, read back as NaN, so it spells as the empty value."""
+    return "" if isinstance(value, str) and value == "n/a" else identity_value(value)
 
 
 def row_key(row: Mapping[str, object]) -> tuple[str, ...]:

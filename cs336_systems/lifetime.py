@@ -100,17 +100,10 @@ def check_interrupted() -> None:
 def signals_interrupt() -> Iterator[None]:
     """Inside, Ctrl-C raises KeyboardInterrupt and SIGTERM raises Terminated, and both are remembered
     (interrupt_received). Main thread only; elsewhere this does nothing."""
-    try:
-        previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-    except ValueError:  # not the main thread
+    with _handlers(dict.fromkeys((signal.SIGINT, signal.SIGTERM), _raise_interrupt)) as installed:
+        if installed:
+            _received.clear()
         yield
-        return
-    _received.clear()
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
@@ -119,16 +112,9 @@ def deferring_interrupts() -> Iterator[None]:
     code (DataLoader workers): an interrupt raised in an at-fork hook is swallowed, with a traceback."""
     got: list[int] = []
     try:
-        previous = {sig: signal.signal(sig, lambda signum, frame: got.append(signum))
-                    for sig in (signal.SIGINT, signal.SIGTERM)}  # fmt: skip
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
+        with _handlers(dict.fromkeys((signal.SIGINT, signal.SIGTERM), lambda signum, frame: got.append(signum))):
+            yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         if got:
             signal.raise_signal(got[-1])
 
@@ -137,15 +123,24 @@ def deferring_interrupts() -> Iterator[None]:
 def ignoring_interrupts() -> Iterator[None]:
     """Processes started inside inherit SIGINT ignored: a terminal's Ctrl-C reaches only this
     process, which ends them itself (no traceback from every child)."""
-    try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread
+    with _handlers({signal.SIGINT: signal.SIG_IGN}):
         yield
+
+
+@contextlib.contextmanager
+def _handlers(handlers: dict) -> Iterator[bool]:
+    """These signal handlers inside, the previous ones again on leaving; yields whether they were
+    installed (only the main thread can: elsewhere this does nothing)."""
+    try:
+        previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+    except ValueError:  # not the main thread
+        yield False
         return
     try:
-        yield
+        yield True
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _pid_running(pid: int) -> bool:

@@ -20,20 +20,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from cs336_systems import cuda_graphs
+from cs336_systems import cli, cuda_graphs
 from cs336_systems.argtypes import EXIT_FAILED, EXIT_INTERRUPTED, ArgumentParser, exit_status, fail, positive_int
 from cs336_systems.child import add_child_arguments, child_limits_from_args
-from cs336_systems.cli import (
-    ATTENTION_KINDS,
-    PASS_TYPE_CHOICES,
-    PRECISIONS,
-    add_checkpoint_argument,
-    add_execution_arguments,
-    add_optimizer_argument,
-    add_shape_arguments,
-    benchmark_config_from_args,
-    model_config_from_args,
-)
 from cs336_systems.config import COMPILE_CHOICES, COMPILE_SCOPES, BenchmarkConfig, row_key
 from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory
@@ -55,20 +44,20 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     grid = parser.add_argument_group("grid (every combination runs, in this order)")
     # plural list flags; the singular spelling (as `benchmark` takes it) is an alias
     grid.add_argument("--model-sizes", "--model-size", nargs="+", default=["small"], metavar="SIZE")
-    grid.add_argument("--attentions", "--attention", nargs="+", choices=ATTENTION_KINDS, default=["sdpa"])
-    grid.add_argument("--precisions", "--precision", nargs="+", choices=PRECISIONS, default=["fp32"])
+    grid.add_argument("--attentions", "--attention", nargs="+", choices=cli.ATTENTION_KINDS, default=["sdpa"])
+    grid.add_argument("--precisions", "--precision", nargs="+", choices=cli.PRECISIONS, default=["fp32"])
     grid.add_argument("--compile", choices=tuple(COMPILE_CHOICES), default="off", help="off, on, or both")
     grid.add_argument("--compile-scope", choices=COMPILE_SCOPES, default="model")
     grid.add_argument("--context-lengths", "--context-length", nargs="+", type=positive_int, default=[512], metavar="T")
     grid.add_argument("--batch-sizes", "--batch-size", nargs="+", type=positive_int, default=[4], metavar="B")
-    grid.add_argument("--pass-types", "--pass-type", nargs="+", choices=PASS_TYPE_CHOICES, default=["forward-backward"])
-    add_checkpoint_argument(grid, plural=True)
+    grid.add_argument("--pass-types", "--pass-type", nargs="+", choices=cli.PASS_TYPE_CHOICES, default=["forward-backward"])
+    cli.add_checkpoint_argument(grid, plural=True)
     parser.add_argument("--resume", action="store_true", help="skip configurations already in the output file")
     parser.add_argument("--wait-lock", action="store_true",
                         help="if another run is writing an output, wait for it instead of exiting")  # fmt: skip
-    add_optimizer_argument(parser)
-    add_shape_arguments(parser)
-    add_execution_arguments(parser)
+    cli.add_optimizer_argument(parser)
+    cli.add_shape_arguments(parser)
+    cli.add_execution_arguments(parser)
 
 
 def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[BenchmarkConfig]:
@@ -79,12 +68,12 @@ def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[Bench
         args.model_sizes, args.attentions, args.checkpoint_blocks, args.precisions, COMPILE_CHOICES[args.compile],
         args.context_lengths, args.batch_sizes, args.pass_types,
     ):  # fmt: skip
-        model = model_config_from_args(args, size, longest, attention, checkpoint)
+        model = cli.model_config_from_args(args, size, longest, attention, checkpoint)
         model.check_context(longest, f"--context-lengths up to {longest}")
         if model.checkpoint_group_size and args.model_factory:
             raise ConfigError("--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model")
         configs.append(
-            benchmark_config_from_args(
+            cli.benchmark_config_from_args(
                 args,
                 model,
                 context_length=context,

@@ -128,17 +128,13 @@ class _Mark:
 _OFF = contextlib.nullcontext()
 
 
-class HostPhases:
-    """Phase boundaries read from the host clock: right on a CPU, where the device is the host.
+class _StepPhases:
+    """Per-step phase lists: `start_step()` opens one, `end_step()` files it; outside a step
+    `_current` is None and `phase` is a no-op."""
 
-    Only steps between `start_step()` and `end_step()` are recorded; elsewhere (warmup,
-    untimed steps) `phase` is a shared no-op.
-    """
-
-    def __init__(self, clock: Callable[[], float] = time.perf_counter):
-        self.clock = clock
-        self._steps: list[list[tuple[str, float, float]]] = []
-        self._current: list[tuple[str, float, float]] | None = None
+    def __init__(self) -> None:
+        self._steps: list[list[tuple]] = []
+        self._current: list[tuple] | None = None
 
     def start_step(self) -> None:
         self._current = []
@@ -146,6 +142,18 @@ class HostPhases:
     def end_step(self) -> None:
         self._steps.append(self._current or [])
         self._current = None
+
+
+class HostPhases(_StepPhases):
+    """Phase boundaries read from the host clock: right on a CPU, where the device is the host.
+
+    Only steps between `start_step()` and `end_step()` are recorded; elsewhere (warmup,
+    untimed steps) `phase` is a shared no-op.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        super().__init__()
+        self.clock = clock
 
     def phase(self, name: str) -> contextlib.AbstractContextManager:
         current = self._current
@@ -166,7 +174,7 @@ class HostPhases:
         return [_add_up((name, (end - start) * 1e3) for name, start, end in step) for step in self._steps]
 
 
-class CudaEventPhases:
+class CudaEventPhases(_StepPhases):
     """Phase boundaries as CUDA event pairs, recorded into the stream with the work.
 
     Recording an event does not wait for the device; `resolve` waits once, on the last
@@ -174,16 +182,8 @@ class CudaEventPhases:
     """
 
     def __init__(self, event_factory: Callable[[], object] | None = None):
+        super().__init__()
         self.event_factory = event_factory or (lambda: torch.cuda.Event(enable_timing=True))
-        self._steps: list[list[tuple[str, object, object]]] = []
-        self._current: list[tuple[str, object, object]] | None = None
-
-    def start_step(self) -> None:
-        self._current = []
-
-    def end_step(self) -> None:
-        self._steps.append(self._current or [])
-        self._current = None
 
     def phase(self, name: str) -> contextlib.AbstractContextManager:
         current = self._current

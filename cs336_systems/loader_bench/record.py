@@ -16,6 +16,9 @@ from cs336_systems.loader_bench.predictions import predicted_buffer_bytes, predi
 from cs336_systems.results import Record, identity_field, samples_field
 from cs336_systems.stats import summarize
 
+# a row's loader settings: its label, and the first Markdown columns
+_LABELS = ("processes", "num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "epoch")
+
 
 @dataclass
 class LoaderRecord(Record):
@@ -75,12 +78,7 @@ class LoaderRecord(Record):
 
     title: ClassVar[str] = "cs336-systems loader benchmark"
     markdown_columns: ClassVar[tuple[str, ...]] = (
-        "processes",
-        "num_workers",
-        "prefetch_factor",
-        "pin_memory",
-        "persistent_workers",
-        "epoch",
+        *_LABELS,
         "status",
         "samples_per_s",
         "predicted_samples_per_s",
@@ -94,14 +92,7 @@ class LoaderRecord(Record):
         "worker_uss_mib",
         "shm_mib",
     )
-    label_columns: ClassVar[tuple[str, ...]] = (
-        "processes",
-        "num_workers",
-        "prefetch_factor",
-        "pin_memory",
-        "persistent_workers",
-        "epoch",
-    )
+    label_columns: ClassVar[tuple[str, ...]] = _LABELS
     conventions: ClassVar[str] = (
         "data_wait_pct = time blocked in next(iterator) / wall; compute_idle_pct = 1 - compute / wall; verdict bands "
         "< 5% / 5-20% / > 20% (TensorFlow's input-pipeline analyzer). predicted_buffer = (workers x prefetch + 1) x "
