@@ -41,7 +41,7 @@ BENCHMARK_LIKE = [
     ["--output", "/proc/x.csv"],
     ["--output", "{tmp}"],
     ["--output", "{tmp}/out.txt"],
-    ["--output", "{tmp}/no/such/dir/x.csv/y.csv"],
+    ["--output", "{tmp}/rows.csv/y.csv"],
     ["--monitor", "/proc/m.csv"],
     ["--monitor-interval", "0"],
     ["--warmup-steps", "-1"],
@@ -111,7 +111,7 @@ TABLE: dict[str, list[list[str]]] = {
         ["{tmp}/rows.csv", "--output", "{tmp}"],
         ["{tmp}/rows.csv", "--output", "{tmp}/r.xyz"],
         ["{tmp}/rows.csv", "--output", "{tmp}/r.csv"],
-        ["{tmp}/rows.csv", "--output", "{tmp}/no/such/dir/r.md/x.md"],
+        ["{tmp}/rows.csv", "--output", "{tmp}/rows.csv/x.md"],
     ],
     "compare": [
         [],
