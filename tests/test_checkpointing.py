@@ -210,7 +210,7 @@ def test_user_optimizer_runs_and_is_recorded():
     record = run_benchmark(tiny_benchmark_config(pass_type="train-step", optimizer_factory=spec))
     assert record.status == "ok", record.error
     assert CALLS[0] == tuple(OPTIMIZER_KWARGS.values())
-    assert len(CALLS) - 1 == 1 + 3 + 1  # warmup, measured steps, the traced steady-state step
+    assert len(CALLS) - 1 == 1 + 3 + 1 + 1  # warmup, measured steps, the traced steady-state step, the profiled step
     assert record.optimizer == "tests.test_checkpointing.CountingSGD" and record.optimizer_factory == spec
     default = run_benchmark(tiny_benchmark_config(pass_type="train-step"))
     assert default.optimizer == "torch.optim.adamw.AdamW (fused)" and default.optimizer_factory is None
