@@ -58,7 +58,10 @@ def test_every_strategy_row_is_checked_timed_and_measured(tmp_path, capsys):
     assert list(rows.index) == ["single", *EVERY] and set(rows["status"]) == {"ok"}
     strategies = rows.loc[EVERY]
     assert (strategies["check_max_diff"] <= strategies["check_tolerance"]).all()
-    assert (strategies["mean_ms"] > 0).all() and (strategies["comm_ms"] >= 0).all()
+    assert (strategies["mean_ms"] > 0).all() and strategies["comm_ms"].notna().all()
+    # ddp and zero1 expose comm as step minus a no_sync step: a difference of two noisy means can dip below 0
+    timed_directly = strategies.drop(index=[s for s in ("ddp", "zero1") if s in strategies.index])
+    assert (timed_directly["comm_ms"] >= 0).all()
     assert strategies["comm_method"].notna().all()
     # fsdp2's collectives come from one profiled step: all-gathers in forward, reduce-scatters in backward
     assert rows.loc["fsdp2", "fsdp_all_gather_ms"] > 0 and rows.loc["fsdp2", "fsdp_reduce_scatter_ms"] > 0
