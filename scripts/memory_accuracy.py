@@ -1,6 +1,6 @@
 """Predicted vs measured peak memory, and the 16 GiB laptop verdicts.
 
-    python scripts/memory_accuracy.py                 # CPU: results/memory_accuracy_cpu.{csv,md}
+    python scripts/memory_accuracy.py                 # CPU: results/checks/memory_accuracy_cpu.{csv,md}
     python scripts/memory_accuracy.py --device cuda   # GPU: small..xl x context 128..1024
 
 CPU: each configuration runs in a fresh process twice: with glibc returning freed memory
@@ -30,7 +30,7 @@ from cs336_systems.models import ModelConfig, build_model
 from cs336_systems.results import collect_environment, environment_lines
 from cs336_systems.runner import run_benchmark
 
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "checks"  # the harness checking itself
 GIB = 2**30
 CPU_CONFIGS = [
     # (label, model shape, batch, context, pass type, precision)
