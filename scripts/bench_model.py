@@ -3,7 +3,7 @@
     python scripts/bench_model.py                  # CPU: writes results/checks/bench_model_cpu.{csv,md}
     python scripts/bench_model.py --device cuda    # GPU: + small..2.7B bf16 train-step, compiled
 
-CPU targets (issue 4), forward-backward of d_model 1024, d_ff 2816, 4 layers, 16 heads,
+CPU targets (this project's acceptance targets for the built-in model), forward-backward of d_model 1024, d_ff 2816, 4 layers, 16 heads,
 context 256, batch 4, fp32:
   (a) MFU against the measured fp32 matmul probe on the same machine >= 0.6;
   (b) our step time / LlamaForCausalLM's (same shape: untied, SDPA, same parameter count) <= 1.0.

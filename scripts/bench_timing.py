@@ -3,7 +3,7 @@
     python scripts/bench_timing.py                 # CPU, writes results/checks/bench_timing_cpu.{csv,md}
     python scripts/bench_timing.py --device cuda   # also: synchronised vs unsynchronised vs CUDA events
 
-Checks (targets from issue 2):
+Checks, and the accuracy this harness promises for each:
   known-duration error  a sleep / spin of known length, timed by our loop: |median - true| / true < 2%
   engine vs reference   a real model step timed by our loop and by torch.utils.benchmark.Timer,
                         interleaved in rounds to cancel drift: medians within 5%

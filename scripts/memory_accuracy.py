@@ -7,8 +7,8 @@ CPU: each configuration runs in a fresh process twice: with glibc returning free
 (MALLOC_MMAP_THRESHOLD_ pinned, so RSS tracks live tensors: the accuracy figure) and with
 glibc's defaults (the RSS a training script would really see; the difference is memory
 glibc keeps resident after tensors are freed). GPU: the caching allocator's max allocated.
-Targets (issue 5): within 15% on CPU above 1 GB, within 10% on GPU; with activation
-checkpointing (issue 16) within 10% on CPU for K = 1, 2, sqrt, all.
+Targets (the accuracy the estimator promises): within 15% on CPU above 1 GB, within 10% on GPU;
+with activation checkpointing within 10% on CPU for K = 1, 2, sqrt, all.
 """
 
 from __future__ import annotations
