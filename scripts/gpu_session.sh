@@ -15,8 +15,8 @@ case "${1:-}" in
     stage 330 $py -m cs336_systems.benchmark_direct --model-sizes small medium large xl 2.7B \
       --context-lengths 128 256 512 1024 --precisions fp32 bf16 --pass-types forward forward-backward \
       --output "$out/gpu_sweep_h100.csv" --output "$out/gpu_sweep_h100.md"
-    stage 150 $py scripts/memory_accuracy.py --device cuda --output-dir "$out"
-    stage 60 $py scripts/bench_timing.py --device cuda --output-dir "$out"
+    stage 150 $py scripts/memory_accuracy.py --device cuda --output-dir "$out/checks"
+    stage 60 $py scripts/bench_timing.py --device cuda --output-dir "$out/checks"
     stage 90 $py -m pytest -q tests/test_gpu.py 2>&1 | tail -25
     ;;
   extras)
