@@ -73,7 +73,8 @@ def flag_table(module_name: str) -> str:
         default = action.default
         if isinstance(default, (list, tuple)):
             default = " ".join(map(str, default))
-        shown = "" if default in (None, False, "", argparse.SUPPRESS) or action.nargs == 0 else f"`{_cell(default)}`"
+        hidden = default is None or default is False or default == "" or default is argparse.SUPPRESS  # 0 is shown
+        shown = "" if hidden or action.nargs == 0 else f"`{_cell(default)}`"
         help_text = (action.help or "") % {"default": default, "prog": parser.prog} if action.help else ""
         if action.choices and action.nargs != 0:
             help_text = f"{help_text} (one of: {', '.join(map(str, action.choices))})".strip()

@@ -43,6 +43,7 @@ def test_a_flag_added_to_a_tool_appears_without_touching_the_docs(tmp_path, monk
         "    parser = argparse.ArgumentParser(prog='toy')\n"
         "    parser.add_argument('--brand-new', type=int, default=3, help='a new flag')\n"
         "    parser.add_argument('--old', help=argparse.SUPPRESS)\n"
+        "    parser.add_argument('--seed', type=int, default=0)\n"
         "    parser.parse_args(argv)\n"
         "    raise SystemExit('must not run')\n"
     )
@@ -51,6 +52,7 @@ def test_a_flag_added_to_a_tool_appears_without_touching_the_docs(tmp_path, monk
     table = _flag_tables().flag_table("toy_tool")
     assert "| `--brand-new BRAND_NEW` | `3` | a new flag |" in table
     assert "--old" not in table
+    assert "| `--seed SEED` | `0` |  |" in table  # a default of 0 is a default
 
 
 def test_every_page_marker_names_a_tool_that_builds():
