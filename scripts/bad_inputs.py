@@ -1,6 +1,6 @@
 """Every command against a table of bad inputs: each must end as one line on stderr and exit 2.
 
-    PYTHONPATH=$PWD python scripts/bad_inputs.py [--jobs 2] [--output results/bad_inputs.md]
+    PYTHONPATH=$PWD python scripts/bad_inputs.py [--jobs 2] [--output results/checks/bad_inputs.md]
 
 A case passes when the command exits 2, prints exactly one line on stderr and no traceback. Every
 case carries the tiny model's flags and --device cpu, so a bad input that is not refused runs a few
@@ -308,7 +308,7 @@ def markdown(outcomes: list[Outcome], seconds: float) -> str:
     lines = [
         "# Bad inputs: one line on stderr, exit status 2",
         "",
-        f"`PYTHONPATH=$PWD python scripts/bad_inputs.py --output results/bad_inputs.md`: "
+        f"`PYTHONPATH=$PWD python scripts/bad_inputs.py --output results/checks/bad_inputs.md`: "
         f"**{passed} of {len(outcomes)}** bad inputs end as one line with exit 2 ({seconds:.0f} s on this machine). "
         "Each case also carries the command's tiny-model CPU flags (`BASE` in the script); `{tmp}` is a scratch "
         "directory holding the files `make_files` writes.",

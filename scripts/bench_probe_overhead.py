@@ -1,7 +1,7 @@
 """The probe's own cost per step on a CPU (target: < 0.1 ms per step).
 
-    python scripts/bench_probe_overhead.py --output results/probe_overhead_cpu.csv \\
-        --output results/probe_overhead_cpu.md
+    python scripts/bench_probe_overhead.py --output results/checks/probe_overhead_cpu.csv \\
+        --output results/checks/probe_overhead_cpu.md
 
 An empty loop body, so whatever time the probed loop takes beyond the plain loop is the
 probe's: the wrapped loader's two clock reads, each phase's two, step()'s bookkeeping, and per

@@ -1,9 +1,9 @@
 """Check the timing engine against known durations and torch.utils.benchmark.
 
-    python scripts/bench_timing.py                 # CPU, writes results/bench_timing_cpu.{csv,md}
+    python scripts/bench_timing.py                 # CPU, writes results/checks/bench_timing_cpu.{csv,md}
     python scripts/bench_timing.py --device cuda   # also: synchronised vs unsynchronised vs CUDA events
 
-Checks (targets from issue 2):
+Checks, and the accuracy this harness promises for each:
   known-duration error  a sleep / spin of known length, timed by our loop: |median - true| / true < 2%
   engine vs reference   a real model step timed by our loop and by torch.utils.benchmark.Timer,
                         interleaved in rounds to cancel drift: medians within 5%
@@ -31,7 +31,7 @@ from cs336_systems.runner import make_step
 from cs336_systems.stats import summarize
 from cs336_systems.timing import CudaEventTimer, HostTimer, device_synchronizer, time_steps
 
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "checks"  # the harness checking itself
 
 
 def spin(seconds: float) -> None:

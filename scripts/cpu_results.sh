@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# Regenerate every committed CPU result in results/ and the report in writeup/, one stage
-# after another on a quiet machine (nothing else running: these are timings).
+# Regenerate every committed CPU result at one commit: the tools' results in results/, the
+# harness's self-checks in results/checks/, and the write-up in writeup/ (last, from them), one
+# stage after another on a quiet machine (nothing else running: these are timings; the docs quote
+# them, so update the figures there after a run).
 #
-#   bash scripts/cpu_results.sh            # all stages, about 35 minutes on 2 cores
+#   bash scripts/cpu_results.sh            # all stages, about an hour on 2 cores
 #   bash scripts/cpu_results.sh sweep ddp  # only the stages named
+#   bash scripts/cpu_results.sh --list     # the stages
 #
-# Stages: stability timing model memory sweep cap find_max warmup allreduce ddp input monitor
-#         attention precision report
 # Each stage removes its old files first (the tools never overwrite a result file).
+# Not here: results/gpu_sweep_h100.* and results/checks/*_cuda.* (scripts/gpu_session.sh on a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python}
 r=results
+c=results/checks
+all_stages=(stability timing model memory probe_overhead bad_inputs sweep cap find_max warmup allreduce ddp
+  ddp_strategies input monitor probe attention flash precision report)
+if [ "${1:-}" = "--list" ]; then
+  echo "${all_stages[*]}"
+  exit 0
+fi
 if ! git diff --quiet HEAD -- . ":(exclude)results" ":(exclude)writeup" 2>/dev/null; then
   echo "note: the code has uncommitted changes; rows will say git_dirty=true" >&2
 fi
@@ -30,15 +39,23 @@ stage() {
 
 run_stage() {
   case "$1" in
-    stability) stage stability $py scripts/cpu_stability.py --seconds 30 --output $r/cpu_stability.md ;;
-    timing) stage timing $py scripts/bench_timing.py --device cpu --output-dir $r ;;
-    model) stage model $py scripts/bench_model.py --device cpu --output-dir $r ;;
-    memory) stage memory $py scripts/memory_accuracy.py --device cpu --output-dir $r ;;
+    stability) stage stability $py scripts/cpu_stability.py --seconds 30 --output $c/cpu_stability.md ;;
+    timing) stage timing $py scripts/bench_timing.py --device cpu --output-dir $c ;;
+    model) stage model $py scripts/bench_model.py --device cpu --output-dir $c ;;
+    memory) stage memory $py scripts/memory_accuracy.py --device cpu --output-dir $c ;;
+    probe_overhead)
+      rm -f $c/probe_overhead_cpu.csv $c/probe_overhead_cpu.md
+      stage probe_overhead $py scripts/bench_probe_overhead.py --output $c/probe_overhead_cpu.csv --output $c/probe_overhead_cpu.md
+      ;;
+    bad_inputs) stage bad_inputs $py scripts/bad_inputs.py --output $c/bad_inputs.md ;;
     sweep)
-      rm -f $r/cpu_sweep.csv $r/cpu_sweep.jsonl $r/cpu_sweep.md
-      stage sweep $py -m cs336_systems.benchmark_direct --model-sizes small medium --context-lengths 64 128 256 \
-        --precisions fp32 bf16 --pass-types forward forward-backward --warmup-steps 2 --measure-steps 5 \
-        --output $r/cpu_sweep.csv --output $r/cpu_sweep.jsonl --output $r/cpu_sweep.md
+      # twice, one run after the other: cpu_sweep_earlier is the baseline of the docs' compare example
+      for name in cpu_sweep_earlier cpu_sweep; do
+        rm -f $r/$name.csv $r/$name.jsonl $r/$name.md
+        stage $name $py -m cs336_systems.benchmark_direct --model-sizes small medium --context-lengths 64 128 256 \
+          --precisions fp32 bf16 --pass-types forward forward-backward --warmup-steps 2 --measure-steps 5 \
+          --output $r/$name.csv --output $r/$name.jsonl --output $r/$name.md
+      done
       ;;
     cap)
       rm -f $r/cpu_sweep_4gib.csv $r/cpu_sweep_4gib.jsonl $r/cpu_sweep_4gib.md
@@ -64,11 +81,19 @@ run_stage() {
       ;;
     ddp)
       rm -f $r/ddp_gloo_cpu.csv $r/ddp_gloo_cpu.jsonl $r/ddp_gloo_cpu.md
-      stage ddp $py -m cs336_systems.ddp_bench --backend gloo --world-size 1 2 --strategy ddp naive \
+      stage ddp $py -m cs336_systems.ddp_bench --backend gloo --world-sizes 1 2 --strategies ddp naive \
         --bucket-cap-mb 1 25 --d-model 256 --d-ff 1024 --num-layers 4 --num-heads 4 --context-length 128 \
         --batch-size 4 --output $r/ddp_gloo_cpu.csv --output $r/ddp_gloo_cpu.jsonl --output $r/ddp_gloo_cpu.md
       stage concurrent_matmul bash -o pipefail -c \
-        "$py scripts/concurrent_matmul.py --processes 2 --trials 3 | tee $r/concurrent_matmul_cpu.txt"
+        "$py scripts/concurrent_matmul.py --processes 2 --trials 3 | tee $c/concurrent_matmul_cpu.txt"
+      ;;
+    ddp_strategies)
+      rm -f $r/ddp_strategies_cpu.csv $r/ddp_strategies_cpu.jsonl $r/ddp_strategies_cpu.md
+      stage ddp_strategies $py -m cs336_systems.ddp_bench --backend gloo --world-sizes 2 --strategies ddp naive flat \
+        zero1 fsdp2 adapter-ddp adapter-ddp-bucketed adapter-sharded-optimizer adapter-fsdp \
+        --adapters tests/fixtures/adapters_student.py --d-model 256 --d-ff 1024 --num-layers 4 --num-heads 4 \
+        --context-length 128 --batch-size 4 --warmup-steps 2 --measure-steps 5 --output $r/ddp_strategies_cpu.csv \
+        --output $r/ddp_strategies_cpu.md --output $r/ddp_strategies_cpu.jsonl
       ;;
     input) stage input $py scripts/input_pipeline_stories.py --device cpu --output-dir $r ;;
     monitor)
@@ -77,30 +102,43 @@ run_stage() {
         $py -m cs336_systems.loader_bench --storage http --item-bytes 500KB --latency-ms 100 --bandwidth 20MB \
         --num-items 36 --batch-size 1 --compute-ms 10 --epochs 1 --num-workers 0 --processes 1 3
       ;;
+    probe)
+      rm -f $r/probe_story_cpu.csv $r/probe_story_cpu.jsonl $r/probe_story_cpu.md
+      stage probe $py scripts/train_with_probe.py --output-prefix $r/probe_story_cpu
+      ;;
     attention)
       rm -f $r/attention_cpu.csv $r/attention_cpu.jsonl $r/attention_cpu.md $r/attention_cpu.png
       stage attention $py -m cs336_systems.attention_bench --device cpu --head-dims 16 64 \
-        --seq-lens 256 1024 4096 16384 --batch-size 8 --steps 20 --max-seconds 3 \
+        --context-lengths 256 1024 4096 16384 --batch-size 8 --measure-steps 20 --max-seconds 3 \
         --implementations naive sdpa compiled \
         --output $r/attention_cpu.csv --output $r/attention_cpu.jsonl --output $r/attention_cpu.md
+      ;;
+    flash)
+      rm -f $r/flash_cpu.csv $r/flash_cpu.md $r/flash_cpu.png
+      stage flash env OMP_NUM_THREADS=1 $py -m cs336_systems.attention_bench --device cpu \
+        --adapters tests/fixtures/adapters_student.py --implementations naive sdpa flash-pytorch --head-dims 64 \
+        --context-lengths 128 256 512 1024 2048 --precisions fp32 --warmup-steps 2 --measure-steps 10 \
+        --output $r/flash_cpu.csv --output $r/flash_cpu.md
       ;;
     precision)
       stage precision bash -o pipefail -c "$py -m cs336_systems.mixed_precision --device cpu | tee $r/mixed_precision_cpu.txt"
       ;;
     report)
+      # the write-up a reader opens (Markdown and PDF); .tex/.typ are made on demand, not committed.
+      # tests/test_committed_results.py checks writeup/report.md is what this command makes.
       stage report $py -m cs336_systems.report $r/cpu_sweep.csv $r/cpu_sweep_4gib.csv $r/gpu_sweep_h100.csv \
-        $r/warmup_study_cpu.csv $r/attention_cpu.csv $r/flash_cpu.csv $r/allreduce_gloo_cpu.csv $r/ddp_gloo_cpu.csv $r/ddp_strategies_cpu.csv \
-        $r/input_pipeline_enough_workers_cpu.csv $r/input_pipeline_cold_cache_cpu.csv \
-        $r/input_pipeline_volumetric_cpu.csv $r/input_pipeline_captioning_cpu.csv \
-        --output writeup/report.md --output writeup/report.tex --output writeup/report.typ --output writeup/report.pdf
+        $r/warmup_study_cpu.csv $r/attention_cpu.csv $r/flash_cpu.csv $r/allreduce_gloo_cpu.csv $r/ddp_gloo_cpu.csv \
+        $r/ddp_strategies_cpu.csv $r/input_pipeline_enough_workers_cpu.csv $r/input_pipeline_cold_cache_cpu.csv \
+        $r/input_pipeline_volumetric_cpu.csv $r/input_pipeline_captioning_cpu.csv $r/find_max_cpu_4gib.json \
+        $r/probe_story_cpu.csv $r/monitor_captioning_cpu.csv $r/monitor_captioning_cpu.json \
+        --output writeup/report.md --output writeup/report.pdf
       ;;
     *) echo "scripts/cpu_results.sh: error: unknown stage '$1'" >&2; exit 2 ;;
   esac
 }
 
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(stability timing model memory sweep cap find_max warmup allreduce ddp input \
-  monitor attention precision report)
+[ ${#stages[@]} -eq 0 ] && stages=("${all_stages[@]}")
 for name in "${stages[@]}"; do
   run_stage "$name"
 done

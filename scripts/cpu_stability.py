@@ -1,6 +1,6 @@
 """Is this machine steady enough to benchmark on? The same fixed matmul block, timed over and over.
 
-    python scripts/cpu_stability.py --seconds 60 --output results/cpu_stability.md
+    python scripts/cpu_stability.py --seconds 60 --output results/checks/cpu_stability.md
 
 A block is 20 fp32 1024^3 matmuls into a preallocated output: no allocation, no page
 faults, no I/O, so its time can only change if the CPU itself is taken away (other

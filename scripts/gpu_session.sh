@@ -15,8 +15,8 @@ case "${1:-}" in
     stage 330 $py -m cs336_systems.benchmark_direct --model-sizes small medium large xl 2.7B \
       --context-lengths 128 256 512 1024 --precisions fp32 bf16 --pass-types forward forward-backward \
       --output "$out/gpu_sweep_h100.csv" --output "$out/gpu_sweep_h100.md"
-    stage 150 $py scripts/memory_accuracy.py --device cuda --output-dir "$out"
-    stage 60 $py scripts/bench_timing.py --device cuda --output-dir "$out"
+    stage 150 $py scripts/memory_accuracy.py --device cuda --output-dir "$out/checks"
+    stage 60 $py scripts/bench_timing.py --device cuda --output-dir "$out/checks"
     stage 90 $py -m pytest -q tests/test_gpu.py 2>&1 | tail -25
     ;;
   extras)
@@ -47,7 +47,7 @@ PY
     ls -la "$res"
     ;;
   sweeps)
-    # issue 3, about 6 minutes: the handout grid in one process (short steps to fit the budget),
+    # about 6 minutes: the handout grid in one process (short steps to fit the budget),
     # the warmup study, the largest xl training batch (vs the estimator's 19), a report and a compare.
     stage 240 $py -m cs336_systems.benchmark_direct --model-sizes small medium large xl 2.7B \
       --context-lengths 128 256 512 1024 --precisions fp32 bf16 --pass-types forward forward-backward \
@@ -71,7 +71,7 @@ PY
       $py -m cs336_systems.benchmark --model-size small --context-length 512 --device cuda --warmup-steps 3 --measure-steps 40
     ;;
   attention)
-    # issue 8: about 3.5 minutes on an H100 (the 16384-long naive/compiled rows dominate;
+    # attention and mixed precision: about 3.5 minutes on an H100 (the 16384-long naive/compiled rows dominate;
     # --max-seconds 5 bounds each timed loop).
     stage 60 $py -m cs336_systems.mixed_precision --device cuda | tee "$out/mixed_precision_cuda.txt"
     stage 120 $py -m pytest -q tests/test_attention_gpu.py tests/test_nvtx.py 2>&1 | tail -15

@@ -1,4 +1,4 @@
-"""Size tables, activation checkpointing, residuals, a user's optimizer, attention n/a (issue 16)."""
+"""Size tables, activation checkpointing, residuals, a user's optimizer, attention n/a."""
 
 import json
 import math

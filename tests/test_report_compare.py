@@ -68,7 +68,7 @@ def test_report_errors(tmp_path, capsys):
     assert report.main([str(tmp_path / "x.csv")]) == 2
     assert report.main([str(tmp_path / "missing.csv")]) == 2
     err = capsys.readouterr().err
-    assert "not a benchmark result file" in err and "no such file" in err
+    assert "not the output of any tool of this project" in err and "no such file" in err
 
 
 def test_compare_exits_1_on_a_planted_regression(results_csv, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """report's formats, sections and refusals, from rows of the committed results files."""
 
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -171,12 +172,11 @@ def test_bad_input_is_one_line_and_exit_2(files, tmp_path, capsys, monkeypatch):
     binary = tmp_path / "binary.csv"
     binary.write_bytes(b"\xff\xfe\x00garbage\x00\xff")
     (tmp_path / "folder.csv").mkdir()
-    for argv, expected in (
+    for argv, expected in (  # nothing left to report: exit 2, one line
         ([str(tmp_path / "missing.csv")], "no such file"),
         ([str(binary)], "cannot be read"),
         ([str(tmp_path / "folder.csv")], "cannot be read"),
-        ([str(RESULTS / "bench_timing_cpu.csv")], "not a benchmark result file of any known tool"),
-        ([*files["ddp"], str(RESULTS / "memory_accuracy_cpu.csv")], "memory_accuracy_cpu.csv"),
+        ([str(RESULTS / "checks" / "bench_timing_cpu.csv")], "not the output of any tool of this project"),
         ([*files["ddp"], "--output", str(tmp_path / "r.csv")], "unknown format '.csv'"),
         ([*files["ddp"], "--output", str(tmp_path / "r.pdf"), "--tables-only"], "not PDF"),
     ):
@@ -184,6 +184,39 @@ def test_bad_input_is_one_line_and_exit_2(files, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "typst" else object())
     _one_line_exit_2(capsys, [*files["ddp"], "--output", str(tmp_path / "r.pdf")], 'pip install -e ".[pdf]"')
     assert not (tmp_path / "r.pdf").exists() and not (tmp_path / "r.csv").exists()
+
+
+def test_a_file_of_no_tool_is_one_line_and_the_rest_is_reported(files, tmp_path, capsys):
+    checks = sorted(str(p) for p in (RESULTS / "checks").glob("*.csv"))
+    missing = str(tmp_path / "missing.csv")
+    output = tmp_path / "report.md"
+    code = report.main([*files["ddp"], *checks, missing, *files["warmup"], "--output", str(output)])
+    err = capsys.readouterr().err.splitlines()
+    left_out = [line for line in err if "left out" in line]
+    assert code == 1 and len(left_out) == len(checks) + 1 and "Traceback" not in "\n".join(err)
+    assert all(any(Path(path).name in line for line in left_out) for path in [*checks, missing])
+    text = output.read_text()
+    assert "Data-parallel training" in text and "Warmup effect" in text
+
+
+def test_warmup_study_alone_is_a_report(files, tmp_path):
+    output = tmp_path / "report.md"
+    assert report.main([*files["warmup"], "--output", str(output)]) == 0
+    assert "Warmup effect" in output.read_text() and "Environment" not in output.read_text()
+
+
+def test_monitor_probe_and_find_max_outputs_are_reported(tmp_path):
+    outputs = [RESULTS / "monitor_captioning_cpu.csv", RESULTS / "monitor_captioning_cpu.json",
+               RESULTS / "probe_story_cpu.csv", RESULTS / "find_max_cpu_4gib.json"]  # fmt: skip
+    output = tmp_path / "report.md"
+    assert report.main([*map(str, outputs), "--output", str(output)]) == 0
+    text = output.read_text()
+    monitor = pd.read_csv(outputs[0])
+    assert "Resources over a run" in text and f"{len(monitor)} samples" in text
+    assert "python -m cs336_systems.loader_bench" in text  # the command, from the run record
+    assert "Your training loop" in text and "num_workers=8" in text
+    answer = pd.read_json(outputs[3], typ="series")
+    assert "Largest that fits" in text and re.search(rf"\|\s*{answer['largest_ok']}\s*\|\s*{answer['smallest_oom']}\s*\|", text)
 
 
 def test_tex_compiles_with_pdflatex(files, tmp_path):

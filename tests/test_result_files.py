@@ -1,5 +1,5 @@
 """Result files under faults: paths checked first, one-write rows, a full disk, a killed
-writer, resume across several outputs, and one writer per file (issue 14)."""
+writer, resume across several outputs, and one writer per file."""
 
 import errno
 import io

@@ -1,33 +1,16 @@
 """python -m cs336_systems.loader_bench: is training waiting for its data?
 
-Feeds a real torch.utils.data.DataLoader into a real training step and measures, for
-each step, the time the training loop is blocked in next(iterator) (data wait), the
-host-to-device copy and the compute, then per epoch: samples/s, data-wait %,
-compute-idle % and a verdict. Sweeps the loader's flags and recommends the fastest
-combination whose predicted host-RAM buffer fits --ram-budget.
+  predictions.py  verdict bands, the closed forms of an epoch and of the host-RAM buffer
+  config.py       LoaderConfig
+  data.py         the datasets (simulated, local, http, or a user's)
+  step.py         the training step fed (a stand-in or a tiny model)
+  workers.py      the workers' memory
+  measure.py      epochs in one or N processes
+  record.py       LoaderRecord and its Markdown view
+  recommend.py    the fastest combination whose buffer fits --ram-budget
+  cli.py          the flags and main
 
-Examples:
-    python -m cs336_systems.loader_bench --storage simulated --latency-ms 10 --batch-size 8 \\
-        --compute-ms 20 --num-workers 0 1 2 4 8 --epochs 2 --output results/loader.csv
-    python -m cs336_systems.loader_bench --storage http --latency-ms 50 --bandwidth 20MB \\
-        --batch-size 1 --num-workers 0 --processes 1 3
-    python -m cs336_systems.loader_bench --dataset my_pkg.data:make_dataset --compute-ms 100
-
-Definitions (per epoch):
-  data_wait_pct     100 * time blocked in next(iterator) / epoch wall time (torchtitan's data_loading %)
-  compute_idle_pct  100 * (1 - compute time / wall time) (1 - MLPerf Storage's accelerator utilisation)
-  verdict           TensorFlow's input-pipeline bands on data_wait_pct: < 5 not input-bound,
-                    5-20 moderately input-bound, > 20 input-bound
-  predicted_buffer_bytes  batches in flight (num_workers * prefetch_factor; 1 when num_workers is 0)
-                    plus the one the training step holds, times the batch bytes; with pin_memory
-                    in effect each in-flight batch may also have its page-locked copy
-Timing: host clock (time.perf_counter) for the wait and the epoch; the copy and the compute
-with the same host clock on CPU, and with CUDA event pairs on GPU, read after one
-synchronize at the end of the epoch so the host can run ahead of the GPU as in training.
-The epoch's wall time is read after that synchronize.
-
-Modules: predictions (verdict bands, closed forms), config, data, step, workers (their memory),
-measure (epochs in one or N processes), record (LoaderRecord and its view), recommend, cli.
+The columns, the closed form and the stories: docs/pipelines.md; the flags: --help.
 """
 
 from cs336_systems.loader_bench.cli import PROG, bench_from_args, build_parser, main, prepared_storage, progress_line

@@ -6,14 +6,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import attention, benchmark, distributed, plots
+from . import attention, benchmark, distributed, observed, plots
 from .document import Document, Section
 from .environment import environment_section
 
 # The handout's order; a section exists only when its rows do.
 ORDER = ("Environment", "End-to-end benchmarking", "Warmup effect", "Mixed precision", "Memory", "Attention",
          "torch.compile of attention", "torch.compile of the whole model", "FlashAttention against PyTorch attention",
-         "All-reduce", "Data-parallel training", "Input pipeline", "Notes")  # fmt: skip
+         "All-reduce", "Data-parallel training", "Input pipeline", "Largest that fits", "Your training loop",
+         "Resources over a run", "Notes")  # fmt: skip
 
 
 def build_document(frames: dict[str, pd.DataFrame], directory: Path, stem: str, paragraphs: list[str]) -> Document:
@@ -43,7 +44,12 @@ def build_document(frames: dict[str, pd.DataFrame], directory: Path, stem: str, 
             section, found_notes = make(frames[tool])
             sections.append(section)
             notes += found_notes
-    environment = environment_section(list(frames.values()))
+    for tool, make in (("find_max", observed.find_max_section), ("probe", observed.probe_section)):
+        if tool in frames:
+            sections.append(make(frames[tool]))
+    if "monitor" in frames or "monitor_run" in frames:
+        sections.append(observed.monitor_section(frames.get("monitor"), frames.get("monitor_run")))
+    environment = environment_section([frames[t] for t in frames if t not in ("monitor", "monitor_run", "find_max")])
     if environment:
         sections.append(environment)
     if notes:

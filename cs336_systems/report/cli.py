@@ -8,12 +8,12 @@ import shlex
 import sys
 from pathlib import Path
 
-from cs336_systems.argtypes import ArgumentParser, fail
+from cs336_systems.argtypes import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser, fail
 from cs336_systems.results import ResultFileError, check_output_path
 
 from .build import build_document
 from .latex import document_latex, table_latex
-from .load import TOOLS, load
+from .load import TOOLS, load_each
 from .markdown import document_markdown, table_markdown
 from .typst_source import INSTALL_HINT, compile_pdf, document_typst, table_typst
 
@@ -25,8 +25,9 @@ USAGE = f"""{__doc__.splitlines()[0]}
         [--note "A paragraph for the reader, placed under the title."]
 
 The format is the output's extension: {", ".join(FORMATS)} (PDF: the Typst document compiled by the
-typst package, pip install -e ".[pdf]"). RESULTS are .csv/.jsonl files of {", ".join(TOOLS)};
-each tool's rows are told apart by their columns. --tables-only writes one file per table
+typst package, pip install -e ".[pdf]"). RESULTS are .csv/.jsonl files of {", ".join(TOOLS)}
+(find_max: its .json answer); each tool's rows are told apart by their columns. A file of no
+tool is named in one line and left out; the others are reported, and the exit status is 1. --tables-only writes one file per table
 (OUTPUT's stem + the table's name), for pasting into a document of your own.
 """
 
@@ -59,10 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     outputs = args.output or [Path("writeup/report.md")]
     if problem := _check_outputs(outputs, args.tables_only):
         return fail(PROG, problem)
-    try:
-        frames = load(args.results)
-    except ResultFileError as exc:
-        return fail(PROG, str(exc))
+    frames, problems = load_each(args.results)
+    for problem in problems:
+        print(f"{PROG}: {'error' if not frames else 'left out'}: {problem}", file=sys.stderr)
+    if not frames:
+        return EXIT_USAGE
     command = shlex.join([*PROG.split(), *args.results, *(x for note in args.note for x in ("--note", note)),
                           *(x for o in outputs for x in ("--output", str(o))),
                           *(["--tables-only"] if args.tables_only else [])])  # fmt: skip
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     for output in outputs:
         written = write(document, output, args.tables_only)
         print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
-    return 0
+    return EXIT_FAILED if problems else EXIT_OK
 
 
 def write(document, output: Path, tables_only: bool) -> list[Path]:

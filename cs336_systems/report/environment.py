@@ -22,7 +22,8 @@ def _text(name: str, value: object) -> str:
 
 
 def environment_section(frames: list[pd.DataFrame]) -> Section | None:
-    rows = pd.concat([f for f in frames if "device_name" in f.columns], ignore_index=True) if frames else None
+    with_device = [f for f in frames if "device_name" in f.columns]
+    rows = pd.concat(with_device, ignore_index=True) if with_device else None  # warmup_study has none
     if rows is None or rows.empty:
         return None
     columns: dict[str, dict[str, str]] = {}

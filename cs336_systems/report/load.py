@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,8 +14,13 @@ from cs336_systems.results import ResultFileError, read_results
 VERSION_COLUMNS = ("cuda_version", "cudnn_version", "torch_version", "python_version", "git_commit")
 
 # The first tool whose columns a file has owns it; ddp_bench before benchmark (both have model_size).
+# find_max's rows are benchmark rows; its answer is the JSON summary beside them.
 TOOLS = {
     "warmup_study": ("warmup_steps", "step_index", "step_ms"),
+    "monitor": ("t_s", "system_cpu_pct", "tree_cpu_pct"),
+    "monitor_run": ("command", "exit_status", "interval_s", "num_samples"),  # monitor's .json beside its CSV
+    "probe": ("window", "step_ms", "data_wait_pct", "verdict"),
+    "find_max": ("dimension", "largest_ok", "smallest_oom"),
     "attention_bench": ("implementation", "head_dim", "seq_len", "status"),
     "allreduce_bench": ("size_bytes", "world_size", "mean_ms", "status"),
     "ddp_bench": ("strategy", "world_size", "mean_ms", "status"),
@@ -39,6 +45,8 @@ def read_file(path: str | Path) -> pd.DataFrame:
     try:
         if path.suffix == ".csv":
             frame = pd.read_csv(path, dtype=dict.fromkeys(VERSION_COLUMNS, str))
+        elif path.suffix == ".json":
+            frame = _summary_frame(json.loads(path.read_text()))
         else:
             frame = read_results(path)
     except ResultFileError:
@@ -52,19 +60,42 @@ def read_file(path: str | Path) -> pd.DataFrame:
     return frame
 
 
+def _summary_frame(summary: object) -> pd.DataFrame:
+    """A JSON object (find_max's answer, monitor's run record) as one row; its lists as text."""
+    if not isinstance(summary, dict):
+        raise ValueError("not a JSON object")
+    flat = {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in summary.items()}
+    return pd.DataFrame([flat])
+
+
 def tool_of(frame: pd.DataFrame) -> str | None:
     return next((tool for tool, columns in TOOLS.items() if set(columns) <= set(frame.columns)), None)
 
 
-def load(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
-    """Rows per tool, in the order given; a file that no tool wrote is refused."""
+def load_each(paths: Sequence[str | Path]) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """Rows per tool, in the order given, and one line for each file left out (unreadable, empty,
+    or written by no tool of this project), so one stray file never costs the rest."""
     per_tool: dict[str, list[pd.DataFrame]] = {}
+    problems: list[str] = []
     for path in paths:
-        frame = read_file(path)
+        try:
+            frame = read_file(path)
+        except ResultFileError as exc:
+            problems.append(str(exc))
+            continue
         tool = tool_of(frame)
         if tool is None:
-            raise ResultFileError(f"{path}: not a benchmark result file of any known tool ({', '.join(TOOLS)})")
-        if frame.empty:
-            raise ResultFileError(f"{path}: no rows")
-        per_tool.setdefault(tool, []).append(frame.assign(source=Path(path).name))
-    return {tool: pd.concat(frames, ignore_index=True) for tool, frames in per_tool.items()}
+            problems.append(f"{path}: not the output of any tool of this project ({', '.join(TOOLS)})")
+        elif frame.empty:
+            problems.append(f"{path}: no rows")
+        else:
+            per_tool.setdefault(tool, []).append(frame.assign(source=Path(path).name))
+    return {tool: pd.concat(frames, ignore_index=True) for tool, frames in per_tool.items()}, problems
+
+
+def load(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
+    """Rows per tool; the first file left out is an error."""
+    frames, problems = load_each(paths)
+    if problems:
+        raise ResultFileError(problems[0])
+    return frames

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from .document import Document, Figure, Table
 
-PREAMBLE = """#set page(paper: "a4", margin: 1.5cm)
+# No creation date in the PDF: the same results make the same bytes.
+PREAMBLE = """#set document(date: none)
+#set page(paper: "a4", margin: 1.5cm)
 #set text(size: 9pt)
 #set heading(numbering: "1.")
 #show table: set text(size: 7pt)
