@@ -14,6 +14,7 @@ VERSION_COLUMNS = ("cuda_version", "cudnn_version", "torch_version", "python_ver
 
 # The first tool whose columns a file has owns it; ddp_bench before benchmark (both have model_size).
 TOOLS = {
+    "handout": ("problem", "step", "plan_status", "outcome"),
     "warmup_study": ("warmup_steps", "step_index", "step_ms"),
     "attention_bench": ("implementation", "head_dim", "seq_len", "status"),
     "allreduce_bench": ("size_bytes", "world_size", "mean_ms", "status"),
