@@ -57,6 +57,8 @@ class Step:
     def outputs(self) -> list[str]:
         names = []
         for flag in PATH_FLAGS:
+            if flag == "--output-dir":  # a folder: the tool's own file names are in _writes
+                continue
             value = self.flags.get(flag)
             names += [value] if isinstance(value, str) else list(value or [])
         names += list(self.flags.get("_writes", []))  # written by the tool under a name of its own
