@@ -25,7 +25,8 @@ from cs336_systems.units import format_bytes
 EFFICIENCY = {"cuda": 0.4, "cpu": 0.5}
 STARTUP_S = {"cuda": 8.0, "cpu": 4.0}  # one Python process importing torch (and a CUDA context)
 COMPILE_S = {"cuda": 60.0, "cpu": 40.0}  # torch.compile of one model or function
-LAUNCH_S_PER_LAYER = {"cuda": 1e-3, "cpu": 0.0}  # eager kernel launches of one block's step
+LAUNCH_S_PER_LAYER = {"cuda": 1e-3, "cpu": 2e-3}  # eager per-op overheads of one block's step
+CONFIG_S = {"cuda": 2.0, "cpu": 3.0}  # one configuration's set-up: model, FLOP count, the profiled step
 BANDWIDTH = {"cuda": 2e12, "cpu": 1e10}  # device memory bytes/s (attention's memory-bound passes)
 LINK = {"nccl": 1e11, "gloo": 1e9}  # all-reduce bytes/s per rank
 BORDERLINE = 1.10  # predicted up to 10% over the device still runs (the estimator is within a few %)
@@ -154,7 +155,8 @@ def predict(step: Step, target: Target, user_model: bool = False) -> None:
             step.predicted_peak_bytes = max(predicted_peak(target, *c[:5]) for c in configs)
         processes = len(configs) if flags.get("_child_per_config") else 1
         compiles = sum(1 for c in configs if c[5]) * COMPILE_S[target.type]
-        seconds = sum(per_config) + processes * STARTUP_S[target.type] + compiles
+        seconds = sum(per_config) + len(configs) * CONFIG_S[target.type] + processes * STARTUP_S[target.type]
+        seconds += compiles
         if kind == "warmup":
             warmups = [int(w) for w in _list(flags, "--warmups", [0, 1, 2, 5])]
             one = step_seconds(target, *configs[0][:5])
@@ -162,7 +164,7 @@ def predict(step: Step, target: Target, user_model: bool = False) -> None:
             seconds += len(warmups) * STARTUP_S[target.type]
         if kind == "ddp":  # the single-process baseline, then each strategy (and bucket size) on N ranks
             units = 1 + len(_list(flags, "--strategies", ["ddp"])) * len(_list(flags, "--bucket-cap-mb", [None]))
-            seconds = units * (sum(per_config) * 1.5) + 2 * STARTUP_S[target.type]
+            seconds = units * (sum(per_config) * 1.5 + CONFIG_S[target.type]) + 3 * STARTUP_S[target.type]
         step.predicted_s = seconds
     elif kind == "attention":
         step.predicted_s, step.predicted_peak_bytes = _attention(flags, target)

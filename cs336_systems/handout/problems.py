@@ -75,7 +75,7 @@ class Scale:
 
 FULL = Scale("full", sizes=None)
 SMALL = Scale(
-    "small", sizes=("small",), shape=SMALL_SHAPE, contexts=(32, 64), timing_context=64, batch=2,
+    "small", sizes=("small",), shape=SMALL_SHAPE, contexts=(32, 64), timing_context=64, batch=2, warmup=2, measure=5,
     memory_size={"2025": "small", "2026": "small"}, memory_contexts={"2025": (32, 64), "2026": (32, 128)},
     checkpoint_context=64, checkpoint_blocks=("0", "1", "all"), attention_batch=4, attention_head_dims=(16, 32),
     attention_contexts=(64, 128), attention_measure=10, flash_contexts=(64, 128), flash_head_dims=(16,),
@@ -268,6 +268,10 @@ def memory_profiling(options: Options, target: Target) -> list[Step]:
         if options.model_factory:
             flags.pop("--model-factory")
             step.reductions.append("residuals reads the built-in model's blocks (not your --model-factory)")
+        if scale.name == "small":
+            flags["--no-compile"] = True
+            step.fixed_s = 20
+            step.reductions.append("small scale: the compiled block is left out (compiling it takes a minute on a CPU)")
         steps.append(step)
     return steps
 
