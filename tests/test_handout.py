@@ -139,3 +139,26 @@ def test_a_small_run_writes_the_write_up_and_a_stopped_run_continues_without_rep
     assert (out / "writeup.tex").is_file() and (out / "writeup.typ").is_file()
     pdf = out / "writeup.pdf"
     assert not pdf.exists() or pdf.read_bytes().startswith(b"%PDF")
+
+
+def test_an_unfinished_sweep_continues_with_its_own_resume_and_any_other_step_starts_from_empty_outputs(tmp_path):
+    from cs336_systems.handout.plan import Step
+
+    sweep = Step("sweep", "p", "a sweep", "cs336_systems.benchmark_direct", {"--output": ["sweep.csv"]},
+                 resumable=True)  # fmt: skip
+    other = Step("other", "p", "attention", "cs336_systems.attention_bench", {"--output": ["other.csv"]})
+    for name in ("sweep.csv", "other.csv"):
+        (tmp_path / name).write_text("partial rows\n")
+    assert run.prepare(sweep, tmp_path)[-1] == "--resume" and (tmp_path / "sweep.csv").exists()
+    assert "--resume" not in run.prepare(other, tmp_path) and not (tmp_path / "other.csv").exists()
+
+
+def test_a_done_marker_counts_only_for_the_same_command(tmp_path):
+    from cs336_systems.handout.plan import Step
+
+    step = Step("s", "p", "x", "cs336_systems.attention_bench", {"--measure-steps": 10})
+    run.marker_path(tmp_path, step).parent.mkdir()
+    run.marker_path(tmp_path, step).write_text(json.dumps({"command": step.shell(tmp_path), "outcome": "ok"}))
+    assert run.read_marker(tmp_path, step)["outcome"] == "ok"
+    step.flags["--measure-steps"] = 5  # e.g. another --budget: the step runs again
+    assert run.read_marker(tmp_path, step) is None
