@@ -162,3 +162,29 @@ def test_a_done_marker_counts_only_for_the_same_command(tmp_path):
     assert run.read_marker(tmp_path, step)["outcome"] == "ok"
     step.flags["--measure-steps"] = 5  # e.g. another --budget: the step runs again
     assert run.read_marker(tmp_path, step) is None
+
+
+def test_report_opens_with_the_plan_and_shows_printed_output_as_written(tmp_path):
+    from cs336_systems.report.cli import main as report_main
+
+    plan = pd.DataFrame([
+        dict(order=1, edition="2026", scale="full", problem="mixed_precision_accumulation", step="mixed_precision_accumulation",
+             part="accumulation", tool="cs336_systems.mixed_precision", plan_status="run", outcome="ok", reason="",
+             reductions="", predicted_peak_bytes=None, device_memory_bytes=2**30, predicted_s=15.0, elapsed_s=4.2,
+             command="python -m cs336_systems.mixed_precision --device cpu", text_output="printed.txt",
+             device_name="AMD EPYC", device_assumed=False),
+        dict(order=2, edition="2026", scale="full", problem="nsys_profile", step="nsys_profile-small-128", part="nsys",
+             tool="nsys_profile.sh", plan_status="skipped", outcome="skipped", reason="nsys profiles CUDA kernels: needs a GPU",
+             reductions="", predicted_peak_bytes=None, device_memory_bytes=2**30, predicted_s=None, elapsed_s=None,
+             command="", text_output="", device_name="AMD EPYC", device_assumed=False),
+    ])  # fmt: skip
+    plan.to_csv(tmp_path / "handout_plan.csv", index=False)
+    (tmp_path / "printed.txt").write_text("| accumulator | result |\n|---|---|\n| fp16 | 9.95 #_*$ |\n")
+    outputs = [tmp_path / f"writeup.{ext}" for ext in ("md", "typ", "tex")]
+    assert report_main([str(tmp_path / "handout_plan.csv"), *(x for o in outputs for x in ("--output", str(o)))]) == 0
+    markdown, typst, latex = (o.read_text() for o in outputs)
+    assert markdown.index("## Handout plan") < markdown.index("## Mixed-precision accumulation")
+    assert "nsys_profile-small-128: nsys. nsys profiles CUDA kernels: needs a GPU." in markdown
+    assert "```text\n| accumulator | result |" in markdown
+    assert 'raw("| accumulator | result |\\n|---|---|\\n| fp16 | 9.95 #_*$ |", block: true)' in typst
+    assert "\\begin{verbatim}\n| accumulator | result |" in latex
