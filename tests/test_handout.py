@@ -188,3 +188,14 @@ def test_report_opens_with_the_plan_and_shows_printed_output_as_written(tmp_path
     assert "```text\n| accumulator | result |" in markdown
     assert 'raw("| accumulator | result |\\n|---|---|\\n| fp16 | 9.95 #_*$ |", block: true)' in typst
     assert "\\begin{verbatim}\n| accumulator | result |" in latex
+
+
+def test_two_assumed_gpus_run_data_parallel_on_nccl_with_the_handouts_shape():
+    steps, target = plan_for("2025", "2x H100 80GB")
+    by_id = {step.id: step for step in steps}
+    assert target.gpus == 2
+    ddp = by_id["ddp_bucketed_benchmarking"]
+    assert ddp.flags["--backend"] == "nccl" and ddp.flags["--model-size"] == "xl" and not ddp.reductions[:-1]
+    assert ddp.flags["--bucket-cap-mb"] == ["1", "10", "100", "1000"]
+    nccl = by_id["distributed_communication_single_node-nccl"]
+    assert nccl.status == "run" and nccl.flags["--world-sizes"] == [2] and "4 6 dropped" in nccl.reductions[0]

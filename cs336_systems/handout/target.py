@@ -54,7 +54,13 @@ def known_gpu_names() -> list[str]:
 
 
 def assumed_target(text: str) -> Target:
-    """'H100 80GB', '80GiB A100', 'H200 141GB': a memory size and a name from the peak table."""
+    """'H100 80GB', '80GiB A100', '2x H200 141GB': a memory size and a name from the peak table,
+    optionally the number of GPUs first."""
+    count = re.match(r"\s*(\d+)\s*x\s+", text, re.IGNORECASE)
+    gpus = int(count.group(1)) if count else 1
+    if gpus < 1:
+        raise TargetError(f"--assume-device {text!r}: at least one GPU")
+    text = text[count.end() :] if count else text
     match = _SIZE.search(text)
     if match is None:
         raise TargetError(f"--assume-device {text!r}: give the memory size too, e.g. 'H100 80GB'")
@@ -66,7 +72,7 @@ def assumed_target(text: str) -> Target:
             f"--assume-device {text!r}: {name!r} is not in the peak FLOP/s table "
             f"(known: {', '.join(known_gpu_names())})"
         )
-    return Target(name=name, type="cuda", memory_bytes=memory, gpus=1, assumed=True, nsys=False,
+    return Target(name=name, type="cuda", memory_bytes=memory, gpus=gpus, assumed=True, nsys=False,
                   triton=True)  # fmt: skip
 
 
