@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cs336_systems.argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser, fail
 from cs336_systems.command import run_command
-from cs336_systems.handout.plan import fit_budget, parse_duration, total_seconds
+from cs336_systems.handout.plan import fit_budget, format_seconds, parse_duration, total_seconds
 from cs336_systems.handout.problems import ALL_PROBLEMS, EDITIONS, PROBLEMS, SCALES, Options, build_steps
 from cs336_systems.handout.run import LOGS, PLAN_FILE, execute, plan_table
 from cs336_systems.handout.target import Target, TargetError, assumed_target, present_target
@@ -114,7 +114,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
 
     header = (f"Plan for the {args.edition} handout, {args.scale} scale, on {target.describe()}: "
               f"{sum(s.status == 'run' for s in steps)} steps to run, {sum(s.status != 'run' for s in steps)} skipped, "
-              f"predicted {total_seconds(steps) / 60:.0f} min (rough: FLOPs at a fixed share of peak, plus start-up)")  # fmt: skip
+              f"predicted {format_seconds(total_seconds(steps))} (rough: FLOPs at a fixed share of peak, plus start-up)")  # fmt: skip
     if notes:
         header += f"; to fit --budget {args.budget}: {', '.join(notes)}"
     if args.dry_run or args.assume_device:

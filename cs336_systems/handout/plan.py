@@ -233,6 +233,14 @@ def fit_verdict(peak: int | None, target: Target) -> tuple[str, str]:
 MEASURE_REDUCTIONS = {"benchmark": 5, "ddp": 5, "attention": 20, "allreduce": 5}
 
 
+def format_seconds(value: float | None) -> str:
+    if value is None:
+        return "?"
+    if value < 120:
+        return f"{value:.0f} s"
+    return f"{value / 60:.0f} min" if value < 7200 else f"{value / 3600:.1f} h"
+
+
 def total_seconds(steps: list[Step]) -> float:
     return sum(s.predicted_s or 0 for s in steps if s.status == "run")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from cs336_systems.handout.plan import Step, fit_verdict
+from cs336_systems.handout.plan import Step, fit_verdict, format_seconds
 from cs336_systems.handout.target import Target
 from cs336_systems.lifetime import child_preexec
 from cs336_systems.units import format_bytes
@@ -172,14 +172,6 @@ def plan_table(steps: list[Step], target: Target) -> str:
         fits = fit_verdict(step.predicted_peak_bytes, target)[0] if step.status == "run" else "-"
         why = step.reason + ("; " + "; ".join(step.reductions) if step.reductions else "")
         body.append([step.problem, step.part, step.status, format_bytes(step.predicted_peak_bytes) or "?",
-                     _seconds(step.predicted_s) if step.status == "run" else "", fits, why])  # fmt: skip
+                     format_seconds(step.predicted_s) if step.status == "run" else "", fits, why])  # fmt: skip
     headers = ["problem", "what runs", "plan", "predicted peak", "predicted time", "fits", "why"]
     return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
-
-
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "?"
-    if value < 120:
-        return f"{value:.0f} s"
-    return f"{value / 60:.0f} min" if value < 7200 else f"{value / 3600:.1f} h"

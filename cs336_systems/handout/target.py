@@ -81,12 +81,13 @@ def present_target(device, measure_cpu_peak: bool = True) -> Target:
     import torch
 
     from cs336_systems.flops import measure_peak_tflops
-    from cs336_systems.results.environment import _cpu_name
+    from cs336_systems.results import collect_environment
 
     nsys = shutil.which("nsys") is not None
+    name = collect_environment(device).device_name  # as every result row names it
     if device.type == "cuda":
-        properties = torch.cuda.get_device_properties(device)
+        memory = torch.cuda.get_device_properties(device).total_memory
         triton = importlib.util.find_spec("triton") is not None
-        return Target(properties.name, "cuda", properties.total_memory, torch.cuda.device_count(), False, nsys, triton)
+        return Target(name, "cuda", memory, torch.cuda.device_count(), False, nsys, triton)
     peaks = {p: measure_peak_tflops(device, p) for p in ("fp32", "bf16")} if measure_cpu_peak else None
-    return Target(_cpu_name(), "cpu", available_memory_bytes(), 0, False, nsys, False, peaks)
+    return Target(name, "cpu", available_memory_bytes(), 0, False, nsys, False, peaks)
