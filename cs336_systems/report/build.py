@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import attention, benchmark, distributed, observed, plots
+from . import attention, benchmark, distributed, handout, observed, plots
 from .document import Document, Section
 from .environment import environment_section
 
 # The handout's order; a section exists only when its rows do.
-ORDER = ("Environment", "End-to-end benchmarking", "Warmup effect", "Mixed precision", "Memory", "Attention",
+ORDER = ("Handout plan", "Environment", "End-to-end benchmarking", "Warmup effect", "Mixed-precision accumulation",
+         "Mixed precision", "Memory", "Residuals saved for backward", "Attention",
          "torch.compile of attention", "torch.compile of the whole model", "FlashAttention against PyTorch attention",
          "All-reduce", "Data-parallel training", "Input pipeline", "Largest that fits", "Your training loop",
          "Resources over a run", "Notes")  # fmt: skip
@@ -21,6 +22,8 @@ def build_document(frames: dict[str, pd.DataFrame], directory: Path, stem: str, 
     """`frames` maps a tool (load.TOOLS) to its rows; plots are written to `directory` as `stem`_*.png."""
     sections: list[Section] = []
     notes: list[str] = []
+    if "handout" in frames:
+        sections += handout.plan_sections(frames["handout"], directory)
     if "benchmark" in frames:
         found, found_notes = benchmark.sections(frames["benchmark"])
         found[0].figures = plots.benchmark_plots(frames["benchmark"], directory, stem)

@@ -43,6 +43,7 @@ class Section:
     tables: list[Table] = field(default_factory=list)
     figures: list[Figure] = field(default_factory=list)
     bullets: list[str] = field(default_factory=list)
+    listings: list[str] = field(default_factory=list)  # preformatted text a tool printed, shown as written
 
 
 @dataclass

@@ -75,6 +75,7 @@ def document_latex(document: Document, directory: Path) -> str:
             out.append("\\begin{itemize}\n")
             out += [f"\\item {_paragraph(b).rstrip()}\n" for b in section.bullets]
             out.append("\\end{itemize}\n")
+        out += [f"{{\\footnotesize\\begin{{verbatim}}\n{text}\n\\end{{verbatim}}}}\n" for text in section.listings]
         out.append("\\clearpage\n" if section.tables and len(section.tables) > 3 else "")
     out.append("\\end{document}\n")
     return "".join(out)

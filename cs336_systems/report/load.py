@@ -16,6 +16,7 @@ VERSION_COLUMNS = ("cuda_version", "cudnn_version", "torch_version", "python_ver
 # The first tool whose columns a file has owns it; ddp_bench before benchmark (both have model_size).
 # find_max's rows are benchmark rows; its answer is the JSON summary beside them.
 TOOLS = {
+    "handout": ("problem", "step", "plan_status", "outcome"),
     "warmup_study": ("warmup_steps", "step_index", "step_ms"),
     "monitor": ("t_s", "system_cpu_pct", "tree_cpu_pct"),
     "monitor_run": ("command", "exit_status", "interval_s", "num_samples"),  # monitor's .json beside its CSV

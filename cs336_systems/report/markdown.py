@@ -30,4 +30,5 @@ def document_markdown(document: Document, directory: Path) -> str:
             lines.append(table_markdown(table, heading=table.title != section.title))
         lines += [figure_markdown(figure, directory) for figure in section.figures]
         lines += [f"- {bullet}" for bullet in section.bullets] + ([""] if section.bullets else [])
+        lines += [line for text in section.listings for line in ("```text", text, "```", "")]
     return "\n".join(lines).rstrip("\n") + "\n"

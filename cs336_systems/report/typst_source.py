@@ -65,6 +65,7 @@ def document_typst(document: Document, directory: Path) -> str:
         out += [table_typst(table) for table in section.tables]
         out += [figure_typst(figure, directory) for figure in section.figures]
         out += [f"- {_markup(bullet)}\n" for bullet in section.bullets]
+        out += [f"#text(size: 6.5pt, raw({string(text)}, block: true))\n\n" for text in section.listings]
     return "".join(out)
 
 

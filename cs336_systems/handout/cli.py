@@ -1,0 +1,175 @@
+"""python -m cs336_systems.handout: the flags and main."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shlex
+import sys
+from pathlib import Path
+
+from cs336_systems.argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser, fail
+from cs336_systems.command import run_command
+from cs336_systems.handout.plan import fit_budget, format_seconds, parse_duration, total_seconds
+from cs336_systems.handout.problems import ALL_PROBLEMS, EDITIONS, PROBLEMS, SCALES, Options, build_steps
+from cs336_systems.handout.run import LOGS, PLAN_FILE, execute, plan_table
+from cs336_systems.handout.target import Target, TargetError, assumed_target, present_target
+
+PROG = "python -m cs336_systems.handout"
+WRITEUP = "writeup"
+DESCRIPTION = """Plan, run and write up every measurable problem of the CS336 assignment 2 (systems) handout.
+
+    python -m cs336_systems.handout --edition 2026 --dry-run --assume-device "H100 80GB"
+    python -m cs336_systems.handout --edition 2026 --adapters tests/adapters.py --budget 45m
+    python -m cs336_systems.handout --edition 2026 --device cpu --scale small
+
+Each step runs one of this project's tools in its own process and writes its results files into
+--output-dir; the same command again continues where a stopped run ended. At the end, the report
+of every result goes to OUTPUT_DIR/writeup.{md,tex,typ,pdf}.
+"""
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--edition", choices=EDITIONS, default="2026", help="which handout (2026)")
+    parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]", help="where the steps run (auto)")
+    parser.add_argument("--assume-device", metavar="'NAME SIZE'",
+                        help="plan for a GPU you do not have, e.g. 'H100 80GB' (implies --dry-run)")  # fmt: skip
+    parser.add_argument("--scale", choices=tuple(SCALES), default="full",
+                        help="full: the handout's shapes; small: the same plan at small shapes (minutes on a CPU)")  # fmt: skip
+    parser.add_argument("--problems", nargs="+", metavar="NAME", help="only these problems (default: all of the edition)")
+    parser.add_argument("--adapters", metavar="MODULE", help="your tests/adapters.py: FlashAttention-2, DDP, FSDP")
+    parser.add_argument("--model-factory", metavar="package.module:callable", help="your model instead of the built-in")
+    parser.add_argument("--optimizer", metavar="package.module:callable", help="your optimizer for training steps")
+    parser.add_argument("--budget", metavar="DURATION", help="e.g. 45m: shrink the plan to fit (recorded in the report)")
+    parser.add_argument("--output-dir", type=Path, help="default results/handout-EDITION-DEVICE")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and its commands; run nothing")
+    parser.add_argument("--no-report", action="store_true", help="run the steps but write no write-up")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_command(PROG, lambda: _run(args, list(sys.argv[1:] if argv is None else argv)))
+
+
+def _target(args: argparse.Namespace) -> tuple[Target, str]:
+    if args.assume_device:
+        target = assumed_target(args.assume_device)
+        return target, "cuda"
+    from cs336_systems.device import resolve_device
+
+    device = resolve_device(args.device)
+    return present_target(device), str(device)
+
+
+def _check_loadable(args: argparse.Namespace) -> None:
+    """The user's code is loaded once here, so a typo is one line before any step starts."""
+    if args.adapters:
+        from cs336_systems.adapters import load_adapters
+
+        load_adapters(args.adapters)
+    if args.model_factory:
+        from cs336_systems.models import load_model_factory
+
+        load_model_factory(args.model_factory)
+    if args.optimizer:
+        from cs336_systems.optimizer import load_optimizer_factory
+
+        load_optimizer_factory(args.optimizer)
+
+
+def ddp_takes_optimizer_spec() -> bool:
+    """Whether this ddp_bench's --optimizer takes package.module:callable (not only its own names)."""
+    from cs336_systems.ddp_bench.cli import build_parser as ddp_parser
+
+    action = ddp_parser()._option_string_actions.get("--optimizer")
+    return action is not None and action.choices is None
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    from cs336_systems.adapters import AdapterError
+    from cs336_systems.device import DeviceError
+    from cs336_systems.loading import LoadError
+    from cs336_systems.models import ConfigError, ModelFactoryError
+
+    try:
+        problems = args.problems or list(PROBLEMS[args.edition])
+        unknown = [p for p in problems if p not in PROBLEMS[args.edition]]
+        if unknown:
+            where = "" if unknown[0] not in ALL_PROBLEMS else f" (a problem of the other edition, not {args.edition})"
+            raise ValueError(f"--problems {unknown[0]}: unknown{where}; choose from {', '.join(PROBLEMS[args.edition])}")
+        budget_s = parse_duration(args.budget) if args.budget else None
+        target, device = _target(args)
+        _check_loadable(args)
+        options = Options(args.edition, SCALES[args.scale], device, args.adapters, args.model_factory, args.optimizer,
+                          ddp_takes_optimizer_spec())  # fmt: skip
+        steps = build_steps(options, target, problems)
+        notes = fit_budget(steps, budget_s, target, args.model_factory is not None) if budget_s else []
+        output_dir = args.output_dir or Path("results") / f"handout-{args.edition}-{target.label}"
+        if output_dir.exists() and not output_dir.is_dir():
+            raise ValueError(f"--output-dir {output_dir} is a file")
+    except (TargetError, DeviceError, AdapterError, LoadError, ConfigError, ModelFactoryError, ValueError) as exc:
+        return fail(PROG, str(exc))
+
+    header = (f"Plan for the {args.edition} handout, {args.scale} scale, on {target.describe()}: "
+              f"{sum(s.status == 'run' for s in steps)} steps to run, {sum(s.status != 'run' for s in steps)} skipped, "
+              f"predicted {format_seconds(total_seconds(steps))} (rough: FLOPs at a fixed share of peak, plus start-up)")  # fmt: skip
+    if notes:
+        header += f"; to fit --budget {args.budget}: {', '.join(notes)}"
+    if args.dry_run or args.assume_device:
+        print(header + "\n")
+        print(plan_table(steps, target))
+        print("\nCommands:\n")
+        for step in steps:
+            if step.status == "run":
+                print(step.shell(output_dir))
+        return EXIT_OK
+
+    print(header, file=sys.stderr)
+    try:
+        outcomes = execute(steps, target, output_dir, args.edition, args.scale)
+    except KeyboardInterrupt:
+        print(f"{PROG}: stopped; finished steps are kept in {output_dir}. Continue with the same command:\n"
+              f"  {PROG} {shlex.join(argv)}", file=sys.stderr)  # fmt: skip
+        raise
+    failed = [step_id for step_id, outcome in outcomes.items() if outcome.get("outcome") != "ok"]
+    for step_id in failed:
+        print(f"{PROG}: {step_id}: {outcomes[step_id]['outcome']} (see {output_dir / LOGS / (step_id + '.log')})",
+              file=sys.stderr)  # fmt: skip
+    if not args.no_report:
+        write_report(steps, output_dir, args, notes)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def write_report(steps, output_dir: Path, args: argparse.Namespace, budget_notes: list[str]) -> None:
+    """The report of every step's results into OUTPUT_DIR/writeup.*; PDF when typst is installed."""
+    from cs336_systems.report.cli import main as report_main
+
+    inputs = [str(output_dir / PLAN_FILE)]
+    for step in steps:
+        for name in step.reads:
+            path = output_dir / name
+            if step.status == "run" and path.is_file() and path.stat().st_size > 0 and _has_rows(path):
+                inputs.append(str(path))
+    formats = [".md", ".tex", ".typ"]
+    if importlib.util.find_spec("typst") is not None:
+        formats.append(".pdf")
+    else:
+        print(f'{PROG}: no PDF: the typst package is not installed (pip install -e ".[pdf]"); writing .md, .tex, .typ',
+              file=sys.stderr)  # fmt: skip
+    # no quotes or backticks: the note is also quoted inside the report's "Generated by" command
+    note = f"The CS336 assignment 2 (systems) handout, {args.edition} edition, run by {PROG} at the {args.scale} scale"
+    note += (": small shapes so a CPU runs the whole plan in minutes; the numbers test the pipeline and are not "
+             "answers to the handout." if args.scale == "small" else ".")  # fmt: skip
+    if budget_notes:
+        note += f" To fit --budget {args.budget} the plan was shrunk ({', '.join(budget_notes)}); see the plan section."
+    outputs = [x for suffix in formats for x in ("--output", str(output_dir / f"{WRITEUP}{suffix}"))]
+    status = report_main([*inputs, *outputs, "--note", note])
+    if status != 0:
+        print(f"{PROG}: the report failed (exit {status}); the results are in {output_dir}", file=sys.stderr)
+
+
+def _has_rows(path: Path) -> bool:
+    with open(path) as handle:
+        return sum(1 for _ in zip(range(2), handle)) >= 2

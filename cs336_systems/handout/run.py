@@ -1,0 +1,177 @@
+"""Running a plan: each step is its tool's own command in a child process, so a crash, an OOM or a
+hang ends that step only. A finished step leaves a done marker (its exact command and outcome)
+in OUTPUT_DIR/.handout/; the same command later skips it, continues a sweep the tool can resume
+(--resume), and runs any other unfinished step again from empty outputs, so no row is written twice.
+The plan and every step's outcome are kept in OUTPUT_DIR/handout_plan.csv, rewritten after each step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from cs336_systems.handout.plan import Step, fit_verdict, format_seconds
+from cs336_systems.handout.target import Target
+from cs336_systems.lifetime import child_preexec
+from cs336_systems.units import format_bytes
+
+PLAN_FILE = "handout_plan.csv"
+MARKERS = ".handout"
+LOGS = "logs"
+INTERRUPT_GRACE_S = 20.0  # a sweep asked to stop finishes the configuration in progress, then saves it
+
+
+def marker_path(output_dir: Path, step: Step) -> Path:
+    return output_dir / MARKERS / f"{step.id}.json"
+
+
+def read_marker(output_dir: Path, step: Step) -> dict | None:
+    """The done marker of `step` when it records this very command (a changed plan runs it again)."""
+    path = marker_path(output_dir, step)
+    try:
+        marker = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if marker.get("command") == step.shell(output_dir) else None
+
+
+def plan_rows(steps: list[Step], target: Target, output_dir: Path, outcomes: dict[str, dict], edition: str,
+              scale: str) -> list[dict]:  # fmt: skip
+    rows = []
+    for order, step in enumerate(steps, 1):
+        done = outcomes.get(step.id, {})
+        plan_status = "skipped" if step.status == "skipped" else "reduced" if step.reductions else "run"
+        rows.append(dict(
+            order=order, edition=edition, scale=scale, problem=step.problem, step=step.id, part=step.part,
+            tool=Path(step.tool).name if step.tool.endswith((".py", ".sh")) else step.tool,
+            plan_status=plan_status, outcome=done.get("outcome", "skipped" if step.status == "skipped" else "pending"),
+            reason=step.reason, reductions="; ".join(step.reductions), fits=fit_verdict(step.predicted_peak_bytes, target)[0],
+            predicted_peak_bytes=step.predicted_peak_bytes, device_memory_bytes=target.memory_bytes,
+            predicted_s=None if step.predicted_s is None else round(step.predicted_s, 1),
+            elapsed_s=done.get("elapsed_s"), exit_status=done.get("exit_status"),
+            command="" if step.status == "skipped" else step.shell(output_dir), outputs=" ".join(step.outputs()),
+            text_output=step.capture or "", device_name=target.name, device_assumed=target.assumed,
+        ))  # fmt: skip
+    return rows
+
+
+def write_plan(path: Path, rows: list[dict]) -> None:
+    """Replaced whole (written beside, then renamed): a kill never leaves half a plan."""
+    partial = path.with_name(f".{path.name}.partial")
+    pd.DataFrame(rows).to_csv(partial, index=False)
+    os.replace(partial, path)
+
+
+def outcome_of(exit_status: int) -> str:
+    return {0: "ok", 1: "failed rows", 2: "refused", 130: "interrupted", 143: "interrupted"}.get(
+        exit_status, f"crashed (exit {exit_status})"
+    )
+
+
+def prepare(step: Step, output_dir: Path) -> list[str]:
+    """The command to run now: a sweep continues its own outputs; any other tool starts from none."""
+    marker = marker_path(output_dir, step)
+    marker.unlink(missing_ok=True)
+    command = step.command(output_dir)
+    if step.resumable:
+        return [*command, "--resume"]
+    for name in step.outputs():
+        (output_dir / name).unlink(missing_ok=True)
+    return command
+
+
+def run_step(step: Step, output_dir: Path) -> tuple[int, float]:
+    """Run one step's command to its end; (exit status, seconds). Ctrl-C asks the child to stop (a sweep
+    saves the configuration in progress), then kills its process group, and raises again."""
+    command = prepare(step, output_dir)
+    log = output_dir / LOGS / f"{step.id}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    # what this process can import (the user's adapters, model, optimizer), the child can too
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    start = time.perf_counter()
+    with open(log, "w") as err, open(output_dir / step.capture, "w") if step.capture else contextlib.nullcontext(err) as out:
+        err.write(f"$ {step.shell(output_dir)}\n")
+        err.flush()
+        process = subprocess.Popen(command, stdout=out, stderr=err, env=env, start_new_session=True,
+                                   preexec_fn=child_preexec())  # fmt: skip
+        try:
+            status = process.wait()
+        except BaseException:
+            _stop(process)
+            raise
+    return status, time.perf_counter() - start
+
+
+def _stop(process: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGINT)
+    try:
+        process.wait(timeout=INTERRUPT_GRACE_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def execute(steps: list[Step], target: Target, output_dir: Path, edition: str, scale: str) -> dict[str, dict]:
+    """Run every pending step in order under one progress bar; returns each step's outcome.
+    KeyboardInterrupt (Ctrl-C, SIGTERM) propagates after the plan file records what finished."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    plan_path = output_dir / PLAN_FILE
+    outcomes = {s.id: m for s in steps if s.status == "run" and (m := read_marker(output_dir, s))}
+    runnable = [s for s in steps if s.status == "run"]
+    write_plan(plan_path, plan_rows(steps, target, output_dir, outcomes, edition, scale))
+    if outcomes:
+        print(f"{len(outcomes)} of {len(runnable)} steps already done in {output_dir}; continuing", file=sys.stderr)
+    bar = tqdm(total=len(runnable), initial=len(outcomes), unit="step", file=sys.stderr, dynamic_ncols=True)
+    try:
+        for step in runnable:
+            if step.id in outcomes:
+                continue
+            bar.set_description(step.problem)
+            bar.set_postfix_str(step.id)
+            try:
+                status, elapsed = run_step(step, output_dir)
+            except KeyboardInterrupt:
+                outcomes[step.id] = {"outcome": "interrupted"}
+                write_plan(plan_path, plan_rows(steps, target, output_dir, outcomes, edition, scale))
+                raise
+            outcome = {"command": step.shell(output_dir), "exit_status": status, "elapsed_s": round(elapsed, 1),
+                       "outcome": outcome_of(status)}  # fmt: skip
+            if status in (130, 143):  # the child itself was interrupted: not done
+                outcomes[step.id] = {"outcome": "interrupted"}
+                write_plan(plan_path, plan_rows(steps, target, output_dir, outcomes, edition, scale))
+                raise KeyboardInterrupt
+            marker_path(output_dir, step).parent.mkdir(exist_ok=True)
+            marker_path(output_dir, step).write_text(json.dumps(outcome))
+            outcomes[step.id] = outcome
+            write_plan(plan_path, plan_rows(steps, target, output_dir, outcomes, edition, scale))
+            bar.update(1)
+            if outcome["outcome"] != "ok":
+                bar.write(f"{step.id}: {outcome['outcome']} (log: {output_dir / LOGS / (step.id + '.log')})")
+    finally:
+        bar.close()
+    return outcomes
+
+
+def plan_table(steps: list[Step], target: Target) -> str:
+    """The plan as a Markdown table, for --dry-run."""
+    from tabulate import tabulate
+
+    body = []
+    for step in steps:
+        fits = fit_verdict(step.predicted_peak_bytes, target)[0] if step.status == "run" else "-"
+        why = step.reason + ("; " + "; ".join(step.reductions) if step.reductions else "")
+        body.append([step.problem, step.part, step.status, format_bytes(step.predicted_peak_bytes) or "?",
+                     format_seconds(step.predicted_s) if step.status == "run" else "", fits, why])  # fmt: skip
+    headers = ["problem", "what runs", "plan", "predicted peak", "predicted time", "fits", "why"]
+    return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
