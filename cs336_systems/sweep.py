@@ -23,7 +23,7 @@ from tqdm import tqdm
 from cs336_systems import cli, cuda_graphs
 from cs336_systems.argtypes import EXIT_FAILED, EXIT_INTERRUPTED, ArgumentParser, exit_status, fail, positive_int
 from cs336_systems.child import add_child_arguments, child_limits_from_args
-from cs336_systems.config import COMPILE_CHOICES, COMPILE_SCOPES, BenchmarkConfig, row_key
+from cs336_systems.config import COMPILE_CHOICES, COMPILE_SCOPES, BenchmarkConfig
 from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory
 from cs336_systems.monitor import add_monitor_arguments, check_monitor_arguments, monitored
@@ -108,7 +108,7 @@ def existing_rows(outputs: Iterable[Path]) -> list[dict]:
     rows: dict[tuple, dict] = {}
     for held in rows_by_output(outputs).values():
         for row in held:
-            rows.setdefault(row_key(row), row)
+            rows.setdefault(BenchmarkRecord.row_key(row), row)
     return list(rows.values())
 
 
@@ -127,7 +127,7 @@ def pending_configs(
     for path, rows in held.items():
         if rows and not resume:
             raise ResultFileError(f"{path} already has {len(rows)} rows: pass --resume to continue it, or use a new file")
-    keys = [{row_key(row) for row in rows} for rows in held.values()]
+    keys = [{BenchmarkRecord.row_key(row) for row in rows} for rows in held.values()]
     done = set.intersection(*keys) if keys else set()
     return [config for config in configs if config.key() not in done]
 
@@ -280,7 +280,7 @@ def sweep_main(
         return fail(prog, str(exc))
     previous = existing_rows(outputs)
     sink.set_previous_rows(previous)
-    sink.holds = {path: {row_key(row) for row in rows} for path, rows in held.items() if rows}
+    sink.holds = {path: {BenchmarkRecord.row_key(row) for row in rows} for path, rows in held.items() if rows}
 
     # Children record their own environment; the parent of CUDA children stays off the GPU.
     env = None if child_processes else collect_environment(device)
@@ -300,7 +300,7 @@ def sweep_main(
             return EXIT_FAILED
         finally:
             sink.close()
-    shown = {row_key(row) for row in previous}  # a row re-run only for a file that lacked it shows once
+    shown = {BenchmarkRecord.row_key(row) for row in previous}  # a row re-run only for a file that lacked it shows once
     rows = [*previous, *(record.to_row() for record in writer.written if record.key() not in shown)]
     if rows:
         print(render_markdown(rows))

@@ -116,8 +116,7 @@ def test_cuda_graphs_refusals_in_the_runner():
 def test_files_written_before_the_new_columns_still_match_their_configuration(tmp_path, compiled):
     import pandas as pd
 
-    from cs336_systems.config import row_key
-    from cs336_systems.results import read_results
+    from cs336_systems.results import BenchmarkRecord, read_results
 
     config = tiny_benchmark_config(compile=compiled)
     row = runner.new_record(config, torch.device("cpu"), None, 1).to_row()
@@ -127,5 +126,5 @@ def test_files_written_before_the_new_columns_still_match_their_configuration(tm
     mode = read_back["compile_mode"]
     assert (mode == "default") if compiled else pd.isna(mode)
     assert read_back["cuda_graphs"] == False  # noqa: E712 (a numpy bool)
-    assert row_key(read_back) == config.key()
-    assert row_key(read_back) != config.replace(cuda_graphs=True).key()
+    assert BenchmarkRecord.row_key(read_back) == config.key()
+    assert BenchmarkRecord.row_key(read_back) != config.replace(cuda_graphs=True).key()

@@ -204,6 +204,23 @@ def test_killed_between_two_outputs_resume_writes_the_row_only_where_it_is_missi
     _assert_each_row_once(csv_path, jsonl_path)
 
 
+@pytest.mark.parametrize("module", ["cs336_systems.benchmark_direct", "cs336_systems.run_benchmarks"])
+def test_a_model_factory_row_is_recognised_on_resume(tmp_path, module):
+    # A --model-factory row's attention is "n/a": CSV reads it back as empty (a pandas NA string),
+    # JSONL as "n/a", the record holds "n/a"; all three must be one key, or resume writes it twice.
+    csv_path, jsonl_path = tmp_path / "r.csv", tmp_path / "r.jsonl"
+    outputs = ["--output", str(csv_path), "--output", str(jsonl_path)]
+    grid = [*GRID, "--model-factory", "user_models:make_model"]
+    killed = _sweep(module, *grid, *outputs, fault_spec="kill@3")  # row 2 in the CSV, not yet in the JSONL
+    assert killed.returncode == -9
+    assert len(pd.read_csv(csv_path)) == 2 and len(read_results(jsonl_path)) == 1
+    resumed = _sweep(module, *grid, *outputs, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "2 configurations, 1 already done, 1 to run" in resumed.stderr
+    _assert_each_row_once(csv_path, jsonl_path)
+    assert json.loads(jsonl_path.read_text().splitlines()[-1])["attention"] == "n/a"
+
+
 def test_resume_on_another_tools_file_is_refused(tmp_path, capsys):
     jsonl = tmp_path / "attention.jsonl"
     jsonl.write_text(json.dumps({"implementation": "sdpa", "d_head": 16, "mean_ms": 1.0}) + "\n")

@@ -164,7 +164,6 @@ from cs336_systems.results import (  # noqa: E402
     Timing,
     fill_timing,
     identity_field,
-    row_key,
     samples_field,
     timing_columns,
 )
@@ -216,7 +215,7 @@ def test_identity_is_marked_and_survives_every_file(tmp_path, records):
         sink.write(record)
     for path in paths:
         rows = read_results(path).to_dict("records")
-        assert [row_key(row) for row in rows] == [record.key() for record in records]
+        assert [BenchmarkRecord.row_key(row) for row in rows] == [record.key() for record in records]
 
 
 def test_one_sink_writes_any_record_type_with_its_own_view(tmp_path):
@@ -256,10 +255,9 @@ def test_console_view_is_compact_and_keeps_the_notes(records):
 
 def test_record_key_equals_the_configuration_key(records):
     from cs336_systems.config import IDENTITY_FIELDS
-    from cs336_systems.config import row_key as config_row_key
     from tests.conftest import tiny_benchmark_config
 
     assert BenchmarkRecord.identity_fields() == IDENTITY_FIELDS
     assert records[0].key() == tiny_benchmark_config(pass_type="forward").key()
     assert records[1].key() == tiny_benchmark_config(precision="tf32").key()
-    assert config_row_key(records[0].to_row()) == records[0].key()
+    assert BenchmarkRecord.row_key(records[0].to_row()) == records[0].key()

@@ -15,8 +15,7 @@ from cs336_systems import benchmark_direct, run_benchmarks
 from cs336_systems.argtypes import ArgumentParser
 from cs336_systems.benchmark import build_parser, config_from_args
 from cs336_systems.cli import config_to_args
-from cs336_systems.config import row_key
-from cs336_systems.results import CONFIG_FIELDS
+from cs336_systems.results import CONFIG_FIELDS, BenchmarkRecord
 from cs336_systems.sweep import Abort, StopRequest, add_grid_arguments, grid_from_args
 from tests.conftest import PYTHON, TINY_SHAPE, child_env, tiny_benchmark_config
 
@@ -222,7 +221,7 @@ def test_interrupted_then_resumed_has_every_row_once_in_grid_order(tmp_path, mod
     assert resumed.returncode == 0, resumed.stderr
     rows = pd.read_csv(out)
     assert list(rows["context_length"]) == [8, 16, 24, 32]
-    assert len({row_key(row) for row in rows.to_dict("records")}) == 4
+    assert len({BenchmarkRecord.row_key(row) for row in rows.to_dict("records")}) == 4
     assert rows[list(CONFIG_FIELDS)].iloc[: len(done)].equals(done[list(CONFIG_FIELDS)])
     assert md.read_text().count("| custom ") == 4  # the Markdown rendering has all rows too
 

@@ -6,6 +6,7 @@ markdown.py     drawing rows as Markdown / a console table
 files.py        ResultSink (one for every tool) and the readers
 """
 
+from cs336_systems.identity import identity_field, identity_value
 from cs336_systems.results.environment import (
     ENVIRONMENT_FIELDS,
     GIT_COMMIT_ENV,
@@ -56,10 +57,7 @@ from cs336_systems.results.records import (
     Record,
     Timing,
     fill_timing,
-    identity_field,
-    identity_value,
     render_markdown,
-    row_key,
     samples_field,
     timing_columns,
     timing_names,
@@ -73,5 +71,5 @@ __all__ = [
     "check_output_paths", "checkout_state", "collect_environment", "console_table", "environment_lines",
     "fill_timing", "format_cell", "harness_commit", "identity_field", "identity_value", "is_missing",
     "markdown_table", "note_lines", "read_markdown", "read_results", "render_document", "render_markdown",
-    "row_key", "row_label", "row_warnings", "samples_field", "timing_columns", "timing_names", "utc_timestamp",
+    "row_label", "row_warnings", "samples_field", "timing_columns", "timing_names", "utc_timestamp",
 ]  # fmt: skip

@@ -11,13 +11,12 @@ marks the columns that identify a configuration, so resume and compare match on
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-import pandas as pd
-
+from cs336_systems import identity
+from cs336_systems.config import BenchmarkIdentity
 from cs336_systems.profiling import StepProfile
 from cs336_systems.results.environment import ENVIRONMENT_FIELDS, Environment, utc_timestamp
 from cs336_systems.results.markdown import (
@@ -35,11 +34,6 @@ TIMING_STATISTICS = ("mean", "std", "cv_pct", "median", "min", "max", "p10", "p9
 
 # The note a row gets when its training loss came out NaN or inf (compare never ranks such a row).
 NONFINITE_LOSS_NOTE = "loss is not finite (NaN/inf)"
-
-
-def identity_field(**kwargs):
-    """A column that identifies the configuration (compared by `Record.key()`)."""
-    return field(metadata={"identity": True}, **kwargs)
 
 
 def samples_field():
@@ -68,18 +62,6 @@ def fill_timing(record: object, summary: Summary, prefix: str = "") -> None:
         if not hasattr(record, name):
             raise AttributeError(f"{type(record).__name__} declares no timing column {name!r}")
         setattr(record, name, value)
-
-
-def identity_value(value: object) -> str:
-    """One spelling per value whether it came from a record, a CSV or a JSONL file."""
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
-        return ""
-    if isinstance(value, bool) or str(value) in ("True", "False", "true", "false"):
-        return str(value).lower()
-    try:
-        return repr(float(value))
-    except (TypeError, ValueError):
-        return str(value)
 
 
 @dataclass(kw_only=True)
@@ -121,7 +103,7 @@ class Record:
     @classmethod
     def row_key(cls, row: dict) -> tuple[str, ...]:
         """The identity of a row read back from a file (equal to `key()` of the record written)."""
-        return tuple(identity_value(row.get(name)) for name in cls.identity_fields())
+        return identity.row_key(row, cls.identity_fields())
 
     def key(self) -> tuple[str, ...]:
         return self.row_key(self.to_row())
@@ -152,34 +134,10 @@ class Record:
 
 
 @dataclass
-class BenchmarkRecord(Timing, Record):
-    """One configuration of `benchmark`: what was asked, what happened, where."""
+class BenchmarkRecord(Timing, Record, BenchmarkIdentity):
+    """One configuration of `benchmark`: what was asked (config.BenchmarkIdentity's columns,
+    filled by `BenchmarkRecord(**config.identity(), ...)`), what happened, where."""
 
-    # configuration: the identity (BenchmarkConfig.key() spells the same values)
-    model_size: str = identity_field()
-    d_model: int = identity_field()
-    d_ff: int = identity_field()
-    num_layers: int = identity_field()
-    num_heads: int = identity_field()
-    vocab_size: int = identity_field()
-    rope_theta: float = identity_field()
-    attention: str = identity_field()
-    model_factory: str | None = identity_field()
-    context_length: int = identity_field()
-    batch_size: int = identity_field()
-    pass_type: str = identity_field()
-    precision: str = identity_field()
-    compile: bool = identity_field()
-    compile_scope: str | None = identity_field()
-    compile_mode: str | None = identity_field()
-    cuda_graphs: bool = identity_field()
-    device: str = identity_field()
-    timer: str = identity_field()
-    warmup_steps: int = identity_field()
-    measure_steps: int = identity_field()
-    seed: int = identity_field()
-    checkpoint_blocks: int | str | None = identity_field()  # None: off; K, sqrt or all
-    optimizer_factory: str | None = identity_field()  # train-step: the user's --optimizer
     # outcome
     num_params: int | None
     model_context_length: int  # longest sequence the model was built for (sweeps: the longest context)
@@ -305,11 +263,6 @@ BENCHMARK_FIELDS = BenchmarkRecord.row_fields()
 CONFIG_FIELDS = BenchmarkRecord.identity_fields()
 MARKDOWN_COLUMNS = BenchmarkRecord.markdown_columns
 LABEL_COLUMNS = BenchmarkRecord.label_columns
-
-
-def row_key(row: dict) -> tuple[str, ...]:
-    """A benchmark row's identity (BenchmarkRecord.row_key)."""
-    return BenchmarkRecord.row_key(row)
 
 
 def render_markdown(
