@@ -7,7 +7,9 @@ Example:
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 from tabulate import tabulate
 
@@ -59,6 +61,12 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
     parser.add_argument("--list-sizes", action="store_true", help="print --size-table's sizes and exit")
+    parser.add_argument(
+        "--config",
+        metavar="FILE.json",
+        help="run the configuration in this JSON file (or this JSON text), as BenchmarkConfig.to_dict writes it; "
+        "it replaces every flag that describes the configuration (run_benchmarks hands its children theirs so)",
+    )
     add_checkpoint_argument(parser)
     add_optimizer_argument(parser)
     parser.add_argument(
@@ -108,7 +116,26 @@ def check_checkpointing(model, model_factory: str | None) -> None:
         raise ConfigError("--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model")
 
 
+def read_config(text: str) -> BenchmarkConfig:
+    """--config: a JSON file, or JSON text (a configuration's whole object, starting with '{')."""
+    if not text.lstrip().startswith("{"):
+        try:
+            text = Path(text).read_text()
+        except OSError as exc:
+            raise ConfigError(f"--config {text}: cannot read it ({exc.strerror})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--config: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    return BenchmarkConfig.from_dict(data)
+
+
 def config_from_args(args) -> BenchmarkConfig:
+    if args.config:
+        config = read_config(args.config)
+        config.model.check_context(config.context_length)
+        check_checkpointing(config.model, config.model_factory)
+        return config
     model = model_config_from_args(args, args.model_size, args.context_length, args.attention)
     model.check_context(args.context_length)
     check_checkpointing(model, args.model_factory)

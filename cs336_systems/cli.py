@@ -1,5 +1,5 @@
 """The benchmark flags shared by benchmark, the sweeps, find_max and ddp_bench (model shape,
-execution), and a BenchmarkConfig to and from those flags. The argparse types themselves
+execution), and a BenchmarkConfig from those flags. The argparse types themselves
 live in argtypes.py.
 """
 
@@ -165,42 +165,11 @@ def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **r
     )
 
 
-def config_to_args(config: BenchmarkConfig) -> list[str]:
-    """The `benchmark` flags that rebuild `config` (a config.BenchmarkConfig) in a child process."""
-    m = config.model
-    args = [
-        "--d-model", m.d_model, "--d-ff", m.d_ff, "--num-layers", m.num_layers, "--num-heads", m.num_heads,
-        "--vocab-size", m.vocab_size, "--rope-theta", m.rope_theta, "--max-context-length", m.context_length,
-        "--attention", m.attention, "--context-length", config.context_length, "--batch-size", config.batch_size,
-        "--pass-type", config.pass_type, "--precision", config.precision, "--device", config.device,
-        "--timer", config.timer, "--warmup-steps", config.warmup_steps, "--measure-steps", config.measure_steps,
-        "--seed", config.seed, "--peak", config.peak,
-    ]  # fmt: skip
-    if m.size_name != "custom":
-        args += ["--model-size", m.size_name, "--size-table", m.size_table]
-    if m.checkpoint_blocks is not None:
-        args += ["--checkpoint-blocks", m.checkpoint_blocks]
-    if config.optimizer_factory:
-        args += ["--optimizer", config.optimizer_factory]
-    if config.compile:
-        args += ["--compile", "--compile-scope", config.compile_scope, "--compile-mode", config.compile_mode]
-    if config.cuda_graphs:
-        args += ["--cuda-graphs"]
-    if not config.profile_step:
-        args += ["--no-profile-step"]
-    if config.model_factory:
-        args += ["--model-factory", config.model_factory]
-    if config.peak_tflops is not None:
-        args += ["--peak-tflops", config.peak_tflops]
-    return [str(a) for a in args]
-
-
 __all__ = [
     "ATTENTION_KINDS",
     "PASS_TYPE_CHOICES",
     "PRECISIONS",
     "add_execution_arguments",
     "add_shape_arguments",
-    "config_to_args",
     "model_config_from_args",
 ]

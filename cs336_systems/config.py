@@ -14,10 +14,11 @@ or from its model), else a name in NOT_IDENTITY.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cs336_systems.identity import identity_field, row_key
-from cs336_systems.models import ModelConfig
+from cs336_systems.models import ConfigError, ModelConfig
 
 PASS_TYPES = ("forward", "forward-backward", "train-step")
 COMPILE_SCOPES = ("model", "blocks")  # "model": torch.compile(model); "blocks": each block (regional)
@@ -128,6 +129,20 @@ class BenchmarkConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, object]) -> BenchmarkConfig:
-        data = dict(data)
-        return cls(model=ModelConfig(**data.pop("model")), **data)
+    def from_dict(cls, data: Mapping[str, object]) -> BenchmarkConfig:
+        """The configuration `to_dict` gave; ConfigError (one line) on anything else."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("model"), Mapping):
+            raise ConfigError("a configuration is a JSON object holding a 'model' object")
+        unknown = sorted(set(data) - _names(cls)) + [f"model.{k}" for k in sorted(set(data["model"]) - _names(ModelConfig))]
+        if unknown:
+            raise ConfigError(f"unknown configuration field(s): {', '.join(unknown)}")
+        try:
+            model = ModelConfig(**data["model"])
+            model.validate()
+            return cls(**{**data, "model": model})
+        except TypeError as exc:  # a required field missing
+            raise ConfigError(f"incomplete configuration: {exc}") from None
+
+
+def _names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}

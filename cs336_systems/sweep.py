@@ -235,6 +235,11 @@ class Writer:
         self.bar.set_postfix_str(f"last: {record.status} {_short_time(record)}")
 
 
+    def log(self, line: str) -> None:
+        """A line on stderr that does not break the progress bar."""
+        self.bar.write(line, file=sys.stderr)
+
+
 def _short_time(record: BenchmarkRecord) -> str:
     return f"{record.mean_ms:.1f} ms" if record.mean_ms is not None else (record.error or "")[:40]
 

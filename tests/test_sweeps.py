@@ -1,6 +1,7 @@
 """benchmark_direct, run_benchmarks and find_max on tiny models (CPU)."""
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -13,11 +14,9 @@ import torch
 
 from cs336_systems import benchmark_direct, run_benchmarks
 from cs336_systems.argtypes import ArgumentParser
-from cs336_systems.benchmark import build_parser, config_from_args
-from cs336_systems.cli import config_to_args
 from cs336_systems.results import CONFIG_FIELDS, BenchmarkRecord
 from cs336_systems.sweep import Abort, StopRequest, add_grid_arguments, grid_from_args
-from tests.conftest import PYTHON, TINY_SHAPE, child_env, tiny_benchmark_config
+from tests.conftest import PYTHON, TINY_SHAPE, child_env
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory caps need RLIMIT_AS")
 
@@ -52,14 +51,6 @@ def cli(module, *args, timeout=240, **kwargs):
     return subprocess.run(
         [PYTHON, "-m", module, *args], capture_output=True, text=True, env=child_env(), timeout=timeout, **kwargs
     )
-
-
-def test_config_round_trips_through_cli_flags():
-    config = tiny_benchmark_config(
-        pass_type="train-step", precision="bf16", compile=True, compile_scope="blocks", peak_tflops=2.5, seed=7
-    )
-    parsed = config_from_args(build_parser().parse_args(config_to_args(config)))
-    assert parsed == config
 
 
 def test_grid_order_and_each_configuration_once():
@@ -175,13 +166,19 @@ def test_a_crashing_child_is_an_error_row_with_its_stderr(tmp_path, fixtures_on_
     assert rows["torch_version"][0] and rows["model_factory"][0] == "user_models:segfaults"
 
 
-def test_a_child_that_fails_cleanly_keeps_its_own_error_row(tmp_path, fixtures_on_path):
+def test_a_child_that_fails_cleanly_keeps_its_own_error_row(tmp_path, fixtures_on_path, capsys):
     out = tmp_path / "wrong.csv"
     code = run_benchmarks.main(
         [*TINY, "--model-factory", "user_models:wrong_shape", "--context-lengths", "8", "--output", str(out)]
     )
     row = pd.read_csv(out).iloc[0]
     assert code == 1 and row["status"] == "error" and "expected floating (B, T, V)" in row["error"]
+    # the log says how to run the failed configuration alone; pasted, it fails the same way
+    err = capsys.readouterr().err
+    command = shlex.split(err.split("run it alone with\n", 1)[1].splitlines()[0])
+    assert command[:4] == ["python", "-m", "cs336_systems.benchmark", "--config"]
+    alone = subprocess.run([PYTHON, *command[1:]], capture_output=True, text=True, env=child_env(), timeout=120)
+    assert alone.returncode == 1 and "expected floating (B, T, V)" in alone.stderr
 
 
 @pytest.mark.parametrize("module", ["cs336_systems.benchmark_direct", "cs336_systems.run_benchmarks"])
