@@ -30,14 +30,13 @@ from cs336_systems.config import BenchmarkConfig
 from cs336_systems.lifetime import child_preexec, temporary_directory
 from cs336_systems.models import count_parameters_for
 from cs336_systems.results import ENVIRONMENT_FIELDS, BenchmarkRecord, Environment, collect_environment
-from cs336_systems.runner import new_record
 
 
 def failed_record(
     config: BenchmarkConfig, env: Environment | None, status: str, error: str, num_params: int | None
 ) -> BenchmarkRecord:
     """A row for a configuration that produced none of its own (timeout, crash, a model that could not be built)."""
-    record = new_record(config, torch.device(config.device), env, num_params)
+    record = BenchmarkRecord.for_config(config, torch.device(config.device), env, num_params)
     record.status, record.error = status, error
     return record
 

@@ -10,7 +10,6 @@ from cs336_systems.child import ChildLimits, benchmark_arguments
 from cs336_systems.config import IDENTITY_FIELDS, MODEL_SHAPE_FIELDS, NOT_IDENTITY, BenchmarkConfig
 from cs336_systems.ddp_bench.record import DdpRecord
 from cs336_systems.results import BenchmarkRecord, read_results
-from cs336_systems.runner import new_record
 from tests.conftest import tiny_benchmark_config
 
 row_key = BenchmarkRecord.row_key
@@ -28,7 +27,7 @@ def test_identity_is_declared_once_and_is_the_records_first_columns():
 def test_a_model_factory_rows_na_attention_is_one_key_in_every_file(tmp_path):
     # "n/a" is one of pandas' NA strings: CSV reads it back as NaN, JSONL keeps it
     config = tiny_benchmark_config(model_factory="pkg.mod:make")
-    record = new_record(config, torch.device("cpu"), None, None)
+    record = BenchmarkRecord.for_config(config, torch.device("cpu"), None, None)
     assert record.attention == "n/a" and record.key() == config.key()
     frame = pd.DataFrame([record.to_row()])
     frame.to_csv(tmp_path / "rows.csv", index=False)
@@ -41,13 +40,13 @@ def test_a_model_factory_rows_na_attention_is_one_key_in_every_file(tmp_path):
 
 def test_key_equals_the_key_of_the_record_row():
     for config in (tiny_benchmark_config(), tiny_benchmark_config(compile=True, compile_scope="blocks")):
-        row = new_record(config, torch.device("cpu"), None, None).to_row()
+        row = BenchmarkRecord.for_config(config, torch.device("cpu"), None, None).to_row()
         assert config.key() == row_key(row)
 
 
 def test_key_survives_a_file_round_trip(tmp_path):
     for config in (tiny_benchmark_config(), tiny_benchmark_config(model_factory="pkg.mod:make", compile=True)):
-        frame = pd.DataFrame([new_record(config, torch.device("cpu"), None, None).to_row()])
+        frame = pd.DataFrame([BenchmarkRecord.for_config(config, torch.device("cpu"), None, None).to_row()])
         frame.to_csv(tmp_path / "rows.csv", index=False)
         frame.to_json(tmp_path / "rows.jsonl", orient="records", lines=True)
         for name in ("rows.csv", "rows.jsonl"):
@@ -124,7 +123,7 @@ def test_every_setting_is_identity_or_said_not_to_be_and_every_identity_column_i
             f"{field.name}: add it to BenchmarkIdentity (it changes what is measured) or to NOT_IDENTITY"
         )
     config = _every_field_changed().replace(pass_type="train-step", compile=True)
-    row = new_record(config, torch.device("cpu"), None, None).to_row()
+    row = BenchmarkRecord.for_config(config, torch.device("cpu"), None, None).to_row()
     assert {name: row[name] for name in IDENTITY_FIELDS} == {**config.identity(), "device": "cpu"}
     base = tiny_benchmark_config(compile=True)
     for name in set(IDENTITY_FIELDS) - {"model_size", "attention", "optimizer_factory"}:  # these follow others

@@ -92,7 +92,7 @@ def one_step_worker(ctx, unit):
 
 def single_process_step(config: BenchmarkConfig, world_size: int, lr: float):
     """The same SGD step in one process on the concatenated global batch, written independently:
-    rank r's shard is drawn with seed + r (tokens, then targets), as runner.make_step does."""
+    rank r's shard is drawn with seed + r (tokens, then targets), as step.make_step does."""
     torch.manual_seed(config.seed)
     model = build_model(config.model, config.device)
     initial = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from cs336_systems import cuda_graphs, run_benchmarks, runner
+from cs336_systems.results import BenchmarkRecord
 from tests.conftest import tiny_benchmark_config
 from tests.test_cli import TINY, run_cli
 
@@ -82,7 +83,7 @@ def test_compile_mode_reaches_torch_compile_and_is_recorded(capsys, tmp_path, mo
 
 
 def test_an_uncompiled_row_has_no_compile_mode():
-    uncompiled = runner.new_record(tiny_benchmark_config(), torch.device("cpu"), None, None)
+    uncompiled = BenchmarkRecord.for_config(tiny_benchmark_config(), torch.device("cpu"), None, None)
     assert uncompiled.compile_mode is None and uncompiled.cuda_graphs is False
 
 
@@ -109,10 +110,10 @@ def test_cuda_graphs_refusals_in_the_runner():
 def test_files_written_before_the_new_columns_still_match_their_configuration(tmp_path, compiled):
     import pandas as pd
 
-    from cs336_systems.results import BenchmarkRecord, read_results
+    from cs336_systems.results import read_results
 
     config = tiny_benchmark_config(compile=compiled)
-    row = runner.new_record(config, torch.device("cpu"), None, 1).to_row()
+    row = BenchmarkRecord.for_config(config, torch.device("cpu"), None, 1).to_row()
     old = {name: value for name, value in row.items() if name not in ("compile_mode", "cuda_graphs")}
     pd.DataFrame([old]).to_csv(tmp_path / "old.csv", index=False)
     (read_back,) = read_results(tmp_path / "old.csv").to_dict("records")

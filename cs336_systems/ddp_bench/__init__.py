@@ -12,7 +12,7 @@ Example (CPU, gloo, both strategies, world sizes 1 and 2):
   cli.py      the flags and main (the launch and row loop are cs336_systems.distributed.driver's)
 
 Each rank runs the `train-step` of `benchmark` (forward, cross-entropy, backward, optimizer
-step; cs336_systems.runner.make_step) on its own shard of the global batch: rank r draws its
+step; cs336_systems.step.make_step) on its own shard of the global batch: rank r draws its
 per-device batch with seed + r. Strategies (strategies.py):
   ddp     torch.nn.parallel.DistributedDataParallel (gradients all-reduced in buckets of
           --bucket-cap-mb, overlapped with backward; buffers broadcast each step only for a

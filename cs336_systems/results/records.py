@@ -15,8 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import torch
+
 from cs336_systems import identity
-from cs336_systems.config import BenchmarkIdentity
+from cs336_systems.config import BenchmarkConfig, BenchmarkIdentity
 from cs336_systems.profiling import StepProfile
 from cs336_systems.results.environment import ENVIRONMENT_FIELDS, Environment, utc_timestamp
 from cs336_systems.results.markdown import (
@@ -237,6 +239,22 @@ class BenchmarkRecord(Timing, Record, BenchmarkIdentity):
         "peak_memory_gib",
         "status",
     )
+
+    @classmethod
+    def for_config(
+        cls, config: BenchmarkConfig, device: torch.device, env: Environment | None, num_params: int | None
+    ) -> BenchmarkRecord:
+        """A record holding `config` (run on `device`) with status 'ok' and nothing measured yet."""
+        m = config.model
+        return cls(
+            **{**config.identity(), "device": str(device)},
+            model_context_length=m.context_length,
+            size_table=m.size_table,
+            checkpoint_group_size=m.checkpoint_group_size,
+            num_params=num_params,
+            status="ok",
+            environment=env,
+        )
 
     @classmethod
     def console(cls, rows: Sequence[dict]) -> str:
