@@ -15,10 +15,7 @@ from tabulate import tabulate
 
 from cs336_systems import cuda_graphs, nvtx
 from cs336_systems.argtypes import EXIT_FAILED, ArgumentParser, exit_status, fail, positive_int
-from cs336_systems.cli import (
-    ATTENTION_KINDS,
-    PASS_TYPE_CHOICES,
-    PRECISIONS,
+from cs336_systems.benchmark_flags import (
     add_checkpoint_argument,
     add_execution_arguments,
     add_optimizer_argument,
@@ -27,9 +24,10 @@ from cs336_systems.cli import (
     model_config_from_args,
 )
 from cs336_systems.command import run_command
-from cs336_systems.config import COMPILE_SCOPES, BenchmarkConfig
+from cs336_systems.config import COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
 from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.models import (
+    ATTENTION_KINDS,
     SIZE_TABLES,
     ConfigError,
     ModelFactoryError,
@@ -38,6 +36,7 @@ from cs336_systems.models import (
 )
 from cs336_systems.monitor import MonitorPathError, add_monitor_arguments, check_monitor_arguments, monitored
 from cs336_systems.optimizer import OptimizerFactoryError, load_optimizer_factory
+from cs336_systems.precision import PRECISIONS
 from cs336_systems.results import BenchmarkRecord, ResultFileError, ResultSink, ResultWriteError, check_output_paths
 from cs336_systems.runner import run_benchmark
 
@@ -49,7 +48,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--model-size", default="small", help="a name in --size-table's table (--list-sizes shows it; default small)")
     parser.add_argument("--context-length", type=positive_int, default=512)
     parser.add_argument("--batch-size", type=positive_int, default=4)
-    parser.add_argument("--pass-type", choices=PASS_TYPE_CHOICES, default="forward-backward")
+    parser.add_argument("--pass-type", choices=PASS_TYPES, default="forward-backward")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     parser.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
     parser.add_argument(

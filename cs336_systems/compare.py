@@ -18,7 +18,7 @@ from tabulate import tabulate
 
 from cs336_systems.argtypes import ArgumentParser, fail, positive_float
 from cs336_systems.report import model_label
-from cs336_systems.results import CONFIG_FIELDS, BenchmarkRecord, ResultFileError, read_results
+from cs336_systems.results import BenchmarkRecord, ResultFileError, read_results
 from cs336_systems.results.records import NONFINITE_LOSS_NOTE
 
 PROG = "python -m cs336_systems.compare"
@@ -33,7 +33,7 @@ def _rows(path: str) -> dict[tuple, dict]:
         frame = read_results(path)
     except (OSError, ValueError) as exc:
         raise ResultFileError(f"{path}: {exc}") from None
-    missing = [name for name in (*CONFIG_FIELDS, "status", "median_ms") if name not in frame.columns]
+    missing = [name for name in (*BenchmarkRecord.identity_fields(), "status", "median_ms") if name not in frame.columns]
     if missing:
         raise ResultFileError(f"{path}: not a benchmark result file (missing {', '.join(missing[:3])})")
     rows = {}

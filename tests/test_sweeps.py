@@ -14,7 +14,7 @@ import torch
 
 from cs336_systems import benchmark_direct, run_benchmarks
 from cs336_systems.argtypes import ArgumentParser
-from cs336_systems.results import CONFIG_FIELDS, BenchmarkRecord
+from cs336_systems.results import BenchmarkRecord
 from cs336_systems.sweep import Abort, StopRequest, add_grid_arguments, grid_from_args
 from tests.conftest import PYTHON, TINY_SHAPE, child_env
 
@@ -219,7 +219,7 @@ def test_interrupted_then_resumed_has_every_row_once_in_grid_order(tmp_path, mod
     rows = pd.read_csv(out)
     assert list(rows["context_length"]) == [8, 16, 24, 32]
     assert len({BenchmarkRecord.row_key(row) for row in rows.to_dict("records")}) == 4
-    assert rows[list(CONFIG_FIELDS)].iloc[: len(done)].equals(done[list(CONFIG_FIELDS)])
+    assert rows[list(BenchmarkRecord.identity_fields())].iloc[: len(done)].equals(done[list(BenchmarkRecord.identity_fields())])
     assert md.read_text().count("| custom ") == 4  # the Markdown rendering has all rows too
 
 

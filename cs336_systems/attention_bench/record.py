@@ -9,13 +9,13 @@ import torch
 
 from cs336_systems.attention_bench.config import AttentionConfig
 from cs336_systems.results import (
-    STATS_CONVENTIONS,
     Environment,
     Record,
     identity_field,
     samples_field,
     timing_columns,
 )
+from cs336_systems.results.markdown import STATS_CONVENTIONS
 
 ForwardTiming, BackwardTiming = timing_columns("forward_"), timing_columns("backward_")
 EndToEndTiming = timing_columns("end_to_end_")

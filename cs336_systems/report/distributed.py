@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cs336_systems.results import ENVIRONMENT_FIELDS, row_warnings
+from cs336_systems.results import ENVIRONMENT_FIELDS
+from cs336_systems.results.markdown import row_warnings
 
 from .document import (
     FAILURE_MARK,

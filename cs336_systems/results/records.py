@@ -30,7 +30,6 @@ from cs336_systems.results.markdown import (
 )
 from cs336_systems.stats import Summary, summarize
 
-STATUSES = ("ok", "oom", "error", "unsupported", "timeout")
 # Summary fields in column order; cv_pct is a ratio, the rest are milliseconds.
 TIMING_STATISTICS = ("mean", "std", "cv_pct", "median", "min", "max", "p10", "p90")
 
@@ -274,39 +273,3 @@ class BenchmarkRecord(Timing, Record, BenchmarkIdentity):
     def add_profile(self, profile: StepProfile) -> None:
         self.kernels_per_step, self.device_busy_pct = profile.kernels_per_step, profile.device_busy_pct
         self.top_kernels = list(profile.top_kernels)
-
-
-BENCHMARK_FIELDS = BenchmarkRecord.row_fields()
-# What identifies a configuration: resume skips rows with these equal, compare matches on them.
-CONFIG_FIELDS = BenchmarkRecord.identity_fields()
-MARKDOWN_COLUMNS = BenchmarkRecord.markdown_columns
-LABEL_COLUMNS = BenchmarkRecord.label_columns
-
-
-def render_markdown(
-    rows: Sequence[dict],
-    title: str = BenchmarkRecord.title,
-    columns: Sequence[str] = MARKDOWN_COLUMNS,
-    label_columns: Sequence[str] = LABEL_COLUMNS,
-    conventions: str = STATS_CONVENTIONS,
-) -> str:
-    """Benchmark rows as Markdown (other views: pass their columns, or use `Record.markdown`)."""
-    return render_document(rows, title=title, columns=columns, label_columns=label_columns, conventions=conventions)
-
-
-class LegacyRecord:
-    """The row/JSON behaviour of a record that still declares its own status, timing and
-    environment fields (attention, all-reduce and DDP until they move onto `Record`)."""
-
-    environment: Environment | None
-
-    @classmethod
-    def _scalar_fields(cls) -> list[dataclasses.Field]:
-        return [f for f in dataclasses.fields(cls) if f.name != "environment" and not f.metadata.get("samples")]
-
-    @classmethod
-    def row_fields(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in cls._scalar_fields()) + ENVIRONMENT_FIELDS
-
-    to_row = Record.to_row
-    to_json = Record.to_json

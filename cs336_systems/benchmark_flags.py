@@ -8,13 +8,10 @@ from __future__ import annotations
 import argparse
 
 from cs336_systems.argtypes import add_device_argument, non_negative_int, positive_float, positive_int
-from cs336_systems.config import COMPILE_MODES, PASS_TYPES, BenchmarkConfig
+from cs336_systems.config import COMPILE_MODES, BenchmarkConfig
 from cs336_systems.flops import PEAK_CHOICES
-from cs336_systems.models import ATTENTION_KINDS, CHECKPOINT_WORDS, DEFAULT_SIZE_TABLE, SIZE_TABLES, ModelConfig
-from cs336_systems.precision import PRECISIONS
+from cs336_systems.models import CHECKPOINT_WORDS, DEFAULT_SIZE_TABLE, SIZE_TABLES, ModelConfig
 from cs336_systems.timing import TIMERS
-
-PASS_TYPE_CHOICES = PASS_TYPES
 
 
 def checkpoint_blocks(text: str) -> int | str | None:
@@ -163,13 +160,3 @@ def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **r
         peak_tflops=args.peak_tflops,
         **run,
     )
-
-
-__all__ = [
-    "ATTENTION_KINDS",
-    "PASS_TYPE_CHOICES",
-    "PRECISIONS",
-    "add_execution_arguments",
-    "add_shape_arguments",
-    "model_config_from_args",
-]
