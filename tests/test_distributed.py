@@ -170,7 +170,7 @@ def test_ddp_bench_rows(tmp_path, capsys):
     assert list(rows.index) == ["single", "ddp", "naive"] and set(rows["status"]) == {"ok"}
     single, ddp, naive = rows.loc["single"], rows.loc["ddp"], rows.loc["naive"]
     assert (single["world_size"], single["global_batch"], single["scaling_efficiency"]) == (1, 2, 1.0)
-    assert (ddp["world_size"], ddp["per_device_batch"], ddp["global_batch"], ddp["bucket_cap_mb"]) == (2, 2, 4, 1.0)
+    assert (ddp["world_size"], ddp["batch_size"], ddp["global_batch"], ddp["bucket_cap_mb"]) == (2, 2, 4, 1.0)
     for row in (ddp, naive):
         assert row["samples_per_s"] == pytest.approx(4 / (row["mean_ms"] / 1e3))
         assert row["scaling_efficiency"] == pytest.approx(row["samples_per_s"] / (2 * single["samples_per_s"]))

@@ -251,3 +251,19 @@ def test_record_key_equals_the_configuration_key(records):
     assert records[0].key() == tiny_benchmark_config(pass_type="forward").key()
     assert records[1].key() == tiny_benchmark_config(precision="tf32").key()
     assert BenchmarkRecord.row_key(records[0].to_row()) == records[0].key()
+
+
+def test_files_written_before_the_column_renames_read_as_todays_rows(tmp_path):
+    from cs336_systems.report.load import load
+
+    attention = {"implementation": "sdpa", "head_dim": 16, "seq_len": 128, "steps": 10, "status": "ok", "mean_ms": 1.0}
+    (tmp_path / "att.csv").write_text(",".join(attention) + "\n" + ",".join(map(str, attention.values())) + "\n")
+    (tmp_path / "att.jsonl").write_text(json.dumps({**attention, "forward_ms": [1.0, 2.0]}) + "\n")
+    (tmp_path / "ddp.csv").write_text("strategy,world_size,per_device_batch,mean_ms,status\nddp,2,4,1.0,ok\n")
+    for name in ("att.csv", "att.jsonl"):
+        row = read_results(tmp_path / name).iloc[0]
+        assert (row["context_length"], row["measure_steps"]) == (128, 10) and "seq_len" not in row
+    assert list(read_results(tmp_path / "att.jsonl").iloc[0]["forward_samples_ms"]) == [1.0, 2.0]
+    assert read_results(tmp_path / "ddp.csv").iloc[0]["batch_size"] == 4
+    tools = load([tmp_path / "att.csv", tmp_path / "ddp.csv"])  # the report tells old files' tools apart too
+    assert set(tools) == {"attention_bench", "ddp_bench"} and tools["ddp_bench"].iloc[0]["batch_size"] == 4

@@ -29,7 +29,7 @@ class AttentionRecord(EndToEndTiming, BackwardTiming, ForwardTiming, Record):
 
     implementation: str = identity_field()
     head_dim: int = identity_field()
-    seq_len: int = identity_field()
+    context_length: int = identity_field()
     batch_size: int = identity_field()
     num_heads: int = identity_field()
     layout: str = identity_field()
@@ -38,13 +38,13 @@ class AttentionRecord(EndToEndTiming, BackwardTiming, ForwardTiming, Record):
     device: str = identity_field()
     timer: str = identity_field()
     warmup_steps: int = identity_field()
-    steps: int = identity_field()
+    measure_steps: int = identity_field()
     max_seconds: float | None = identity_field()
     seed: int = identity_field()
     adapters: str | None = identity_field()
     # outcome
     timer_used: str | None = None  # what --timer do-bench ran: triton.do_bench, cuda-event or host
-    forward_steps: int | None = None  # measured (fewer than `steps` when the time budget ran out)
+    forward_steps: int | None = None  # measured (fewer than `measure_steps` when the time budget ran out)
     backward_steps: int | None = None
     end_to_end_steps: int | None = None
     # against the fp32 naive reference on the same inputs (status 'wrong' above check_tolerance)
@@ -70,18 +70,18 @@ class AttentionRecord(EndToEndTiming, BackwardTiming, ForwardTiming, Record):
     # numeric mode in effect
     matmul_precision: str | None = None
     cuda_matmul_allow_tf32: bool | None = None
-    forward_ms: list[float] = samples_field()
-    backward_ms: list[float] = samples_field()
+    forward_samples_ms: list[float] = samples_field()
+    backward_samples_ms: list[float] = samples_field()
     forward_warmup_ms: list[float] = samples_field()
     backward_warmup_ms: list[float] = samples_field()
-    end_to_end_ms: list[float] = samples_field()
+    end_to_end_samples_ms: list[float] = samples_field()
     end_to_end_warmup_ms: list[float] = samples_field()
 
     title: ClassVar[str] = "Attention forward and backward"
     markdown_columns: ClassVar[tuple[str, ...]] = (
         "implementation",
         "head_dim",
-        "seq_len",
+        "context_length",
         "batch_size",
         "precision",
         "status",
@@ -98,7 +98,7 @@ class AttentionRecord(EndToEndTiming, BackwardTiming, ForwardTiming, Record):
         "backward_peak_mib",
         "compile_s",
     )
-    label_columns: ClassVar[tuple[str, ...]] = ("implementation", "head_dim", "seq_len")
+    label_columns: ClassVar[tuple[str, ...]] = ("implementation", "head_dim", "context_length")
     conventions: ClassVar[str] = (
         STATS_CONVENTIONS
         + "\n\n"
@@ -121,7 +121,7 @@ def new_record(config: AttentionConfig, device: torch.device, env: Environment |
     return AttentionRecord(
         implementation=config.implementation,
         head_dim=config.head_dim,
-        seq_len=config.seq_len,
+        context_length=config.context_length,
         batch_size=config.batch_size,
         num_heads=config.num_heads,
         layout=config.layout,
@@ -130,7 +130,7 @@ def new_record(config: AttentionConfig, device: torch.device, env: Environment |
         device=str(device),
         timer=config.timer,
         warmup_steps=config.warmup_steps,
-        steps=config.steps,
+        measure_steps=config.measure_steps,
         max_seconds=config.max_seconds,
         seed=config.seed,
         adapters=config.adapters,

@@ -38,7 +38,7 @@ class DdpRecord(Timing, Record, ModelShape):
     launcher: str = identity_field()
     world_size: int = identity_field()
     context_length: int = identity_field()
-    per_device_batch: int = identity_field()
+    batch_size: int = identity_field()  # per rank, as everyone's batch_size (global_batch = x world_size)
     precision: str = identity_field()
     optimizer: str = identity_field()
     bucket_cap_mb: float | None = identity_field()
@@ -87,7 +87,7 @@ class DdpRecord(Timing, Record, ModelShape):
     markdown_columns: ClassVar[tuple[str, ...]] = (
         "strategy",
         "world_size",
-        "per_device_batch",
+        "batch_size",
         "global_batch",
         "bucket_cap_mb",
         "status",
@@ -147,7 +147,7 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
     record = DdpRecord(
         **{**base, "world_size": world_size},
         strategy=unit.strategy,
-        **config.shape(), context_length=config.context_length, per_device_batch=config.batch_size, global_batch=global_batch,
+        **config.shape(), context_length=config.context_length, batch_size=config.batch_size, global_batch=global_batch,
         precision=config.precision, optimizer=unit.optimizer,
         bucket_cap_mb=(unit.bucket_cap_mb or DDP_DEFAULT_BUCKET_CAP_MB) if uses_buckets else None,
         compute_dtype=unit.compute_dtype, adapters=unit.adapters,

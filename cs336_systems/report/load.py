@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from cs336_systems.results import ResultFileError, read_results
+from cs336_systems.results.readers import as_todays_rows
 
 # Written by torch as text ("13.0") or an int (91900): read as text so pandas never makes 13.000 of them.
 VERSION_COLUMNS = ("cuda_version", "cudnn_version", "torch_version", "python_version", "git_commit")
@@ -15,7 +16,7 @@ VERSION_COLUMNS = ("cuda_version", "cudnn_version", "torch_version", "python_ver
 # The first tool whose columns a file has owns it; ddp_bench before benchmark (both have model_size).
 TOOLS = {
     "warmup_study": ("warmup_steps", "step_index", "step_ms"),
-    "attention_bench": ("implementation", "head_dim", "seq_len", "status"),
+    "attention_bench": ("implementation", "head_dim", "context_length", "status"),
     "allreduce_bench": ("size_bytes", "world_size", "mean_ms", "status"),
     "ddp_bench": ("strategy", "world_size", "mean_ms", "status"),
     "loader_bench": ("storage", "num_workers", "samples_per_s", "status"),
@@ -38,7 +39,7 @@ def read_file(path: str | Path) -> pd.DataFrame:
         raise ResultFileError(f"{path}: no such file")
     try:
         if path.suffix == ".csv":
-            frame = pd.read_csv(path, dtype=dict.fromkeys(VERSION_COLUMNS, str))
+            frame = as_todays_rows(pd.read_csv(path, dtype=dict.fromkeys(VERSION_COLUMNS, str)))
         else:
             frame = read_results(path)
     except ResultFileError:

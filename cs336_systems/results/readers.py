@@ -40,7 +40,7 @@ def read_results(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if path.suffix == ".csv":
         try:
-            return _with_added_config_columns(pd.read_csv(path))
+            return as_todays_rows(pd.read_csv(path))
         except pd.errors.ParserError as exc:
             raise ResultFileError(f"{path}: damaged CSV ({str(exc).strip().split('. ')[-1]})") from None
     if path.suffix == ".jsonl":
@@ -51,10 +51,27 @@ def read_results(path: str | Path) -> pd.DataFrame:
             except json.JSONDecodeError as exc:
                 raise ResultFileError(f"{path}:{number}: damaged JSONL line ({exc.msg})") from None
         frame = pd.read_json(io.StringIO(text), lines=True, dtype=False) if text.strip() else pd.DataFrame()
-        return _with_added_config_columns(frame)
+        return as_todays_rows(frame)
     if path.suffix == ".md":
         return read_markdown(path)  # a rendering: only its columns
     raise ResultFileError(f"{path}: unknown suffix, expected one of {', '.join(OUTPUT_SUFFIXES)}")
+
+
+# Columns renamed since, for rows only one tool writes: (a column that marks that tool's rows, old, new).
+RENAMED_COLUMNS = (
+    ("implementation", "seq_len", "context_length"),  # attention_bench
+    ("implementation", "steps", "measure_steps"),
+    ("implementation", "forward_ms", "forward_samples_ms"),  # JSONL: raw samples, as benchmark names them
+    ("implementation", "backward_ms", "backward_samples_ms"),
+    ("implementation", "end_to_end_ms", "end_to_end_samples_ms"),
+    ("strategy", "per_device_batch", "batch_size"),  # ddp_bench: the batch per rank
+)
+
+
+def as_todays_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of a file written before a column was renamed or added, as today's rows."""
+    renames = {old: new for marker, old, new in RENAMED_COLUMNS if marker in frame.columns and old in frame.columns}
+    return _with_added_config_columns(frame.rename(columns=renames))
 
 
 def _with_added_config_columns(frame: pd.DataFrame) -> pd.DataFrame:
