@@ -154,7 +154,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
     assert err.startswith(f"{PROG}: error:")
 
 
-def test_cli_writes_every_format_and_a_plot(tmp_path, capsys):
+def test_cli_writes_every_format_and_a_plot(tmp_path, capsys, saved_figures):
     outputs = [tmp_path / "a.csv", tmp_path / "a.md", tmp_path / "a.jsonl"]
     args = ["--device", "cpu", "--head-dims", "8", "16", "--seq-lens", "16", "32", "--batch-size", "2"]
     args += ["--steps", "2", "--warmup-steps", "0", "--implementations", "naive", "sdpa"]
@@ -167,7 +167,15 @@ def test_cli_writes_every_format_and_a_plot(tmp_path, capsys):
     assert list(frame.columns[:3]) == ["implementation", "head_dim", "context_length"]
     lines = [json.loads(line) for line in outputs[2].read_text().splitlines()]
     assert len(lines[0]["forward_samples_ms"]) == 2 and len(lines[0]["backward_samples_ms"]) == 2
-    assert (tmp_path / "a.png").stat().st_size > 10_000
+    # the plot: a panel per (pass, head dim), a line per implementation through its rows' means
+    (figure,) = saved_figures
+    assert (tmp_path / "a.png").exists()
+    titles = [ax.get_title() for ax in figure.axes]
+    assert titles == [f"{p}, head_dim {d}" for p in ("forward", "backward", "end_to_end") for d in (8, 16)]
+    forward_d8 = {line.get_label(): list(line.get_ydata()) for line in figure.axes[0].get_lines()}
+    for implementation in ("naive", "sdpa"):
+        expected = frame[(frame["implementation"] == implementation) & (frame["head_dim"] == 8)]
+        assert forward_d8[implementation] == pytest.approx(list(expected.sort_values("context_length")["forward_mean_ms"]))
     assert "wrote" in err and "naive fp32 head_dim=8 context_length=16: forward" in err
 
 

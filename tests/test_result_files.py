@@ -21,10 +21,9 @@ from cs336_systems.results import files as result_files
 from cs336_systems.results.records import NONFINITE_LOSS_NOTE
 from cs336_systems.runner import run_benchmark
 from cs336_systems.units import parse_bytes
-from tests.conftest import PYTHON, TINY_SHAPE, child_env, tiny_benchmark_config
+from tests.conftest import PYTHON, TINY_SWEEP, child_env, tiny_benchmark_config
 
-TINY = [*TINY_SHAPE, "--device", "cpu", "--warmup-steps", "1", "--measure-steps", "2", "--peak-tflops", "1"]
-GRID = [*TINY, "--pass-types", "forward", "--context-lengths", "8", "16"]
+GRID = [*TINY_SWEEP, "--pass-types", "forward", "--context-lengths", "8", "16"]
 
 
 @pytest.fixture(scope="module")
@@ -57,17 +56,17 @@ def _one_line_error(err: str) -> bool:
 def test_bad_output_paths_are_one_line_before_the_model_is_built(tmp_path, capsys, monkeypatch, path, message):
     (tmp_path / "adir.csv").mkdir()
     monkeypatch.setattr(benchmark, "run_benchmark", lambda *a, **k: pytest.fail("ran before checking outputs"))
-    code = benchmark.main([*TINY, "--output", path.format(tmp=tmp_path)])
+    code = benchmark.main([*TINY_SWEEP, "--output", path.format(tmp=tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and message in err and _one_line_error(err)
 
 
 def test_monitor_and_summary_paths_are_checked_first(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(benchmark, "run_benchmark", lambda *a, **k: pytest.fail("ran before checking --monitor"))
-    assert benchmark.main([*TINY, "--monitor", "/proc/m.csv"]) == 2
+    assert benchmark.main([*TINY_SWEEP, "--monitor", "/proc/m.csv"]) == 2
     assert "--monitor /proc/m.csv" in capsys.readouterr().err
     monkeypatch.setattr(find_max, "run_in_child", lambda *a, **k: pytest.fail("probed before checking --summary"))
-    code = find_max.main([*TINY, "--dimension", "batch-size", "--summary", "/proc/s.json"])
+    code = find_max.main([*TINY_SWEEP, "--dimension", "batch-size", "--summary", "/proc/s.json"])
     err = capsys.readouterr().err
     assert code == 2 and "--summary /proc/s.json" in err and _one_line_error(err)
 
@@ -347,7 +346,7 @@ def test_a_nan_loss_gets_a_note_in_its_row():
 def test_a_full_disk_in_the_single_benchmark_is_one_line_exit_1(tmp_path, capsys, fault):
     out = tmp_path / "r.csv"
     fault("enospc@1")
-    assert benchmark.main([*TINY, "--pass-type", "forward", "--context-length", "8", "--output", str(out)]) == 1
+    assert benchmark.main([*TINY_SWEEP, "--pass-type", "forward", "--context-length", "8", "--output", str(out)]) == 1
     err = capsys.readouterr().err
     assert "r.csv: could not write a row (No space left on device)" in err and "Traceback" not in err
     assert not out.exists() or out.read_text() == ""

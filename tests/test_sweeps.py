@@ -16,24 +16,13 @@ from cs336_systems import benchmark_direct, run_benchmarks
 from cs336_systems.argtypes import ArgumentParser
 from cs336_systems.results import BenchmarkRecord
 from cs336_systems.sweep import Abort, StopRequest, add_grid_arguments, grid_from_args
-from tests.conftest import PYTHON, TINY_SHAPE, child_env
+from tests.conftest import PYTHON, TINY_SWEEP, child_env
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory caps need RLIMIT_AS")
 
-TINY = [
-    *TINY_SHAPE,
-    "--device",
-    "cpu",
-    "--warmup-steps",
-    "1",
-    "--measure-steps",
-    "2",
-    "--peak-tflops",
-    "1",
-]
 # naive attention at context 2048, batch 16: the scores alone are 16*2*2048^2*4 B = 512 MiB
 OOM_GRID = [
-    *TINY,
+    *TINY_SWEEP,
     "--attention",
     "naive",
     "--attentions",
@@ -57,7 +46,7 @@ def test_grid_order_and_each_configuration_once():
     parser = ArgumentParser(prog="test")
     add_grid_arguments(parser)
     args = parser.parse_args(
-        [*TINY, "--model-sizes", "small", "--precisions", "fp32", "bf16", "--context-lengths", "32", "16", "32",
+        [*TINY_SWEEP, "--model-sizes", "small", "--precisions", "fp32", "bf16", "--context-lengths", "32", "16", "32",
          "--pass-types", "forward", "forward-backward"]
     )  # fmt: skip
     configs = grid_from_args(args, torch.device("cpu"))
@@ -112,7 +101,7 @@ def test_a_hanging_configuration_hits_the_timeout_and_its_processes_die(tmp_path
     monkeypatch.setenv("CS336_TEST_PIDS", str(pids))
     start = time.monotonic()
     code = run_benchmarks.main(
-        [*TINY, "--model-factory", "user_models:hangs_with_a_child", "--context-lengths", "8", "--timeout", "6",
+        [*TINY_SWEEP, "--model-factory", "user_models:hangs_with_a_child", "--context-lengths", "8", "--timeout", "6",
          "--output", str(out)]
     )  # fmt: skip
     assert code == 1 and time.monotonic() - start < 60  # a timeout row exits 1 (argtypes.exit_status)
@@ -126,7 +115,7 @@ def test_a_hanging_configuration_hits_the_timeout_and_its_processes_die(tmp_path
 def test_sigterm_kills_the_running_child_and_says_how_to_resume(tmp_path):
     out, pids = tmp_path / "term.csv", tmp_path / "pids"
     process = subprocess.Popen(
-        [PYTHON, "-m", "cs336_systems.run_benchmarks", *TINY, "--model-factory", "user_models:hangs_with_a_child",
+        [PYTHON, "-m", "cs336_systems.run_benchmarks", *TINY_SWEEP, "--model-factory", "user_models:hangs_with_a_child",
          "--context-lengths", "8", "--output", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**child_env(), "CS336_TEST_PIDS": str(pids)},
     )  # fmt: skip
@@ -156,7 +145,7 @@ def test_a_second_interrupt_while_a_row_is_written_waits_for_the_row():
 def test_a_crashing_child_is_an_error_row_with_its_stderr(tmp_path, fixtures_on_path):
     out = tmp_path / "crash.csv"
     code = run_benchmarks.main(
-        [*TINY, "--model-factory", "user_models:segfaults", "--context-lengths", "8", "16", "--output", str(out)]
+        [*TINY_SWEEP, "--model-factory", "user_models:segfaults", "--context-lengths", "8", "16", "--output", str(out)]
     )
     rows = pd.read_csv(out)
     # the sweep went on after the crash; error rows make the exit status 1 (argtypes.exit_status)
@@ -169,7 +158,7 @@ def test_a_crashing_child_is_an_error_row_with_its_stderr(tmp_path, fixtures_on_
 def test_a_child_that_fails_cleanly_keeps_its_own_error_row(tmp_path, fixtures_on_path, capsys):
     out = tmp_path / "wrong.csv"
     code = run_benchmarks.main(
-        [*TINY, "--model-factory", "user_models:wrong_shape", "--context-lengths", "8", "--output", str(out)]
+        [*TINY_SWEEP, "--model-factory", "user_models:wrong_shape", "--context-lengths", "8", "--output", str(out)]
     )
     row = pd.read_csv(out).iloc[0]
     assert code == 1 and row["status"] == "error" and "expected floating (B, T, V)" in row["error"]
@@ -185,7 +174,7 @@ def test_a_child_that_fails_cleanly_keeps_its_own_error_row(tmp_path, fixtures_o
 def test_interrupted_then_resumed_has_every_row_once_in_grid_order(tmp_path, module):
     out, md = tmp_path / "sweep.csv", tmp_path / "sweep.md"
     grid = [
-        *TINY,
+        *TINY_SWEEP,
         "--model-factory",
         "user_models:slow",
         "--context-lengths",
@@ -227,7 +216,7 @@ def test_find_max_finds_the_boundary_under_a_memory_cap(tmp_path):
     summary = tmp_path / "max.json"
     result = cli(
         "cs336_systems.find_max",
-        *TINY,
+        *TINY_SWEEP,
         "--dimension",
         "batch-size",
         "--context-length",
@@ -255,7 +244,7 @@ def test_find_max_finds_the_boundary_under_a_memory_cap(tmp_path):
 def test_direct_sweep_of_error_rows_exits_1_and_aliases_work(tmp_path, fixtures_on_path):
     out = tmp_path / "wrong.csv"
     code = benchmark_direct.main(
-        [*TINY, "--model-factory", "user_models:wrong_shape", "--context-length", "8", "--batch-size", "2", "3",
+        [*TINY_SWEEP, "--model-factory", "user_models:wrong_shape", "--context-length", "8", "--batch-size", "2", "3",
          "--output", str(out)]
     )  # fmt: skip
     rows = pd.read_csv(out)
@@ -279,7 +268,7 @@ def test_direct_sweep_of_error_rows_exits_1_and_aliases_work(tmp_path, fixtures_
 )
 def test_sweep_cli_errors(capsys, module, args, message):
     try:
-        code = module.main([*TINY, *args])
+        code = module.main([*TINY_SWEEP, *args])
     except SystemExit as exc:
         code = exc.code
     err = capsys.readouterr().err

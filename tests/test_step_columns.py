@@ -1,15 +1,14 @@
-"""The engine's new columns through the runner and the CLIs: per-phase times in every row, the
-profiled step after the timed ones, --compile-mode recorded, --cuda-graphs refused without CUDA."""
+"""What a row says about its step, through the runner and the CLIs: per-phase times in every row,
+the profiled step after the timed ones, --compile-mode recorded, --cuda-graphs refused without CUDA."""
 
 import json
 
 import pytest
 import torch
 
-from cs336_systems import cuda_graphs, run_benchmarks, runner
+from cs336_systems import benchmark, cuda_graphs, run_benchmarks, runner
 from cs336_systems.results import BenchmarkRecord
-from tests.conftest import tiny_benchmark_config
-from tests.test_cli import TINY, run_cli
+from tests.conftest import TINY, run_main, tiny_benchmark_config
 
 
 @pytest.mark.parametrize(
@@ -56,8 +55,8 @@ def test_profiled_step_runs_after_the_timed_steps(monkeypatch):
 
 def test_cli_writes_the_new_columns_and_no_profile_step_turns_the_step_off(capsys, tmp_path):
     on, off = tmp_path / "on.jsonl", tmp_path / "off.jsonl"
-    assert run_cli(capsys, *TINY, "--pass-type", "train-step", "--output", str(on))[0] == 0
-    assert run_cli(capsys, *TINY, "--pass-type", "train-step", "--no-profile-step", "--output", str(off))[0] == 0
+    assert run_main(benchmark.main, capsys, *TINY, "--pass-type", "train-step", "--output", str(on))[0] == 0
+    assert run_main(benchmark.main, capsys, *TINY, "--pass-type", "train-step", "--no-profile-step", "--output", str(off))[0] == 0
     row_on, row_off = (json.loads(path.read_text()) for path in (on, off))
     assert row_on["kernels_per_step"] > 100 and row_on["top_kernels"] and row_on["device_busy_pct"] is None
     assert row_off["kernels_per_step"] is None and row_off["top_kernels"] == []
@@ -75,7 +74,7 @@ def test_compile_mode_reaches_torch_compile_and_is_recorded(capsys, tmp_path, mo
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     out = tmp_path / "rows.jsonl"
-    code, _, err = run_cli(capsys, *TINY, "--compile-mode", mode, "--compile-scope", "blocks", "--output", str(out))
+    code, _, err = run_main(benchmark.main, capsys, *TINY, "--compile-mode", mode, "--compile-scope", "blocks", "--output", str(out))
     assert code == 0, err
     row = json.loads(out.read_text())
     assert row["compile"] is True and row["compile_mode"] == mode and row["compile_scope"] == "blocks"
@@ -89,7 +88,7 @@ def test_an_uncompiled_row_has_no_compile_mode():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without CUDA")
 def test_cuda_graphs_without_cuda_is_one_line_and_exit_2(capsys, tmp_path):
-    code, out, err = run_cli(capsys, *TINY, "--cuda-graphs")
+    code, out, err = run_main(benchmark.main, capsys, *TINY, "--cuda-graphs")
     assert code == 2 and out == "" and err.count("\n") == 1 and "--cuda-graphs needs a CUDA device" in err
     code = run_benchmarks.main([*TINY, "--cuda-graphs", "--output", str(tmp_path / "x.csv")])
     err = capsys.readouterr().err
