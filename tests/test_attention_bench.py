@@ -254,3 +254,15 @@ def test_exit_status_follows_the_rows(status, code, tmp_path, capsys, monkeypatc
 
     monkeypatch.setattr(attention_bench.cli, "run_attention", fixed)
     assert attention_bench.main(["--device", "cpu", "--head-dims", "8", "--context-lengths", "16"]) == code
+
+
+def test_every_attention_setting_is_an_identity_column_of_its_record():
+    import dataclasses
+
+    from cs336_systems.attention_bench.config import AttentionConfig
+    from cs336_systems.attention_bench.record import AttentionRecord, new_record
+
+    assert [f.name for f in dataclasses.fields(AttentionConfig)] == list(AttentionRecord.identity_fields())
+    config = tiny("sdpa", context_length=64)
+    row = new_record(config, torch.device("cpu"), None).to_row()
+    assert {name: row[name] for name in AttentionRecord.identity_fields()} == dataclasses.asdict(config)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -118,22 +119,9 @@ ATTENTION_FIELDS = AttentionRecord.row_fields()
 
 
 def new_record(config: AttentionConfig, device: torch.device, env: Environment | None) -> AttentionRecord:
+    """A record holding `config` (its every field is an identity column) with nothing measured yet."""
     return AttentionRecord(
-        implementation=config.implementation,
-        head_dim=config.head_dim,
-        context_length=config.context_length,
-        batch_size=config.batch_size,
-        num_heads=config.num_heads,
-        layout=config.layout,
-        causal=config.causal,
-        precision=config.precision,
-        device=str(device),
-        timer=config.timer,
-        warmup_steps=config.warmup_steps,
-        measure_steps=config.measure_steps,
-        max_seconds=config.max_seconds,
-        seed=config.seed,
-        adapters=config.adapters,
+        **{**dataclasses.asdict(config), "device": str(device)},
         status="ok",
         forward_flops=config.forward_flops,
         backward_flops=2 * config.forward_flops,
