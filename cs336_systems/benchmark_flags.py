@@ -6,6 +6,7 @@ live in argtypes.py.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from cs336_systems.argtypes import add_device_argument, non_negative_int, positive_float, positive_int
 from cs336_systems.config import COMPILE_MODES, BenchmarkConfig
@@ -143,20 +144,12 @@ def model_config_from_args(
 
 def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **run) -> BenchmarkConfig:
     """One configuration: `model` and this run's values (context_length, batch_size, pass_type,
-    precision, compile, device) with the flags every benchmark command shares."""
-    return BenchmarkConfig(
-        model=model,
-        compile_scope=args.compile_scope,
-        compile_mode=args.compile_mode or "default",
-        cuda_graphs=args.cuda_graphs,
-        profile_step=args.profile_step,
-        timer=args.timer,
-        warmup_steps=args.warmup_steps,
-        measure_steps=args.measure_steps,
-        seed=args.seed,
-        model_factory=args.model_factory,
-        optimizer_factory=getattr(args, "optimizer", None),
-        peak=args.peak,
-        peak_tflops=args.peak_tflops,
-        **run,
-    )
+    precision, compile, device) with the flags every benchmark command shares. A flag whose
+    destination is a BenchmarkConfig field's name sets that field (unset flags keep its default)."""
+    settings = {
+        field.name: getattr(args, field.name)
+        for field in dataclasses.fields(BenchmarkConfig)
+        if field.name != "model" and getattr(args, field.name, None) is not None
+    }
+    settings["optimizer_factory"] = getattr(args, "optimizer", None)  # the flag is --optimizer
+    return BenchmarkConfig(model=model, **{**settings, **run})
