@@ -7,16 +7,15 @@ Example:
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 from tabulate import tabulate
 
 from cs336_systems import cuda_graphs, nvtx
 from cs336_systems.argtypes import EXIT_FAILED, ArgumentParser, exit_status, fail, positive_int
-from cs336_systems.cli import (
-    ATTENTION_KINDS,
-    PASS_TYPE_CHOICES,
-    PRECISIONS,
+from cs336_systems.benchmark_flags import (
     add_checkpoint_argument,
     add_execution_arguments,
     add_optimizer_argument,
@@ -25,9 +24,10 @@ from cs336_systems.cli import (
     model_config_from_args,
 )
 from cs336_systems.command import run_command
-from cs336_systems.config import COMPILE_SCOPES, BenchmarkConfig
+from cs336_systems.config import COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
 from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.models import (
+    ATTENTION_KINDS,
     SIZE_TABLES,
     ConfigError,
     ModelFactoryError,
@@ -36,6 +36,7 @@ from cs336_systems.models import (
 )
 from cs336_systems.monitor import MonitorPathError, add_monitor_arguments, check_monitor_arguments, monitored
 from cs336_systems.optimizer import OptimizerFactoryError, load_optimizer_factory
+from cs336_systems.precision import PRECISIONS
 from cs336_systems.results import BenchmarkRecord, ResultFileError, ResultSink, ResultWriteError, check_output_paths
 from cs336_systems.runner import run_benchmark
 
@@ -47,7 +48,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--model-size", default="small", help="a name in --size-table's table (--list-sizes shows it; default small)")
     parser.add_argument("--context-length", type=positive_int, default=512)
     parser.add_argument("--batch-size", type=positive_int, default=4)
-    parser.add_argument("--pass-type", choices=PASS_TYPE_CHOICES, default="forward-backward")
+    parser.add_argument("--pass-type", choices=PASS_TYPES, default="forward-backward")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     parser.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
     parser.add_argument(
@@ -59,6 +60,12 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
     parser.add_argument("--list-sizes", action="store_true", help="print --size-table's sizes and exit")
+    parser.add_argument(
+        "--config",
+        metavar="FILE.json",
+        help="run the configuration in this JSON file (or this JSON text), as BenchmarkConfig.to_dict writes it; "
+        "it replaces every flag that describes the configuration (run_benchmarks hands its children theirs so)",
+    )
     add_checkpoint_argument(parser)
     add_optimizer_argument(parser)
     parser.add_argument(
@@ -108,7 +115,26 @@ def check_checkpointing(model, model_factory: str | None) -> None:
         raise ConfigError("--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model")
 
 
+def read_config(text: str) -> BenchmarkConfig:
+    """--config: a JSON file, or JSON text (a configuration's whole object, starting with '{')."""
+    if not text.lstrip().startswith("{"):
+        try:
+            text = Path(text).read_text()
+        except OSError as exc:
+            raise ConfigError(f"--config {text}: cannot read it ({exc.strerror})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--config: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    return BenchmarkConfig.from_dict(data)
+
+
 def config_from_args(args) -> BenchmarkConfig:
+    if args.config:
+        config = read_config(args.config)
+        config.model.check_context(config.context_length)
+        check_checkpointing(config.model, config.model_factory)
+        return config
     model = model_config_from_args(args, args.model_size, args.context_length, args.attention)
     model.check_context(args.context_length)
     check_checkpointing(model, args.model_factory)

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -25,19 +26,17 @@ from cs336_systems.argtypes import (
     describe_memory_limit,
     resolve_memory_limit,
 )
-from cs336_systems.cli import config_to_args
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.lifetime import child_preexec, temporary_directory
 from cs336_systems.models import count_parameters_for
 from cs336_systems.results import ENVIRONMENT_FIELDS, BenchmarkRecord, Environment, collect_environment
-from cs336_systems.runner import new_record
 
 
 def failed_record(
     config: BenchmarkConfig, env: Environment | None, status: str, error: str, num_params: int | None
 ) -> BenchmarkRecord:
     """A row for a configuration that produced none of its own (timeout, crash, a model that could not be built)."""
-    record = new_record(config, torch.device(config.device), env, num_params)
+    record = BenchmarkRecord.for_config(config, torch.device(config.device), env, num_params)
     record.status, record.error = status, error
     return record
 
@@ -72,6 +71,18 @@ def child_limits_from_args(args: argparse.Namespace, device: torch.device) -> Ch
     return ChildLimits(timeout_s=args.timeout, memory_limit_bytes=limit)
 
 
+def benchmark_arguments(config: BenchmarkConfig, limits: ChildLimits) -> list[str]:
+    """`python -m` arguments that run `config` alone (under the memory cap): the configuration
+    is handed over as data (BenchmarkConfig.to_dict), not rebuilt from flags."""
+    cap = [] if limits.memory_limit_bytes is None else ["cs336_systems.memory_cap", str(limits.memory_limit_bytes)]
+    return [*cap, "cs336_systems.benchmark", "--config", json.dumps(config.to_dict())]
+
+
+def benchmark_command(config: BenchmarkConfig, limits: ChildLimits) -> str:
+    """The shell command that runs `config` alone as a sweep's child does, to copy and paste."""
+    return shlex.join(["python", "-m", *benchmark_arguments(config, limits)])
+
+
 STDERR_TAIL_LINES = 8
 # the child's own alarm goes off this long after the parent's --timeout, so the parent's
 # timeout row wins while the parent lives, and a child outliving its parent still ends
@@ -92,10 +103,7 @@ def run_in_child(config: BenchmarkConfig, limits: ChildLimits, env: Environment 
         output = Path(tmp) / "row.jsonl"
         # Never the user's factory here: it may be what hangs or crashes (the child counts it).
         num_params = None if config.model_factory else count_parameters_for(config.model)
-        command = [sys.executable, "-m"]
-        if limits.memory_limit_bytes is not None:
-            command += ["cs336_systems.memory_cap", str(limits.memory_limit_bytes)]
-        command += ["cs336_systems.benchmark", *config_to_args(config), "--output", str(output)]
+        command = [sys.executable, "-m", *benchmark_arguments(config, limits), "--output", str(output)]
         # what the parent can import (a user's --model-factory module), the child can too
         variables = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         watchdog = None if limits.timeout_s is None else limits.timeout_s + WATCHDOG_GRACE_S

@@ -2,7 +2,7 @@
 
     python -m cs336_systems.compare results/base.csv results/new.csv --fail-above 10
 
-Rows are matched on the identity columns BenchmarkRecord marks (results.row_key, the same
+Rows are matched on the identity columns BenchmarkRecord marks (BenchmarkRecord.row_key, the same
 key as BenchmarkConfig.key()); each matched pair gets NEW/BASE of the median step time and a verdict. With --fail-above PCT the exit
 status is 1 when any matched row is slower by more than PCT percent, or failed in NEW
 after running in BASE; otherwise 0. Without it, verdicts use a 5% band and the exit
@@ -18,7 +18,7 @@ from tabulate import tabulate
 
 from cs336_systems.argtypes import ArgumentParser, fail, positive_float
 from cs336_systems.report import model_label
-from cs336_systems.results import CONFIG_FIELDS, ResultFileError, read_results, row_key
+from cs336_systems.results import BenchmarkRecord, ResultFileError, read_results
 from cs336_systems.results.records import NONFINITE_LOSS_NOTE
 
 PROG = "python -m cs336_systems.compare"
@@ -33,13 +33,13 @@ def _rows(path: str) -> dict[tuple, dict]:
         frame = read_results(path)
     except (OSError, ValueError) as exc:
         raise ResultFileError(f"{path}: {exc}") from None
-    missing = [name for name in (*CONFIG_FIELDS, "status", "median_ms") if name not in frame.columns]
+    missing = [name for name in (*BenchmarkRecord.identity_fields(), "status", "median_ms") if name not in frame.columns]
     if missing:
         raise ResultFileError(f"{path}: not a benchmark result file (missing {', '.join(missing[:3])})")
     rows = {}
     for row in frame.astype(object).where(frame.notna(), None).to_dict("records"):
         row["model"] = model_label(row)
-        rows[row_key(row)] = row  # a configuration measured twice: the later row counts
+        rows[BenchmarkRecord.row_key(row)] = row  # a configuration measured twice: the later row counts
     return rows
 
 

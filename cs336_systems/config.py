@@ -1,9 +1,14 @@
 """What one benchmark configuration is, and what identifies it.
 
-`BenchmarkConfig.key()` is the configuration's identity (as torch.utils.benchmark's
-TaskSpec): resume skips a configuration whose key is already in the output file, and
-compare matches rows of two files on it. `row_key` computes the same key from a row read
-back from CSV / JSONL, so one spelling per value whatever the file format.
+`BenchmarkIdentity` declares, once, the columns that identify a configuration, in row order
+(as torch.utils.benchmark's TaskSpec); `BenchmarkConfig.identity()` fills them, a
+BenchmarkRecord is built from them (`BenchmarkRecord(**config.identity(), ...)`), and
+`key()` is their one key (identity.row_key): resume skips a configuration whose key is
+already in the output file, compare matches rows of two files on it.
+
+A new setting is one field of BenchmarkConfig; if it changes what is measured, also a
+column of BenchmarkIdentity with the same name (its value is read from the configuration,
+or from its model), else a name in NOT_IDENTITY.
 """
 
 from __future__ import annotations
@@ -12,22 +17,57 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cs336_systems.models import ModelConfig
-from cs336_systems.results.records import identity_value
+from cs336_systems.identity import identity_field, row_key
+from cs336_systems.models import ConfigError, ModelConfig
 
 PASS_TYPES = ("forward", "forward-backward", "train-step")
 COMPILE_SCOPES = ("model", "blocks")  # "model": torch.compile(model); "blocks": each block (regional)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 COMPILE_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
 
-# The row columns that identify a configuration, in record order (results.BenchmarkRecord).
-IDENTITY_FIELDS = (
-    "model_size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "rope_theta", "attention",
-    "model_factory", "context_length", "batch_size", "pass_type", "precision", "compile", "compile_scope",
-    "compile_mode", "cuda_graphs", "device", "timer", "warmup_steps", "measure_steps", "seed", "checkpoint_blocks",
-    "optimizer_factory",
-)  # fmt: skip
-# Off (no checkpointing, torch's AdamW) is None, so rows written before these columns existed keep their key.
+
+@dataclass(kw_only=True)
+class ModelShape:
+    """The model's identity columns, shared by every record of a Transformer LM (benchmark, DDP)."""
+
+    model_size: str = identity_field()
+    d_model: int = identity_field()
+    d_ff: int = identity_field()
+    num_layers: int = identity_field()
+    num_heads: int = identity_field()
+    vocab_size: int = identity_field()
+    rope_theta: float = identity_field()
+    attention: str = identity_field()
+    model_factory: str | None = identity_field()
+
+
+@dataclass(kw_only=True)
+class BenchmarkIdentity(ModelShape):
+    """The columns that identify one benchmark configuration, in row order (a mixin of
+    results.BenchmarkRecord). Off (no checkpointing, torch's AdamW, not compiled) is None,
+    so rows written before a column existed keep their key."""
+
+    context_length: int = identity_field()
+    batch_size: int = identity_field()
+    pass_type: str = identity_field()
+    precision: str = identity_field()
+    compile: bool = identity_field()
+    compile_scope: str | None = identity_field()
+    compile_mode: str | None = identity_field()
+    cuda_graphs: bool = identity_field()
+    device: str = identity_field()
+    timer: str = identity_field()
+    warmup_steps: int = identity_field()
+    measure_steps: int = identity_field()
+    seed: int = identity_field()
+    checkpoint_blocks: int | str | None = identity_field()  # None: off; K, sqrt or all
+    optimizer_factory: str | None = identity_field()  # train-step: the user's --optimizer
+
+
+IDENTITY_FIELDS = tuple(f.name for f in dataclasses.fields(BenchmarkIdentity))
+MODEL_SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelShape))
+# Settings that change how a result is computed or reported, not what is measured.
+NOT_IDENTITY = ("model", "peak", "peak_tflops", "profile_step")
 
 
 @dataclass(frozen=True)
@@ -64,31 +104,45 @@ class BenchmarkConfig:
     def replace(self, **changes) -> BenchmarkConfig:
         return dataclasses.replace(self, **changes)
 
+    def shape(self) -> dict[str, object]:
+        """The model-shape columns (ModelShape) of this configuration."""
+        return {name: self._column(name) for name in MODEL_SHAPE_FIELDS}
+
     def identity(self) -> dict[str, object]:
-        """The identifying columns as a record of this configuration holds them."""
-        m = self.model
-        return {
-            "model_size": m.size_name, "d_model": m.d_model, "d_ff": m.d_ff, "num_layers": m.num_layers,
-            "num_heads": m.num_heads, "vocab_size": m.vocab_size, "rope_theta": m.rope_theta,
-            "attention": self.attention, "model_factory": self.model_factory, "context_length": self.context_length,
-            "batch_size": self.batch_size, "pass_type": self.pass_type, "precision": self.precision,
-            "compile": self.compile, "compile_scope": self.compile_scope if self.compile else None,
-            "compile_mode": self.compile_mode if self.compile else None, "cuda_graphs": self.cuda_graphs,
-            "device": self.device, "timer": self.timer, "warmup_steps": self.warmup_steps,
-            "measure_steps": self.measure_steps, "seed": self.seed, "checkpoint_blocks": m.checkpoint_blocks,
-            "optimizer_factory": self.optimizer_factory if self.pass_type == "train-step" else None,
-        }  # fmt: skip
+        """The identifying columns (BenchmarkIdentity) as a record of this configuration holds them."""
+        return {name: self._column(name) for name in IDENTITY_FIELDS}
+
+    def _column(self, name: str) -> object:
+        if name == "model_size":
+            return self.model.size_name
+        if name in ("compile_scope", "compile_mode") and not self.compile:
+            return None
+        if name == "optimizer_factory" and self.pass_type != "train-step":
+            return None
+        return getattr(self, name) if hasattr(self, name) else getattr(self.model, name)
 
     def key(self) -> tuple[str, ...]:
-        return row_key(self.identity())
+        return row_key(self.identity(), IDENTITY_FIELDS)
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain data (JSON), read back by from_dict: how a child process gets its configuration."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> BenchmarkConfig:
+        """The configuration `to_dict` gave; ConfigError (one line) on anything else."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("model"), Mapping):
+            raise ConfigError("a configuration is a JSON object holding a 'model' object")
+        unknown = sorted(set(data) - _names(cls)) + [f"model.{k}" for k in sorted(set(data["model"]) - _names(ModelConfig))]
+        if unknown:
+            raise ConfigError(f"unknown configuration field(s): {', '.join(unknown)}")
+        try:
+            model = ModelConfig(**data["model"])
+            model.validate()
+            return cls(**{**data, "model": model})
+        except TypeError as exc:  # a required field missing
+            raise ConfigError(f"incomplete configuration: {exc}") from None
 
 
-def _normal(value: object) -> str:
-    """identity_value, plus: "n/a" (a --model-factory row's attention) is one of pandas' default NA
-    strings, read back as NaN, so it spells as the empty value."""
-    return "" if isinstance(value, str) and value == "n/a" else identity_value(value)
-
-
-def row_key(row: Mapping[str, object]) -> tuple[str, ...]:
-    """The identity of the configuration a result row (or `BenchmarkConfig.identity()`) holds."""
-    return tuple(_normal(row.get(name)) for name in IDENTITY_FIELDS)
+def _names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}

@@ -57,7 +57,7 @@ def step_body(
     optimizer: torch.optim.Optimizer | None,
     autocast: Callable[[], object],
 ) -> Callable[[], torch.Tensor]:
-    """The step to capture: what runner.make_step does, minus zero_grad (grads stay graph-owned)."""
+    """The step to capture: what step.make_step does, minus zero_grad (grads stay graph-owned)."""
 
     def body() -> torch.Tensor:
         grad = torch.no_grad() if pass_type == "forward" else torch.enable_grad()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from cs336_systems.child import run_in_child
+from cs336_systems.child import benchmark_command, run_in_child
 from cs336_systems.sweep import sweep_main
 
 PROG = "python -m cs336_systems.run_benchmarks"
@@ -29,6 +29,8 @@ def execute(pending, args, env, writer) -> None:
         record = run_in_child(config, args.child_limits, env)
         env = record.environment or env  # for the rows of children that write none
         writer.write(record)
+        if record.status != "ok":
+            writer.log(f"{record.status}: run it alone with\n  {benchmark_command(config, args.child_limits)}")
 
 
 def main(argv: list[str] | None = None) -> int:

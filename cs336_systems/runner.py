@@ -1,6 +1,6 @@
 """Run one benchmark configuration: build, step, time, record.
 
-Flow: BenchmarkConfig -> model -> step function -> time_steps -> BenchmarkRecord.
+Flow: BenchmarkConfig -> model -> step function (step.py) -> time_steps -> BenchmarkRecord.
 Out-of-memory anywhere (building, first step, measured steps) is a result with
 status 'oom', never a crash; the memory is released so a sweep can go on.
 """
@@ -12,11 +12,10 @@ import time
 from collections.abc import Callable, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from cs336_systems import cuda_graphs, nvtx
-from cs336_systems.config import PASS_TYPES, BenchmarkConfig
+from cs336_systems.config import BenchmarkConfig
 from cs336_systems.device import (
     compile_unsupported_reason,
     failure_status,
@@ -34,9 +33,7 @@ from cs336_systems.models import (
 )
 from cs336_systems.optimizer import OptimizerFactoryError, make_optimizer, optimizer_name
 from cs336_systems.precision import (
-    autocast,
     cpu_has_native,
-    grad_scaler,
     precision_mode,
     unsupported_reason,
 )
@@ -44,6 +41,7 @@ from cs336_systems.profiling import StepProfile, profile_step
 from cs336_systems.results import BenchmarkRecord, Environment, collect_environment
 from cs336_systems.results.records import NONFINITE_LOSS_NOTE
 from cs336_systems.stats import summarize
+from cs336_systems.step import CUDA_GRAPH_NOTE, captured_step, combine_phases, compiled, make_step
 from cs336_systems.timing import (
     HostTimer,
     StepTimes,
@@ -62,111 +60,6 @@ def _tensor_bytes(model: nn.Module) -> int:
 
 
 @contextlib.contextmanager
-def compiled(model: nn.Module, scope: str, mode: str = "default") -> Iterator[nn.Module]:
-    """The model to step: compiled whole, or block by block (regional compilation).
-
-    Identical blocks share one compiled graph, so "blocks" compiles about num_layers
-    times faster; the blocks are swapped back afterwards so a reused model stays eager.
-    """
-    torch._dynamo.reset()  # a fresh compile per configuration, so compile_s is comparable
-    if scope == "model":
-        yield torch.compile(model, mode=mode)
-        return
-    blocks = getattr(model, "layers", None)
-    if not isinstance(blocks, nn.ModuleList):
-        raise ModelFactoryError("--compile-scope blocks needs a model whose blocks are in a `layers` ModuleList")
-    originals = list(blocks)
-    try:
-        for index, block in enumerate(originals):
-            blocks[index] = torch.compile(block, mode=mode)
-        yield model
-    finally:
-        for index, block in enumerate(originals):
-            blocks[index] = block
-
-
-Phase = Callable[[str], contextlib.AbstractContextManager]
-
-
-def no_phase(name: str) -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext()
-
-
-def make_batch(config: BenchmarkConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (tokens, targets) every step of `config` uses, drawn from its seed."""
-    generator = torch.Generator(device=device).manual_seed(config.seed)
-    shape = (config.batch_size, config.context_length)
-    vocab = config.model.vocab_size
-    tokens = torch.randint(0, vocab, shape, device=device, generator=generator)
-    targets = torch.randint(0, vocab, shape, device=device, generator=generator)
-    return tokens, targets
-
-
-def make_step(
-    config: BenchmarkConfig,
-    model: nn.Module,
-    device: torch.device,
-    optimizer: torch.optim.Optimizer | None = None,
-    phase: Phase = no_phase,
-    losses: list | None = None,
-) -> Callable[[], None]:
-    """The function one timed step calls, its parts wrapped in `phase("forward")`,
-    `phase("backward")` and `phase("optimizer")`. Training steps start by setting grads to None."""
-    tokens, targets = make_batch(config, device)
-    scaler = grad_scaler(config.precision, device)
-
-    def forward() -> None:
-        with phase("forward"), torch.inference_mode(), autocast(config.precision, device):
-            model(tokens)
-
-    def forward_and_backward() -> None:
-        with phase("forward"), autocast(config.precision, device):
-            logits = model(tokens)  # held until backward ends, as in a training loop
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        if losses is not None:
-            losses.append(loss.detach())  # read once after timing (a NaN loss gets a note)
-        with phase("backward"):
-            (scaler.scale(loss) if scaler else loss).backward()
-
-    def forward_backward() -> None:
-        model.zero_grad(set_to_none=True)
-        forward_and_backward()
-
-    def train_step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        forward_and_backward()
-        with phase("optimizer"):
-            if scaler:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-
-    if config.pass_type == "forward":
-        return forward
-    if config.pass_type == "forward-backward":
-        return forward_backward
-    if config.pass_type == "train-step":
-        if optimizer is None:
-            raise ValueError("train-step needs an optimizer")
-        return train_step
-    raise ValueError(f"unknown pass type {config.pass_type!r}; choose one of {PASS_TYPES}")
-
-
-def combine_phases(*phases: Phase) -> Phase:
-    """One phase callback that enters each of `phases` in order."""
-
-    @contextlib.contextmanager
-    def combined(name: str) -> Iterator[None]:
-        with contextlib.ExitStack() as stack:
-            for phase in phases:
-                stack.enter_context(phase(name))
-            yield
-
-    return combined
-
-
-@contextlib.contextmanager
 def cuda_memory_history(path: str | None, device: torch.device) -> Iterator[None]:
     """Record the CUDA allocator's history (for pytorch.org/memory_viz) and dump it to `path`."""
     if path is None:
@@ -178,45 +71,6 @@ def cuda_memory_history(path: str | None, device: torch.device) -> Iterator[None
     finally:
         torch.cuda.memory._dump_snapshot(path)
         torch.cuda.memory._record_memory_history(enabled=None, device=device)
-
-
-def new_record(
-    config: BenchmarkConfig, device: torch.device, env: Environment, num_params: int | None
-) -> BenchmarkRecord:
-    """A record holding `config` with status 'ok' and nothing measured yet."""
-    m = config.model
-    return BenchmarkRecord(
-        model_size=m.size_name,
-        d_model=m.d_model,
-        d_ff=m.d_ff,
-        num_layers=m.num_layers,
-        num_heads=m.num_heads,
-        vocab_size=m.vocab_size,
-        rope_theta=m.rope_theta,
-        model_context_length=m.context_length,
-        attention=config.attention,
-        model_factory=config.model_factory,
-        size_table=m.size_table,
-        checkpoint_blocks=m.checkpoint_blocks,
-        checkpoint_group_size=m.checkpoint_group_size,
-        optimizer_factory=config.optimizer_factory if config.pass_type == "train-step" else None,
-        num_params=num_params,
-        context_length=config.context_length,
-        batch_size=config.batch_size,
-        pass_type=config.pass_type,
-        precision=config.precision,
-        compile=config.compile,
-        compile_scope=config.compile_scope if config.compile else None,
-        compile_mode=config.compile_mode if config.compile else None,
-        cuda_graphs=config.cuda_graphs,
-        device=str(device),
-        timer=config.timer,
-        warmup_steps=config.warmup_steps,
-        measure_steps=config.measure_steps,
-        seed=config.seed,
-        status="ok",
-        environment=env,
-    )
 
 
 def _measure(
@@ -245,7 +99,8 @@ def _measure(
         )
         losses: list[torch.Tensor] = []  # the traced steps' (untimed): first and last
         if config.cuda_graphs:
-            step, traced = _captured_step(config, runnable, device, notes, memory), None
+            step, traced = captured_step(config, runnable, device, memory.phase), None
+            notes.append(CUDA_GRAPH_NOTE)
             phases = None
         else:
             optimizer = (
@@ -293,26 +148,6 @@ def _measure(
         if config.profile_step:
             profile = profile_step(step, device, synchronize, step_ms=summarize(times.measured_ms).median, clock=clock)
         return times, profile
-
-
-def _captured_step(
-    config: BenchmarkConfig,
-    model: nn.Module,
-    device: torch.device,
-    notes: list[str],
-    memory: PhaseMemory,
-) -> Callable[[], None]:
-    """The whole step captured in a CUDA graph (cuda_graphs.py); the capture is the first step."""
-    optimizer = cuda_graphs.make_optimizer(model) if config.pass_type == "train-step" else None
-    batch = cuda_graphs.StaticBatch(*make_batch(config, device))
-    body = cuda_graphs.step_body(model, batch, config.pass_type, optimizer, lambda: autocast(config.precision, device))
-    with memory.phase("step"):  # first step: the eager iterations (AdamW state created) and the capture
-        captured = cuda_graphs.CapturedStep(body, model)
-    notes.append(
-        f"CUDA graph replays, captured after {cuda_graphs.CAPTURE_WARMUP_ITERS} eager iterations; "
-        "no per-phase times (a replay is one call)"
-    )
-    return captured
 
 
 def _record_memory(record: BenchmarkRecord, memory: PhaseMemory, baseline: int) -> None:
@@ -364,7 +199,7 @@ def run_benchmark(
     num_params = (
         count_parameters(model) if model is not None else count_parameters_for(config.model, config.model_factory)
     )
-    record = new_record(config, device, env, num_params)
+    record = BenchmarkRecord.for_config(config, device, env, num_params)
     notes = ["NVTX ranges on (ranges cost about 1 us each on the host)"] if nvtx.is_enabled() else []
     step_flops = flops_per_step(
         config.model, config.batch_size, config.context_length, config.pass_type, config.model_factory, device

@@ -20,14 +20,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from cs336_systems import cli, cuda_graphs
+from cs336_systems import benchmark_flags, cuda_graphs
 from cs336_systems.argtypes import EXIT_FAILED, EXIT_INTERRUPTED, ArgumentParser, exit_status, fail, positive_int
 from cs336_systems.child import add_child_arguments, child_limits_from_args
-from cs336_systems.config import COMPILE_CHOICES, COMPILE_SCOPES, BenchmarkConfig, row_key
+from cs336_systems.config import COMPILE_CHOICES, COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
 from cs336_systems.device import DeviceError, resolve_device
-from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory
+from cs336_systems.models import ATTENTION_KINDS, ConfigError, ModelFactoryError, load_model_factory
 from cs336_systems.monitor import add_monitor_arguments, check_monitor_arguments, monitored
 from cs336_systems.optimizer import load_optimizer_factory
+from cs336_systems.precision import PRECISIONS
 from cs336_systems.results import (
     BenchmarkRecord,
     ResultFileError,
@@ -36,7 +37,6 @@ from cs336_systems.results import (
     check_output_paths,
     collect_environment,
     read_results,
-    render_markdown,
 )
 
 
@@ -44,20 +44,20 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     grid = parser.add_argument_group("grid (every combination runs, in this order)")
     # plural list flags; the singular spelling (as `benchmark` takes it) is an alias
     grid.add_argument("--model-sizes", "--model-size", nargs="+", default=["small"], metavar="SIZE")
-    grid.add_argument("--attentions", "--attention", nargs="+", choices=cli.ATTENTION_KINDS, default=["sdpa"])
-    grid.add_argument("--precisions", "--precision", nargs="+", choices=cli.PRECISIONS, default=["fp32"])
+    grid.add_argument("--attentions", "--attention", nargs="+", choices=ATTENTION_KINDS, default=["sdpa"])
+    grid.add_argument("--precisions", "--precision", nargs="+", choices=PRECISIONS, default=["fp32"])
     grid.add_argument("--compile", choices=tuple(COMPILE_CHOICES), default="off", help="off, on, or both")
     grid.add_argument("--compile-scope", choices=COMPILE_SCOPES, default="model")
     grid.add_argument("--context-lengths", "--context-length", nargs="+", type=positive_int, default=[512], metavar="T")
     grid.add_argument("--batch-sizes", "--batch-size", nargs="+", type=positive_int, default=[4], metavar="B")
-    grid.add_argument("--pass-types", "--pass-type", nargs="+", choices=cli.PASS_TYPE_CHOICES, default=["forward-backward"])
-    cli.add_checkpoint_argument(grid, plural=True)
+    grid.add_argument("--pass-types", "--pass-type", nargs="+", choices=PASS_TYPES, default=["forward-backward"])
+    benchmark_flags.add_checkpoint_argument(grid, plural=True)
     parser.add_argument("--resume", action="store_true", help="skip configurations already in the output file")
     parser.add_argument("--wait-lock", action="store_true",
                         help="if another run is writing an output, wait for it instead of exiting")  # fmt: skip
-    cli.add_optimizer_argument(parser)
-    cli.add_shape_arguments(parser)
-    cli.add_execution_arguments(parser)
+    benchmark_flags.add_optimizer_argument(parser)
+    benchmark_flags.add_shape_arguments(parser)
+    benchmark_flags.add_execution_arguments(parser)
 
 
 def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[BenchmarkConfig]:
@@ -68,12 +68,12 @@ def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[Bench
         args.model_sizes, args.attentions, args.checkpoint_blocks, args.precisions, COMPILE_CHOICES[args.compile],
         args.context_lengths, args.batch_sizes, args.pass_types,
     ):  # fmt: skip
-        model = cli.model_config_from_args(args, size, longest, attention, checkpoint)
+        model = benchmark_flags.model_config_from_args(args, size, longest, attention, checkpoint)
         model.check_context(longest, f"--context-lengths up to {longest}")
         if model.checkpoint_group_size and args.model_factory:
             raise ConfigError("--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model")
         configs.append(
-            cli.benchmark_config_from_args(
+            benchmark_flags.benchmark_config_from_args(
                 args,
                 model,
                 context_length=context,
@@ -108,7 +108,7 @@ def existing_rows(outputs: Iterable[Path]) -> list[dict]:
     rows: dict[tuple, dict] = {}
     for held in rows_by_output(outputs).values():
         for row in held:
-            rows.setdefault(row_key(row), row)
+            rows.setdefault(BenchmarkRecord.row_key(row), row)
     return list(rows.values())
 
 
@@ -127,7 +127,7 @@ def pending_configs(
     for path, rows in held.items():
         if rows and not resume:
             raise ResultFileError(f"{path} already has {len(rows)} rows: pass --resume to continue it, or use a new file")
-    keys = [{row_key(row) for row in rows} for rows in held.values()]
+    keys = [{BenchmarkRecord.row_key(row) for row in rows} for rows in held.values()]
     done = set.intersection(*keys) if keys else set()
     return [config for config in configs if config.key() not in done]
 
@@ -235,6 +235,11 @@ class Writer:
         self.bar.set_postfix_str(f"last: {record.status} {_short_time(record)}")
 
 
+    def log(self, line: str) -> None:
+        """A line on stderr that does not break the progress bar."""
+        self.bar.write(line, file=sys.stderr)
+
+
 def _short_time(record: BenchmarkRecord) -> str:
     return f"{record.mean_ms:.1f} ms" if record.mean_ms is not None else (record.error or "")[:40]
 
@@ -280,7 +285,7 @@ def sweep_main(
         return fail(prog, str(exc))
     previous = existing_rows(outputs)
     sink.set_previous_rows(previous)
-    sink.holds = {path: {row_key(row) for row in rows} for path, rows in held.items() if rows}
+    sink.holds = {path: {BenchmarkRecord.row_key(row) for row in rows} for path, rows in held.items() if rows}
 
     # Children record their own environment; the parent of CUDA children stays off the GPU.
     env = None if child_processes else collect_environment(device)
@@ -300,10 +305,10 @@ def sweep_main(
             return EXIT_FAILED
         finally:
             sink.close()
-    shown = {row_key(row) for row in previous}  # a row re-run only for a file that lacked it shows once
+    shown = {BenchmarkRecord.row_key(row) for row in previous}  # a row re-run only for a file that lacked it shows once
     rows = [*previous, *(record.to_row() for record in writer.written if record.key() not in shown)]
     if rows:
-        print(render_markdown(rows))
+        print(BenchmarkRecord.markdown(rows))
     if stop.requested and len(writer.written) < len(pending):
         done = f"stopped: {len(writer.written)} of {len(pending)} configurations done"
         if resumable(outputs):

@@ -23,7 +23,8 @@ from tabulate import tabulate
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.device import resolve_device
 from cs336_systems.models import ModelConfig, build_model, count_parameters
-from cs336_systems.results import ResultSink, collect_environment, environment_lines, read_results
+from cs336_systems.results import ResultSink, collect_environment, read_results
+from cs336_systems.results.markdown import environment_lines
 from cs336_systems.runner import run_benchmark
 from cs336_systems.stats import summarize
 

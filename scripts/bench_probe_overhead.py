@@ -21,16 +21,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from cs336_systems.device import resolve_device
 from cs336_systems.probe import StepProbe
-from cs336_systems.results import (
-    Record,
-    ResultFileError,
-    ResultSink,
-    collect_environment,
-    render_markdown,
-)
+from cs336_systems.results import Record, ResultFileError, ResultSink, collect_environment
 
 TARGET_MS = 0.1
 PHASES = ("forward", "backward", "optimizer")
@@ -51,6 +46,17 @@ class OverheadRecord(Record):
     target_ms: float
     passed: bool
     load_avg_1min: float  # of the machine, when the case finished: other processes' share of the cores
+
+    title: ClassVar[str] = "probe overhead per step (CPU)"
+    markdown_columns: ClassVar[tuple[str, ...]] = (
+        "case", "phases", "window", "writes_csv", "steps", "repeats", "plain_us_per_step", "probed_us_per_step",
+        "overhead_ms_per_step", "overhead_max_ms_per_step", "target_ms", "passed", "load_avg_1min",
+    )  # fmt: skip
+    label_columns: ClassVar[tuple[str, ...]] = ("case",)
+    conventions: ClassVar[str] = (
+        "overhead_ms_per_step: median over repeats of (probed loop - plain loop) / steps, an empty loop "
+        "body; overhead_max_ms_per_step: the worst repeat."
+    )
 
 
 def plain_loop(steps: int, phases: int) -> float:
@@ -90,19 +96,6 @@ def measure(case: str, phases: int, window: int, csv_dir: Path | None, steps: in
     )  # fmt: skip
 
 
-COLUMNS = ("case", "phases", "window", "writes_csv", "steps", "repeats", "plain_us_per_step", "probed_us_per_step",
-           "overhead_ms_per_step", "overhead_max_ms_per_step", "target_ms", "passed", "load_avg_1min")  # fmt: skip
-
-
-def render(rows) -> str:
-    text = render_markdown(rows, "probe overhead per step (CPU)", COLUMNS, ("case",))
-    head, _, _ = text.rpartition("std is the sample standard deviation")
-    return head + (
-        "overhead_ms_per_step: median over repeats of (probed loop - plain loop) / steps, an empty loop "
-        "body; overhead_max_ms_per_step: the worst repeat.\n"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=5000)
@@ -113,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_probe_overhead: --steps and --repeats must be at least 1", file=sys.stderr)
         return 2
     try:
-        sink = ResultSink(args.output, OverheadRecord, render=render)
+        sink = ResultSink(args.output, OverheadRecord)
     except ResultFileError as exc:
         print(f"bench_probe_overhead: error: {exc}", file=sys.stderr)
         return 2
@@ -129,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(record.to_row())
             print(f"{case}: {1e3 * record.overhead_ms_per_step:.1f} us/step (worst repeat "
                   f"{1e3 * record.overhead_max_ms_per_step:.1f})", file=sys.stderr)  # fmt: skip
-    print(render(rows))
+    print(OverheadRecord.markdown(rows))
     return 0 if all(row["passed"] for row in rows) else 1
 
 

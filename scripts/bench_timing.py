@@ -26,9 +26,10 @@ from tabulate import tabulate
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.device import resolve_device
 from cs336_systems.models import ModelConfig, build_model
-from cs336_systems.results import collect_environment, environment_lines
-from cs336_systems.runner import make_step
+from cs336_systems.results import collect_environment
+from cs336_systems.results.markdown import environment_lines
 from cs336_systems.stats import summarize
+from cs336_systems.step import make_step
 from cs336_systems.timing import CudaEventTimer, HostTimer, device_synchronizer, time_steps
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "checks"  # the harness checking itself

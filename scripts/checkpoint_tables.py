@@ -23,12 +23,13 @@ import pandas as pd
 from tabulate import tabulate
 
 from cs336_systems.argtypes import ArgumentParser, positive_int
-from cs336_systems.cli import checkpoint_blocks
+from cs336_systems.benchmark_flags import checkpoint_blocks
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.device import resolve_device
 from cs336_systems.memory import pin_mmap_threshold
 from cs336_systems.models import ModelConfig
-from cs336_systems.results import collect_environment, environment_lines
+from cs336_systems.results import collect_environment
+from cs336_systems.results.markdown import environment_lines
 from cs336_systems.runner import run_benchmark
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"

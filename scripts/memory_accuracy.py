@@ -27,7 +27,8 @@ from cs336_systems.config import BenchmarkConfig
 from cs336_systems.device import release_memory, resolve_device
 from cs336_systems.memory import estimate_memory, pin_mmap_threshold
 from cs336_systems.models import ModelConfig, build_model
-from cs336_systems.results import collect_environment, environment_lines
+from cs336_systems.results import collect_environment
+from cs336_systems.results.markdown import environment_lines
 from cs336_systems.runner import run_benchmark
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "checks"  # the harness checking itself

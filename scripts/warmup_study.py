@@ -34,8 +34,8 @@ from cs336_systems.results import (  # noqa: E402
     ResultFileError,
     ResultSink,
     check_output_paths,
-    environment_lines,
 )
+from cs336_systems.results.markdown import environment_lines  # noqa: E402
 from cs336_systems.stats import summarize  # noqa: E402
 from cs336_systems.sweep import describe  # noqa: E402
 

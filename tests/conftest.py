@@ -6,13 +6,22 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from cs336_systems.config import BenchmarkConfig
-from cs336_systems.models import ModelConfig
+from cs336_systems.distributed import LaunchSpec
+from cs336_systems.models import ModelConfig, build_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
-# the tiny model's shape flags, shared by every CLI test (each adds its own run flags)
+# The tiny model's flags, shared by every CLI test: its shape, then the run flags each kind of test adds.
 TINY_SHAPE = ["--d-model", "32", "--d-ff", "64", "--num-layers", "2", "--num-heads", "2", "--vocab-size", "97"]
+TINY_BATCH = ["--context-length", "16", "--batch-size", "2"]
+TINY_CPU = ["--device", "cpu", "--peak-tflops", "1"]  # a given peak: no matmul probe for the MFU denominator
+TINY_SWEEP = [*TINY_SHAPE, *TINY_CPU, "--warmup-steps", "1", "--measure-steps", "2"]  # each sweep test adds its grid
+TINY = [*TINY_SWEEP, *TINY_BATCH]  # one `benchmark` configuration
+TINY_DDP = [*TINY_SHAPE, *TINY_BATCH, "--warmup-steps", "1", "--measure-steps", "3"]
+# two gloo ranks on the CPU, one thread each
+SPEC = LaunchSpec("gloo", world_size=2, threads_per_rank=1, init_timeout_s=60, collective_timeout_s=60)
 REPO = Path(__file__).resolve().parent.parent
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -44,6 +53,33 @@ def fixtures_on_path(monkeypatch):
     return FIXTURES
 
 
+@pytest.fixture
+def saved_figures(monkeypatch):
+    """Every matplotlib Figure saved during the test (still written to its file): a plot test checks
+    what is drawn (titles, labels, each line's points), not only that a file exists."""
+    from matplotlib.figure import Figure
+
+    saved = []
+    original = Figure.savefig
+
+    def savefig(self, *args, **kwargs):
+        saved.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return saved
+
+
+def lines_by_label(figure) -> dict[str, list]:
+    """Each labelled line of `figure` (every axes): label -> [(x, y) points]."""
+    lines: dict[str, list] = {}
+    for axes in figure.axes:
+        for line in axes.get_lines():
+            points = [(float(x), float(y)) for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True)]
+            lines.setdefault(line.get_label(), []).append(points)
+    return lines
+
+
 def child_env() -> dict[str, str]:
     """Environment for a child python that imports this checkout and the test fixtures."""
     env = dict(os.environ)
@@ -53,3 +89,33 @@ def child_env() -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def run_main(main, capsys, *args) -> tuple[int, str, str]:
+    """A command's main(argv) in this process: its exit status (argparse's usage exit too), stdout, stderr."""
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exc:  # argparse exits on usage errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def single_process_step(config: BenchmarkConfig, world_size: int, lr: float):
+    """The same SGD step in one process on the concatenated global batch, written independently:
+    rank r's shard is drawn with seed + r (tokens, then targets), as step.make_step does."""
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, config.device)
+    initial = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
+    shards = []
+    for rank in range(world_size):
+        generator = torch.Generator(device=config.device).manual_seed(config.seed + rank)
+        shape = (config.batch_size, config.context_length)
+        tokens = torch.randint(0, config.model.vocab_size, shape, generator=generator, device=config.device)
+        targets = torch.randint(0, config.model.vocab_size, shape, generator=generator, device=config.device)
+        shards.append((tokens, targets))
+    tokens, targets = (torch.cat(parts) for parts in zip(*shards))
+    logits = model(tokens)
+    F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).backward()
+    torch.optim.SGD(model.parameters(), lr=lr).step()
+    return initial, {name: p.detach().cpu() for name, p in model.named_parameters()}

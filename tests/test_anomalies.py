@@ -4,7 +4,7 @@ from cs336_systems.anomalies import flag_anomalies
 from cs336_systems.flops import analytic_flops_per_step
 from cs336_systems.memory import estimate_memory
 from cs336_systems.models import ModelConfig
-from cs336_systems.results import render_markdown
+from cs336_systems.results import BenchmarkRecord
 
 LAPTOP = "NVIDIA GeForce RTX 4090 Laptop GPU"
 
@@ -28,7 +28,7 @@ def test_laptop_large_is_flagged_as_memory_oversubscription():
     flags = flag_anomalies(rows)
     assert set(flags) == {2}
     assert "memory oversubscription" in flags[2] and "> 16.0 GiB" in flags[2]
-    assert "SLOW: " in render_markdown(rows) and "memory oversubscription" in render_markdown(rows)
+    assert "SLOW: " in BenchmarkRecord.markdown(rows) and "memory oversubscription" in BenchmarkRecord.markdown(rows)
 
 
 def test_small_work_is_flagged_as_launch_bound():

@@ -19,7 +19,7 @@ PROG = "python -m cs336_systems.attention_bench"
 
 
 def tiny(implementation="naive", **changes) -> AttentionConfig:
-    base = dict(implementation=implementation, head_dim=8, seq_len=32, batch_size=2, warmup_steps=1, steps=3)
+    base = dict(implementation=implementation, head_dim=8, context_length=32, batch_size=2, warmup_steps=1, measure_steps=3)
     base.update(changes)
     return AttentionConfig(**base)
 
@@ -29,7 +29,7 @@ def test_naive_row_times_both_passes_and_counts_what_autograd_saves():
     record = run_attention(config)
     assert record.status == "ok", record.error
     assert record.forward_steps == record.backward_steps == 3
-    assert len(record.forward_ms) == len(record.backward_ms) == 3 and len(record.forward_warmup_ms) == 1
+    assert len(record.forward_samples_ms) == len(record.backward_samples_ms) == 3 and len(record.forward_warmup_ms) == 1
     assert 0 < record.forward_min_ms <= record.forward_mean_ms <= record.forward_max_ms
     assert record.backward_mean_ms > 0 and record.compile_s is None
     B, T, d = 2, 32, 8
@@ -50,7 +50,7 @@ def test_sdpa_saves_no_score_matrix():
     )
     assert naive >= 2 * 64 * 64 * 4  # the (T, T) probabilities
     assert fused < 2 * 64 * 64 * 4  # q, k, v, output and log-sum-exp: O(T)
-    record = run_attention(tiny("sdpa", seq_len=64))
+    record = run_attention(tiny("sdpa", context_length=64))
     assert record.status == "ok" and record.saved_for_backward_bytes == fused
     assert record.sdpa_backend in (None, "flash_attention", "math", "efficient_attention")
 
@@ -66,8 +66,8 @@ def test_backward_is_timed_without_its_forward(monkeypatch):
     monkeypatch.setattr(attention_bench.measure, "attention_for", lambda config, adapters=None: attend)
     monkeypatch.setattr(torch.Tensor, "backward", _advancing_backward(torch.Tensor.backward, clock))
     record = run_attention(tiny("naive", max_seconds=None), clock=lambda: clock["now"])
-    assert record.forward_ms == pytest.approx([5000.0] * 3)
-    assert record.backward_ms == pytest.approx([1.0] * 3)
+    assert record.forward_samples_ms == pytest.approx([5000.0] * 3)
+    assert record.backward_samples_ms == pytest.approx([1.0] * 3)
 
 
 def _advancing_backward(backward, clock):
@@ -80,7 +80,7 @@ def _advancing_backward(backward, clock):
 
 def test_out_of_memory_is_a_row_and_memory_is_released():
     """A real CPU out-of-memory: a 128 MiB score matrix under a 96 MiB address-space allowance."""
-    big = tiny("naive", seq_len=4096, head_dim=16, batch_size=2, warmup_steps=0, steps=1)
+    big = tiny("naive", context_length=4096, head_dim=16, batch_size=2, warmup_steps=0, measure_steps=1)
     with soft_address_space_cap(96 * 2**20):
         record = run_attention(big, memory_limit_bytes=96 * 2**20)
         after = run_attention(tiny("naive"))  # the sweep goes on
@@ -115,7 +115,7 @@ def test_unsupported_precision_is_a_row():
 
 
 def test_time_budget_cuts_steps_and_says_so():
-    record = run_attention(tiny("naive", steps=50, warmup_steps=0, max_seconds=1e-9))
+    record = run_attention(tiny("naive", measure_steps=50, warmup_steps=0, max_seconds=1e-9))
     assert record.status == "ok" and record.forward_steps == 3 and record.backward_steps == 3
     assert "forward: 3 of 50 steps" in record.notes and "backward: 3 of 50 steps" in record.notes
 
@@ -123,7 +123,7 @@ def test_time_budget_cuts_steps_and_says_so():
 def test_compiled_reports_compile_time_apart():
     if compile_unsupported_reason(torch.device("cpu")):
         pytest.skip("torch.compile unavailable here")
-    record = run_attention(tiny("compiled", steps=2))
+    record = run_attention(tiny("compiled", measure_steps=2))
     assert record.status == "ok", record.error
     assert record.compile_s > 0 and record.compile_s * 1e3 > 5 * record.forward_max_ms
     assert record.saved_for_backward_bytes > 0
@@ -154,7 +154,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
     assert err.startswith(f"{PROG}: error:")
 
 
-def test_cli_writes_every_format_and_a_plot(tmp_path, capsys):
+def test_cli_writes_every_format_and_a_plot(tmp_path, capsys, saved_figures):
     outputs = [tmp_path / "a.csv", tmp_path / "a.md", tmp_path / "a.jsonl"]
     args = ["--device", "cpu", "--head-dims", "8", "16", "--seq-lens", "16", "32", "--batch-size", "2"]
     args += ["--steps", "2", "--warmup-steps", "0", "--implementations", "naive", "sdpa"]
@@ -164,20 +164,28 @@ def test_cli_writes_every_format_and_a_plot(tmp_path, capsys):
     assert out.startswith("# Attention forward and backward") and "memory_before_backward_mib" in out
     frame = pd.read_csv(outputs[0])
     assert len(frame) == 8 and set(frame["status"]) == {"ok"}
-    assert list(frame.columns[:3]) == ["implementation", "head_dim", "seq_len"]
+    assert list(frame.columns[:3]) == ["implementation", "head_dim", "context_length"]
     lines = [json.loads(line) for line in outputs[2].read_text().splitlines()]
-    assert len(lines[0]["forward_ms"]) == 2 and len(lines[0]["backward_ms"]) == 2
-    assert (tmp_path / "a.png").stat().st_size > 10_000
-    assert "wrote" in err and "naive fp32 head_dim=8 seq_len=16: forward" in err
+    assert len(lines[0]["forward_samples_ms"]) == 2 and len(lines[0]["backward_samples_ms"]) == 2
+    # the plot: a panel per (pass, head dim), a line per implementation through its rows' means
+    (figure,) = saved_figures
+    assert (tmp_path / "a.png").exists()
+    titles = [ax.get_title() for ax in figure.axes]
+    assert titles == [f"{p}, head_dim {d}" for p in ("forward", "backward", "end_to_end") for d in (8, 16)]
+    forward_d8 = {line.get_label(): list(line.get_ydata()) for line in figure.axes[0].get_lines()}
+    for implementation in ("naive", "sdpa"):
+        expected = frame[(frame["implementation"] == implementation) & (frame["head_dim"] == 8)]
+        assert forward_d8[implementation] == pytest.approx(list(expected.sort_values("context_length")["forward_mean_ms"]))
+    assert "wrote" in err and "naive fp32 head_dim=8 context_length=16: forward" in err
 
 
 def test_plot_marks_oom_points(tmp_path):
     rows = [
-        dict(implementation=i, head_dim=d, seq_len=t, batch_size=8, precision="fp32", status="ok",
+        dict(implementation=i, head_dim=d, context_length=t, batch_size=8, precision="fp32", status="ok",
              forward_mean_ms=t / 100, backward_mean_ms=t / 50, device_name="cpu")
         for i in ("naive", "sdpa") for d in (16, 64) for t in (256, 1024)
     ]  # fmt: skip
-    rows.append(dict(rows[0], seq_len=4096, status="oom", forward_mean_ms=math.nan, backward_mean_ms=math.nan))
+    rows.append(dict(rows[0], context_length=4096, status="oom", forward_mean_ms=math.nan, backward_mean_ms=math.nan))
     path = attention_bench.plot(rows, tmp_path / "p.png")
     assert path.stat().st_size > 10_000
     figure = attention_bench.draw(rows)
@@ -234,7 +242,7 @@ def test_ctrl_c_keeps_the_finished_rows_and_exits_130(tmp_path, capsys, monkeypa
                                  "--measure-steps", "2", "--implementations", "naive", "--output", str(csv)])  # fmt: skip
     _, err = capsys.readouterr()
     assert code == 130 and "interrupted" in err and "Traceback" not in err
-    assert list(pd.read_csv(csv)["seq_len"]) == [16]
+    assert list(pd.read_csv(csv)["context_length"]) == [16]
 
 
 @pytest.mark.parametrize(("status", "code"), [("oom", 0), ("unsupported", 0), ("error", 1)])
@@ -246,3 +254,15 @@ def test_exit_status_follows_the_rows(status, code, tmp_path, capsys, monkeypatc
 
     monkeypatch.setattr(attention_bench.cli, "run_attention", fixed)
     assert attention_bench.main(["--device", "cpu", "--head-dims", "8", "--context-lengths", "16"]) == code
+
+
+def test_every_attention_setting_is_an_identity_column_of_its_record():
+    import dataclasses
+
+    from cs336_systems.attention_bench.config import AttentionConfig
+    from cs336_systems.attention_bench.record import AttentionRecord, new_record
+
+    assert [f.name for f in dataclasses.fields(AttentionConfig)] == list(AttentionRecord.identity_fields())
+    config = tiny("sdpa", context_length=64)
+    row = new_record(config, torch.device("cpu"), None).to_row()
+    assert {name: row[name] for name in AttentionRecord.identity_fields()} == dataclasses.asdict(config)

@@ -23,7 +23,7 @@ WRONG = str(FIXTURES / "adapters_wrong.py")
 
 
 def tiny(implementation="naive", **changes) -> AttentionConfig:
-    base = dict(implementation=implementation, head_dim=8, seq_len=40, batch_size=2, warmup_steps=1, steps=2)
+    base = dict(implementation=implementation, head_dim=8, context_length=40, batch_size=2, warmup_steps=1, measure_steps=2)
     base.update(changes)
     return AttentionConfig(**base)
 
@@ -36,7 +36,7 @@ def test_fixture_flash_pytorch_is_checked_and_timed(layout, heads, causal):
     assert record.status == "ok", record.error
     assert record.max_abs_err_out < 1e-5 and record.max_abs_err_grad < 1e-5 and record.check_tolerance == 1e-4
     assert record.forward_steps == record.backward_steps == record.end_to_end_steps == 2
-    assert len(record.end_to_end_ms) == 2 and record.end_to_end_mean_ms > 0
+    assert len(record.end_to_end_samples_ms) == 2 and record.end_to_end_mean_ms > 0
     assert record.timer_used == "host" and record.adapters == STUDENT
     assert record.forward_flops == 4 * 2 * heads * 40 * 40 * 8
     assert record.end_to_end_tflops == pytest.approx(
@@ -51,7 +51,7 @@ def test_builtins_pass_the_check_in_3d_and_without_the_mask(implementation):
 
 
 def test_bf16_is_checked_at_its_own_tolerance():
-    record = run_attention(tiny("flash-pytorch", precision="bf16", adapters=STUDENT, steps=1, warmup_steps=0))
+    record = run_attention(tiny("flash-pytorch", precision="bf16", adapters=STUDENT, measure_steps=1, warmup_steps=0))
     assert record.status == "ok", record.error
     assert record.check_tolerance == 3e-2 and 1e-4 < record.max_abs_err_out < 3e-2  # bf16 rounding, not fp32's
 
@@ -153,7 +153,7 @@ def test_defaults_are_the_handouts():
     assert (args.batch_size, args.num_heads, args.causal, args.precisions) == (1, 1, True, ["fp32"])
     assert args.measure_steps == 100 and args.max_seconds == 0  # the budget is opt-in
     [config, *_] = attention_bench.configs_from_args(args, torch.device("cpu"))
-    assert config.max_seconds == 0 and config.steps == 100
+    assert config.max_seconds == 0 and config.measure_steps == 100
     assert attention_bench.build_parser().parse_args(["--no-causal"]).causal is False
 
 
@@ -191,9 +191,9 @@ def test_do_bench_samples_and_cleared_gradients_are_recorded(monkeypatch):
     monkeypatch.setattr(
         attention_bench.measure, "do_bench_backend", lambda device: (dobench.TRITON, fake_do_bench, None)
     )
-    record = run_attention(tiny("naive", timer="do-bench", steps=100))
+    record = run_attention(tiny("naive", timer="do-bench", measure_steps=100))
     assert record.status == "ok" and record.timer_used == "triton.do_bench"
-    assert record.forward_ms == record.backward_ms == record.end_to_end_ms == [1.0, 2.0, 3.0, 4.0]
+    assert record.forward_samples_ms == record.backward_samples_ms == record.end_to_end_samples_ms == [1.0, 2.0, 3.0, 4.0]
     assert record.forward_mean_ms == 2.5 and record.end_to_end_steps == 4
     assert record.notes is None or "of 100 steps" not in record.notes  # do_bench picks its own count
     # forward leaves no gradients; backward and end-to-end do, and do_bench is told to clear them
@@ -238,6 +238,6 @@ def test_adapters_object_is_reused_by_the_rows():
 
 
 def test_markdown_shows_small_errors_instead_of_zeros():
-    record = run_attention(tiny("sdpa", steps=1, warmup_steps=0))
+    record = run_attention(tiny("sdpa", measure_steps=1, warmup_steps=0))
     markdown = attention_bench.AttentionRecord.markdown([record.to_row()])
     assert f"{record.max_abs_err_out:.2e}" in markdown and 0 < record.max_abs_err_out < 1e-5

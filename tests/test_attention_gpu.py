@@ -13,8 +13,8 @@ MiB = 2**20
 
 
 def cuda_config(implementation, **changes):
-    base = dict(implementation=implementation, head_dim=64, seq_len=1024, batch_size=8, device="cuda",
-                warmup_steps=2, steps=5)  # fmt: skip
+    base = dict(implementation=implementation, head_dim=64, context_length=1024, batch_size=8, device="cuda",
+                warmup_steps=2, measure_steps=5)  # fmt: skip
     base.update(changes)
     return AttentionConfig(**base)
 
@@ -46,7 +46,7 @@ def test_compiled_on_gpu():
 
 def test_real_cuda_oom_is_a_row_and_the_next_configuration_runs():
     # the (8, 65536, 65536) fp32 score matrix alone is 128 GiB
-    record = run_attention(cuda_config("naive", seq_len=65536, head_dim=16, warmup_steps=0, steps=1))
+    record = run_attention(cuda_config("naive", context_length=65536, head_dim=16, warmup_steps=0, measure_steps=1))
     assert record.status == "oom", record.error
     assert record.error.startswith("forward: CUDA out of memory")
     assert torch.cuda.memory_allocated() < 64 * MiB  # released
@@ -77,7 +77,7 @@ def test_autocast_dtypes_on_cuda(dtype):
 def test_the_students_flash_attention_on_do_bench():
     from tests.conftest import FIXTURES
 
-    config = cuda_config("flash-pytorch", seq_len=256, batch_size=1, timer="do-bench", precision="bf16",
+    config = cuda_config("flash-pytorch", context_length=256, batch_size=1, timer="do-bench", precision="bf16",
                          adapters=str(FIXTURES / "adapters_student.py"))  # fmt: skip
     record = run_attention(config)
     assert record.status == "ok", record.error

@@ -23,7 +23,7 @@ from cs336_systems.models import (
 )
 from cs336_systems.optimizer import OPTIMIZER_KWARGS
 from cs336_systems.runner import run_benchmark
-from tests.conftest import PYTHON, TINY_SHAPE, child_env, tiny_benchmark_config, tiny_model_config
+from tests.conftest import PYTHON, TINY_SHAPE, child_env, run_main, tiny_benchmark_config, tiny_model_config
 
 # -- size tables -----------------------------------------------------------------------
 
@@ -51,18 +51,10 @@ def test_size_not_in_the_table_is_refused():
         ModelConfig.from_size("10B")
 
 
-def run_cli(main, capsys, *args):
-    try:
-        code = main(list(args))
-    except SystemExit as exc:
-        code = exc.code
-    return (code, *capsys.readouterr())
-
-
 def test_list_sizes_shows_the_table_in_use(capsys):
-    code, out, _ = run_cli(benchmark.main, capsys, "--list-sizes", "--size-table", "2026")
+    code, out, _ = run_main(benchmark.main, capsys, "--list-sizes", "--size-table", "2026")
     assert code == 0 and "10B" in out and "3406809600" in out and "12832823808" in out and "2.7B" not in out
-    code, out, _ = run_cli(benchmark.main, capsys, "--list-sizes")
+    code, out, _ = run_main(benchmark.main, capsys, "--list-sizes")
     assert code == 0 and "2.7B" in out and "10B" not in out
 
 
@@ -79,7 +71,7 @@ def test_list_sizes_shows_the_table_in_use(capsys):
     ],
 )
 def test_cli_errors(capsys, args, message):
-    code, _, err = run_cli(benchmark.main, capsys, *TINY_SHAPE, "--device", "cpu", *args)
+    code, _, err = run_main(benchmark.main, capsys, *TINY_SHAPE, "--device", "cpu", *args)
     assert code == 2 and message in err and err.count("\n") == 1
 
 
@@ -175,12 +167,12 @@ def test_residual_totals_per_component_match_the_estimator(attention, precision)
 
 
 def test_residuals_command(capsys):
-    code, out, _ = run_cli(residuals.main, capsys, *TINY_SHAPE, "--context-length", "8", "--batch-size", "2",
+    code, out, _ = run_main(residuals.main, capsys, *TINY_SHAPE, "--context-length", "8", "--batch-size", "2",
                            "--no-compile")  # fmt: skip
     assert code == 0
     for part in ("saved by", "MmBackward0", "eager, checkpointed", "estimator", "Whole model (2 blocks"):
         assert part in out
-    code, _, err = run_cli(residuals.main, capsys, "--model-size", "giant")
+    code, _, err = run_main(residuals.main, capsys, "--model-size", "giant")
     assert code == 2 and err.count("\n") == 1
 
 

@@ -4,30 +4,7 @@ import pandas as pd
 import pytest
 
 from cs336_systems import benchmark
-from tests.conftest import PYTHON, TINY_SHAPE, child_env
-
-TINY = [
-    *TINY_SHAPE,
-    "--context-length",
-    "16",
-    "--batch-size",
-    "2",
-    "--warmup-steps",
-    "1",
-    "--measure-steps",
-    "2",
-    "--device",
-    "cpu",
-]
-
-
-def run_cli(capsys, *args):
-    try:
-        code = benchmark.main(list(args))
-    except SystemExit as exc:  # argparse exits on usage errors
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
+from tests.conftest import PYTHON, TINY, child_env, run_main
 
 
 @pytest.mark.parametrize(
@@ -48,7 +25,7 @@ def run_cli(capsys, *args):
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
-    code, out, err = run_cli(capsys, *args)
+    code, out, err = run_main(benchmark.main, capsys, *args)
     assert code == 2
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
     assert err.startswith("python -m cs336_systems.benchmark: error:")
@@ -56,14 +33,14 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
 
 def test_cuda_without_cuda_exits_2(capsys, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
-    code, _, err = run_cli(capsys, "--device", "cuda")
+    code, _, err = run_main(benchmark.main, capsys, "--device", "cuda")
     assert code == 2 and "CUDA is not available" in err
-    code, _, err = run_cli(capsys, "--device", "cpu", "--timer", "cuda-event")
+    code, _, err = run_main(benchmark.main, capsys, "--device", "cpu", "--timer", "cuda-event")
     assert code == 2 and "cuda-event needs a CUDA device" in err
 
 
 def test_list_sizes_prints_exact_counts(capsys):
-    code, out, _ = run_cli(capsys, "--list-sizes")
+    code, out, _ = run_main(benchmark.main, capsys, "--list-sizes")
     assert code == 0
     for count in ("128625408", "423183360", "969411840", "1998235200", "3406809600"):
         assert count in out
@@ -71,7 +48,7 @@ def test_list_sizes_prints_exact_counts(capsys):
 
 def test_run_prints_table_and_writes_every_format(capsys, tmp_path):
     outputs = [tmp_path / "r.csv", tmp_path / "r.md", tmp_path / "r.jsonl"]
-    code, out, err = run_cli(capsys, *TINY, *sum((["--output", str(p)] for p in outputs), []))
+    code, out, err = run_main(benchmark.main, capsys, *TINY, *sum((["--output", str(p)] for p in outputs), []))
     assert code == 0, err
     assert out.startswith("# cs336-systems benchmark results") and "| custom " in out
     assert all(p.exists() for p in outputs)
@@ -80,7 +57,7 @@ def test_run_prints_table_and_writes_every_format(capsys, tmp_path):
 
 
 def test_wrong_user_model_output_is_one_line(capsys, tmp_path, fixtures_on_path):
-    code, out, err = run_cli(capsys, *TINY, "--model-factory", "user_models:wrong_shape")
+    code, out, err = run_main(benchmark.main, capsys, *TINY, "--model-factory", "user_models:wrong_shape")
     assert code == 1
     assert err.strip().count("\n") == 0 and "expected floating (B, T, V)" in err and "Traceback" not in err
 

@@ -11,13 +11,13 @@ import pytest
 
 from cs336_systems import report
 from cs336_systems.allreduce_bench.record import AllReduceRecord
-from cs336_systems.attention_bench import ATTENTION_FIELDS
+from cs336_systems.attention_bench.record import AttentionRecord
 from cs336_systems.ddp_bench.record import DdpRecord
-from cs336_systems.loader_bench import LOADER_FIELDS
+from cs336_systems.loader_bench.record import LoaderRecord
 from cs336_systems.monitor import SAMPLE_FIELDS
-from cs336_systems.probe import PROBE_FIELDS
+from cs336_systems.probe.record import ProbeRecord
 from cs336_systems.report.load import read_file, tool_of
-from cs336_systems.results import BENCHMARK_FIELDS, read_results
+from cs336_systems.results import BenchmarkRecord, read_results
 from cs336_systems.results.files import CsvWriter
 from tests.conftest import REPO
 
@@ -25,12 +25,12 @@ RESULTS = REPO / "results"
 WRITEUP = REPO / "writeup" / "report.md"
 
 TODAY = {
-    "benchmark": BENCHMARK_FIELDS,
-    "attention_bench": ATTENTION_FIELDS,
+    "benchmark": BenchmarkRecord.row_fields(),
+    "attention_bench": AttentionRecord.row_fields(),
     "allreduce_bench": AllReduceRecord.row_fields(),
     "ddp_bench": DdpRecord.row_fields(),
-    "loader_bench": LOADER_FIELDS,
-    "probe": PROBE_FIELDS,
+    "loader_bench": LoaderRecord.row_fields(),
+    "probe": ProbeRecord.row_fields(),
     "monitor": SAMPLE_FIELDS,
     "warmup_study": ("warmup_steps", "step_index", "measured", "step_ms"),  # scripts/warmup_study.py
 }

@@ -1,28 +1,52 @@
 import dataclasses
+import json
 
 import pandas as pd
+import pytest
 import torch
 
-from cs336_systems.config import IDENTITY_FIELDS, BenchmarkConfig, row_key
+from cs336_systems import benchmark
+from cs336_systems.child import ChildLimits, benchmark_arguments
+from cs336_systems.config import IDENTITY_FIELDS, MODEL_SHAPE_FIELDS, NOT_IDENTITY, BenchmarkConfig
+from cs336_systems.ddp_bench.record import DdpRecord
 from cs336_systems.results import BenchmarkRecord, read_results
-from cs336_systems.runner import new_record
 from tests.conftest import tiny_benchmark_config
 
+row_key = BenchmarkRecord.row_key
 
-def test_identity_fields_are_record_columns_in_record_order():
-    fields = BenchmarkRecord.row_fields()
-    assert [name for name in fields if name in IDENTITY_FIELDS] == list(IDENTITY_FIELDS)
+
+def test_identity_is_declared_once_and_is_the_records_first_columns():
+    assert BenchmarkRecord.identity_fields() == IDENTITY_FIELDS
+    assert BenchmarkRecord.row_fields()[: len(IDENTITY_FIELDS)] == IDENTITY_FIELDS
+    assert list(tiny_benchmark_config().identity()) == list(IDENTITY_FIELDS)
+    # the model-shape columns are one declaration shared by the benchmark and DDP records
+    assert set(MODEL_SHAPE_FIELDS) <= set(DdpRecord.identity_fields())
+    assert DdpRecord.row_fields()[: len(MODEL_SHAPE_FIELDS)] == MODEL_SHAPE_FIELDS
+
+
+def test_a_model_factory_rows_na_attention_is_one_key_in_every_file(tmp_path):
+    # "n/a" is one of pandas' NA strings: CSV reads it back as NaN, JSONL keeps it
+    config = tiny_benchmark_config(model_factory="pkg.mod:make")
+    record = BenchmarkRecord.for_config(config, torch.device("cpu"), None, None)
+    assert record.attention == "n/a" and record.key() == config.key()
+    frame = pd.DataFrame([record.to_row()])
+    frame.to_csv(tmp_path / "rows.csv", index=False)
+    frame.to_json(tmp_path / "rows.jsonl", orient="records", lines=True)
+    (csv_row,) = read_results(tmp_path / "rows.csv").to_dict("records")
+    (jsonl_row,) = read_results(tmp_path / "rows.jsonl").to_dict("records")
+    assert pd.isna(csv_row["attention"]) and jsonl_row["attention"] == "n/a"
+    assert row_key(csv_row) == row_key(jsonl_row) == record.key()
 
 
 def test_key_equals_the_key_of_the_record_row():
     for config in (tiny_benchmark_config(), tiny_benchmark_config(compile=True, compile_scope="blocks")):
-        row = new_record(config, torch.device("cpu"), None, None).to_row()
+        row = BenchmarkRecord.for_config(config, torch.device("cpu"), None, None).to_row()
         assert config.key() == row_key(row)
 
 
 def test_key_survives_a_file_round_trip(tmp_path):
     for config in (tiny_benchmark_config(), tiny_benchmark_config(model_factory="pkg.mod:make", compile=True)):
-        frame = pd.DataFrame([new_record(config, torch.device("cpu"), None, None).to_row()])
+        frame = pd.DataFrame([BenchmarkRecord.for_config(config, torch.device("cpu"), None, None).to_row()])
         frame.to_csv(tmp_path / "rows.csv", index=False)
         frame.to_json(tmp_path / "rows.jsonl", orient="records", lines=True)
         for name in ("rows.csv", "rows.jsonl"):
@@ -47,3 +71,90 @@ def test_config_is_frozen():
     except dataclasses.FrozenInstanceError:
         return
     raise AssertionError("BenchmarkConfig must be frozen")
+
+
+# -- a new setting is one field: it reaches the child, the record and the key by itself --------
+
+# A value other than the default for each text setting (numbers and flags are changed by type).
+OTHER_TEXT = {
+    "pass_type": "train-step", "precision": "bf16", "compile_scope": "blocks", "compile_mode": "max-autotune",
+    "device": "cuda:1", "timer": "cuda-event", "peak": "measure", "model_factory": "pkg.mod:make",
+    "optimizer_factory": "pkg.mod:sgd", "attention": "naive", "size_name": "small", "size_table": "2026",
+    "checkpoint_blocks": "sqrt",
+}  # fmt: skip
+
+
+def _other(field: dataclasses.Field, value: object) -> object:
+    if field.name in OTHER_TEXT:
+        return OTHER_TEXT[field.name]
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value * 2 if value else 1  # doubled keeps d_model divisible by num_heads
+    if value is None and "float" in str(field.type):
+        return 2.5
+    raise AssertionError(f"give the new field {field.name!r} a non-default value in OTHER_TEXT")
+
+
+def _every_field_changed() -> BenchmarkConfig:
+    base = tiny_benchmark_config()
+    model = base.model.replace(**{f.name: _other(f, getattr(base.model, f.name)) for f in dataclasses.fields(base.model)})
+    changes = {f.name: _other(f, getattr(base, f.name)) for f in dataclasses.fields(base) if f.name != "model"}
+    return base.replace(model=model, **changes)
+
+
+def test_every_setting_reaches_a_child_process_as_data():
+    config = _every_field_changed()
+    default = tiny_benchmark_config()
+    for field in dataclasses.fields(BenchmarkConfig):
+        assert getattr(config, field.name) != getattr(default, field.name), field.name
+    assert BenchmarkConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    # what a sweep's child runs: `benchmark --config JSON` (and a file holding it)
+    # (checkpointing cannot wrap a --model-factory model: one of the two at a time)
+    for runnable in (config.replace(model_factory=None), config.replace(model=config.model.replace(checkpoint_blocks=None))):
+        arguments = benchmark_arguments(runnable, ChildLimits())
+        assert arguments[:2] == ["cs336_systems.benchmark", "--config"]
+        assert benchmark.config_from_args(benchmark.build_parser().parse_args(arguments[1:])) == runnable
+
+
+def test_every_setting_is_identity_or_said_not_to_be_and_every_identity_column_is_recorded():
+    for field in dataclasses.fields(BenchmarkConfig):
+        assert (field.name in IDENTITY_FIELDS) != (field.name in NOT_IDENTITY), (
+            f"{field.name}: add it to BenchmarkIdentity (it changes what is measured) or to NOT_IDENTITY"
+        )
+    config = _every_field_changed().replace(pass_type="train-step", compile=True)
+    row = BenchmarkRecord.for_config(config, torch.device("cpu"), None, None).to_row()
+    assert {name: row[name] for name in IDENTITY_FIELDS} == {**config.identity(), "device": "cpu"}
+    base = tiny_benchmark_config(compile=True)
+    for name in set(IDENTITY_FIELDS) - {"model_size", "attention", "optimizer_factory"}:  # these follow others
+        owner = base if hasattr(base, name) else base.model
+        field = next(f for f in dataclasses.fields(owner) if f.name == name)
+        value = _other(field, getattr(owner, name))
+        changed = base.replace(**{name: value}) if owner is base else base.replace(model=base.model.replace(**{name: value}))
+        assert changed.key() != base.key(), name
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("{tmp}/missing.json", "cannot read it"),
+        ("{{not json", "not JSON"),
+        ('{{"model": {{"d_model": 32}}, "flux": 1}}', "unknown configuration field(s): flux"),
+        ('{{"model": {{"d_model": 32}}}}', "incomplete configuration"),
+        ('{{"model": {{"d_model": 30, "d_ff": 64, "num_layers": 2, "num_heads": 4}}}}', "not divisible"),
+    ],
+)
+def test_a_bad_config_is_one_line_and_exit_2(tmp_path, capsys, given, message):
+    code = benchmark.main(["--config", given.format(tmp=tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_config_file_runs_the_configuration_it_holds(tmp_path, capsys):
+    config = tiny_benchmark_config(pass_type="forward", measure_steps=2, profile_step=False)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config.to_dict()))
+    out = tmp_path / "row.jsonl"
+    assert benchmark.main(["--config", str(path), "--output", str(out)]) == 0, capsys.readouterr().err
+    row = json.loads(out.read_text())
+    assert BenchmarkRecord.row_key(row) == config.key() and len(row["step_ms"]) == 2

@@ -13,8 +13,7 @@ from cs336_systems import ddp_bench
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.distributed import run_spawned
 from cs336_systems.results import read_results
-from tests.conftest import PYTHON, REPO, child_env, tiny_model_config
-from tests.test_distributed import SPEC, TINY, run_main, single_process_step
+from tests.conftest import PYTHON, REPO, SPEC, TINY_DDP, child_env, run_main, single_process_step, tiny_model_config
 
 pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
 
@@ -51,8 +50,8 @@ def test_every_strategy_steps_as_one_process_on_the_global_batch():
 
 def test_every_strategy_row_is_checked_timed_and_measured(tmp_path, capsys):
     csv = tmp_path / "ddp.csv"
-    code, out, err = run_main(ddp_bench, capsys, "--world-size", "2", "--strategies", *EVERY, "--adapters", STUDENT,
-                              *TINY, "--warmup-steps", "0", "--measure-steps", "2", "--output", csv)  # fmt: skip
+    code, out, err = run_main(ddp_bench.main, capsys, "--world-size", "2", "--strategies", *EVERY, "--adapters", STUDENT,
+                              *TINY_DDP, "--warmup-steps", "0", "--measure-steps", "2", "--output", csv)  # fmt: skip
     assert code == 0, err
     rows = read_results(csv).set_index("strategy")
     assert list(rows.index) == ["single", *EVERY] and set(rows["status"]) == {"ok"}
@@ -83,8 +82,8 @@ def test_every_strategy_row_is_checked_timed_and_measured(tmp_path, capsys):
 
 def test_a_strategy_that_diverges_is_wrong_and_not_timed(tmp_path, capsys):
     csv = tmp_path / "wrong.csv"
-    code, _, err = run_main(ddp_bench, capsys, "--world-size", "2", "--strategies", "adapter-ddp", "--adapters", WRONG,
-                            *TINY, "--output", csv)  # fmt: skip
+    code, _, err = run_main(ddp_bench.main, capsys, "--world-size", "2", "--strategies", "adapter-ddp", "--adapters", WRONG,
+                            *TINY_DDP, "--output", csv)  # fmt: skip
     assert code == 1
     row = read_results(csv).set_index("strategy").loc["adapter-ddp"]
     assert row["status"] == "wrong" and "not timed" in row["error"]
@@ -93,8 +92,8 @@ def test_a_strategy_that_diverges_is_wrong_and_not_timed(tmp_path, capsys):
 
 def test_an_unimplemented_adapter_is_skipped(tmp_path, capsys):
     csv = tmp_path / "skipped.csv"
-    code, _, err = run_main(ddp_bench, capsys, "--world-size", "2", "--strategies", "adapter-ddp", "adapter-fsdp",
-                            "adapter-sharded-optimizer", "--adapters", SKELETON, *TINY, "--output", csv)  # fmt: skip
+    code, _, err = run_main(ddp_bench.main, capsys, "--world-size", "2", "--strategies", "adapter-ddp", "adapter-fsdp",
+                            "adapter-sharded-optimizer", "--adapters", SKELETON, *TINY_DDP, "--output", csv)  # fmt: skip
     assert code == 0, err
     rows = read_results(csv).set_index("strategy")
     for strategy in ("adapter-ddp", "adapter-fsdp", "adapter-sharded-optimizer"):
@@ -111,7 +110,7 @@ def test_an_unimplemented_adapter_is_skipped(tmp_path, capsys):
     ],
 )
 def test_strategy_usage_errors_are_one_line(args, message, capsys):
-    code, _, err = run_main(ddp_bench, capsys, *args, *TINY)
+    code, _, err = run_main(ddp_bench.main, capsys, *args, *TINY_DDP)
     assert code == 2 and message in err and "Traceback" not in err
 
 
@@ -130,7 +129,7 @@ def test_two_torchrun_nodes_on_one_machine(tmp_path):
         subprocess.Popen(
             [PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
              "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "cs336_systems.ddp_bench",
-             "--strategies", "ddp", "fsdp2", *TINY, "--output", str(outputs[node])],
+             "--strategies", "ddp", "fsdp2", *TINY_DDP, "--output", str(outputs[node])],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
         )  # fmt: skip
         for node in (0, 1)

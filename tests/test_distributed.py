@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from cs336_systems import allreduce_bench, ddp_bench
 from cs336_systems.config import BenchmarkConfig
@@ -25,24 +24,21 @@ from cs336_systems.distributed import (
     mean_over_ranks,
     run_spawned,
 )
-from cs336_systems.models import build_model
 from cs336_systems.results import read_results
-from tests.conftest import PYTHON, TINY_SHAPE, child_env, tiny_model_config
+from tests.conftest import (
+    PYTHON,
+    SPEC,
+    TINY_DDP,
+    child_env,
+    lines_by_label,
+    run_main,
+    single_process_step,
+    tiny_model_config,
+)
 
 pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
 
-SPEC = LaunchSpec("gloo", world_size=2, threads_per_rank=1, init_timeout_s=60, collective_timeout_s=60)
-TINY = [*TINY_SHAPE, "--context-length", "16", "--batch-size", "2", "--warmup-steps", "1", "--measure-steps", "3"]  # fmt: skip
 FAST = ["--warmup-steps", "1", "--measure-steps", "3"]
-
-
-def run_main(module, capsys, *args):
-    try:
-        code = module.main([str(a) for a in args])
-    except SystemExit as exc:  # argparse usage errors
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # -- pure functions ------------------------------------------------------------------------
@@ -90,26 +86,6 @@ def one_step_worker(ctx, unit):
     return {name: p.detach().cpu().numpy() for name, p in trainer.module.named_parameters()}
 
 
-def single_process_step(config: BenchmarkConfig, world_size: int, lr: float):
-    """The same SGD step in one process on the concatenated global batch, written independently:
-    rank r's shard is drawn with seed + r (tokens, then targets), as runner.make_step does."""
-    torch.manual_seed(config.seed)
-    model = build_model(config.model, config.device)
-    initial = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
-    shards = []
-    for rank in range(world_size):
-        generator = torch.Generator(device=config.device).manual_seed(config.seed + rank)
-        shape = (config.batch_size, config.context_length)
-        tokens = torch.randint(0, config.model.vocab_size, shape, generator=generator, device=config.device)
-        targets = torch.randint(0, config.model.vocab_size, shape, generator=generator, device=config.device)
-        shards.append((tokens, targets))
-    tokens, targets = (torch.cat(parts) for parts in zip(*shards))
-    logits = model(tokens)
-    F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).backward()
-    torch.optim.SGD(model.parameters(), lr=lr).step()
-    return initial, {name: p.detach().cpu() for name, p in model.named_parameters()}
-
-
 def test_one_ddp_step_equals_a_single_process_step_on_the_global_batch():
     # SGD, not AdamW: Adam's first step is ~lr * sign(grad), blind to a gradient off by a
     # factor (e.g. a sum not divided by the world size).
@@ -132,9 +108,9 @@ def test_one_ddp_step_equals_a_single_process_step_on_the_global_batch():
 # -- the commands ------------------------------------------------------------------------
 
 
-def test_allreduce_bench_rows_files_and_plot(tmp_path, capsys):
+def test_allreduce_bench_rows_files_and_plot(tmp_path, capsys, saved_figures):
     outputs = [tmp_path / "ar.csv", tmp_path / "ar.md", tmp_path / "ar.jsonl"]
-    code, out, _ = run_main(allreduce_bench, capsys, "--backend", "gloo", "--world-sizes", "1", "2", "--sizes", "1MB",
+    code, out, _ = run_main(allreduce_bench.main, capsys, "--backend", "gloo", "--world-sizes", "1", "2", "--sizes", "1MB",
                             "64KiB", *FAST, *(x for p in outputs for x in ("--output", p)), "--plot", tmp_path / "ar.png")  # fmt: skip
     assert code == 0, out
     rows = read_results(outputs[0])
@@ -149,12 +125,19 @@ def test_allreduce_bench_rows_files_and_plot(tmp_path, capsys):
     line = json.loads(outputs[2].read_text().splitlines()[2])  # world size 2, 1MB
     assert len(line["rank_step_ms"]) == 2 and line["step_ms"] == max_over_ranks(line["rank_step_ms"])
     assert len(line["step_ms"]) == 3 and len(line["warmup_step_ms"]) == 1
-    assert "| gloo" in outputs[1].read_text() and (tmp_path / "ar.png").stat().st_size > 0
+    assert "| gloo" in outputs[1].read_text() and (tmp_path / "ar.png").exists()
+    # the plot: bus and algorithm bandwidth against size, a line each per world size, from the rows
+    (figure,) = saved_figures
+    lines = lines_by_label(figure)
+    assert set(lines) == {"n=1 busbw", "n=1 algbw", "n=2 busbw", "n=2 algbw"}
+    two = rows[rows["world_size"] == 2].sort_values("size_bytes")
+    assert lines["n=2 busbw"] == [list(zip(two["size_bytes"], two["busbw_gbps"]))]
+    assert lines["n=2 algbw"] == [list(zip(two["size_bytes"], two["algbw_gbps"]))]
 
 
 def test_allreduce_bench_out_of_memory_is_a_row(tmp_path, capsys):
     csv = tmp_path / "oom.csv"
-    code, _, _ = run_main(allreduce_bench, capsys, "--world-sizes", "2", "--sizes", "4GB", "1MB", "--memory-limit",
+    code, _, _ = run_main(allreduce_bench.main, capsys, "--world-sizes", "2", "--sizes", "4GB", "1MB", "--memory-limit",
                           "512MiB", *FAST, "--output", csv)  # fmt: skip
     rows = read_results(csv)
     assert code == 0 and list(rows["status"]) == ["oom", "ok"]
@@ -163,14 +146,14 @@ def test_allreduce_bench_out_of_memory_is_a_row(tmp_path, capsys):
 
 def test_ddp_bench_rows(tmp_path, capsys):
     csv, md = tmp_path / "ddp.csv", tmp_path / "ddp.md"
-    code, out, _ = run_main(ddp_bench, capsys, "--world-size", "2", "--strategy", "ddp", "naive", "--bucket-cap-mb",
-                            "1", *TINY, "--base-lr", "1e-4", "--output", csv, "--output", md)  # fmt: skip
+    code, out, _ = run_main(ddp_bench.main, capsys, "--world-size", "2", "--strategy", "ddp", "naive", "--bucket-cap-mb",
+                            "1", *TINY_DDP, "--base-lr", "1e-4", "--output", csv, "--output", md)  # fmt: skip
     assert code == 0, out
     rows = read_results(csv).set_index("strategy")
     assert list(rows.index) == ["single", "ddp", "naive"] and set(rows["status"]) == {"ok"}
     single, ddp, naive = rows.loc["single"], rows.loc["ddp"], rows.loc["naive"]
     assert (single["world_size"], single["global_batch"], single["scaling_efficiency"]) == (1, 2, 1.0)
-    assert (ddp["world_size"], ddp["per_device_batch"], ddp["global_batch"], ddp["bucket_cap_mb"]) == (2, 2, 4, 1.0)
+    assert (ddp["world_size"], ddp["batch_size"], ddp["global_batch"], ddp["bucket_cap_mb"]) == (2, 2, 4, 1.0)
     for row in (ddp, naive):
         assert row["samples_per_s"] == pytest.approx(4 / (row["mean_ms"] / 1e3))
         assert row["scaling_efficiency"] == pytest.approx(row["samples_per_s"] / (2 * single["samples_per_s"]))
@@ -207,7 +190,7 @@ def test_failing_rank_gives_an_error_row_and_a_prompt_exit(tmp_path):
 def test_dead_or_hung_rank_ends_the_run(module, mode, status, message, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv(INJECT_FAILURE_ENV, f"1:{mode}")  # the spawned ranks inherit it
     csv = tmp_path / "rows.csv"
-    shape = TINY if module is ddp_bench else ["--sizes", "1MB", *FAST]
+    shape = TINY_DDP if module is ddp_bench else ["--sizes", "1MB", *FAST]
     start = time.monotonic()
     code, _, _ = run_main(module, capsys, "--world-size", "2", *shape, "--timeout", "3", "--output", csv)
     assert time.monotonic() - start < 30
@@ -262,13 +245,13 @@ def test_bad_input_is_one_line_and_exit_2(module, args, message, capsys):
 @pytest.mark.skipif(not torch.cuda.is_available() or not dist.is_nccl_available(), reason="needs CUDA and NCCL")
 def test_nccl_world_size_one_on_a_gpu(tmp_path, capsys):
     ar, ddp = tmp_path / "ar.csv", tmp_path / "ddp.csv"
-    code, out, _ = run_main(allreduce_bench, capsys, "--backend", "nccl", "--world-sizes", "1", "--sizes", "1MB",
+    code, out, _ = run_main(allreduce_bench.main, capsys, "--backend", "nccl", "--world-sizes", "1", "--sizes", "1MB",
                             "64MB", *FAST, "--output", ar)  # fmt: skip
     assert code == 0, out
     rows = read_results(ar)
     assert set(rows["status"]) == {"ok"} and set(rows["device"]) == {"cuda"} and set(rows["busbw_gbps"]) == {0.0}
-    code, out, _ = run_main(ddp_bench, capsys, "--backend", "nccl", "--world-size", "1", "--strategy", "ddp", "naive",
-                            *TINY, "--output", ddp)  # fmt: skip
+    code, out, _ = run_main(ddp_bench.main, capsys, "--backend", "nccl", "--world-size", "1", "--strategy", "ddp", "naive",
+                            *TINY_DDP, "--output", ddp)  # fmt: skip
     assert code == 0, out
     rows = read_results(ddp)
     assert list(rows["strategy"]) == ["single", "ddp", "naive"] and set(rows["status"]) == {"ok"}
@@ -315,7 +298,7 @@ def test_ctrl_c_exits_130(module, capsys, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(module.cli, "run_rows", interrupted)
-    code, _, err = run_main(module, capsys, "--world-sizes", "1", *(TINY if module is ddp_bench else FAST))
+    code, _, err = run_main(module, capsys, "--world-sizes", "1", *(TINY_DDP if module is ddp_bench else FAST))
     assert code == 130 and "interrupted" in err and "Traceback" not in err
 
 

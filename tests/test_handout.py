@@ -127,7 +127,7 @@ def test_a_small_run_writes_the_write_up_and_a_stopped_run_continues_without_rep
     assert ran == ["pytorch_attention"]  # the finished step is not run again
     assert (out / "mixed_precision_accumulation.txt").read_text() == printed
     rows = pd.read_csv(out / "pytorch_attention.csv")
-    assert len(rows) == len(rows.drop_duplicates(["implementation", "head_dim", "seq_len"])) == 4
+    assert len(rows) == len(rows.drop_duplicates(["implementation", "head_dim", "context_length"])) == 4
     plan = pd.read_csv(out / run.PLAN_FILE)
     assert set(plan.loc[plan["plan_status"] != "skipped", "outcome"]) == {"ok"}
 

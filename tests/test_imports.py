@@ -93,3 +93,10 @@ def test_cs336_systems_has_no_import_cycle():
     assert "cs336_systems.runner" in graph and graph["cs336_systems.runner"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_only_the_benchmark_commands_import_the_engine():
+    # the step lives in step.py; the engine (runner.py) is for commands that run configurations
+    # (memory_cap maps it into memory before capping the address space, without calling it)
+    importers = {name for name, targets in import_graph().items() if "cs336_systems.runner" in targets}
+    assert importers == {"cs336_systems.benchmark", "cs336_systems.benchmark_direct", "cs336_systems.memory_cap"}

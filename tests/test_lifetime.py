@@ -21,11 +21,10 @@ from cs336_systems.lifetime import (
     remove_stale_temporary_directories,
     temporary_directory,
 )
-from tests.conftest import PYTHON, REPO, TINY_SHAPE, child_env
+from tests.conftest import PYTHON, REPO, TINY_SHAPE, TINY_SWEEP, child_env
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 
-TINY_RUN = [*TINY_SHAPE, "--device", "cpu", "--warmup-steps", "1", "--measure-steps", "2", "--peak-tflops", "1"]
 
 
 def _gone(pid: int) -> bool:
@@ -80,7 +79,7 @@ def _rows(path: Path) -> int:
 
 def test_sweep_child_dies_with_its_sigkilled_parent_and_the_next_run_removes_its_temp_dir(tmp_path):
     pids = tmp_path / "pids"
-    process = _start(["cs336_systems.run_benchmarks", *TINY_RUN, "--model-factory", "user_models:hangs_with_a_child",
+    process = _start(["cs336_systems.run_benchmarks", *TINY_SWEEP, "--model-factory", "user_models:hangs_with_a_child",
                       "--context-lengths", "8", "--timeout", "600"], tmp_path, CS336_TEST_PIDS=str(pids))  # fmt: skip
     child, grandchild = _wait_for(lambda: pids.exists() and [int(p) for p in pids.read_text().split()], process)
     leftover = list(tmp_path.glob(f"cs336-child-{process.pid}-*"))
@@ -146,7 +145,7 @@ def test_a_child_outliving_its_parent_is_ended_by_its_own_alarm():
 
 def test_sigterm_on_a_sweep_keeps_the_finished_rows_and_exits_143(tmp_path):
     out, pids = tmp_path / "rows.csv", tmp_path / "pids"
-    process = _start(["cs336_systems.run_benchmarks", *TINY_RUN, "--model-factory", "user_models:hangs_at_batch_4",
+    process = _start(["cs336_systems.run_benchmarks", *TINY_SWEEP, "--model-factory", "user_models:hangs_at_batch_4",
                       "--context-lengths", "8", "--batch-sizes", "1", "4", "--output", str(out)],
                      tmp_path, CS336_TEST_PIDS=str(pids))  # fmt: skip
     (child,) = _wait_for(lambda: pids.exists() and [int(p) for p in pids.read_text().split()], process)

@@ -11,7 +11,8 @@ import pytest
 
 from cs336_systems import benchmark, monitor
 from cs336_systems.monitor import GpuProbe, ResourceMonitor, monitored
-from tests.conftest import PYTHON
+from cs336_systems.monitor.sampling import METRIC_DIVISORS, PANELS
+from tests.conftest import PYTHON, lines_by_label
 
 ALLOCATE_500MB = "import sys, time; block = b'x' * (500 << 20); time.sleep(1.0); sys.exit(3)"
 
@@ -25,7 +26,7 @@ def run(capsys, *args):
     return code, out, err
 
 
-def test_monitor_sees_a_500mb_child_and_returns_its_exit_status(capsys, tmp_path):
+def test_monitor_sees_a_500mb_child_and_returns_its_exit_status(capsys, tmp_path, saved_figures):
     path = tmp_path / "run.csv"
     code, _, err = run(capsys, "--interval", "0.1", "--output", str(path), "--", PYTHON, "-c", ALLOCATE_500MB)
     assert code == 3
@@ -34,7 +35,12 @@ def test_monitor_sees_a_500mb_child_and_returns_its_exit_status(capsys, tmp_path
     assert frame["tree_rss_bytes"].max() >= 400e6  # the child's 500 MB, seen while it held them
     assert len(frame) >= 8 and frame["t_s"].is_monotonic_increasing
     assert (frame["system_ram_used_bytes"] > 0).all()
-    assert path.with_suffix(".png").stat().st_size > 10_000
+    # the plot beside the CSV draws the same samples: the tree's RSS line peaks at the child's 500 MB
+    (figure,) = saved_figures
+    assert path.with_suffix(".png").exists() and [ax.get_ylabel() for ax in figure.axes] == [p[0] for p in PANELS]
+    (rss,) = lines_by_label(figure)["tree_rss_bytes"]
+    assert [t for t, _ in rss] == pytest.approx(list(frame["t_s"]), abs=1e-5)  # the CSV keeps 6 decimals
+    assert max(y for _, y in rss) == pytest.approx(frame["tree_rss_bytes"].max() / METRIC_DIVISORS["tree_rss_bytes"])
     report = json.loads(path.with_suffix(".json").read_text())
     assert report["exit_status"] == 3 and report["summary"]["tree_rss_bytes"]["max"] >= 400e6
     assert "environment" in report and report["environment"]["torch_version"]

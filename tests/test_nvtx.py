@@ -11,6 +11,9 @@ import torch
 
 from cs336_systems import nvtx, runner
 from cs336_systems.device import compile_unsupported_reason
+from cs336_systems.models import build_model
+from cs336_systems.optimizer import make_optimizer
+from cs336_systems.step import make_step
 from cs336_systems.timing import HostTimer, time_steps
 from tests.conftest import REPO, tiny_benchmark_config
 
@@ -72,11 +75,11 @@ def test_time_steps_marks_warmup_steps_and_the_capture_region(fake_cuda):
 
 
 def test_phase_callback_wraps_forward_backward_optimizer(fake_cuda):
-    """How benchmark wires --nvtx: runner.make_step(..., phase=nvtx.range)."""
+    """How benchmark wires --nvtx: step.make_step(..., phase=nvtx.range)."""
     nvtx.enable()
     config = tiny_benchmark_config(pass_type="train-step")
-    model = runner.build_model(config.model, "cpu")
-    step = runner.make_step(config, model, torch.device("cpu"), runner.make_optimizer(model, torch.device("cpu")),
+    model = build_model(config.model, "cpu")
+    step = make_step(config, model, torch.device("cpu"), make_optimizer(model, torch.device("cpu")),
                             phase=nvtx.range)  # fmt: skip
     step()
     assert fake_cuda == ["push forward", "pop", "push backward", "pop", "push optimizer", "pop"]

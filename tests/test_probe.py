@@ -11,8 +11,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from cs336_systems import loader_bench
 from cs336_systems.models import ModelConfig, TransformerLM
 from cs336_systems.probe import (
-    PROBE_FIELDS,
     LoaderInfo,
+    ProbeRecord,
     Step,
     StepProbe,
     bound,
@@ -146,7 +146,7 @@ def test_writers_round_trip(tmp_path):
     run_loop(probe, clock, 4, wait_ms=10, phases={"forward": 30}, other_ms=10)
     probe.close()
     csv = read_results(paths[0])
-    assert list(csv.columns) == list(PROBE_FIELDS)
+    assert list(csv.columns) == list(ProbeRecord.row_fields())
     assert list(csv["data_wait_pct"]) == pytest.approx([20.0, 20.0])
     lines = [json.loads(line) for line in paths[1].read_text().splitlines()]
     assert [row["step_wall_ms"] for row in lines] == [pytest.approx([50.0, 50.0])] * 2

@@ -7,8 +7,10 @@ import pytest
 import torch
 from torch.autograd import DeviceType
 
-from cs336_systems import runner
+from cs336_systems.models import build_model
+from cs336_systems.optimizer import make_optimizer
 from cs336_systems.profiling import profile_step, summarize_events, union_length
+from cs336_systems.step import make_step
 from tests.conftest import tiny_benchmark_config
 
 
@@ -68,9 +70,9 @@ def test_cpu_summary_counts_ops_and_has_no_busy_figure():
 def test_profiled_real_cpu_step(pass_type):
     config = tiny_benchmark_config(pass_type=pass_type)
     device = torch.device("cpu")
-    model = runner.build_model(config.model, device)
-    optimizer = runner.make_optimizer(model, device) if pass_type == "train-step" else None
-    step = runner.make_step(config, model, device, optimizer)
+    model = build_model(config.model, device)
+    optimizer = make_optimizer(model, device) if pass_type == "train-step" else None
+    step = make_step(config, model, device, optimizer)
     step()
     syncs = []
     profile = profile_step(step, device, lambda: syncs.append(1), step_ms=5.0)

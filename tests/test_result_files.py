@@ -21,10 +21,9 @@ from cs336_systems.results import files as result_files
 from cs336_systems.results.records import NONFINITE_LOSS_NOTE
 from cs336_systems.runner import run_benchmark
 from cs336_systems.units import parse_bytes
-from tests.conftest import PYTHON, TINY_SHAPE, child_env, tiny_benchmark_config
+from tests.conftest import PYTHON, TINY_SWEEP, child_env, tiny_benchmark_config
 
-TINY = [*TINY_SHAPE, "--device", "cpu", "--warmup-steps", "1", "--measure-steps", "2", "--peak-tflops", "1"]
-GRID = [*TINY, "--pass-types", "forward", "--context-lengths", "8", "16"]
+GRID = [*TINY_SWEEP, "--pass-types", "forward", "--context-lengths", "8", "16"]
 
 
 @pytest.fixture(scope="module")
@@ -57,17 +56,17 @@ def _one_line_error(err: str) -> bool:
 def test_bad_output_paths_are_one_line_before_the_model_is_built(tmp_path, capsys, monkeypatch, path, message):
     (tmp_path / "adir.csv").mkdir()
     monkeypatch.setattr(benchmark, "run_benchmark", lambda *a, **k: pytest.fail("ran before checking outputs"))
-    code = benchmark.main([*TINY, "--output", path.format(tmp=tmp_path)])
+    code = benchmark.main([*TINY_SWEEP, "--output", path.format(tmp=tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and message in err and _one_line_error(err)
 
 
 def test_monitor_and_summary_paths_are_checked_first(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(benchmark, "run_benchmark", lambda *a, **k: pytest.fail("ran before checking --monitor"))
-    assert benchmark.main([*TINY, "--monitor", "/proc/m.csv"]) == 2
+    assert benchmark.main([*TINY_SWEEP, "--monitor", "/proc/m.csv"]) == 2
     assert "--monitor /proc/m.csv" in capsys.readouterr().err
     monkeypatch.setattr(find_max, "run_in_child", lambda *a, **k: pytest.fail("probed before checking --summary"))
-    code = find_max.main([*TINY, "--dimension", "batch-size", "--summary", "/proc/s.json"])
+    code = find_max.main([*TINY_SWEEP, "--dimension", "batch-size", "--summary", "/proc/s.json"])
     err = capsys.readouterr().err
     assert code == 2 and "--summary /proc/s.json" in err and _one_line_error(err)
 
@@ -204,6 +203,23 @@ def test_killed_between_two_outputs_resume_writes_the_row_only_where_it_is_missi
     _assert_each_row_once(csv_path, jsonl_path)
 
 
+@pytest.mark.parametrize("module", ["cs336_systems.benchmark_direct", "cs336_systems.run_benchmarks"])
+def test_a_model_factory_row_is_recognised_on_resume(tmp_path, module):
+    # A --model-factory row's attention is "n/a": CSV reads it back as empty (a pandas NA string),
+    # JSONL as "n/a", the record holds "n/a"; all three must be one key, or resume writes it twice.
+    csv_path, jsonl_path = tmp_path / "r.csv", tmp_path / "r.jsonl"
+    outputs = ["--output", str(csv_path), "--output", str(jsonl_path)]
+    grid = [*GRID, "--model-factory", "user_models:make_model"]
+    killed = _sweep(module, *grid, *outputs, fault_spec="kill@3")  # row 2 in the CSV, not yet in the JSONL
+    assert killed.returncode == -9
+    assert len(pd.read_csv(csv_path)) == 2 and len(read_results(jsonl_path)) == 1
+    resumed = _sweep(module, *grid, *outputs, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "2 configurations, 1 already done, 1 to run" in resumed.stderr
+    _assert_each_row_once(csv_path, jsonl_path)
+    assert json.loads(jsonl_path.read_text().splitlines()[-1])["attention"] == "n/a"
+
+
 def test_resume_on_another_tools_file_is_refused(tmp_path, capsys):
     jsonl = tmp_path / "attention.jsonl"
     jsonl.write_text(json.dumps({"implementation": "sdpa", "d_head": 16, "mean_ms": 1.0}) + "\n")
@@ -330,7 +346,7 @@ def test_a_nan_loss_gets_a_note_in_its_row():
 def test_a_full_disk_in_the_single_benchmark_is_one_line_exit_1(tmp_path, capsys, fault):
     out = tmp_path / "r.csv"
     fault("enospc@1")
-    assert benchmark.main([*TINY, "--pass-type", "forward", "--context-length", "8", "--output", str(out)]) == 1
+    assert benchmark.main([*TINY_SWEEP, "--pass-type", "forward", "--context-length", "8", "--output", str(out)]) == 1
     err = capsys.readouterr().err
     assert "r.csv: could not write a row (No space left on device)" in err and "Traceback" not in err
     assert not out.exists() or out.read_text() == ""

@@ -5,16 +5,8 @@ import pandas as pd
 import pytest
 import torch
 
-from cs336_systems.results import (
-    BENCHMARK_FIELDS,
-    MARKDOWN_COLUMNS,
-    ResultFileError,
-    ResultSink,
-    checkout_state,
-    collect_environment,
-    read_results,
-    render_markdown,
-)
+from cs336_systems.results import BenchmarkRecord, ResultFileError, ResultSink, collect_environment, read_results
+from cs336_systems.results.environment import checkout_state
 from cs336_systems.runner import run_benchmark
 from tests.conftest import tiny_benchmark_config
 
@@ -53,7 +45,7 @@ def test_csv_round_trip_appends_header_once(tmp_path, records):
     ResultSink([path]).write(records[0])  # a later run appends to the same file
     assert path.read_text().count("model_size,") == 1
     frame = read_results(path)
-    assert list(frame.columns) == list(BENCHMARK_FIELDS)
+    assert list(frame.columns) == list(BenchmarkRecord.row_fields())
     assert len(frame) == 3
     first = records[0].to_row()
     for name in ("model_size", "num_params", "context_length", "pass_type", "status", "torch_version"):
@@ -92,7 +84,7 @@ def test_markdown_round_trip(tmp_path, records):
     assert "Environment:" in text and "sample standard deviation (ddof=1)" in text
     assert "status unsupported" in text
     frame = read_results(path)
-    assert list(frame.columns) == list(MARKDOWN_COLUMNS)
+    assert list(frame.columns) == list(BenchmarkRecord.markdown_columns)
     row = records[0].to_row()
     assert frame.loc[0, "model_size"] == row["model_size"]
     assert frame.loc[0, "num_params"] == row["num_params"]
@@ -111,8 +103,8 @@ def test_markdown_warns_about_noise():
         "cv_pct": 12.5,
         "mean_ms": 1.0,
     }
-    assert "high variance, CV 12.5% > 10%" in render_markdown([row])
-    assert "high variance" not in render_markdown([{**row, "cv_pct": 9.0}])
+    assert "high variance, CV 12.5% > 10%" in BenchmarkRecord.markdown([row])
+    assert "high variance" not in BenchmarkRecord.markdown([{**row, "cv_pct": 9.0}])
 
 
 def test_unknown_output_suffix(tmp_path):
@@ -158,13 +150,10 @@ from dataclasses import dataclass  # noqa: E402
 from typing import ClassVar  # noqa: E402
 
 from cs336_systems.results import (  # noqa: E402
-    CONFIG_FIELDS,
-    BenchmarkRecord,
     Record,
     Timing,
     fill_timing,
     identity_field,
-    row_key,
     samples_field,
     timing_columns,
 )
@@ -207,8 +196,8 @@ def test_fill_timing_fills_prefixed_columns_from_one_summary():
 
 
 def test_identity_is_marked_and_survives_every_file(tmp_path, records):
-    assert BenchmarkRecord.identity_fields() == CONFIG_FIELDS
-    assert CONFIG_FIELDS[0] == "model_size" and CONFIG_FIELDS[-1] == "optimizer_factory" and "num_params" not in CONFIG_FIELDS
+    identity = BenchmarkRecord.identity_fields()
+    assert identity[0] == "model_size" and identity[-1] == "optimizer_factory" and "num_params" not in identity
     assert records[0].key() != records[1].key()  # forward fp32 vs tf32
     paths = [tmp_path / "r.csv", tmp_path / "r.jsonl"]
     sink = ResultSink(paths)
@@ -216,7 +205,7 @@ def test_identity_is_marked_and_survives_every_file(tmp_path, records):
         sink.write(record)
     for path in paths:
         rows = read_results(path).to_dict("records")
-        assert [row_key(row) for row in rows] == [record.key() for record in records]
+        assert [BenchmarkRecord.row_key(row) for row in rows] == [record.key() for record in records]
 
 
 def test_one_sink_writes_any_record_type_with_its_own_view(tmp_path):
@@ -234,7 +223,7 @@ def test_one_sink_writes_any_record_type_with_its_own_view(tmp_path):
 
 def test_csv_written_with_the_old_column_order_is_appended_in_its_order(tmp_path, records):
     path = tmp_path / "old.csv"
-    old_order = list(reversed(BENCHMARK_FIELDS))
+    old_order = list(reversed(BenchmarkRecord.row_fields()))
     path.write_text(",".join(old_order) + "\n")
     ResultSink([path]).write(records[0])
     frame = read_results(path)
@@ -250,16 +239,31 @@ def test_console_view_is_compact_and_keeps_the_notes(records):
     for name in ("median_ms", "cv_pct", "tokens_per_s", "mfu", "peak_memory_gib", "status"):
         assert name in header
     assert "std_ms" not in header and "p90_ms" not in header
-    assert len(BenchmarkRecord.console_columns) < len(MARKDOWN_COLUMNS) < len(BENCHMARK_FIELDS)
+    assert len(BenchmarkRecord.console_columns) < len(BenchmarkRecord.markdown_columns) < len(BenchmarkRecord.row_fields())
     assert "status unsupported" in text
 
 
 def test_record_key_equals_the_configuration_key(records):
     from cs336_systems.config import IDENTITY_FIELDS
-    from cs336_systems.config import row_key as config_row_key
     from tests.conftest import tiny_benchmark_config
 
     assert BenchmarkRecord.identity_fields() == IDENTITY_FIELDS
     assert records[0].key() == tiny_benchmark_config(pass_type="forward").key()
     assert records[1].key() == tiny_benchmark_config(precision="tf32").key()
-    assert config_row_key(records[0].to_row()) == records[0].key()
+    assert BenchmarkRecord.row_key(records[0].to_row()) == records[0].key()
+
+
+def test_files_written_before_the_column_renames_read_as_todays_rows(tmp_path):
+    from cs336_systems.report.load import load
+
+    attention = {"implementation": "sdpa", "head_dim": 16, "seq_len": 128, "steps": 10, "status": "ok", "mean_ms": 1.0}
+    (tmp_path / "att.csv").write_text(",".join(attention) + "\n" + ",".join(map(str, attention.values())) + "\n")
+    (tmp_path / "att.jsonl").write_text(json.dumps({**attention, "forward_ms": [1.0, 2.0]}) + "\n")
+    (tmp_path / "ddp.csv").write_text("strategy,world_size,per_device_batch,mean_ms,status\nddp,2,4,1.0,ok\n")
+    for name in ("att.csv", "att.jsonl"):
+        row = read_results(tmp_path / name).iloc[0]
+        assert (row["context_length"], row["measure_steps"]) == (128, 10) and "seq_len" not in row
+    assert list(read_results(tmp_path / "att.jsonl").iloc[0]["forward_samples_ms"]) == [1.0, 2.0]
+    assert read_results(tmp_path / "ddp.csv").iloc[0]["batch_size"] == 4
+    tools = load([tmp_path / "att.csv", tmp_path / "ddp.csv"])  # the report tells old files' tools apart too
+    assert set(tools) == {"attention_bench", "ddp_bench"} and tools["ddp_bench"].iloc[0]["batch_size"] == 4

@@ -1,6 +1,7 @@
 """benchmark_direct, run_benchmarks and find_max on tiny models (CPU)."""
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -13,29 +14,15 @@ import torch
 
 from cs336_systems import benchmark_direct, run_benchmarks
 from cs336_systems.argtypes import ArgumentParser
-from cs336_systems.benchmark import build_parser, config_from_args
-from cs336_systems.cli import config_to_args
-from cs336_systems.config import row_key
-from cs336_systems.results import CONFIG_FIELDS
+from cs336_systems.results import BenchmarkRecord
 from cs336_systems.sweep import Abort, StopRequest, add_grid_arguments, grid_from_args
-from tests.conftest import PYTHON, TINY_SHAPE, child_env, tiny_benchmark_config
+from tests.conftest import PYTHON, TINY_SWEEP, child_env
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory caps need RLIMIT_AS")
 
-TINY = [
-    *TINY_SHAPE,
-    "--device",
-    "cpu",
-    "--warmup-steps",
-    "1",
-    "--measure-steps",
-    "2",
-    "--peak-tflops",
-    "1",
-]
 # naive attention at context 2048, batch 16: the scores alone are 16*2*2048^2*4 B = 512 MiB
 OOM_GRID = [
-    *TINY,
+    *TINY_SWEEP,
     "--attention",
     "naive",
     "--attentions",
@@ -55,19 +42,11 @@ def cli(module, *args, timeout=240, **kwargs):
     )
 
 
-def test_config_round_trips_through_cli_flags():
-    config = tiny_benchmark_config(
-        pass_type="train-step", precision="bf16", compile=True, compile_scope="blocks", peak_tflops=2.5, seed=7
-    )
-    parsed = config_from_args(build_parser().parse_args(config_to_args(config)))
-    assert parsed == config
-
-
 def test_grid_order_and_each_configuration_once():
     parser = ArgumentParser(prog="test")
     add_grid_arguments(parser)
     args = parser.parse_args(
-        [*TINY, "--model-sizes", "small", "--precisions", "fp32", "bf16", "--context-lengths", "32", "16", "32",
+        [*TINY_SWEEP, "--model-sizes", "small", "--precisions", "fp32", "bf16", "--context-lengths", "32", "16", "32",
          "--pass-types", "forward", "forward-backward"]
     )  # fmt: skip
     configs = grid_from_args(args, torch.device("cpu"))
@@ -122,7 +101,7 @@ def test_a_hanging_configuration_hits_the_timeout_and_its_processes_die(tmp_path
     monkeypatch.setenv("CS336_TEST_PIDS", str(pids))
     start = time.monotonic()
     code = run_benchmarks.main(
-        [*TINY, "--model-factory", "user_models:hangs_with_a_child", "--context-lengths", "8", "--timeout", "6",
+        [*TINY_SWEEP, "--model-factory", "user_models:hangs_with_a_child", "--context-lengths", "8", "--timeout", "6",
          "--output", str(out)]
     )  # fmt: skip
     assert code == 1 and time.monotonic() - start < 60  # a timeout row exits 1 (argtypes.exit_status)
@@ -136,7 +115,7 @@ def test_a_hanging_configuration_hits_the_timeout_and_its_processes_die(tmp_path
 def test_sigterm_kills_the_running_child_and_says_how_to_resume(tmp_path):
     out, pids = tmp_path / "term.csv", tmp_path / "pids"
     process = subprocess.Popen(
-        [PYTHON, "-m", "cs336_systems.run_benchmarks", *TINY, "--model-factory", "user_models:hangs_with_a_child",
+        [PYTHON, "-m", "cs336_systems.run_benchmarks", *TINY_SWEEP, "--model-factory", "user_models:hangs_with_a_child",
          "--context-lengths", "8", "--output", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**child_env(), "CS336_TEST_PIDS": str(pids)},
     )  # fmt: skip
@@ -166,7 +145,7 @@ def test_a_second_interrupt_while_a_row_is_written_waits_for_the_row():
 def test_a_crashing_child_is_an_error_row_with_its_stderr(tmp_path, fixtures_on_path):
     out = tmp_path / "crash.csv"
     code = run_benchmarks.main(
-        [*TINY, "--model-factory", "user_models:segfaults", "--context-lengths", "8", "16", "--output", str(out)]
+        [*TINY_SWEEP, "--model-factory", "user_models:segfaults", "--context-lengths", "8", "16", "--output", str(out)]
     )
     rows = pd.read_csv(out)
     # the sweep went on after the crash; error rows make the exit status 1 (argtypes.exit_status)
@@ -176,20 +155,26 @@ def test_a_crashing_child_is_an_error_row_with_its_stderr(tmp_path, fixtures_on_
     assert rows["torch_version"][0] and rows["model_factory"][0] == "user_models:segfaults"
 
 
-def test_a_child_that_fails_cleanly_keeps_its_own_error_row(tmp_path, fixtures_on_path):
+def test_a_child_that_fails_cleanly_keeps_its_own_error_row(tmp_path, fixtures_on_path, capsys):
     out = tmp_path / "wrong.csv"
     code = run_benchmarks.main(
-        [*TINY, "--model-factory", "user_models:wrong_shape", "--context-lengths", "8", "--output", str(out)]
+        [*TINY_SWEEP, "--model-factory", "user_models:wrong_shape", "--context-lengths", "8", "--output", str(out)]
     )
     row = pd.read_csv(out).iloc[0]
     assert code == 1 and row["status"] == "error" and "expected floating (B, T, V)" in row["error"]
+    # the log says how to run the failed configuration alone; pasted, it fails the same way
+    err = capsys.readouterr().err
+    command = shlex.split(err.split("run it alone with\n", 1)[1].splitlines()[0])
+    assert command[:4] == ["python", "-m", "cs336_systems.benchmark", "--config"]
+    alone = subprocess.run([PYTHON, *command[1:]], capture_output=True, text=True, env=child_env(), timeout=120)
+    assert alone.returncode == 1 and "expected floating (B, T, V)" in alone.stderr
 
 
 @pytest.mark.parametrize("module", ["cs336_systems.benchmark_direct", "cs336_systems.run_benchmarks"])
 def test_interrupted_then_resumed_has_every_row_once_in_grid_order(tmp_path, module):
     out, md = tmp_path / "sweep.csv", tmp_path / "sweep.md"
     grid = [
-        *TINY,
+        *TINY_SWEEP,
         "--model-factory",
         "user_models:slow",
         "--context-lengths",
@@ -222,8 +207,8 @@ def test_interrupted_then_resumed_has_every_row_once_in_grid_order(tmp_path, mod
     assert resumed.returncode == 0, resumed.stderr
     rows = pd.read_csv(out)
     assert list(rows["context_length"]) == [8, 16, 24, 32]
-    assert len({row_key(row) for row in rows.to_dict("records")}) == 4
-    assert rows[list(CONFIG_FIELDS)].iloc[: len(done)].equals(done[list(CONFIG_FIELDS)])
+    assert len({BenchmarkRecord.row_key(row) for row in rows.to_dict("records")}) == 4
+    assert rows[list(BenchmarkRecord.identity_fields())].iloc[: len(done)].equals(done[list(BenchmarkRecord.identity_fields())])
     assert md.read_text().count("| custom ") == 4  # the Markdown rendering has all rows too
 
 
@@ -231,7 +216,7 @@ def test_find_max_finds_the_boundary_under_a_memory_cap(tmp_path):
     summary = tmp_path / "max.json"
     result = cli(
         "cs336_systems.find_max",
-        *TINY,
+        *TINY_SWEEP,
         "--dimension",
         "batch-size",
         "--context-length",
@@ -259,7 +244,7 @@ def test_find_max_finds_the_boundary_under_a_memory_cap(tmp_path):
 def test_direct_sweep_of_error_rows_exits_1_and_aliases_work(tmp_path, fixtures_on_path):
     out = tmp_path / "wrong.csv"
     code = benchmark_direct.main(
-        [*TINY, "--model-factory", "user_models:wrong_shape", "--context-length", "8", "--batch-size", "2", "3",
+        [*TINY_SWEEP, "--model-factory", "user_models:wrong_shape", "--context-length", "8", "--batch-size", "2", "3",
          "--output", str(out)]
     )  # fmt: skip
     rows = pd.read_csv(out)
@@ -283,7 +268,7 @@ def test_direct_sweep_of_error_rows_exits_1_and_aliases_work(tmp_path, fixtures_
 )
 def test_sweep_cli_errors(capsys, module, args, message):
     try:
-        code = module.main([*TINY, *args])
+        code = module.main([*TINY_SWEEP, *args])
     except SystemExit as exc:
         code = exc.code
     err = capsys.readouterr().err

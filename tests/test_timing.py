@@ -216,16 +216,18 @@ def test_cuda_event_phases_inside_a_cuda_event_step_timer():
 
 
 def test_phases_of_a_real_cpu_train_step_add_up_to_the_step():
-    from cs336_systems import runner
+    from cs336_systems.models import build_model
+    from cs336_systems.optimizer import make_optimizer
+    from cs336_systems.step import make_step
     from cs336_systems.timing import HostPhases
     from tests.conftest import tiny_benchmark_config, tiny_model_config
 
     config = tiny_benchmark_config(pass_type="train-step", context_length=64, batch_size=4,
                                    model=tiny_model_config(context_length=64))  # fmt: skip
     device = torch.device("cpu")
-    model = runner.build_model(config.model, device)
+    model = build_model(config.model, device)
     phases = HostPhases()
-    step = runner.make_step(config, model, device, runner.make_optimizer(model, device), phase=phases.phase)
+    step = make_step(config, model, device, make_optimizer(model, device), phase=phases.phase)
     times = time_steps(step, warmup_steps=2, measure_steps=5, timer=HostTimer(), phases=phases)
     assert list(times.phase_ms) == ["forward", "backward", "optimizer"]
     phase_total = sum(sum(samples) for samples in times.phase_ms.values())

@@ -4,14 +4,12 @@ import subprocess
 
 import pandas as pd
 
-from tests.conftest import PYTHON, REPO, TINY_SHAPE, child_env
-
-TINY = [*TINY_SHAPE, "--context-length", "16", "--batch-size", "2", "--device", "cpu", "--peak-tflops", "1"]  # fmt: skip
+from tests.conftest import PYTHON, REPO, TINY_BATCH, TINY_CPU, TINY_SHAPE, child_env
 
 
 def test_warmup_study_keeps_every_step_and_writes_table_and_plot(tmp_path):
     result = subprocess.run(
-        [PYTHON, str(REPO / "scripts" / "warmup_study.py"), *TINY, "--warmups", "0", "2", "--measure-steps", "3",
+        [PYTHON, str(REPO / "scripts" / "warmup_study.py"), *TINY_SHAPE, *TINY_BATCH, *TINY_CPU, "--warmups", "0", "2", "--measure-steps", "3",
          "--output-dir", str(tmp_path), "--output", str(tmp_path / "runs.jsonl")],
         capture_output=True, text=True, env=child_env(), timeout=120,
     )  # fmt: skip

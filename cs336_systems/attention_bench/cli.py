@@ -56,7 +56,7 @@ def build_parser() -> ArgumentParser:
                               default=[16, 32, 64, 128])  # fmt: skip
     add_argument_with_aliases(parser, "--context-lengths", "--context-length", "--seq-lens", type=positive_int,
                               nargs="+", default=[256, 1024, 4096, 8192, 16384],
-                              help="sequence lengths (the rows' seq_len)")  # fmt: skip
+                              help="sequence lengths (the rows' context_length)")  # fmt: skip
     parser.add_argument("--batch-size", type=positive_int, default=1)
     parser.add_argument("--num-heads", type=positive_int, default=1, help="heads of (batch, heads, seq, d) inputs (1)")
     parser.add_argument(
@@ -127,7 +127,7 @@ def configs_from_args(args, device: torch.device) -> list[AttentionConfig]:
         AttentionConfig(
             implementation=implementation,
             head_dim=head_dim,
-            seq_len=seq_len,
+            context_length=context_length,
             batch_size=args.batch_size,
             num_heads=args.num_heads,
             layout=args.layout,
@@ -136,14 +136,14 @@ def configs_from_args(args, device: torch.device) -> list[AttentionConfig]:
             device=str(device),
             timer=args.timer,
             warmup_steps=args.warmup_steps,
-            steps=args.measure_steps,
+            measure_steps=args.measure_steps,
             max_seconds=args.max_seconds,
             seed=args.seed,
             adapters=args.adapters if implementation in FLASH_IMPLEMENTATIONS else None,
         )
         for precision in args.precisions
         for head_dim in args.head_dims
-        for seq_len in args.context_lengths
+        for context_length in args.context_lengths
         for implementation in implementations
     ]
 
@@ -163,7 +163,7 @@ def check_implementations(args) -> Adapters | None:
 
 
 def _progress(record: AttentionRecord) -> str:
-    label = f"{record.implementation} {record.precision} head_dim={record.head_dim} seq_len={record.seq_len}"
+    label = f"{record.implementation} {record.precision} head_dim={record.head_dim} context_length={record.context_length}"
     if record.forward_mean_ms is None or record.backward_mean_ms is None:
         return f"{label}: {record.status}: {record.error}"
     text = (

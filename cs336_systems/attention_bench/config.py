@@ -32,7 +32,7 @@ def is_custom(implementation: str) -> bool:
 class AttentionConfig:
     implementation: str
     head_dim: int
-    seq_len: int
+    context_length: int
     batch_size: int = 1
     num_heads: int = 1
     layout: str = "bhsd"
@@ -41,7 +41,7 @@ class AttentionConfig:
     device: str = "cpu"
     timer: str = "host"
     warmup_steps: int = 5
-    steps: int = 100
+    measure_steps: int = 100
     max_seconds: float | None = None
     seed: int = 0
     adapters: str | None = None  # the --adapters module the flash-* implementations come from
@@ -49,16 +49,16 @@ class AttentionConfig:
     @property
     def shape(self) -> tuple[int, ...]:
         if self.layout == "bsd":
-            return (self.batch_size, self.seq_len, self.head_dim)
-        return (self.batch_size, self.num_heads, self.seq_len, self.head_dim)
+            return (self.batch_size, self.context_length, self.head_dim)
+        return (self.batch_size, self.num_heads, self.context_length, self.head_dim)
 
     @property
     def forward_flops(self) -> int:
         """QK^T and PV: two (T x d) @ (d x T)-sized matmuls per batch element and head, full square
         (causal included: the convention of flops.py, whatever an implementation skips)."""
-        return 2 * 2 * self.batch_size * self.num_heads * self.seq_len**2 * self.head_dim
+        return 2 * 2 * self.batch_size * self.num_heads * self.context_length**2 * self.head_dim
 
     @property
     def scores_bytes(self) -> int:
         """One (batch, heads, T, T) score matrix: what the naive implementation materialises."""
-        return self.batch_size * self.num_heads * self.seq_len**2 * TENSOR_DTYPES[self.precision].itemsize
+        return self.batch_size * self.num_heads * self.context_length**2 * TENSOR_DTYPES[self.precision].itemsize

@@ -32,7 +32,7 @@ def draw(rows: Sequence[dict]):
 
     frame = pd.DataFrame(list(rows))
     head_dims = sorted(frame["head_dim"].unique())
-    seq_lens = sorted(int(n) for n in frame["seq_len"].unique())
+    context_lengths = sorted(int(n) for n in frame["context_length"].unique())
     present = list(dict.fromkeys(frame["implementation"]))
     implementations = [name for name in IMPLEMENTATIONS if name in present]
     implementations += [name for name in present if name not in implementations]  # package.module:callable
@@ -56,10 +56,10 @@ def draw(rows: Sequence[dict]):
             edge = transforms.blended_transform_factory(ax.transData, ax.transAxes)
             for implementation in implementations:
                 rows_here = frame[(frame["head_dim"] == head_dim) & (frame["implementation"] == implementation)]
-                rows_here = rows_here.sort_values("seq_len")
+                rows_here = rows_here.sort_values("context_length")
                 measured = rows_here[rows_here[f"{name}_mean_ms"].notna()]
                 ax.plot(
-                    measured["seq_len"],
+                    measured["context_length"],
                     measured[f"{name}_mean_ms"],
                     marker="o",
                     color=colors[implementation],
@@ -68,7 +68,7 @@ def draw(rows: Sequence[dict]):
                 failed = rows_here[(rows_here["status"] == "oom") & rows_here[f"{name}_mean_ms"].isna()]
                 if len(failed):
                     ax.plot(
-                        failed["seq_len"],
+                        failed["context_length"],
                         [0.95] * len(failed),
                         transform=edge,
                         marker="x",
@@ -79,7 +79,7 @@ def draw(rows: Sequence[dict]):
                     )
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_xticks(seq_lens, [str(n) for n in seq_lens])
+            ax.set_xticks(context_lengths, [str(n) for n in context_lengths])
             ax.xaxis.set_minor_locator(ticker.NullLocator())
             ax.grid(True, which="major", alpha=0.3)
             ax.set_title(f"{name}, head_dim {head_dim}", fontsize=10)

@@ -171,7 +171,7 @@ def _measure(
         _keep(record, "end_to_end", end_to_end, [])
     else:
         timer = make_timer(record.timer_used, device, clock)
-        budget = dict(warmup_steps=config.warmup_steps, measure_steps=config.steps, budget_s=config.max_seconds or None)
+        budget = dict(warmup_steps=config.warmup_steps, measure_steps=config.measure_steps, budget_s=config.max_seconds or None)
         phase.name = "forward"
         held = {}  # each output is freed before the next step starts, outside the clock
         forward = time_steps(
@@ -204,7 +204,7 @@ def _measure(
 
 
 def _keep(record: AttentionRecord, prefix: str, measured: Sequence[float], warmup: Sequence[float]) -> None:
-    setattr(record, f"{prefix}_ms", list(measured))
+    setattr(record, f"{prefix}_samples_ms", list(measured))
     setattr(record, f"{prefix}_warmup_ms", list(warmup))
     _add_summary(record, prefix, measured)
 
@@ -221,8 +221,8 @@ def _notes(config: AttentionConfig, record: AttentionRecord, device: torch.devic
     notes = []
     for name in PASSES:
         measured = getattr(record, f"{name}_steps")
-        if measured is not None and measured < config.steps and record.timer_used != TRITON:
-            notes.append(f"{name}: {measured} of {config.steps} steps (the {config.max_seconds:g} s budget ran out)")
+        if measured is not None and measured < config.measure_steps and record.timer_used != TRITON:
+            notes.append(f"{name}: {measured} of {config.measure_steps} steps (the {config.max_seconds:g} s budget ran out)")
         cv = getattr(record, f"{name}_cv_pct")
         if is_noisy(None if cv is None or math.isnan(cv) else cv):
             notes.append(f"{name} CV {cv:.1f}% > 10%: treat its mean with care")

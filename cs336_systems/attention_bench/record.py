@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -9,13 +10,13 @@ import torch
 
 from cs336_systems.attention_bench.config import AttentionConfig
 from cs336_systems.results import (
-    STATS_CONVENTIONS,
     Environment,
     Record,
     identity_field,
     samples_field,
     timing_columns,
 )
+from cs336_systems.results.markdown import STATS_CONVENTIONS
 
 ForwardTiming, BackwardTiming = timing_columns("forward_"), timing_columns("backward_")
 EndToEndTiming = timing_columns("end_to_end_")
@@ -29,7 +30,7 @@ class AttentionRecord(EndToEndTiming, BackwardTiming, ForwardTiming, Record):
 
     implementation: str = identity_field()
     head_dim: int = identity_field()
-    seq_len: int = identity_field()
+    context_length: int = identity_field()
     batch_size: int = identity_field()
     num_heads: int = identity_field()
     layout: str = identity_field()
@@ -38,13 +39,13 @@ class AttentionRecord(EndToEndTiming, BackwardTiming, ForwardTiming, Record):
     device: str = identity_field()
     timer: str = identity_field()
     warmup_steps: int = identity_field()
-    steps: int = identity_field()
+    measure_steps: int = identity_field()
     max_seconds: float | None = identity_field()
     seed: int = identity_field()
     adapters: str | None = identity_field()
     # outcome
     timer_used: str | None = None  # what --timer do-bench ran: triton.do_bench, cuda-event or host
-    forward_steps: int | None = None  # measured (fewer than `steps` when the time budget ran out)
+    forward_steps: int | None = None  # measured (fewer than `measure_steps` when the time budget ran out)
     backward_steps: int | None = None
     end_to_end_steps: int | None = None
     # against the fp32 naive reference on the same inputs (status 'wrong' above check_tolerance)
@@ -70,18 +71,18 @@ class AttentionRecord(EndToEndTiming, BackwardTiming, ForwardTiming, Record):
     # numeric mode in effect
     matmul_precision: str | None = None
     cuda_matmul_allow_tf32: bool | None = None
-    forward_ms: list[float] = samples_field()
-    backward_ms: list[float] = samples_field()
+    forward_samples_ms: list[float] = samples_field()
+    backward_samples_ms: list[float] = samples_field()
     forward_warmup_ms: list[float] = samples_field()
     backward_warmup_ms: list[float] = samples_field()
-    end_to_end_ms: list[float] = samples_field()
+    end_to_end_samples_ms: list[float] = samples_field()
     end_to_end_warmup_ms: list[float] = samples_field()
 
     title: ClassVar[str] = "Attention forward and backward"
     markdown_columns: ClassVar[tuple[str, ...]] = (
         "implementation",
         "head_dim",
-        "seq_len",
+        "context_length",
         "batch_size",
         "precision",
         "status",
@@ -98,7 +99,7 @@ class AttentionRecord(EndToEndTiming, BackwardTiming, ForwardTiming, Record):
         "backward_peak_mib",
         "compile_s",
     )
-    label_columns: ClassVar[tuple[str, ...]] = ("implementation", "head_dim", "seq_len")
+    label_columns: ClassVar[tuple[str, ...]] = ("implementation", "head_dim", "context_length")
     conventions: ClassVar[str] = (
         STATS_CONVENTIONS
         + "\n\n"
@@ -118,22 +119,9 @@ ATTENTION_FIELDS = AttentionRecord.row_fields()
 
 
 def new_record(config: AttentionConfig, device: torch.device, env: Environment | None) -> AttentionRecord:
+    """A record holding `config` (its every field is an identity column) with nothing measured yet."""
     return AttentionRecord(
-        implementation=config.implementation,
-        head_dim=config.head_dim,
-        seq_len=config.seq_len,
-        batch_size=config.batch_size,
-        num_heads=config.num_heads,
-        layout=config.layout,
-        causal=config.causal,
-        precision=config.precision,
-        device=str(device),
-        timer=config.timer,
-        warmup_steps=config.warmup_steps,
-        steps=config.steps,
-        max_seconds=config.max_seconds,
-        seed=config.seed,
-        adapters=config.adapters,
+        **{**dataclasses.asdict(config), "device": str(device)},
         status="ok",
         forward_flops=config.forward_flops,
         backward_flops=2 * config.forward_flops,

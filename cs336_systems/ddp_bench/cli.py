@@ -14,7 +14,7 @@ from cs336_systems.argtypes import (
     positive_float,
     positive_int,
 )
-from cs336_systems.cli import add_shape_arguments, model_config_from_args
+from cs336_systems.benchmark_flags import add_shape_arguments, model_config_from_args
 from cs336_systems.command import add_argument_with_aliases, run_command
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.ddp_bench.record import (

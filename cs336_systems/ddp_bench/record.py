@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from cs336_systems.config import ModelShape
 from cs336_systems.ddp_bench.accounting import predicted_peak_bytes
 from cs336_systems.ddp_bench.strategies import SHARDING
 from cs336_systems.ddp_bench.trainer import DDP_DEFAULT_BUCKET_CAP_MB, DdpUnit
@@ -27,25 +28,17 @@ TIMED_COMM_METHOD = "on_after_backward timed (mean over ranks): communication no
 
 
 @dataclass
-class DdpRecord(Timing, Record):
+class DdpRecord(Timing, Record, ModelShape):
     """One (world size, strategy, bucket size) of the DDP benchmark; step-time statistics, each
-    step's time being the slowest rank's (status, error, notes: Record's)."""
+    step's time being the slowest rank's (model shape: ModelShape's; status, error, notes: Record's)."""
 
     strategy: str = identity_field()
     backend: str = identity_field()
     device: str = identity_field()
     launcher: str = identity_field()
     world_size: int = identity_field()
-    model_size: str = identity_field()
-    d_model: int = identity_field()
-    d_ff: int = identity_field()
-    num_layers: int = identity_field()
-    num_heads: int = identity_field()
-    vocab_size: int = identity_field()
-    attention: str = identity_field()
-    model_factory: str | None = identity_field()
     context_length: int = identity_field()
-    per_device_batch: int = identity_field()
+    batch_size: int = identity_field()  # per rank, as everyone's batch_size (global_batch = x world_size)
     precision: str = identity_field()
     optimizer: str = identity_field()
     bucket_cap_mb: float | None = identity_field()
@@ -94,7 +87,7 @@ class DdpRecord(Timing, Record):
     markdown_columns: ClassVar[tuple[str, ...]] = (
         "strategy",
         "world_size",
-        "per_device_batch",
+        "batch_size",
         "global_batch",
         "bucket_cap_mb",
         "status",
@@ -146,7 +139,7 @@ def scaling_efficiency(samples_per_s: float, world_size: int, baseline_samples_p
 
 
 def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Environment | None) -> DdpRecord:
-    config, m = unit.config, unit.config.model
+    config = unit.config
     uses_buckets = unit.strategy in ("ddp", "zero1", "adapter-ddp-bucketed")
     world_size = 1 if unit.strategy == "single" else base["world_size"]
     global_batch = config.batch_size * world_size
@@ -154,9 +147,7 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
     record = DdpRecord(
         **{**base, "world_size": world_size},
         strategy=unit.strategy,
-        model_size=m.size_name, d_model=m.d_model, d_ff=m.d_ff, num_layers=m.num_layers, num_heads=m.num_heads,
-        vocab_size=m.vocab_size, attention=m.attention, model_factory=config.model_factory,
-        context_length=config.context_length, per_device_batch=config.batch_size, global_batch=global_batch,
+        **config.shape(), context_length=config.context_length, batch_size=config.batch_size, global_batch=global_batch,
         precision=config.precision, optimizer=unit.optimizer,
         bucket_cap_mb=(unit.bucket_cap_mb or DDP_DEFAULT_BUCKET_CAP_MB) if uses_buckets else None,
         compute_dtype=unit.compute_dtype, adapters=unit.adapters,

@@ -1,6 +1,6 @@
 """How each data-parallel strategy wraps the model, builds the optimizer and syncs gradients.
 
-A Strategy is four hooks around the one training step (runner.make_step):
+A Strategy is four hooks around the one training step (step.make_step):
   wrap(module)                 the model the step calls (DDP, fully_shard, a student's wrapper)
   optimizer(model, cls, **kw)  the optimizer over what this rank steps (ZeRO shards its state)
   after_backward(model, opt)   in phase("optimizer"), before the step: naive/flat all-reduce,

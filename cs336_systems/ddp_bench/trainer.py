@@ -20,7 +20,7 @@ from cs336_systems.distributed import BarrierFirst, RankContext
 from cs336_systems.memory import PhaseMemory, current_memory_bytes, pin_mmap_threshold, rss_high_water_mark_available
 from cs336_systems.models import build_model
 from cs336_systems.precision import autocast, precision_mode
-from cs336_systems.runner import combine_phases, make_step
+from cs336_systems.step import combine_phases, make_step
 from cs336_systems.timing import HostTimer, StepTimes, device_synchronizer, time_steps
 
 OPTIMIZERS = ("adamw", "sgd")

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cs336_systems.cli import checkpoint_blocks
+from cs336_systems.benchmark_flags import checkpoint_blocks
 from cs336_systems.flops import analytic_flops_per_step, recompute_flops_per_step
 from cs336_systems.handout.target import Target
 from cs336_systems.memory.estimate import estimate_memory

@@ -42,9 +42,6 @@ from cs336_systems.loader_bench.predictions import (
 )
 from cs336_systems.loader_bench.recommend import Recommendation, recommend, recommendation_text
 from cs336_systems.loader_bench.record import (
-    LABEL_COLUMNS,
-    LOADER_FIELDS,
-    MARKDOWN_COLUMNS,
     TITLE,
     LoaderRecord,
     configuration_notes,
@@ -64,8 +61,8 @@ from cs336_systems.loader_bench.step import (
 from cs336_systems.loader_bench.workers import MEMORY_SAMPLE_INTERVAL_S, WorkerMemorySampler
 
 __all__ = [
-    "CHILD_TIMEOUT_S", "COMPUTE_KINDS", "INPUT_BOUND_PCT", "LABEL_COLUMNS", "LOADER_FIELDS", "LOADER_FLAGS",
-    "MARKDOWN_COLUMNS", "MEMORY_SAMPLE_INTERVAL_S", "NOT_INPUT_BOUND_PCT", "PROG", "TINY_MODEL_MAX_CONTEXT",
+    "CHILD_TIMEOUT_S", "COMPUTE_KINDS", "INPUT_BOUND_PCT", "LOADER_FLAGS",
+    "MEMORY_SAMPLE_INTERVAL_S", "NOT_INPUT_BOUND_PCT", "PROG", "TINY_MODEL_MAX_CONTEXT",
     "TITLE", "BenchConfig", "DatasetError", "EpochMeasurement", "EpochSampler", "LoaderConfig", "LoaderRecord",
     "PhaseTimer", "Recommendation", "StoreDataset", "WorkerMemorySampler", "batch_nbytes", "bench_from_args",
     "build_parser", "compute_description", "configuration_notes", "cuda_sleep_cycles_per_ms", "epoch_record",

@@ -101,9 +101,6 @@ class LoaderRecord(Record):
     )
 
 
-LOADER_FIELDS = LoaderRecord.row_fields()
-MARKDOWN_COLUMNS = LoaderRecord.markdown_columns
-LABEL_COLUMNS = LoaderRecord.label_columns
 TITLE = LoaderRecord.title
 render = LoaderRecord.markdown
 

@@ -11,16 +11,15 @@ import json
 from tabulate import tabulate
 
 from cs336_systems.argtypes import ArgumentParser, fail, positive_int
-from cs336_systems.cli import (
-    ATTENTION_KINDS,
-    PASS_TYPE_CHOICES,
-    PRECISIONS,
+from cs336_systems.benchmark_flags import (
     add_checkpoint_argument,
     add_shape_arguments,
     model_config_from_args,
 )
+from cs336_systems.config import PASS_TYPES
 from cs336_systems.memory.estimate import FIND_MAX_LIMIT, MemoryEstimate, estimate_memory, find_max_by_prediction
-from cs336_systems.models import ConfigError
+from cs336_systems.models import ATTENTION_KINDS, ConfigError
+from cs336_systems.precision import PRECISIONS
 from cs336_systems.units import format_bytes, parse_bytes
 
 
@@ -61,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-size", default="small")
     parser.add_argument("--context-length", type=positive_int, default=512)
     parser.add_argument("--batch-size", type=positive_int, default=4)
-    parser.add_argument("--pass-type", choices=PASS_TYPE_CHOICES, default="forward-backward")
+    parser.add_argument("--pass-type", choices=PASS_TYPES, default="forward-backward")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
     parser.add_argument("--device-type", "--device", choices=("cuda", "cpu"), default="cuda",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cs336_systems.argtypes import positive_float
+from cs336_systems.identity import identity_field
 from cs336_systems.monitor.sampling import (
     DEFAULT_INTERVAL_S,
     METRIC_DIVISORS,
@@ -23,7 +24,7 @@ from cs336_systems.monitor.sampling import (
     Sample,
 )
 from cs336_systems.results.files import ResultFileError, check_output_path
-from cs336_systems.results.records import Record, identity_field
+from cs336_systems.results.records import Record
 
 # -- summaries and files -------------------------------------------------------------------
 

@@ -16,15 +16,14 @@ from cs336_systems.device import resolve_device
 from cs336_systems.loader_bench import batch_nbytes, error_text, verdict
 from cs336_systems.probe.advice import LoaderInfo, compute_advice, host_advice, input_advice
 from cs336_systems.probe.record import (
-    LABEL_COLUMNS,
-    MARKDOWN_COLUMNS,
     ProbeRecord,
     Step,
     bound,
     summary_line,
     window_figures,
 )
-from cs336_systems.results import Environment, ResultSink, check_output_paths, collect_environment, render_markdown
+from cs336_systems.results import Environment, ResultSink, check_output_paths, collect_environment
+from cs336_systems.results.markdown import render_document
 
 DEFAULT_WINDOW = 50
 TIMERS = ("auto", "host", "cuda-events")
@@ -210,12 +209,17 @@ class StepProbe:
 
     def markdown(self) -> str:
         rows = [r.to_row() for r in self.records]
-        text = render_markdown(rows, f"probe: {self.label}", MARKDOWN_COLUMNS, LABEL_COLUMNS)
-        head, _, _ = text.rpartition("std is the sample standard deviation")
         conventions = ("data_wait_pct: time blocked waiting for a batch / wall time; verdict: < 5% not "
                        "input-bound, 5-20% moderately, > 20% input-bound; phases: mean ms per step "
                        f"({self.timer} timer).")  # fmt: skip
-        return head + "Advice:\n\n" + "\n".join(f"    {line}" for line in self.advice) + "\n\n" + conventions + "\n"
+        advice = "\n".join(f"    {line}" for line in self.advice)
+        return render_document(
+            rows,
+            title=f"probe: {self.label}",
+            columns=ProbeRecord.markdown_columns,
+            label_columns=ProbeRecord.label_columns,
+            conventions=f"Advice:\n\n{advice}\n\n{conventions}",
+        )
 
     # -- internals --------------------------------------------------------------------------------
 

@@ -50,9 +50,6 @@ class ProbeRecord(Record):
     label_columns: ClassVar[tuple[str, ...]] = ("run", "window")
 
 
-PROBE_FIELDS = ProbeRecord.row_fields()
-MARKDOWN_COLUMNS = ProbeRecord.markdown_columns
-LABEL_COLUMNS = ProbeRecord.label_columns
 
 
 @dataclass

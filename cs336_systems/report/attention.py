@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cs336_systems.results import row_warnings
+from cs336_systems.results.markdown import row_warnings
 from cs336_systems.stats import is_noisy
 
 from .document import FAILURE_MARK, NOISY_MARK, Section, Table, byte_unit, device_caption, missing, ms_cell, sig3, slug
 
-LABELS = ("implementation", "head_dim", "seq_len", "batch_size", "precision")
+LABELS = ("implementation", "head_dim", "context_length", "batch_size", "precision")
 SPLIT = ("device_name", "precision", "batch_size")
 
 
@@ -21,7 +21,7 @@ def _cell(row: pd.Series, phase: str) -> str:
 
 
 def _shape(row) -> str:
-    return f"{row['head_dim']} × {row['seq_len']}"
+    return f"{row['head_dim']} × {row['context_length']}"
 
 
 def _split(frame: pd.DataFrame):
@@ -40,7 +40,7 @@ def _footnotes(body: pd.DataFrame) -> list[str]:
 def _wide(rows: pd.DataFrame, implementations: list[str], cell) -> pd.DataFrame:
     """One row per head dim × sequence length, one column per (implementation, quantity)."""
     body: dict[str, dict[str, str]] = {}
-    for _, row in rows.sort_values(["head_dim", "seq_len"]).iterrows():
+    for _, row in rows.sort_values(["head_dim", "context_length"]).iterrows():
         if row["implementation"] in implementations:
             for column, text in cell(row).items():
                 body.setdefault(f"{row['implementation']} {column}", {})[_shape(row)] = text
@@ -71,7 +71,7 @@ def memory_table(rows: pd.DataFrame, implementations: list[str], where: str) -> 
 
 def speedup_table(rows: pd.DataFrame, base: str, other: str, where: str) -> Table | None:
     """base time / other time, forward and backward, per shape where both ran."""
-    ok = rows[rows["status"] == "ok"].set_index(["head_dim", "seq_len"])
+    ok = rows[rows["status"] == "ok"].set_index(["head_dim", "context_length"])
     left, right = ok[ok["implementation"] == base], ok[ok["implementation"] == other]
     both = left.index.intersection(right.index)
     if both.empty:

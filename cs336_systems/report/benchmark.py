@@ -11,7 +11,8 @@ import pandas as pd
 
 from cs336_systems.anomalies import flag_anomalies
 from cs336_systems.models import MODEL_SIZES, SIZE_TABLES
-from cs336_systems.results import LABEL_COLUMNS, row_label, row_warnings
+from cs336_systems.results import BenchmarkRecord
+from cs336_systems.results.markdown import row_label, row_warnings
 from cs336_systems.stats import HIGH_CV_PCT, is_noisy
 
 from .document import (
@@ -33,7 +34,7 @@ TABLE_KEYS = ("pass_type", "precision", "compile", "attention", "batch_size", "d
 PHASES = ("forward", "backward", "optimizer")
 SPEEDUPS = (("precision", "fp32", "bf16"), ("precision", "fp32", "fp16"), ("precision", "fp32", "tf32"),
             ("compile", False, True))  # fmt: skip
-NOTE_LABEL = (*LABEL_COLUMNS, "device_name")  # two machines in one report: say which
+NOTE_LABEL = (*BenchmarkRecord.label_columns, "device_name")  # two machines in one report: say which
 NOISY_FOOTNOTE = f"{NOISY_MARK} CV above {HIGH_CV_PCT:g}%: noisy, treat the mean with care (see Notes)."
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cs336_systems.results import ENVIRONMENT_FIELDS, row_warnings
+from cs336_systems.results import ENVIRONMENT_FIELDS
+from cs336_systems.results.markdown import row_warnings
 
 from .document import (
     FAILURE_MARK,
@@ -62,7 +63,7 @@ def allreduce_section(frame: pd.DataFrame) -> tuple[Section, list[str]]:
 
 DDP_COLUMNS = {  # column -> header; a column is shown when the file has it filled
     "strategy": "strategy", "world_size": "ranks", "bucket_cap_mb": "bucket (MB)", "model": "model",
-    "context_length": "ctx", "per_device_batch": "batch/rank", "precision": "precision",
+    "context_length": "ctx", "batch_size": "batch/rank", "precision": "precision",
     "step": "step (ms)", "comm_ms": "comm (ms)", "comm_pct": "comm (%)", "samples_per_s": "samples/s",
     "scaling_efficiency": "scaling eff. (%)",
 }  # fmt: skip
@@ -84,7 +85,7 @@ def ddp_section(frame: pd.DataFrame) -> tuple[Section, list[str]]:
                      "step": _ms(row), "comm_ms": sig3(row.get("comm_ms")), "comm_pct": sig3(row.get("comm_pct")),
                      "samples_per_s": sig3(row.get("samples_per_s")),
                      "scaling_efficiency": sig3(100 * row["scaling_efficiency"]) if not missing(row.get("scaling_efficiency")) else ""}  # fmt: skip
-            for column in ("context_length", "per_device_batch", "precision"):
+            for column in ("context_length", "batch_size", "precision"):
                 cells[column] = plain(row.get(column))
             for column in memory_columns:
                 unit, scale = byte_unit(rows[column])

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from cs336_systems.results import ResultFileError, read_results
+from cs336_systems.results.readers import as_todays_rows
 
 # Written by torch as text ("13.0") or an int (91900): read as text so pandas never makes 13.000 of them.
 VERSION_COLUMNS = ("cuda_version", "cudnn_version", "torch_version", "python_version", "git_commit")
@@ -22,7 +23,7 @@ TOOLS = {
     "monitor_run": ("command", "exit_status", "interval_s", "num_samples"),  # monitor's .json beside its CSV
     "probe": ("window", "step_ms", "data_wait_pct", "verdict"),
     "find_max": ("dimension", "largest_ok", "smallest_oom"),
-    "attention_bench": ("implementation", "head_dim", "seq_len", "status"),
+    "attention_bench": ("implementation", "head_dim", "context_length", "status"),
     "allreduce_bench": ("size_bytes", "world_size", "mean_ms", "status"),
     "ddp_bench": ("strategy", "world_size", "mean_ms", "status"),
     "loader_bench": ("storage", "num_workers", "samples_per_s", "status"),
@@ -45,7 +46,7 @@ def read_file(path: str | Path) -> pd.DataFrame:
         raise ResultFileError(f"{path}: no such file")
     try:
         if path.suffix == ".csv":
-            frame = pd.read_csv(path, dtype=dict.fromkeys(VERSION_COLUMNS, str))
+            frame = as_todays_rows(pd.read_csv(path, dtype=dict.fromkeys(VERSION_COLUMNS, str)))
         elif path.suffix == ".json":
             frame = _summary_frame(json.loads(path.read_text()))
         else:

@@ -21,8 +21,6 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-import pandas as pd
-
 from cs336_systems.results.records import BenchmarkRecord
 
 OUTPUT_SUFFIXES = (".csv", ".md", ".jsonl")
@@ -308,7 +306,6 @@ class ResultSink:
 
     `record_type` gives the CSV columns (`row_fields()`) and the Markdown view (`markdown(rows)`);
     `previous_rows` are rows already in the files (a resumed sweep), so the Markdown shows them.
-    `fields` / `render` override those for records not yet on `Record` (LegacyRecord).
     Each output is locked for the sink's life (`close()`, or at exit); a locked output is refused
     with the holder's pid, or waited for with `wait_lock`. A last line cut by a killed writer is
     dropped (and said) before any row is appended to it.
@@ -320,12 +317,9 @@ class ResultSink:
         record_type: type = BenchmarkRecord,
         previous_rows: Iterable[dict] = (),
         *,
-        fields: Sequence[str] | None = None,
-        render: Callable[[Sequence[dict]], str] | None = None,
         wait_lock: bool = False,
     ):
-        fields = record_type.row_fields() if fields is None else fields
-        render = record_type.markdown if render is None else render
+        fields, render = record_type.row_fields(), record_type.markdown
         self.record_type = record_type
         self.paths = check_output_paths(paths)
         self.locks: list[OutputLock] = []
@@ -376,63 +370,3 @@ class ResultSink:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-# -- reading ----------------------------------------------------------------------------
-
-
-def read_markdown(path: str | Path) -> pd.DataFrame:
-    """The first pipe table of a Markdown file, with numbers parsed back."""
-    lines = [line.strip() for line in Path(path).read_text().splitlines()]
-    table = []
-    for line in lines:
-        if line.startswith("|"):
-            table.append(line)
-        elif table:
-            break
-    if len(table) < 2:
-        return pd.DataFrame()
-    split = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
-    header, body = split[0], split[2:]
-    frame = pd.DataFrame(body, columns=header).replace("", None)
-    for column in frame.columns:
-        converted = pd.to_numeric(frame[column], errors="coerce")
-        if converted.notna().sum() == frame[column].notna().sum():
-            frame[column] = converted
-    return frame
-
-
-def read_results(path: str | Path) -> pd.DataFrame:
-    """Rows of a .csv, .jsonl or .md result file as a DataFrame. A damaged file raises
-    ResultFileError naming the file and line."""
-    path = Path(path)
-    if path.suffix == ".csv":
-        try:
-            return _with_added_config_columns(pd.read_csv(path))
-        except pd.errors.ParserError as exc:
-            raise ResultFileError(f"{path}: damaged CSV ({str(exc).strip().split('. ')[-1]})") from None
-    if path.suffix == ".jsonl":
-        text = path.read_text()
-        for number, line in enumerate(text.splitlines(), 1):
-            try:
-                json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ResultFileError(f"{path}:{number}: damaged JSONL line ({exc.msg})") from None
-        frame = pd.read_json(io.StringIO(text), lines=True, dtype=False) if text.strip() else pd.DataFrame()
-        return _with_added_config_columns(frame)
-    if path.suffix == ".md":
-        return read_markdown(path)  # a rendering: only its columns
-    raise ResultFileError(f"{path}: unknown suffix, expected one of {', '.join(OUTPUT_SUFFIXES)}")
-
-
-def _with_added_config_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """Benchmark files written before compile_mode and cuda_graphs existed: their rows ran
-    torch.compile's default mode (when compiled) and no CUDA graph, so they still match."""
-    if "compile" not in frame.columns:
-        return frame
-    if "compile_mode" not in frame.columns:
-        compiled = frame["compile"].astype(str).str.lower() == "true"
-        frame["compile_mode"] = compiled.map({True: "default", False: None}).astype(object)
-    if "cuda_graphs" not in frame.columns:
-        frame["cuda_graphs"] = False
-    return frame

@@ -11,13 +11,14 @@ marks the columns that identify a configuration, so resume and compare match on
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-import pandas as pd
+import torch
 
+from cs336_systems import identity
+from cs336_systems.config import BenchmarkConfig, BenchmarkIdentity
 from cs336_systems.profiling import StepProfile
 from cs336_systems.results.environment import ENVIRONMENT_FIELDS, Environment, utc_timestamp
 from cs336_systems.results.markdown import (
@@ -29,17 +30,11 @@ from cs336_systems.results.markdown import (
 )
 from cs336_systems.stats import Summary, summarize
 
-STATUSES = ("ok", "oom", "error", "unsupported", "timeout")
 # Summary fields in column order; cv_pct is a ratio, the rest are milliseconds.
 TIMING_STATISTICS = ("mean", "std", "cv_pct", "median", "min", "max", "p10", "p90")
 
 # The note a row gets when its training loss came out NaN or inf (compare never ranks such a row).
 NONFINITE_LOSS_NOTE = "loss is not finite (NaN/inf)"
-
-
-def identity_field(**kwargs):
-    """A column that identifies the configuration (compared by `Record.key()`)."""
-    return field(metadata={"identity": True}, **kwargs)
 
 
 def samples_field():
@@ -68,18 +63,6 @@ def fill_timing(record: object, summary: Summary, prefix: str = "") -> None:
         if not hasattr(record, name):
             raise AttributeError(f"{type(record).__name__} declares no timing column {name!r}")
         setattr(record, name, value)
-
-
-def identity_value(value: object) -> str:
-    """One spelling per value whether it came from a record, a CSV or a JSONL file."""
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
-        return ""
-    if isinstance(value, bool) or str(value) in ("True", "False", "true", "false"):
-        return str(value).lower()
-    try:
-        return repr(float(value))
-    except (TypeError, ValueError):
-        return str(value)
 
 
 @dataclass(kw_only=True)
@@ -121,7 +104,7 @@ class Record:
     @classmethod
     def row_key(cls, row: dict) -> tuple[str, ...]:
         """The identity of a row read back from a file (equal to `key()` of the record written)."""
-        return tuple(identity_value(row.get(name)) for name in cls.identity_fields())
+        return identity.row_key(row, cls.identity_fields())
 
     def key(self) -> tuple[str, ...]:
         return self.row_key(self.to_row())
@@ -152,34 +135,10 @@ class Record:
 
 
 @dataclass
-class BenchmarkRecord(Timing, Record):
-    """One configuration of `benchmark`: what was asked, what happened, where."""
+class BenchmarkRecord(Timing, Record, BenchmarkIdentity):
+    """One configuration of `benchmark`: what was asked (config.BenchmarkIdentity's columns,
+    filled by `BenchmarkRecord(**config.identity(), ...)`), what happened, where."""
 
-    # configuration: the identity (BenchmarkConfig.key() spells the same values)
-    model_size: str = identity_field()
-    d_model: int = identity_field()
-    d_ff: int = identity_field()
-    num_layers: int = identity_field()
-    num_heads: int = identity_field()
-    vocab_size: int = identity_field()
-    rope_theta: float = identity_field()
-    attention: str = identity_field()
-    model_factory: str | None = identity_field()
-    context_length: int = identity_field()
-    batch_size: int = identity_field()
-    pass_type: str = identity_field()
-    precision: str = identity_field()
-    compile: bool = identity_field()
-    compile_scope: str | None = identity_field()
-    compile_mode: str | None = identity_field()
-    cuda_graphs: bool = identity_field()
-    device: str = identity_field()
-    timer: str = identity_field()
-    warmup_steps: int = identity_field()
-    measure_steps: int = identity_field()
-    seed: int = identity_field()
-    checkpoint_blocks: int | str | None = identity_field()  # None: off; K, sqrt or all
-    optimizer_factory: str | None = identity_field()  # train-step: the user's --optimizer
     # outcome
     num_params: int | None
     model_context_length: int  # longest sequence the model was built for (sweeps: the longest context)
@@ -281,6 +240,22 @@ class BenchmarkRecord(Timing, Record):
     )
 
     @classmethod
+    def for_config(
+        cls, config: BenchmarkConfig, device: torch.device, env: Environment | None, num_params: int | None
+    ) -> BenchmarkRecord:
+        """A record holding `config` (run on `device`) with status 'ok' and nothing measured yet."""
+        m = config.model
+        return cls(
+            **{**config.identity(), "device": str(device)},
+            model_context_length=m.context_length,
+            size_table=m.size_table,
+            checkpoint_group_size=m.checkpoint_group_size,
+            num_params=num_params,
+            status="ok",
+            environment=env,
+        )
+
+    @classmethod
     def console(cls, rows: Sequence[dict]) -> str:
         return console_table(rows, title=cls.title, columns=cls.console_columns, label_columns=cls.label_columns)
 
@@ -298,44 +273,3 @@ class BenchmarkRecord(Timing, Record):
     def add_profile(self, profile: StepProfile) -> None:
         self.kernels_per_step, self.device_busy_pct = profile.kernels_per_step, profile.device_busy_pct
         self.top_kernels = list(profile.top_kernels)
-
-
-BENCHMARK_FIELDS = BenchmarkRecord.row_fields()
-# What identifies a configuration: resume skips rows with these equal, compare matches on them.
-CONFIG_FIELDS = BenchmarkRecord.identity_fields()
-MARKDOWN_COLUMNS = BenchmarkRecord.markdown_columns
-LABEL_COLUMNS = BenchmarkRecord.label_columns
-
-
-def row_key(row: dict) -> tuple[str, ...]:
-    """A benchmark row's identity (BenchmarkRecord.row_key)."""
-    return BenchmarkRecord.row_key(row)
-
-
-def render_markdown(
-    rows: Sequence[dict],
-    title: str = BenchmarkRecord.title,
-    columns: Sequence[str] = MARKDOWN_COLUMNS,
-    label_columns: Sequence[str] = LABEL_COLUMNS,
-    conventions: str = STATS_CONVENTIONS,
-) -> str:
-    """Benchmark rows as Markdown (other views: pass their columns, or use `Record.markdown`)."""
-    return render_document(rows, title=title, columns=columns, label_columns=label_columns, conventions=conventions)
-
-
-class LegacyRecord:
-    """The row/JSON behaviour of a record that still declares its own status, timing and
-    environment fields (attention, all-reduce and DDP until they move onto `Record`)."""
-
-    environment: Environment | None
-
-    @classmethod
-    def _scalar_fields(cls) -> list[dataclasses.Field]:
-        return [f for f in dataclasses.fields(cls) if f.name != "environment" and not f.metadata.get("samples")]
-
-    @classmethod
-    def row_fields(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in cls._scalar_fields()) + ENVIRONMENT_FIELDS
-
-    to_row = Record.to_row
-    to_json = Record.to_json

@@ -1,20 +1,18 @@
 """The benchmark flags shared by benchmark, the sweeps, find_max and ddp_bench (model shape,
-execution), and a BenchmarkConfig to and from those flags. The argparse types themselves
+execution), and a BenchmarkConfig from those flags. The argparse types themselves
 live in argtypes.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from cs336_systems.argtypes import add_device_argument, non_negative_int, positive_float, positive_int
-from cs336_systems.config import COMPILE_MODES, PASS_TYPES, BenchmarkConfig
+from cs336_systems.config import COMPILE_MODES, BenchmarkConfig
 from cs336_systems.flops import PEAK_CHOICES
-from cs336_systems.models import ATTENTION_KINDS, CHECKPOINT_WORDS, DEFAULT_SIZE_TABLE, SIZE_TABLES, ModelConfig
-from cs336_systems.precision import PRECISIONS
+from cs336_systems.models import CHECKPOINT_WORDS, DEFAULT_SIZE_TABLE, SIZE_TABLES, ModelConfig
 from cs336_systems.timing import TIMERS
-
-PASS_TYPE_CHOICES = PASS_TYPES
 
 
 def checkpoint_blocks(text: str) -> int | str | None:
@@ -146,61 +144,12 @@ def model_config_from_args(
 
 def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **run) -> BenchmarkConfig:
     """One configuration: `model` and this run's values (context_length, batch_size, pass_type,
-    precision, compile, device) with the flags every benchmark command shares."""
-    return BenchmarkConfig(
-        model=model,
-        compile_scope=args.compile_scope,
-        compile_mode=args.compile_mode or "default",
-        cuda_graphs=args.cuda_graphs,
-        profile_step=args.profile_step,
-        timer=args.timer,
-        warmup_steps=args.warmup_steps,
-        measure_steps=args.measure_steps,
-        seed=args.seed,
-        model_factory=args.model_factory,
-        optimizer_factory=getattr(args, "optimizer", None),
-        peak=args.peak,
-        peak_tflops=args.peak_tflops,
-        **run,
-    )
-
-
-def config_to_args(config: BenchmarkConfig) -> list[str]:
-    """The `benchmark` flags that rebuild `config` (a config.BenchmarkConfig) in a child process."""
-    m = config.model
-    args = [
-        "--d-model", m.d_model, "--d-ff", m.d_ff, "--num-layers", m.num_layers, "--num-heads", m.num_heads,
-        "--vocab-size", m.vocab_size, "--rope-theta", m.rope_theta, "--max-context-length", m.context_length,
-        "--attention", m.attention, "--context-length", config.context_length, "--batch-size", config.batch_size,
-        "--pass-type", config.pass_type, "--precision", config.precision, "--device", config.device,
-        "--timer", config.timer, "--warmup-steps", config.warmup_steps, "--measure-steps", config.measure_steps,
-        "--seed", config.seed, "--peak", config.peak,
-    ]  # fmt: skip
-    if m.size_name != "custom":
-        args += ["--model-size", m.size_name, "--size-table", m.size_table]
-    if m.checkpoint_blocks is not None:
-        args += ["--checkpoint-blocks", m.checkpoint_blocks]
-    if config.optimizer_factory:
-        args += ["--optimizer", config.optimizer_factory]
-    if config.compile:
-        args += ["--compile", "--compile-scope", config.compile_scope, "--compile-mode", config.compile_mode]
-    if config.cuda_graphs:
-        args += ["--cuda-graphs"]
-    if not config.profile_step:
-        args += ["--no-profile-step"]
-    if config.model_factory:
-        args += ["--model-factory", config.model_factory]
-    if config.peak_tflops is not None:
-        args += ["--peak-tflops", config.peak_tflops]
-    return [str(a) for a in args]
-
-
-__all__ = [
-    "ATTENTION_KINDS",
-    "PASS_TYPE_CHOICES",
-    "PRECISIONS",
-    "add_execution_arguments",
-    "add_shape_arguments",
-    "config_to_args",
-    "model_config_from_args",
-]
+    precision, compile, device) with the flags every benchmark command shares. A flag whose
+    destination is a BenchmarkConfig field's name sets that field (unset flags keep its default)."""
+    settings = {
+        field.name: getattr(args, field.name)
+        for field in dataclasses.fields(BenchmarkConfig)
+        if field.name != "model" and getattr(args, field.name, None) is not None
+    }
+    settings["optimizer_factory"] = getattr(args, "optimizer", None)  # the flag is --optimizer
+    return BenchmarkConfig(model=model, **{**settings, **run})

@@ -1,5 +1,5 @@
-"""The engine's new columns through the runner and the CLIs: per-phase times in every row, the
-profiled step after the timed ones, --compile-mode recorded, --cuda-graphs refused without CUDA."""
+"""What a row says about its step, through the runner and the CLIs: per-phase times in every row,
+the profiled step after the timed ones, --compile-mode recorded, --cuda-graphs refused without CUDA."""
 
 import json
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from cs336_systems import benchmark, cuda_graphs, run_benchmarks, runner
-from tests.conftest import tiny_benchmark_config
-from tests.test_cli import TINY, run_cli
+from cs336_systems.results import BenchmarkRecord
+from tests.conftest import TINY, run_main, tiny_benchmark_config
 
 
 @pytest.mark.parametrize(
@@ -55,8 +55,8 @@ def test_profiled_step_runs_after_the_timed_steps(monkeypatch):
 
 def test_cli_writes_the_new_columns_and_no_profile_step_turns_the_step_off(capsys, tmp_path):
     on, off = tmp_path / "on.jsonl", tmp_path / "off.jsonl"
-    assert run_cli(capsys, *TINY, "--pass-type", "train-step", "--output", str(on))[0] == 0
-    assert run_cli(capsys, *TINY, "--pass-type", "train-step", "--no-profile-step", "--output", str(off))[0] == 0
+    assert run_main(benchmark.main, capsys, *TINY, "--pass-type", "train-step", "--output", str(on))[0] == 0
+    assert run_main(benchmark.main, capsys, *TINY, "--pass-type", "train-step", "--no-profile-step", "--output", str(off))[0] == 0
     row_on, row_off = (json.loads(path.read_text()) for path in (on, off))
     assert row_on["kernels_per_step"] > 100 and row_on["top_kernels"] and row_on["device_busy_pct"] is None
     assert row_off["kernels_per_step"] is None and row_off["top_kernels"] == []
@@ -74,28 +74,21 @@ def test_compile_mode_reaches_torch_compile_and_is_recorded(capsys, tmp_path, mo
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     out = tmp_path / "rows.jsonl"
-    code, _, err = run_cli(capsys, *TINY, "--compile-mode", mode, "--compile-scope", "blocks", "--output", str(out))
+    code, _, err = run_main(benchmark.main, capsys, *TINY, "--compile-mode", mode, "--compile-scope", "blocks", "--output", str(out))
     assert code == 0, err
     row = json.loads(out.read_text())
     assert row["compile"] is True and row["compile_mode"] == mode and row["compile_scope"] == "blocks"
     assert modes == [mode, mode]  # one per block (TINY has 2)
 
 
-def test_compile_mode_survives_the_trip_to_a_child_process():
-    from cs336_systems.cli import config_to_args
-
-    config = tiny_benchmark_config(compile=True, compile_mode="max-autotune", profile_step=False)
-    args = config_to_args(config)
-    assert args[args.index("--compile-mode") + 1] == "max-autotune" and "--no-profile-step" in args
-    rebuilt = benchmark.config_from_args(benchmark.build_parser().parse_args(args))
-    assert rebuilt.compile and rebuilt.compile_mode == "max-autotune" and not rebuilt.profile_step
-    uncompiled = runner.new_record(tiny_benchmark_config(), torch.device("cpu"), None, None)
+def test_an_uncompiled_row_has_no_compile_mode():
+    uncompiled = BenchmarkRecord.for_config(tiny_benchmark_config(), torch.device("cpu"), None, None)
     assert uncompiled.compile_mode is None and uncompiled.cuda_graphs is False
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without CUDA")
 def test_cuda_graphs_without_cuda_is_one_line_and_exit_2(capsys, tmp_path):
-    code, out, err = run_cli(capsys, *TINY, "--cuda-graphs")
+    code, out, err = run_main(benchmark.main, capsys, *TINY, "--cuda-graphs")
     assert code == 2 and out == "" and err.count("\n") == 1 and "--cuda-graphs needs a CUDA device" in err
     code = run_benchmarks.main([*TINY, "--cuda-graphs", "--output", str(tmp_path / "x.csv")])
     err = capsys.readouterr().err
@@ -116,16 +109,15 @@ def test_cuda_graphs_refusals_in_the_runner():
 def test_files_written_before_the_new_columns_still_match_their_configuration(tmp_path, compiled):
     import pandas as pd
 
-    from cs336_systems.config import row_key
     from cs336_systems.results import read_results
 
     config = tiny_benchmark_config(compile=compiled)
-    row = runner.new_record(config, torch.device("cpu"), None, 1).to_row()
+    row = BenchmarkRecord.for_config(config, torch.device("cpu"), None, 1).to_row()
     old = {name: value for name, value in row.items() if name not in ("compile_mode", "cuda_graphs")}
     pd.DataFrame([old]).to_csv(tmp_path / "old.csv", index=False)
     (read_back,) = read_results(tmp_path / "old.csv").to_dict("records")
     mode = read_back["compile_mode"]
     assert (mode == "default") if compiled else pd.isna(mode)
     assert read_back["cuda_graphs"] == False  # noqa: E712 (a numpy bool)
-    assert row_key(read_back) == config.key()
-    assert row_key(read_back) != config.replace(cuda_graphs=True).key()
+    assert BenchmarkRecord.row_key(read_back) == config.key()
+    assert BenchmarkRecord.row_key(read_back) != config.replace(cuda_graphs=True).key()

@@ -1,0 +1,87 @@
+"""Reading result files back: CSV, JSONL and the first table of a Markdown rendering, as a
+DataFrame. Files written before a column was added or renamed read as today's rows.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from cs336_systems.results.files import OUTPUT_SUFFIXES, ResultFileError
+
+
+def read_markdown(path: str | Path) -> pd.DataFrame:
+    """The first pipe table of a Markdown file, with numbers parsed back."""
+    lines = [line.strip() for line in Path(path).read_text().splitlines()]
+    table = []
+    for line in lines:
+        if line.startswith("|"):
+            table.append(line)
+        elif table:
+            break
+    if len(table) < 2:
+        return pd.DataFrame()
+    split = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
+    header, body = split[0], split[2:]
+    frame = pd.DataFrame(body, columns=header).replace("", None)
+    for column in frame.columns:
+        converted = pd.to_numeric(frame[column], errors="coerce")
+        if converted.notna().sum() == frame[column].notna().sum():
+            frame[column] = converted
+    return frame
+
+
+def read_results(path: str | Path) -> pd.DataFrame:
+    """Rows of a .csv, .jsonl or .md result file as a DataFrame. A damaged file raises
+    ResultFileError naming the file and line."""
+    path = Path(path)
+    if path.suffix == ".csv":
+        try:
+            return as_todays_rows(pd.read_csv(path))
+        except pd.errors.ParserError as exc:
+            raise ResultFileError(f"{path}: damaged CSV ({str(exc).strip().split('. ')[-1]})") from None
+    if path.suffix == ".jsonl":
+        text = path.read_text()
+        for number, line in enumerate(text.splitlines(), 1):
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ResultFileError(f"{path}:{number}: damaged JSONL line ({exc.msg})") from None
+        frame = pd.read_json(io.StringIO(text), lines=True, dtype=False) if text.strip() else pd.DataFrame()
+        return as_todays_rows(frame)
+    if path.suffix == ".md":
+        return read_markdown(path)  # a rendering: only its columns
+    raise ResultFileError(f"{path}: unknown suffix, expected one of {', '.join(OUTPUT_SUFFIXES)}")
+
+
+# Columns renamed since, for rows only one tool writes: (a column that marks that tool's rows, old, new).
+RENAMED_COLUMNS = (
+    ("implementation", "seq_len", "context_length"),  # attention_bench
+    ("implementation", "steps", "measure_steps"),
+    ("implementation", "forward_ms", "forward_samples_ms"),  # JSONL: raw samples, as benchmark names them
+    ("implementation", "backward_ms", "backward_samples_ms"),
+    ("implementation", "end_to_end_ms", "end_to_end_samples_ms"),
+    ("strategy", "per_device_batch", "batch_size"),  # ddp_bench: the batch per rank
+)
+
+
+def as_todays_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of a file written before a column was renamed or added, as today's rows."""
+    renames = {old: new for marker, old, new in RENAMED_COLUMNS if marker in frame.columns and old in frame.columns}
+    return _with_added_config_columns(frame.rename(columns=renames))
+
+
+def _with_added_config_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """Benchmark files written before compile_mode and cuda_graphs existed: their rows ran
+    torch.compile's default mode (when compiled) and no CUDA graph, so they still match."""
+    if "compile" not in frame.columns:
+        return frame
+    if "compile_mode" not in frame.columns:
+        compiled = frame["compile"].astype(str).str.lower() == "true"
+        frame["compile_mode"] = compiled.map({True: "default", False: None}).astype(object)
+    if "cuda_graphs" not in frame.columns:
+        frame["cuda_graphs"] = False
+    return frame

@@ -1,0 +1,144 @@
+"""The step every tool times: one forward, forward+backward or training step of a
+configuration, its batch, its compiled model and its CUDA-graph capture.
+
+The engine (runner.py) times it; ddp_bench, scripts and tests build the same step from here.
+A step's parts run inside `phase("forward")`, `phase("backward")` and `phase("optimizer")`,
+so timing, memory tracing and NVTX ranges wrap them without the step knowing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cs336_systems import cuda_graphs
+from cs336_systems.config import PASS_TYPES, BenchmarkConfig
+from cs336_systems.models import ModelFactoryError
+from cs336_systems.precision import autocast, grad_scaler
+
+CUDA_GRAPH_NOTE = (
+    f"CUDA graph replays, captured after {cuda_graphs.CAPTURE_WARMUP_ITERS} eager iterations; "
+    "no per-phase times (a replay is one call)"
+)
+
+
+@contextlib.contextmanager
+def compiled(model: nn.Module, scope: str, mode: str = "default") -> Iterator[nn.Module]:
+    """The model to step: compiled whole, or block by block (regional compilation).
+
+    Identical blocks share one compiled graph, so "blocks" compiles about num_layers
+    times faster; the blocks are swapped back afterwards so a reused model stays eager.
+    """
+    torch._dynamo.reset()  # a fresh compile per configuration, so compile_s is comparable
+    if scope == "model":
+        yield torch.compile(model, mode=mode)
+        return
+    blocks = getattr(model, "layers", None)
+    if not isinstance(blocks, nn.ModuleList):
+        raise ModelFactoryError("--compile-scope blocks needs a model whose blocks are in a `layers` ModuleList")
+    originals = list(blocks)
+    try:
+        for index, block in enumerate(originals):
+            blocks[index] = torch.compile(block, mode=mode)
+        yield model
+    finally:
+        for index, block in enumerate(originals):
+            blocks[index] = block
+
+
+Phase = Callable[[str], contextlib.AbstractContextManager]
+
+
+def no_phase(name: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+def make_batch(config: BenchmarkConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (tokens, targets) every step of `config` uses, drawn from its seed."""
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+    shape = (config.batch_size, config.context_length)
+    vocab = config.model.vocab_size
+    tokens = torch.randint(0, vocab, shape, device=device, generator=generator)
+    targets = torch.randint(0, vocab, shape, device=device, generator=generator)
+    return tokens, targets
+
+
+def make_step(
+    config: BenchmarkConfig,
+    model: nn.Module,
+    device: torch.device,
+    optimizer: torch.optim.Optimizer | None = None,
+    phase: Phase = no_phase,
+    losses: list | None = None,
+) -> Callable[[], None]:
+    """The function one timed step calls, its parts wrapped in `phase("forward")`,
+    `phase("backward")` and `phase("optimizer")`. Training steps start by setting grads to None."""
+    tokens, targets = make_batch(config, device)
+    scaler = grad_scaler(config.precision, device)
+
+    def forward() -> None:
+        with phase("forward"), torch.inference_mode(), autocast(config.precision, device):
+            model(tokens)
+
+    def forward_and_backward() -> None:
+        with phase("forward"), autocast(config.precision, device):
+            logits = model(tokens)  # held until backward ends, as in a training loop
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        if losses is not None:
+            losses.append(loss.detach())  # read once after timing (a NaN loss gets a note)
+        with phase("backward"):
+            (scaler.scale(loss) if scaler else loss).backward()
+
+    def forward_backward() -> None:
+        model.zero_grad(set_to_none=True)
+        forward_and_backward()
+
+    def train_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        forward_and_backward()
+        with phase("optimizer"):
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+
+    if config.pass_type == "forward":
+        return forward
+    if config.pass_type == "forward-backward":
+        return forward_backward
+    if config.pass_type == "train-step":
+        if optimizer is None:
+            raise ValueError("train-step needs an optimizer")
+        return train_step
+    raise ValueError(f"unknown pass type {config.pass_type!r}; choose one of {PASS_TYPES}")
+
+
+def combine_phases(*phases: Phase) -> Phase:
+    """One phase callback that enters each of `phases` in order."""
+
+    @contextlib.contextmanager
+    def combined(name: str) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for phase in phases:
+                stack.enter_context(phase(name))
+            yield
+
+    return combined
+
+
+
+def captured_step(
+    config: BenchmarkConfig, model: nn.Module, device: torch.device, phase: Phase = no_phase
+) -> Callable[[], None]:
+    """The whole step captured in a CUDA graph (cuda_graphs.py); the capture is the first step,
+    inside `phase("step")`."""
+    optimizer = cuda_graphs.make_optimizer(model) if config.pass_type == "train-step" else None
+    batch = cuda_graphs.StaticBatch(*make_batch(config, device))
+    body = cuda_graphs.step_body(model, batch, config.pass_type, optimizer, lambda: autocast(config.precision, device))
+    with phase("step"):  # first step: the eager iterations (AdamW state created) and the capture
+        return cuda_graphs.CapturedStep(body, model)
