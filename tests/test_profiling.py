@@ -51,6 +51,32 @@ def test_cuda_summary_uses_the_union_of_kernel_intervals_over_the_step():
     )
 
 
+def test_cuda_user_annotations_and_bad_timestamps_are_not_kernels():
+    # Recent PyTorch reports each record_function range that launched kernels as a CUDA user
+    # annotation spanning first to last kernel, gaps included; CUPTI 13.0 can emit zero timestamps.
+    events = [
+        event("cs336_systems: profiled step", 50, 1050, device=DeviceType.CPU, annotation=True),  # the window
+        event("Optimizer.step#AdamW.step", 100, 1000, annotation=True),
+        event("Torch-Compiled Region", 100, 1000, annotation=True),
+        event("multi_tensor_apply_kernel", 100, 200),
+        event("gemm", 900, 1000),
+        event("zero_stamp", 0, 0),
+        event("negative", 500, 400),
+        event("late", 1000, 1400),  # runs past the window: clipped to its end
+    ]
+    profile = summarize_events(events, "cuda", step_ms=1.0)
+    assert profile.kernels_per_step == 3
+    assert profile.device_busy_ms == pytest.approx(0.25)  # 100..200 and 900..1050
+    assert profile.device_busy_pct == pytest.approx(25.0)
+    assert {k["name"] for k in profile.top_kernels} == {"multi_tensor_apply_kernel", "gemm", "late"}
+
+
+def test_cuda_busy_never_exceeds_100_pct():
+    # the profiled step runs slower than the median step it is divided by
+    profile = summarize_events([event("gemm", 100, 5100)], "cuda", step_ms=2.0)
+    assert profile.device_busy_pct == 100.0
+
+
 def test_cuda_profile_without_kernel_events_reports_nothing_rather_than_an_idle_gpu():
     profile = summarize_events([event("cudaLaunchKernel", 0, 10, device=DeviceType.CPU)], "cuda", step_ms=2.0)
     assert profile.kernels_per_step is None and profile.device_busy_pct is None and profile.top_kernels == ()
