@@ -23,8 +23,12 @@ outside the profiled window (the step and its final synchronize).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -116,6 +120,31 @@ def summarize_events(
     )
 
 
+KINETO_LINE_PREFIXES = ("USDT:", "STAGE:")  # Kineto's C++ progress lines at profiler start and stop
+
+
+@contextlib.contextmanager
+def kineto_lines_dropped() -> Iterator[None]:
+    """Kineto writes `USDT: ... profiler_start` lines straight to file descriptor 2 whatever
+    KINETO_LOG_LEVEL says: send fd 2 to a file for the duration, then pass on every other line."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().decode(errors="replace").splitlines(keepends=True)
+                    if not line.startswith(KINETO_LINE_PREFIXES)]  # fmt: skip
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
 def profile_step(
     step: Callable[[], object],
     device: torch.device,
@@ -127,12 +156,18 @@ def profile_step(
     """Run `step` once under torch.profiler (device drained before and after) and summarise it."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     synchronize()
-    with profile(activities=activities) as profiler:
+    profiler = profile(activities=activities)
+    with kineto_lines_dropped():
+        profiler.start()
+    try:
         start = clock()
         with record_function(WINDOW):
             step()
             synchronize()
         profiled_ms = (clock() - start) * 1e3
+    finally:
+        with kineto_lines_dropped():
+            profiler.stop()
     return summarize_events(
         profiler.events(), device.type, step_ms if step_ms is not None else profiled_ms, profiled_ms, top
     )

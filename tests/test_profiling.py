@@ -1,6 +1,7 @@
 """The profiled step: interval-union arithmetic on hand-made intervals, the CUDA summary on
 fake kernel events, and the CPU columns on a real tiny step."""
 
+import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -8,8 +9,8 @@ import torch
 from torch.autograd import DeviceType
 
 from cs336_systems import runner
-from cs336_systems.profiling import profile_step, summarize_events, union_length
-from tests.conftest import tiny_benchmark_config
+from cs336_systems.profiling import kineto_lines_dropped, profile_step, summarize_events, union_length
+from tests.conftest import PYTHON, REPO, TINY_SHAPE, child_env, tiny_benchmark_config
 
 
 @pytest.mark.parametrize(
@@ -108,3 +109,20 @@ def test_profiled_real_cpu_step(pass_type):
     assert [k["total_ms"] for k in profile.top_kernels] == sorted((k["total_ms"] for k in profile.top_kernels),
                                                                  reverse=True)  # fmt: skip
     assert len(syncs) == 2
+
+
+def test_the_benchmark_prints_no_kineto_lines():
+    # Kineto writes `USDT: ... profiler_start` to fd 2 at every profiler start and stop.
+    command = [PYTHON, "-m", "cs336_systems.benchmark", *TINY_SHAPE, "--context-length", "8", "--batch-size", "1",
+               "--warmup-steps", "0", "--measure-steps", "1", "--pass-type", "train-step"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "USDT" not in done.stderr and "profiler_start" not in done.stderr
+
+
+def test_other_stderr_lines_pass_through_while_kineto_lines_are_dropped(capfd):
+    import os
+
+    with kineto_lines_dropped():
+        os.write(2, b"USDT:2026 x.cpp:52] profiler_start\nkeep me\n")
+    assert capfd.readouterr().err == "keep me\n"
