@@ -9,8 +9,16 @@ import argparse
 
 from cs336_systems.argtypes import add_device_argument, non_negative_int, positive_float, positive_int
 from cs336_systems.config import COMPILE_MODES, PASS_TYPES, BenchmarkConfig
+from cs336_systems.cuda_graphs import OPTIMIZER_REFUSAL
 from cs336_systems.flops import PEAK_CHOICES
-from cs336_systems.models import ATTENTION_KINDS, CHECKPOINT_WORDS, DEFAULT_SIZE_TABLE, SIZE_TABLES, ModelConfig
+from cs336_systems.models import (
+    ATTENTION_KINDS,
+    CHECKPOINT_WORDS,
+    DEFAULT_SIZE_TABLE,
+    SIZE_TABLES,
+    ConfigError,
+    ModelConfig,
+)
 from cs336_systems.precision import PRECISIONS
 from cs336_systems.timing import TIMERS
 
@@ -147,6 +155,8 @@ def model_config_from_args(
 def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **run) -> BenchmarkConfig:
     """One configuration: `model` and this run's values (context_length, batch_size, pass_type,
     precision, compile, device) with the flags every benchmark command shares."""
+    if args.cuda_graphs and getattr(args, "optimizer", None):
+        raise ConfigError(OPTIMIZER_REFUSAL)
     return BenchmarkConfig(
         model=model,
         compile_scope=args.compile_scope,

@@ -329,7 +329,9 @@ class TransformerLM(nn.Module):
             for start in range(0, len(self.layers), group):
                 blocks = self.layers[start : start + group]
                 with nvtx.block(start):
-                    x = checkpoint(_run_blocks, blocks, x, use_reentrant=False)
+                    # The blocks draw no random numbers: saving and restoring the RNG state is
+                    # wasted work, and under CUDA-graph capture it registers generator state too.
+                    x = checkpoint(_run_blocks, blocks, x, use_reentrant=False, preserve_rng_state=False)
         return self.lm_head(self.ln_final(x))
 
 

@@ -23,8 +23,10 @@ def load_optimizer_factory(spec: str):
 def make_optimizer(
     model: nn.Module, device: torch.device, factory: str | None = None, capturable: bool = False
 ) -> torch.optim.Optimizer:
-    if capturable:  # --cuda-graphs: the step count is a device tensor, so the update can be captured and replayed
-        return torch.optim.AdamW(model.parameters(), capturable=True, foreach=True, **OPTIMIZER_KWARGS)
+    if capturable:  # --cuda-graphs: the step count is a device tensor, so the update can be captured and replayed.
+        # Fused, not foreach: one pass over parameters and state (~28 bytes per parameter moved,
+        # foreach ~88, plus a parameter-sized temporary).
+        return torch.optim.AdamW(model.parameters(), capturable=True, fused=True, **OPTIMIZER_KWARGS)
     if factory is None:
         # Fused AdamW: one kernel for all parameters instead of several per tensor.
         return torch.optim.AdamW(model.parameters(), fused=device.type in ("cuda", "cpu"), **OPTIMIZER_KWARGS)

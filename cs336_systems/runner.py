@@ -245,7 +245,7 @@ def _measure(
         )
         losses: list[torch.Tensor] = []  # the traced steps' (untimed): first and last
         if config.cuda_graphs:
-            step, traced = _captured_step(config, runnable, device, notes, memory), None
+            step, traced = _captured_step(config, runnable, device, notes, memory, record), None
             phases = None
         else:
             optimizer = (
@@ -286,6 +286,7 @@ def _measure(
             memory.steps.append({})  # the steady state: one more replay, traced as a whole step
             with memory.phase("step"):
                 step()
+            losses.append(step.loss.detach().clone())  # the replay's static output
         synchronize()
         if losses and not torch.isfinite(losses[-1]).item():
             notes.append(NONFINITE_LOSS_NOTE)
@@ -301,13 +302,15 @@ def _captured_step(
     device: torch.device,
     notes: list[str],
     memory: PhaseMemory,
-) -> Callable[[], None]:
-    """The whole step captured in a CUDA graph (cuda_graphs.py); the capture is the first step."""
+    record: BenchmarkRecord,
+) -> cuda_graphs.CapturedStep:
+    """The whole step captured in a CUDA graph (cuda_graphs.py); the eager iterations (AdamW
+    state created) and the capture are the first step, each traced as a phase of it."""
     optimizer = cuda_graphs.make_optimizer(model) if config.pass_type == "train-step" else None
+    record.optimizer = optimizer_name(optimizer) if optimizer is not None else None
     batch = cuda_graphs.StaticBatch(*make_batch(config, device))
     body = cuda_graphs.step_body(model, batch, config.pass_type, optimizer, lambda: autocast(config.precision, device))
-    with memory.phase("step"):  # first step: the eager iterations (AdamW state created) and the capture
-        captured = cuda_graphs.CapturedStep(body, model)
+    captured = cuda_graphs.CapturedStep(body, model, phase=memory.phase)
     notes.append(
         f"CUDA graph replays, captured after {cuda_graphs.CAPTURE_WARMUP_ITERS} eager iterations; "
         "no per-phase times (a replay is one call)"
@@ -338,7 +341,9 @@ def _record_memory(record: BenchmarkRecord, memory: PhaseMemory, baseline: int) 
     first_allocated, first_reserved = step_peak(first)
     record.first_step_peak_bytes, record.first_step_reserved_bytes = first_allocated - offset, first_reserved
     if memory.source == "cuda_allocator":
-        record.peak_memory_bytes, record.peak_reserved_bytes = step_peak(steady)
+        # A CUDA-graph replay allocates nothing: its footprint is the capture's peak (graph pool included).
+        capture = first.get("capture")
+        record.peak_memory_bytes, record.peak_reserved_bytes = capture if capture is not None else step_peak(steady)
     else:
         record.peak_memory_bytes = memory.measured_peak[0] - offset
 
@@ -384,7 +389,10 @@ def run_benchmark(
         reason = compile_unsupported_reason(device)
     if reason is None and config.cuda_graphs:
         reason = cuda_graphs.unsupported_reason(
-            device, config.precision, config.compile_mode if config.compile else None
+            device,
+            config.precision,
+            config.compile_mode if config.compile else None,
+            config.optimizer_factory if config.pass_type == "train-step" else None,
         )
     if reason is not None:
         record.status, record.error = "unsupported", reason
