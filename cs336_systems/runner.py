@@ -445,10 +445,11 @@ def run_benchmark(
         record.add_phases(times.phase_ms)
         if profile is not None:
             record.add_profile(profile)
-        record.tokens_per_s = config.tokens_per_step / (record.mean_ms / 1e3)
+        # Throughput and MFU on the median step, the statistic every table leads with.
+        record.tokens_per_s = config.tokens_per_step / (record.median_ms / 1e3)
         peak = resolve_peak(device, env.device_name, config.precision, config.peak, config.peak_tflops)
         record.peak_tflops, record.peak_source = peak.tflops, peak.source
-        record.achieved_tflops, record.mfu = mfu(model_flops, record.mean_ms / 1e3, peak)
+        record.achieved_tflops, record.mfu = mfu(model_flops, record.median_ms / 1e3, peak)
         _record_memory(record, memory, baseline)
     record.notes = "; ".join(notes) or None
     return record
