@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from cs336_systems.argtypes import add_device_argument, non_negative_int, positive_float, positive_int
-from cs336_systems.config import COMPILE_MODES, PASS_TYPES, BenchmarkConfig
+from cs336_systems.config import COMPILE_MODES, PARAM_DTYPES, PASS_TYPES, BenchmarkConfig
 from cs336_systems.cuda_graphs import OPTIMIZER_REFUSAL
 from cs336_systems.flops import PEAK_CHOICES
 from cs336_systems.models import (
@@ -78,6 +78,12 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
         help="longest sequence the model supports (default: the benchmarked context length)",
     )
     group.add_argument(
+        "--fused-projections",
+        action="store_true",
+        help="fast path: the built-in model with q/k/v as one matmul and SwiGLU's w1/w3 as one (the same function; "
+        "default: the handout's separate projections)",
+    )
+    group.add_argument(
         "--model-factory",
         metavar="package.module:callable",
         help="benchmark your own model: called with vocab_size, context_length, d_model, num_layers, "
@@ -117,6 +123,21 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
         "warmup and time its replays",
     )
     group.add_argument(
+        "--grad-accum-steps",
+        type=positive_int,
+        default=1,
+        metavar="K",
+        help="fast path: K forward-backward micro-batches of --batch-size per optimizer step (tokens, FLOPs, "
+        "MFU and phase times count all K)",
+    )
+    group.add_argument(
+        "--param-dtype",
+        choices=PARAM_DTYPES,
+        default="fp32",
+        help="fast path: bf16 stores parameters and gradients in bf16, with fp32 master weights and AdamW state "
+        "in the optimizer (needs --precision bf16; default fp32 weights under autocast)",
+    )
+    group.add_argument(
         "--no-profile-step",
         dest="profile_step",
         action="store_false",
@@ -149,6 +170,7 @@ def model_config_from_args(
         rope_theta=args.rope_theta,
         context_length=args.max_context_length or context_length,
         attention=attention,
+        fused_projections=getattr(args, "fused_projections", False),
     )
 
 
@@ -157,6 +179,8 @@ def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **r
     precision, compile, device) with the flags every benchmark command shares."""
     if args.cuda_graphs and getattr(args, "optimizer", None):
         raise ConfigError(OPTIMIZER_REFUSAL)
+    if args.model_factory and model.fused_projections:
+        raise ConfigError("--fused-projections changes the built-in model's projections; not a --model-factory model's")
     return BenchmarkConfig(
         model=model,
         compile_scope=args.compile_scope,
@@ -171,6 +195,8 @@ def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **r
         optimizer_factory=getattr(args, "optimizer", None),
         peak=args.peak,
         peak_tflops=args.peak_tflops,
+        grad_accum_steps=args.grad_accum_steps,
+        param_dtype=args.param_dtype,
         **run,
     )
 
@@ -196,6 +222,12 @@ def config_to_args(config: BenchmarkConfig) -> list[str]:
         args += ["--compile", "--compile-scope", config.compile_scope, "--compile-mode", config.compile_mode]
     if config.cuda_graphs:
         args += ["--cuda-graphs"]
+    if config.grad_accum_steps > 1:
+        args += ["--grad-accum-steps", config.grad_accum_steps]
+    if config.param_dtype != "fp32":
+        args += ["--param-dtype", config.param_dtype]
+    if m.fused_projections:
+        args += ["--fused-projections"]
     if not config.profile_step:
         args += ["--no-profile-step"]
     if config.model_factory:

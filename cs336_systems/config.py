@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from cs336_systems.anomalies import fast_path_flags
 from cs336_systems.models import ModelConfig
 from cs336_systems.results.records import identity_value
 
@@ -25,9 +26,11 @@ IDENTITY_FIELDS = (
     "model_size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "rope_theta", "attention",
     "model_factory", "context_length", "batch_size", "pass_type", "precision", "compile", "compile_scope",
     "compile_mode", "cuda_graphs", "device", "timer", "warmup_steps", "measure_steps", "seed", "checkpoint_blocks",
-    "optimizer_factory",
+    "optimizer_factory", "grad_accum_steps", "param_dtype", "fused_projections",
 )  # fmt: skip
-# Off (no checkpointing, torch's AdamW) is None, so rows written before these columns existed keep their key.
+# Off (no checkpointing, torch's AdamW, one micro-batch, fp32 parameters, separate projections)
+# is None, so rows written before these columns existed keep their key.
+PARAM_DTYPES = ("fp32", "bf16")  # --param-dtype: what the model's parameters and gradients are stored in
 
 
 @dataclass(frozen=True)
@@ -51,10 +54,12 @@ class BenchmarkConfig:
     peak: str = "auto"  # where the MFU denominator comes from: auto, table or measure
     peak_tflops: float | None = None  # a user's own peak, overriding `peak`
     profile_step: bool = True  # one extra step under torch.profiler after the measured ones
+    grad_accum_steps: int = 1  # forward-backward micro-batches (of batch_size each) per step
+    param_dtype: str = "fp32"  # PARAM_DTYPES; bf16: parameters and gradients in bf16, fp32 master weights
 
     @property
     def tokens_per_step(self) -> int:
-        return self.batch_size * self.context_length
+        return self.batch_size * self.context_length * self.grad_accum_steps
 
     @property
     def attention(self) -> str:
@@ -77,7 +82,14 @@ class BenchmarkConfig:
             "device": self.device, "timer": self.timer, "warmup_steps": self.warmup_steps,
             "measure_steps": self.measure_steps, "seed": self.seed, "checkpoint_blocks": m.checkpoint_blocks,
             "optimizer_factory": self.optimizer_factory if self.pass_type == "train-step" else None,
+            "grad_accum_steps": self.grad_accum_steps if self.grad_accum_steps > 1 else None,
+            "param_dtype": self.param_dtype if self.param_dtype != "fp32" else None,
+            "fused_projections": True if m.fused_projections else None,
         }  # fmt: skip
+
+    def fast_path(self) -> str | None:
+        """The fast-path flags this configuration uses, as a user would type them, or None."""
+        return fast_path_flags(self.identity())
 
     def key(self) -> tuple[str, ...]:
         return row_key(self.identity())

@@ -31,6 +31,7 @@ from cs336_systems.models import (
     check_model_output,
     count_parameters,
     count_parameters_for,
+    parameters_in,
 )
 from cs336_systems.optimizer import OptimizerFactoryError, make_optimizer, optimizer_name
 from cs336_systems.precision import (
@@ -92,14 +93,20 @@ def no_phase(name: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def make_batch(config: BenchmarkConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (tokens, targets) every step of `config` uses, drawn from its seed."""
+def make_micro_batches(config: BenchmarkConfig, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The grad_accum_steps (tokens, targets) micro-batches every step of `config` uses, drawn
+    from its seed (one micro-batch: the same draw as make_batch)."""
     generator = torch.Generator(device=device).manual_seed(config.seed)
-    shape = (config.batch_size, config.context_length)
+    shape = (config.batch_size * config.grad_accum_steps, config.context_length)
     vocab = config.model.vocab_size
     tokens = torch.randint(0, vocab, shape, device=device, generator=generator)
     targets = torch.randint(0, vocab, shape, device=device, generator=generator)
-    return tokens, targets
+    return list(zip(tokens.split(config.batch_size), targets.split(config.batch_size), strict=True))
+
+
+def make_batch(config: BenchmarkConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (tokens, targets) every step of `config` uses, drawn from its seed."""
+    return make_micro_batches(config.replace(grad_accum_steps=1), device)[0]
 
 
 def make_step(
@@ -111,22 +118,28 @@ def make_step(
     losses: list | None = None,
 ) -> Callable[[], None]:
     """The function one timed step calls, its parts wrapped in `phase("forward")`,
-    `phase("backward")` and `phase("optimizer")`. Training steps start by setting grads to None."""
-    tokens, targets = make_batch(config, device)
+    `phase("backward")` and `phase("optimizer")`. Training steps start by setting grads to None.
+    With grad_accum_steps K, a step runs K forward(-backward) micro-batches (each phase entered
+    K times: their times add up) and, for train-step, one optimizer step."""
+    batches = make_micro_batches(config, device)
     scaler = grad_scaler(config.precision, device)
+    scale = 1.0 / config.grad_accum_steps  # the step's loss is the mean over its micro-batches
 
     def forward() -> None:
-        with phase("forward"), torch.inference_mode(), autocast(config.precision, device):
-            model(tokens)
+        for tokens, _ in batches:
+            with phase("forward"), torch.inference_mode(), autocast(config.precision, device):
+                model(tokens)
 
     def forward_and_backward() -> None:
-        with phase("forward"), autocast(config.precision, device):
-            logits = model(tokens)  # held until backward ends, as in a training loop
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        if losses is not None:
-            losses.append(loss.detach())  # read once after timing (a NaN loss gets a note)
-        with phase("backward"):
-            (scaler.scale(loss) if scaler else loss).backward()
+        for tokens, targets in batches:
+            with phase("forward"), autocast(config.precision, device):
+                logits = model(tokens)  # held until backward ends, as in a training loop
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+                loss = loss * scale if scale != 1.0 else loss
+            if losses is not None:
+                losses.append(loss.detach())  # read once after timing (a NaN loss gets a note)
+            with phase("backward"):
+                (scaler.scale(loss) if scaler else loss).backward()
 
     def forward_backward() -> None:
         model.zero_grad(set_to_none=True)
@@ -200,6 +213,9 @@ def new_record(
         checkpoint_blocks=m.checkpoint_blocks,
         checkpoint_group_size=m.checkpoint_group_size,
         optimizer_factory=config.optimizer_factory if config.pass_type == "train-step" else None,
+        grad_accum_steps=config.identity()["grad_accum_steps"],
+        param_dtype=config.identity()["param_dtype"],
+        fused_projections=config.identity()["fused_projections"],
         num_params=num_params,
         context_length=config.context_length,
         batch_size=config.batch_size,
@@ -240,6 +256,7 @@ def _measure(
     model.train(config.pass_type != "forward")
     synchronize = device_synchronizer(device)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(parameters_in(model, PARAM_DTYPES[config.param_dtype]))
         runnable = (
             stack.enter_context(compiled(model, config.compile_scope, config.compile_mode)) if config.compile else model
         )
@@ -249,7 +266,9 @@ def _measure(
             phases = None
         else:
             optimizer = (
-                make_optimizer(model, device, config.optimizer_factory) if config.pass_type == "train-step" else None
+                make_optimizer(model, device, config.optimizer_factory, master_weights=config.param_dtype != "fp32")
+                if config.pass_type == "train-step"
+                else None
             )
             record.optimizer = optimizer_name(optimizer) if optimizer is not None else None
             phases = make_phase_recorder(device, clock)
@@ -262,6 +281,8 @@ def _measure(
             steps_run = []
 
             def step() -> None:
+                if not steps_run:
+                    memory.new_step()
                 (traced if not steps_run else plain)()
                 steps_run.append(1)
 
@@ -280,10 +301,10 @@ def _measure(
             during_measurement=during,
             phases=phases,
         )
+        memory.new_step()  # the steady state: one more step, traced
         if traced is not None:
             traced()
-        else:
-            memory.steps.append({})  # the steady state: one more replay, traced as a whole step
+        else:  # one more replay, traced as a whole step
             with memory.phase("step"):
                 step()
             losses.append(step.loss.detach().clone())  # the replay's static output
@@ -310,12 +331,26 @@ def _captured_step(
     record.optimizer = optimizer_name(optimizer) if optimizer is not None else None
     batch = cuda_graphs.StaticBatch(*make_batch(config, device))
     body = cuda_graphs.step_body(model, batch, config.pass_type, optimizer, lambda: autocast(config.precision, device))
+    memory.new_step()
     captured = cuda_graphs.CapturedStep(body, model, phase=memory.phase)
     notes.append(
         f"CUDA graph replays, captured after {cuda_graphs.CAPTURE_WARMUP_ITERS} eager iterations; "
         "no per-phase times (a replay is one call)"
     )
     return captured
+
+
+PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # config.PARAM_DTYPES -> the cast (None: as built)
+
+
+def fast_path_unsupported_reason(config: BenchmarkConfig) -> str | None:
+    """Why --grad-accum-steps / --param-dtype cannot run this configuration (one line), or None."""
+    if config.param_dtype != "fp32" and config.precision != config.param_dtype:
+        return (f"--param-dtype {config.param_dtype} runs under --precision {config.param_dtype} "
+                f"(autocast keeps softmax and the loss in fp32); got --precision {config.precision}")  # fmt: skip
+    if config.cuda_graphs and (config.grad_accum_steps > 1 or config.param_dtype != "fp32"):
+        return "--cuda-graphs captures a one-batch step of fp32 parameters: not with --grad-accum-steps or --param-dtype"
+    return None
 
 
 def _record_memory(record: BenchmarkRecord, memory: PhaseMemory, baseline: int) -> None:
@@ -371,9 +406,10 @@ def run_benchmark(
     )
     record = new_record(config, device, env, num_params)
     notes = ["NVTX ranges on (ranges cost about 1 us each on the host)"] if nvtx.is_enabled() else []
-    step_flops = flops_per_step(
-        config.model, config.batch_size, config.context_length, config.pass_type, config.model_factory, device
-    )
+    step_flops = flops_per_step(  # K micro-batches of B sequences: the work of one batch of K * B
+        config.model, config.batch_size * config.grad_accum_steps, config.context_length, config.pass_type,
+        config.model_factory, device,
+    )  # fmt: skip
     if step_flops is not None:
         record.flops_per_step, record.flops_source = step_flops.flops_per_step, step_flops.source
         model_flops = step_flops.model_flops
@@ -381,10 +417,11 @@ def run_benchmark(
         model_flops = None
     if config.model_factory is None:
         record.predicted_memory_bytes = estimate_memory(
-            config.model, config.batch_size, config.context_length, config.pass_type, config.precision, device.type
-        ).peak_bytes
+            config.model, config.batch_size, config.context_length, config.pass_type, config.precision, device.type,
+            grad_accum_steps=config.grad_accum_steps, param_dtype=config.param_dtype,
+        ).peak_bytes  # fmt: skip
 
-    reason = unsupported_reason(config.precision, device)
+    reason = unsupported_reason(config.precision, device) or fast_path_unsupported_reason(config)
     if reason is None and config.compile:
         reason = compile_unsupported_reason(device)
     if reason is None and config.cuda_graphs:
@@ -402,7 +439,7 @@ def run_benchmark(
 
     owns_model = model is None
     times = failure = None
-    memory = PhaseMemory(device)
+    memory = PhaseMemory(device, step_starts_at_forward=False)
     if model is None:
         release_memory(device)
         baseline = current_memory_bytes(device)

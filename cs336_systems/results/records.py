@@ -180,6 +180,9 @@ class BenchmarkRecord(Timing, Record):
     seed: int = identity_field()
     checkpoint_blocks: int | str | None = identity_field()  # None: off; K, sqrt or all
     optimizer_factory: str | None = identity_field()  # train-step: the user's --optimizer
+    grad_accum_steps: int | None = identity_field()  # micro-batches per step; None: 1
+    param_dtype: str | None = identity_field()  # bf16 parameters and gradients; None: fp32
+    fused_projections: bool | None = identity_field()  # one QKV and one w1/w3 matmul; None: off
     # outcome
     num_params: int | None
     model_context_length: int  # longest sequence the model was built for (sweeps: the longest context)
