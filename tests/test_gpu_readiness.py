@@ -16,7 +16,7 @@ from cs336_systems.attention_bench.dobench import do_bench_samples
 from cs336_systems.memory import PhaseMemory
 from cs336_systems.optimizer import make_optimizer
 from cs336_systems.results.records import NONFINITE_LOSS_NOTE
-from tests.conftest import REPO, tiny_benchmark_config, tiny_model_config
+from tests.conftest import REPO, child_env, tiny_benchmark_config, tiny_model_config
 from tests.test_cli import TINY, run_cli
 
 
@@ -179,3 +179,17 @@ def test_nsys_missing_is_one_line(tmp_path):
     if done.returncode == 0:
         pytest.skip("an nsys is installed on this machine")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "nsys not found" in done.stderr
+
+
+def test_gpu_selfcheck_runs_on_a_cpu_and_says_what_it_skipped(tmp_path):
+    output = tmp_path / "check.md"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_selfcheck.py"), "--device", "cpu",
+                           "--no-compile", "--output", str(output)],
+                          capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    text = output.read_text()
+    assert "## Versions (ok" in text and f"torch {torch.__version__}" in text and "- git_commit:" in text
+    assert "host user annotation" in text and "Optimizer.step#AdamW.step" in text
+    assert "CUDA graph (skipped: needs a CUDA device" in text
+    assert "aten::_scaled_dot_product" in text and "TFLOP/s measured" in text
+    assert "USDT" not in done.stderr
