@@ -185,3 +185,16 @@ def test_estimator_learns_the_fast_path(pass_type):
     assert bf16.autocast_weight_copies == 0
     if pass_type == "train-step":
         assert bf16.optimizer_state == plain.optimizer_state * 3 // 2  # moments + fp32 master weights
+
+
+def test_the_memory_cli_takes_the_fast_path_flags(capsys):
+    import json
+
+    from cs336_systems.memory.cli import main
+
+    args = ["--model-size", "small", "--pass-type", "train-step", "--precision", "bf16", "--json"]
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*args, "--param-dtype", "bf16", "--grad-accum-steps", "2"]) == 0
+    fast = json.loads(capsys.readouterr().out)
+    assert fast["parameters"] * 2 == plain["parameters"] and "--grad-accum-steps 2" in fast["config"]
