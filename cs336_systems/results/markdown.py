@@ -74,7 +74,7 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
 
 def row_label(row: dict, label_columns: Sequence[str] = BENCHMARK_LABEL_COLUMNS) -> str:
     label = " ".join(f"{name}={format_cell(name, row.get(name))}" for name in label_columns if name in row)
-    fast = fast_path_flags(row) if label_columns == BENCHMARK_LABEL_COLUMNS else None
+    fast = fast_path_flags(row)  # the fast-path flags a benchmark row used
     return f"{label} {fast}" if fast else label
 
 
