@@ -130,7 +130,7 @@ def _row(label: str, row: dict, default_rss: int | None = None) -> dict:
         precision=row["precision"],
         attention=row["attention"],
         checkpoint_blocks=row.get("checkpoint_blocks"),
-        **({"fast_path": fast_path_flags(row)} if fast_path_flags(row) else {}),
+        **({"fast_path": fast_path_flags(row) or "off"} if "grad_accum_steps" in row else {}),
         status=row["status"],
         predicted_gib=predicted / GIB,
         measured_gib=measured / GIB if ok else None,
