@@ -25,6 +25,20 @@ HOST_BOUND_IDLE_PCT = 20.0
 GROUP_FIELDS = ("device_name", "precision", "pass_type")
 
 
+def fast_path_flags(row: dict) -> str | None:
+    """The fast-path flags a row (or BenchmarkConfig.identity()) used, as typed, or None."""
+
+    def given(name: str) -> object:
+        value = row.get(name)
+        return None if value is None or (isinstance(value, float) and math.isnan(value)) or value == "" else value
+
+    accum, dtype, fused = given("grad_accum_steps"), given("param_dtype"), given("fused_projections")
+    flags = [f"--grad-accum-steps {int(float(accum))}" if accum is not None and int(float(accum)) > 1 else "",
+             f"--param-dtype {dtype}" if dtype is not None and dtype != "fp32" else "",
+             "--fused-projections" if fused is not None and str(fused).lower() == "true" else ""]  # fmt: skip
+    return " ".join(flag for flag in flags if flag) or None
+
+
 def _number(row: dict, name: str) -> float | None:
     value = row.get(name)
     if value is None or isinstance(value, str):
@@ -52,7 +66,10 @@ def flag_anomalies(rows: Sequence[dict]) -> dict[int, str]:
         best_achieved = _number(reference, "achieved_tflops")
         if achieved >= SLOW_FRACTION * best_achieved:
             continue
-        flags[index] = f"{achieved / best_achieved:.0%} of the best comparable row's FLOP/s: {_cause(row, reference)}"
+        why = f"{achieved / best_achieved:.0%} of the best comparable row's FLOP/s: {_cause(row, reference)}"
+        fast = [f"{which} {flags_used}" for which, flags_used in (("this row", fast_path_flags(row)),
+                ("the best row", fast_path_flags(reference))) if flags_used]  # fmt: skip
+        flags[index] = why + (f" (fast path: {'; '.join(fast)})" if fast else "")
     return flags
 
 

@@ -9,9 +9,16 @@ import argparse
 import dataclasses
 
 from cs336_systems.argtypes import add_device_argument, non_negative_int, positive_float, positive_int
-from cs336_systems.config import COMPILE_MODES, BenchmarkConfig
+from cs336_systems.config import COMPILE_MODES, PARAM_DTYPES, BenchmarkConfig
+from cs336_systems.cuda_graphs import OPTIMIZER_REFUSAL
 from cs336_systems.flops import PEAK_CHOICES
-from cs336_systems.models import CHECKPOINT_WORDS, DEFAULT_SIZE_TABLE, SIZE_TABLES, ModelConfig
+from cs336_systems.models import (
+    CHECKPOINT_WORDS,
+    DEFAULT_SIZE_TABLE,
+    SIZE_TABLES,
+    ConfigError,
+    ModelConfig,
+)
 from cs336_systems.timing import TIMERS
 
 
@@ -68,6 +75,12 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
         help="longest sequence the model supports (default: the benchmarked context length)",
     )
     group.add_argument(
+        "--fused-projections",
+        action="store_true",
+        help="fast path: the built-in model with q/k/v as one matmul and SwiGLU's w1/w3 as one (the same function; "
+        "default: the handout's separate projections)",
+    )
+    group.add_argument(
         "--model-factory",
         metavar="package.module:callable",
         help="benchmark your own model: called with vocab_size, context_length, d_model, num_layers, "
@@ -107,6 +120,21 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
         "warmup and time its replays",
     )
     group.add_argument(
+        "--grad-accum-steps",
+        type=positive_int,
+        default=1,
+        metavar="K",
+        help="fast path: K forward-backward micro-batches of --batch-size per optimizer step (tokens, FLOPs, "
+        "MFU and phase times count all K)",
+    )
+    group.add_argument(
+        "--param-dtype",
+        choices=PARAM_DTYPES,
+        default="fp32",
+        help="fast path: bf16 stores parameters and gradients in bf16, with fp32 master weights and AdamW state "
+        "in the optimizer (needs --precision bf16; default fp32 weights under autocast)",
+    )
+    group.add_argument(
         "--no-profile-step",
         dest="profile_step",
         action="store_false",
@@ -139,6 +167,7 @@ def model_config_from_args(
         rope_theta=args.rope_theta,
         context_length=args.max_context_length or context_length,
         attention=attention,
+        fused_projections=getattr(args, "fused_projections", False),
     )
 
 
@@ -146,6 +175,10 @@ def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **r
     """One configuration: `model` and this run's values (context_length, batch_size, pass_type,
     precision, compile, device) with the flags every benchmark command shares. A flag whose
     destination is a BenchmarkConfig field's name sets that field (unset flags keep its default)."""
+    if args.cuda_graphs and getattr(args, "optimizer", None):
+        raise ConfigError(OPTIMIZER_REFUSAL)
+    if args.model_factory and model.fused_projections:
+        raise ConfigError("--fused-projections changes the built-in model's projections; not a --model-factory model's")
     settings = {
         field.name: getattr(args, field.name)
         for field in dataclasses.fields(BenchmarkConfig)

@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from cs336_systems.anomalies import fast_path_flags
 from cs336_systems.identity import identity_field, row_key
 from cs336_systems.models import ConfigError, ModelConfig
 
@@ -62,12 +63,16 @@ class BenchmarkIdentity(ModelShape):
     seed: int = identity_field()
     checkpoint_blocks: int | str | None = identity_field()  # None: off; K, sqrt or all
     optimizer_factory: str | None = identity_field()  # train-step: the user's --optimizer
+    grad_accum_steps: int | None = identity_field()  # micro-batches per step; None: 1
+    param_dtype: str | None = identity_field()  # bf16 parameters and gradients; None: fp32
+    fused_projections: bool | None = identity_field()  # one QKV and one w1/w3 matmul; None: off
 
 
 IDENTITY_FIELDS = tuple(f.name for f in dataclasses.fields(BenchmarkIdentity))
 MODEL_SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelShape))
 # Settings that change how a result is computed or reported, not what is measured.
 NOT_IDENTITY = ("model", "peak", "peak_tflops", "profile_step")
+PARAM_DTYPES = ("fp32", "bf16")  # --param-dtype: what the model's parameters and gradients are stored in
 
 
 @dataclass(frozen=True)
@@ -91,10 +96,12 @@ class BenchmarkConfig:
     peak: str = "auto"  # where the MFU denominator comes from: auto, table or measure
     peak_tflops: float | None = None  # a user's own peak, overriding `peak`
     profile_step: bool = True  # one extra step under torch.profiler after the measured ones
+    grad_accum_steps: int = 1  # forward-backward micro-batches (of batch_size each) per step
+    param_dtype: str = "fp32"  # PARAM_DTYPES; bf16: parameters and gradients in bf16, fp32 master weights
 
     @property
     def tokens_per_step(self) -> int:
-        return self.batch_size * self.context_length
+        return self.batch_size * self.context_length * self.grad_accum_steps
 
     @property
     def attention(self) -> str:
@@ -119,7 +126,17 @@ class BenchmarkConfig:
             return None
         if name == "optimizer_factory" and self.pass_type != "train-step":
             return None
+        if name == "grad_accum_steps":
+            return self.grad_accum_steps if self.grad_accum_steps > 1 else None
+        if name == "param_dtype":
+            return self.param_dtype if self.param_dtype != "fp32" else None
+        if name == "fused_projections":
+            return True if self.model.fused_projections else None
         return getattr(self, name) if hasattr(self, name) else getattr(self.model, name)
+
+    def fast_path(self) -> str | None:
+        """The fast-path flags this configuration uses, as a user would type them, or None."""
+        return fast_path_flags(self.identity())
 
     def key(self) -> tuple[str, ...]:
         return row_key(self.identity(), IDENTITY_FIELDS)

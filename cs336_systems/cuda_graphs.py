@@ -8,13 +8,19 @@ is PyTorch's "whole network capture" (docs: CUDA semantics, CUDA Graphs):
     AdamW's state), since none of that may happen during capture;
   - gradients are None when capture starts, so backward allocates them in the graph's
     private pool and each replay overwrites them (no accumulation across replays);
-  - AdamW is built with capturable=True: its step count lives on the device, so the
-    update needs no host read and can be replayed.
-A replay is one call, so a captured step has no per-phase times.
+  - AdamW is built fused with capturable=True: its step count lives on the device, so the
+    update needs no host read and can be replayed;
+  - before capture the cache is emptied: during capture the caching allocator cannot free
+    cached blocks to satisfy an allocation, so a large step that fits eagerly would run out
+    of memory there.
+A replay is one call, so a captured step has no per-phase times. A replay allocates nothing,
+so the step's peak memory is the capture's (the graph's private pool holds the activations).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,8 +34,15 @@ CAPTURE_WARMUP_ITERS = 3  # eager iterations on a side stream before capture (Py
 GRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")  # these capture CUDA graphs themselves
 
 
-def unsupported_reason(device: torch.device, precision: str, compile_mode: str | None) -> str | None:
+OPTIMIZER_REFUSAL = "--cuda-graphs captures torch's fused AdamW (capturable=True); it cannot capture --optimizer: drop one"
+
+
+def unsupported_reason(
+    device: torch.device, precision: str, compile_mode: str | None, optimizer_factory: str | None = None
+) -> str | None:
     """Why --cuda-graphs cannot run this configuration (one line), or None."""
+    if optimizer_factory is not None:
+        return OPTIMIZER_REFUSAL
     if device.type != "cuda":
         return f"--cuda-graphs needs a CUDA device (got {device.type}): CUDA graphs capture CUDA kernels"
     if precision == "fp16":
@@ -76,20 +89,35 @@ def step_body(
 
 class CapturedStep:
     """`body` captured in one CUDA graph; calling it replays the graph. `loss` is the
-    static output tensor, refreshed by each replay."""
+    static output tensor, refreshed by each replay. `phase(name)` wraps the eager iterations
+    ("eager") and the capture ("capture"), so a caller can read each one's peak memory;
+    `cuda` is torch.cuda (a test passes a fake)."""
 
-    def __init__(self, body: Callable[[], torch.Tensor], model: nn.Module, warmup_iters: int = CAPTURE_WARMUP_ITERS):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(warmup_iters):
-                model.zero_grad(set_to_none=True)
-                body()
-        torch.cuda.current_stream().wait_stream(side)
-        model.zero_grad(set_to_none=True)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.loss = body()
+    def __init__(
+        self,
+        body: Callable[[], torch.Tensor],
+        model: nn.Module,
+        warmup_iters: int = CAPTURE_WARMUP_ITERS,
+        phase: Callable[[str], contextlib.AbstractContextManager] = lambda name: contextlib.nullcontext(),
+        cuda=torch.cuda,
+    ):
+        with phase("eager"):
+            side = cuda.Stream()
+            side.wait_stream(cuda.current_stream())
+            with cuda.stream(side):
+                for _ in range(warmup_iters):
+                    model.zero_grad(set_to_none=True)
+                    body()
+            cuda.current_stream().wait_stream(side)
+            model.zero_grad(set_to_none=True)
+        # Free the eager iterations' cached blocks now: capture cannot release them on OOM.
+        gc.collect()
+        cuda.synchronize()
+        cuda.empty_cache()
+        with phase("capture"):
+            self.graph = cuda.CUDAGraph()
+            with cuda.graph(self.graph):
+                self.loss = body()
 
     def __call__(self) -> None:
         self.graph.replay()

@@ -7,9 +7,10 @@ untied embedding and LM head, final RMSNorm.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -106,6 +107,8 @@ class ModelConfig:
     size_table: str = DEFAULT_SIZE_TABLE
     # Activation checkpointing: None (off), K blocks per group, "sqrt" or "all" (one group).
     checkpoint_blocks: int | str | None = None
+    # One matmul for q, k and v and one for SwiGLU's w1 and w3 (the same function, fewer kernels)
+    fused_projections: bool = False
 
     @classmethod
     def from_size(cls, size: str, size_table: str | None = None, **overrides) -> ModelConfig:
@@ -268,6 +271,33 @@ class CausalSelfAttention(nn.Module):
         return self.output_proj(rearrange(out, "b h t d -> b t (h d)"))
 
 
+class FusedLinear(nn.Linear):
+    """Several bias-free projections of one input stacked into one weight (`parts` outputs of
+    `part_features` each): one matmul instead of `parts`. Initialised as the separate ones."""
+
+    def __init__(self, in_features: int, part_features: int, parts: int):
+        super().__init__(in_features, part_features * parts, bias=False)
+        self.part_features = part_features
+
+
+class FusedCausalSelfAttention(CausalSelfAttention):
+    """CausalSelfAttention with q, k and v from one (d, 3d) matmul."""
+
+    def __init__(self, config: ModelConfig):
+        nn.Module.__init__(self)
+        d = config.d_model
+        self.num_heads = config.num_heads
+        self.qkv_proj = FusedLinear(d, d, 3)
+        self.output_proj = nn.Linear(d, d, bias=False)
+        self.rope = RotaryEmbedding(config.head_dim, config.context_length, config.rope_theta)
+        self.attend = ATTENTION_FUNCTIONS[config.attention]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = rearrange(self.qkv_proj(x), "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
+        out = self.attend(self.rope(q), self.rope(k), v)
+        return self.output_proj(rearrange(out, "b h t d -> b t (h d)"))
+
+
 class SwiGLU(nn.Module):
     def __init__(self, d_model: int, d_ff: int):
         super().__init__()
@@ -279,13 +309,27 @@ class SwiGLU(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+class FusedSwiGLU(nn.Module):
+    """SwiGLU with w1 and w3 as one (d, 2 d_ff) matmul: w2(silu(a) * b), [a, b] = w13 x."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.w13 = FusedLinear(d_model, d_ff, 2)
+        self.w2 = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
 class TransformerBlock(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
+        fused = config.fused_projections
         self.ln1 = RMSNorm(config.d_model)
-        self.attn = CausalSelfAttention(config)
+        self.attn = (FusedCausalSelfAttention if fused else CausalSelfAttention)(config)
         self.ln2 = RMSNorm(config.d_model)
-        self.ffn = SwiGLU(config.d_model, config.d_ff)
+        self.ffn = (FusedSwiGLU if fused else SwiGLU)(config.d_model, config.d_ff)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -308,7 +352,8 @@ class TransformerLM(nn.Module):
         # The handout's initialisation: truncated normals at +-3 std.
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                std = math.sqrt(2.0 / (module.in_features + module.out_features))
+                out_features = getattr(module, "part_features", module.out_features)  # FusedLinear: per part
+                std = math.sqrt(2.0 / (module.in_features + out_features))
                 nn.init.trunc_normal_(module.weight, std=std, a=-3 * std, b=3 * std)
             elif isinstance(module, nn.Embedding):
                 nn.init.trunc_normal_(module.weight, std=1.0, a=-3.0, b=3.0)
@@ -329,8 +374,30 @@ class TransformerLM(nn.Module):
             for start in range(0, len(self.layers), group):
                 blocks = self.layers[start : start + group]
                 with nvtx.block(start):
-                    x = checkpoint(_run_blocks, blocks, x, use_reentrant=False)
+                    # The blocks draw no random numbers: saving and restoring the RNG state is
+                    # wasted work, and under CUDA-graph capture it registers generator state too.
+                    x = checkpoint(_run_blocks, blocks, x, use_reentrant=False, preserve_rng_state=False)
         return self.lm_head(self.ln_final(x))
+
+
+@contextlib.contextmanager
+def parameters_in(model: nn.Module, dtype: torch.dtype | None) -> Iterator[nn.Module]:
+    """The model's parameters (not its buffers: RoPE's tables stay fp32) in `dtype` for the
+    duration, float32 again afterwards (a reused model is left as it came). None: unchanged."""
+    if dtype is None:
+        yield model
+        return
+    params = list(model.parameters())
+    with torch.no_grad():
+        for p in params:
+            p.data = p.data.to(dtype)
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            for p in params:
+                p.grad = None
+                p.data = p.data.float()
 
 
 def _run_blocks(blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
@@ -352,6 +419,8 @@ def build_model(
     """Build the model directly on `device` (initialising 3B parameters on a GPU is fast)."""
     if model_factory is not None and config.checkpoint_group_size:
         raise ModelFactoryError("--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model")
+    if model_factory is not None and config.fused_projections:
+        raise ModelFactoryError("--fused-projections changes the built-in model's projections; not a --model-factory model's")
     with torch.device(device):
         if model_factory is None:
             return TransformerLM(config)

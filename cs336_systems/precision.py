@@ -82,12 +82,45 @@ def cpu_has_native(precision: str) -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
 
 
+# TF32 has two APIs: the legacy flags (set_float32_matmul_precision, cuda.matmul.allow_tf32,
+# cudnn.allow_tf32) and, since torch 2.9, `torch.backends.*.fp32_precision` ("ieee" / "tf32").
+# Once anything in the process (a user's model, a library) sets the new one to a value the
+# legacy flags cannot express, reading a legacy flag raises. We set both to the same values
+# and read whichever answers. (PyTorch docs: CUDA semantics, TensorFloat-32.)
+NEW_TF32_API = hasattr(torch.backends.cuda.matmul, "fp32_precision")
+
+
+def _new_api_state() -> tuple[str, ...]:
+    b = torch.backends
+    return (b.fp32_precision, b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision, b.cudnn.rnn.fp32_precision)
+
+
+def _tf32_on(value: str, fallback: str) -> bool:
+    """A new-API value; "none" means the backend inherits the generic setting."""
+    return (value if value != "none" else fallback) == "tf32"
+
+
 def _current_flags() -> tuple[str, bool, bool]:
-    return (
-        torch.get_float32_matmul_precision(),
-        bool(torch.backends.cuda.matmul.allow_tf32),
-        bool(torch.backends.cudnn.allow_tf32),
-    )
+    """(float32 matmul precision, cuBLAS TF32, cuDNN TF32) in effect, whichever API set them."""
+    try:
+        return (
+            torch.get_float32_matmul_precision(),
+            bool(torch.backends.cuda.matmul.allow_tf32),
+            bool(torch.backends.cudnn.allow_tf32),
+        )
+    except RuntimeError:  # the legacy flags disagree with the new API's values: read those
+        generic, matmul, conv, _ = _new_api_state()
+        cuda_tf32 = _tf32_on(matmul, generic)
+        return ("high" if cuda_tf32 else "highest", cuda_tf32, _tf32_on(conv, generic))
+
+
+def _set_flags(matmul_precision: str, cudnn_tf32: bool) -> None:
+    """Both APIs, legacy first: equal values keep every later read of either working."""
+    torch.set_float32_matmul_precision(matmul_precision)
+    torch.backends.cudnn.allow_tf32 = cudnn_tf32
+    if NEW_TF32_API:
+        torch.backends.cuda.matmul.fp32_precision = "ieee" if matmul_precision == "highest" else "tf32"
+        torch.backends.cudnn.conv.fp32_precision = "tf32" if cudnn_tf32 else "ieee"
 
 
 @contextlib.contextmanager
@@ -98,9 +131,9 @@ def precision_mode(precision: str, device: torch.device) -> Iterator[PrecisionSt
     what runs inside it (forward and loss) and what does not (backward, optimizer).
     """
     saved = _current_flags()
+    saved_new = _new_api_state() if NEW_TF32_API else None
     mode = PRECISION_TABLE[precision]
-    torch.set_float32_matmul_precision(mode.matmul_precision)
-    torch.backends.cudnn.allow_tf32 = mode.tf32
+    _set_flags(mode.matmul_precision, mode.tf32)
     try:
         matmul_precision, cuda_tf32, cudnn_tf32 = _current_flags()
         dtype = mode.autocast_dtype
@@ -116,6 +149,11 @@ def precision_mode(precision: str, device: torch.device) -> Iterator[PrecisionSt
         torch.set_float32_matmul_precision(saved[0])
         torch.backends.cuda.matmul.allow_tf32 = saved[1]
         torch.backends.cudnn.allow_tf32 = saved[2]
+        if saved_new is not None:  # as the process had them, new-API values included
+            b = torch.backends
+            b.fp32_precision, b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision, b.cudnn.rnn.fp32_precision = (
+                saved_new
+            )
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:

@@ -30,6 +30,7 @@ from cs336_systems.models import (
     check_model_output,
     count_parameters,
     count_parameters_for,
+    parameters_in,
 )
 from cs336_systems.optimizer import OptimizerFactoryError, make_optimizer, optimizer_name
 from cs336_systems.precision import (
@@ -94,17 +95,23 @@ def _measure(
     model.train(config.pass_type != "forward")
     synchronize = device_synchronizer(device)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(parameters_in(model, PARAM_DTYPES[config.param_dtype]))
         runnable = (
             stack.enter_context(compiled(model, config.compile_scope, config.compile_mode)) if config.compile else model
         )
         losses: list[torch.Tensor] = []  # the traced steps' (untimed): first and last
         if config.cuda_graphs:
-            step, traced = captured_step(config, runnable, device, memory.phase), None
+            memory.new_step()
+            step, optimizer = captured_step(config, runnable, device, memory.phase)
+            record.optimizer = optimizer_name(optimizer) if optimizer is not None else None
+            traced = None
             notes.append(CUDA_GRAPH_NOTE)
             phases = None
         else:
             optimizer = (
-                make_optimizer(model, device, config.optimizer_factory) if config.pass_type == "train-step" else None
+                make_optimizer(model, device, config.optimizer_factory, master_weights=config.param_dtype != "fp32")
+                if config.pass_type == "train-step"
+                else None
             )
             record.optimizer = optimizer_name(optimizer) if optimizer is not None else None
             phases = make_phase_recorder(device, clock)
@@ -117,6 +124,8 @@ def _measure(
             steps_run = []
 
             def step() -> None:
+                if not steps_run:
+                    memory.new_step()
                 (traced if not steps_run else plain)()
                 steps_run.append(1)
 
@@ -135,12 +144,13 @@ def _measure(
             during_measurement=during,
             phases=phases,
         )
+        memory.new_step()  # the steady state: one more step, traced
         if traced is not None:
             traced()
-        else:
-            memory.steps.append({})  # the steady state: one more replay, traced as a whole step
+        else:  # one more replay, traced as a whole step
             with memory.phase("step"):
                 step()
+            losses.append(step.loss.detach().clone())  # the replay's static output
         synchronize()
         if losses and not torch.isfinite(losses[-1]).item():
             notes.append(NONFINITE_LOSS_NOTE)
@@ -148,6 +158,19 @@ def _measure(
         if config.profile_step:
             profile = profile_step(step, device, synchronize, step_ms=summarize(times.measured_ms).median, clock=clock)
         return times, profile
+
+
+PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # config.PARAM_DTYPES -> the cast (None: as built)
+
+
+def fast_path_unsupported_reason(config: BenchmarkConfig) -> str | None:
+    """Why --grad-accum-steps / --param-dtype cannot run this configuration (one line), or None."""
+    if config.param_dtype != "fp32" and config.precision != config.param_dtype:
+        return (f"--param-dtype {config.param_dtype} runs under --precision {config.param_dtype} "
+                f"(autocast keeps softmax and the loss in fp32); got --precision {config.precision}")  # fmt: skip
+    if config.cuda_graphs and (config.grad_accum_steps > 1 or config.param_dtype != "fp32"):
+        return "--cuda-graphs captures a one-batch step of fp32 parameters: not with --grad-accum-steps or --param-dtype"
+    return None
 
 
 def _record_memory(record: BenchmarkRecord, memory: PhaseMemory, baseline: int) -> None:
@@ -173,7 +196,9 @@ def _record_memory(record: BenchmarkRecord, memory: PhaseMemory, baseline: int) 
     first_allocated, first_reserved = step_peak(first)
     record.first_step_peak_bytes, record.first_step_reserved_bytes = first_allocated - offset, first_reserved
     if memory.source == "cuda_allocator":
-        record.peak_memory_bytes, record.peak_reserved_bytes = step_peak(steady)
+        # A CUDA-graph replay allocates nothing: its footprint is the capture's peak (graph pool included).
+        capture = first.get("capture")
+        record.peak_memory_bytes, record.peak_reserved_bytes = capture if capture is not None else step_peak(steady)
     else:
         record.peak_memory_bytes = memory.measured_peak[0] - offset
 
@@ -201,9 +226,10 @@ def run_benchmark(
     )
     record = BenchmarkRecord.for_config(config, device, env, num_params)
     notes = ["NVTX ranges on (ranges cost about 1 us each on the host)"] if nvtx.is_enabled() else []
-    step_flops = flops_per_step(
-        config.model, config.batch_size, config.context_length, config.pass_type, config.model_factory, device
-    )
+    step_flops = flops_per_step(  # K micro-batches of B sequences: the work of one batch of K * B
+        config.model, config.batch_size * config.grad_accum_steps, config.context_length, config.pass_type,
+        config.model_factory, device,
+    )  # fmt: skip
     if step_flops is not None:
         record.flops_per_step, record.flops_source = step_flops.flops_per_step, step_flops.source
         model_flops = step_flops.model_flops
@@ -211,15 +237,19 @@ def run_benchmark(
         model_flops = None
     if config.model_factory is None:
         record.predicted_memory_bytes = estimate_memory(
-            config.model, config.batch_size, config.context_length, config.pass_type, config.precision, device.type
-        ).peak_bytes
+            config.model, config.batch_size, config.context_length, config.pass_type, config.precision, device.type,
+            grad_accum_steps=config.grad_accum_steps, param_dtype=config.param_dtype,
+        ).peak_bytes  # fmt: skip
 
-    reason = unsupported_reason(config.precision, device)
+    reason = unsupported_reason(config.precision, device) or fast_path_unsupported_reason(config)
     if reason is None and config.compile:
         reason = compile_unsupported_reason(device)
     if reason is None and config.cuda_graphs:
         reason = cuda_graphs.unsupported_reason(
-            device, config.precision, config.compile_mode if config.compile else None
+            device,
+            config.precision,
+            config.compile_mode if config.compile else None,
+            config.optimizer_factory if config.pass_type == "train-step" else None,
         )
     if reason is not None:
         record.status, record.error = "unsupported", reason
@@ -229,7 +259,7 @@ def run_benchmark(
 
     owns_model = model is None
     times = failure = None
-    memory = PhaseMemory(device)
+    memory = PhaseMemory(device, step_starts_at_forward=False)
     if model is None:
         release_memory(device)
         baseline = current_memory_bytes(device)
@@ -272,10 +302,11 @@ def run_benchmark(
         record.add_phases(times.phase_ms)
         if profile is not None:
             record.add_profile(profile)
-        record.tokens_per_s = config.tokens_per_step / (record.mean_ms / 1e3)
+        # Throughput and MFU on the median step, the statistic every table leads with.
+        record.tokens_per_s = config.tokens_per_step / (record.median_ms / 1e3)
         peak = resolve_peak(device, env.device_name, config.precision, config.peak, config.peak_tflops)
         record.peak_tflops, record.peak_source = peak.tflops, peak.source
-        record.achieved_tflops, record.mfu = mfu(model_flops, record.mean_ms / 1e3, peak)
+        record.achieved_tflops, record.mfu = mfu(model_flops, record.median_ms / 1e3, peak)
         _record_memory(record, memory, baseline)
     record.notes = "; ".join(notes) or None
     return record

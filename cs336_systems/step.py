@@ -57,14 +57,20 @@ def no_phase(name: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def make_batch(config: BenchmarkConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (tokens, targets) every step of `config` uses, drawn from its seed."""
+def make_micro_batches(config: BenchmarkConfig, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The grad_accum_steps (tokens, targets) micro-batches every step of `config` uses, drawn
+    from its seed (one micro-batch: the same draw as make_batch)."""
     generator = torch.Generator(device=device).manual_seed(config.seed)
-    shape = (config.batch_size, config.context_length)
+    shape = (config.batch_size * config.grad_accum_steps, config.context_length)
     vocab = config.model.vocab_size
     tokens = torch.randint(0, vocab, shape, device=device, generator=generator)
     targets = torch.randint(0, vocab, shape, device=device, generator=generator)
-    return tokens, targets
+    return list(zip(tokens.split(config.batch_size), targets.split(config.batch_size), strict=True))
+
+
+def make_batch(config: BenchmarkConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (tokens, targets) every step of `config` uses, drawn from its seed."""
+    return make_micro_batches(config.replace(grad_accum_steps=1), device)[0]
 
 
 def make_step(
@@ -76,22 +82,28 @@ def make_step(
     losses: list | None = None,
 ) -> Callable[[], None]:
     """The function one timed step calls, its parts wrapped in `phase("forward")`,
-    `phase("backward")` and `phase("optimizer")`. Training steps start by setting grads to None."""
-    tokens, targets = make_batch(config, device)
+    `phase("backward")` and `phase("optimizer")`. Training steps start by setting grads to None.
+    With grad_accum_steps K, a step runs K forward(-backward) micro-batches (each phase entered
+    K times: their times add up) and, for train-step, one optimizer step."""
+    batches = make_micro_batches(config, device)
     scaler = grad_scaler(config.precision, device)
+    scale = 1.0 / config.grad_accum_steps  # the step's loss is the mean over its micro-batches
 
     def forward() -> None:
-        with phase("forward"), torch.inference_mode(), autocast(config.precision, device):
-            model(tokens)
+        for tokens, _ in batches:
+            with phase("forward"), torch.inference_mode(), autocast(config.precision, device):
+                model(tokens)
 
     def forward_and_backward() -> None:
-        with phase("forward"), autocast(config.precision, device):
-            logits = model(tokens)  # held until backward ends, as in a training loop
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        if losses is not None:
-            losses.append(loss.detach())  # read once after timing (a NaN loss gets a note)
-        with phase("backward"):
-            (scaler.scale(loss) if scaler else loss).backward()
+        for tokens, targets in batches:
+            with phase("forward"), autocast(config.precision, device):
+                logits = model(tokens)  # held until backward ends, as in a training loop
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+                loss = loss * scale if scale != 1.0 else loss
+            if losses is not None:
+                losses.append(loss.detach())  # read once after timing (a NaN loss gets a note)
+            with phase("backward"):
+                (scaler.scale(loss) if scaler else loss).backward()
 
     def forward_backward() -> None:
         model.zero_grad(set_to_none=True)
@@ -131,14 +143,13 @@ def combine_phases(*phases: Phase) -> Phase:
     return combined
 
 
-
 def captured_step(
     config: BenchmarkConfig, model: nn.Module, device: torch.device, phase: Phase = no_phase
-) -> Callable[[], None]:
-    """The whole step captured in a CUDA graph (cuda_graphs.py); the capture is the first step,
-    inside `phase("step")`."""
+) -> tuple[cuda_graphs.CapturedStep, torch.optim.Optimizer | None]:
+    """The whole step captured in a CUDA graph (cuda_graphs.py), and the optimizer it steps.
+    The eager iterations (AdamW state created) and the capture are the first step, inside
+    `phase("eager")` and `phase("capture")`."""
     optimizer = cuda_graphs.make_optimizer(model) if config.pass_type == "train-step" else None
     batch = cuda_graphs.StaticBatch(*make_batch(config, device))
     body = cuda_graphs.step_body(model, batch, config.pass_type, optimizer, lambda: autocast(config.precision, device))
-    with phase("step"):  # first step: the eager iterations (AdamW state created) and the capture
-        return cuda_graphs.CapturedStep(body, model)
+    return cuda_graphs.CapturedStep(body, model, phase=phase), optimizer

@@ -2,13 +2,15 @@
 
     python scripts/memory_accuracy.py                 # CPU: results/checks/memory_accuracy_cpu.{csv,md}
     python scripts/memory_accuracy.py --device cuda   # GPU: small..xl x context 128..1024
+    python scripts/memory_accuracy.py --fast-path     # CPU, the fast-path flags: results/checks/memory_accuracy_cpu_fast_path.*
 
 CPU: each configuration runs in a fresh process twice: with glibc returning freed memory
 (MALLOC_MMAP_THRESHOLD_ pinned, so RSS tracks live tensors: the accuracy figure) and with
 glibc's defaults (the RSS a training script would really see; the difference is memory
 glibc keeps resident after tensors are freed). GPU: the caching allocator's max allocated.
 Targets (the accuracy the estimator promises): within 15% on CPU above 1 GB, within 10% on GPU;
-with activation checkpointing within 10% on CPU for K = 1, 2, sqrt, all.
+with activation checkpointing within 10% on CPU for K = 1, 2, sqrt, all; the fast path
+(--grad-accum-steps, --param-dtype bf16, --fused-projections) within 10% on CPU.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
+from cs336_systems.anomalies import fast_path_flags
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.device import release_memory, resolve_device
 from cs336_systems.memory import estimate_memory, pin_mmap_threshold
@@ -47,6 +50,21 @@ CPU_CONFIGS = [
     ("d512 L9 ckpt sqrt", dict(d_model=512, d_ff=1344, num_layers=9, num_heads=8, checkpoint_blocks="sqrt"), 8, 512,
      "train-step", "bf16"),
 ]  # fmt: skip
+D512 = dict(d_model=512, d_ff=1344, num_layers=4, num_heads=8)
+# The fast path: (label, model shape, batch, context, pass type, precision, {grad_accum_steps, param_dtype})
+FAST_PATH_CONFIGS = [
+    ("d512 L4", D512, 4, 256, "train-step", "fp32", {}),
+    ("d512 L4 accum 4", D512, 4, 256, "train-step", "fp32", dict(grad_accum_steps=4)),
+    ("d512 L4 accum 2", D512, 4, 256, "forward-backward", "bf16", dict(grad_accum_steps=2)),
+    ("d512 L4 bf16 params", D512, 4, 256, "forward-backward", "bf16", dict(param_dtype="bf16")),
+    ("d512 L4 bf16 params", D512, 4, 256, "train-step", "bf16", dict(param_dtype="bf16")),
+    ("d512 L4 fused", dict(D512, fused_projections=True), 4, 256, "train-step", "fp32", {}),
+    ("d512 L4 fused", dict(D512, fused_projections=True), 4, 256, "forward-backward", "bf16", {}),
+    ("d512 L4 all three", dict(D512, fused_projections=True), 4, 256, "train-step", "bf16",
+     dict(grad_accum_steps=2, param_dtype="bf16")),
+    ("small accum 2 bf16 params", dict(size="small"), 2, 256, "train-step", "bf16",
+     dict(grad_accum_steps=2, param_dtype="bf16")),
+]  # fmt: skip
 
 
 def model_for(shape: dict, context: int) -> ModelConfig:
@@ -58,28 +76,28 @@ def model_for(shape: dict, context: int) -> ModelConfig:
 
 def child(spec: str) -> int:
     """Measure one configuration in this (fresh) process and print its row as JSON."""
-    label, shape, batch, context, pass_type, precision, pin = json.loads(spec)
+    label, shape, batch, context, pass_type, precision, fast, pin = json.loads(spec)
     if pin:
         pin_mmap_threshold()
     config = BenchmarkConfig(model=model_for(shape, context), context_length=context, batch_size=batch,
                              pass_type=pass_type, precision=precision, warmup_steps=1, measure_steps=2,
-                             peak_tflops=1.0, device="cpu")  # fmt: skip
+                             peak_tflops=1.0, device="cpu", **fast)  # fmt: skip
     print(json.dumps(run_benchmark(config).to_row(), default=str))
     return 0
 
 
-def cpu_rows() -> list[dict]:
+def cpu_rows(configs, glibc_default: bool = True) -> list[dict]:
     rows = []
-    for label, shape, batch, context, pass_type, precision in CPU_CONFIGS:
+    for label, shape, batch, context, pass_type, precision, *fast in configs:
         measured = {}
-        for pin in (True, False):
-            spec = json.dumps([label, shape, batch, context, pass_type, precision, pin])
+        for pin in (True, False) if glibc_default else (True,):
+            spec = json.dumps([label, shape, batch, context, pass_type, precision, fast[0] if fast else {}, pin])
             env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))}
             out = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True, text=True,
                                  env=env, check=True).stdout  # fmt: skip
             measured[pin] = json.loads(out.strip().splitlines()[-1])
         row = measured[True]
-        rows.append(_row(label, row, default_rss=measured[False]["peak_memory_bytes"]))
+        rows.append(_row(label, row, default_rss=measured[False]["peak_memory_bytes"] if glibc_default else None))
         print(rows[-1], file=sys.stderr, flush=True)
     return rows
 
@@ -113,6 +131,7 @@ def _row(label: str, row: dict, default_rss: int | None = None) -> dict:
         precision=row["precision"],
         attention=row["attention"],
         checkpoint_blocks=row.get("checkpoint_blocks"),
+        **({"fast_path": fast_path_flags(row) or "off"} if "grad_accum_steps" in row else {}),
         status=row["status"],
         predicted_gib=predicted / GIB,
         measured_gib=measured / GIB if ok else None,
@@ -145,6 +164,7 @@ def main() -> int:
     parser.add_argument("--pass-types", nargs="+", default=["forward-backward", "train-step"])
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--output-dir", type=Path, default=RESULTS)
+    parser.add_argument("--fast-path", action="store_true", help="CPU: the fast-path rows only")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -153,12 +173,15 @@ def main() -> int:
     if device.type == "cuda":
         rows = cuda_rows(device, args.sizes, args.contexts, args.pass_types, args.precision)
         target, command = 10, f"python scripts/memory_accuracy.py --device {args.device}"
+    elif args.fast_path:
+        rows = cpu_rows(FAST_PATH_CONFIGS, glibc_default=False)  # the accuracy figure only
+        target, command = 10, "python scripts/memory_accuracy.py --fast-path"
     else:
-        rows = cpu_rows()
+        rows = cpu_rows(CPU_CONFIGS)
         target, command = 15, "python scripts/memory_accuracy.py"
     frame = pd.DataFrame(rows)
     frame["within_target"] = frame["error_pct"].abs() <= target
-    stem = args.output_dir / f"memory_accuracy_{device.type}"
+    stem = args.output_dir / f"memory_accuracy_{device.type}{'_fast_path' if args.fast_path else ''}"
     args.output_dir.mkdir(parents=True, exist_ok=True)
     frame.to_csv(stem.with_suffix(".csv"), index=False)
     laptop = pd.DataFrame(laptop_rows())

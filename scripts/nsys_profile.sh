@@ -9,7 +9,7 @@
 # Extra `nsys profile` options go between --nsys-args and --, or in $NSYS_ARGS (split on
 # spaces; these come first); both are added after the defaults below.
 #
-# Runs `python -m cs336_systems.benchmark --nvtx FLAGS` under `nsys profile` with
+# Runs `python -m cs336_systems.benchmark --nvtx --no-profile-step FLAGS` under `nsys profile` with
 # --capture-range=cudaProfilerApi: the benchmark calls cudaProfilerStart/Stop around its
 # measured steps (nvtx.capture in time_steps), so warmup, model building and compilation
 # are not recorded. Then `nsys stats` prints the NVTX range summary and the GPU kernel
@@ -51,8 +51,13 @@ find_nsys() {
   fi
   command -v nsys 2>/dev/null && return
   local candidate
-  for candidate in /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys \
-    /usr/local/cuda/nsight-systems-*/bin/nsys /usr/lib/nsight-systems/bin/nsys; do
+  # Nsight Systems' own folders (its .run/.deb, the -cli package, the CUDA toolkit's copy).
+  # Not Nsight Compute's: the nsys inside it cannot turn its .qdstrm into a report.
+  for candidate in /usr/local/cuda/bin/nsys /usr/local/cuda-*/bin/nsys \
+    /opt/nvidia/nsight-systems/*/bin/nsys /opt/nvidia/nsight-systems-cli/*/bin/nsys \
+    /opt/nvidia/nsight-systems/*/target-linux-x64/nsys /opt/nvidia/nsight-systems-cli/*/target-linux-x64/nsys \
+    /usr/local/cuda/nsight-systems-*/bin/nsys /usr/local/cuda-*/nsight-systems-*/bin/nsys \
+    /usr/lib/nsight-systems/bin/nsys; do
     [ -x "$candidate" ] && { echo "$candidate"; return; }
   done
   echo "$prog: error: nsys not found: install Nsight Systems (https://developer.nvidia.com/nsight-systems)" \
@@ -66,13 +71,18 @@ mkdir -p "$(dirname "$stem")"
 # -t cuda,nvtx,osrt: CUDA API and kernels, our NVTX ranges, OS runtime calls (what the CPU waits on).
 # --sample=none --cpuctxsw=none: no CPU sampling, which costs overhead and is not needed here.
 # --capture-range-end=stop: stop recording at cudaProfilerStop, let the process finish normally.
+# --cuda-graph-trace=node for --cuda-graphs rows: each kernel of a replay, not one graph box.
+# --no-profile-step: the benchmark's own torch.profiler step would be a second CUPTI subscriber.
+for flag in "$@"; do
+  [ "$flag" = "--cuda-graphs" ] && extra=(--cuda-graph-trace=node ${extra[@]+"${extra[@]}"})
+done
 "$nsys" profile \
   --trace=cuda,nvtx,osrt \
   --sample=none --cpuctxsw=none \
   --capture-range=cudaProfilerApi --capture-range-end=stop \
   --force-overwrite=true --output="$stem" \
   ${extra[@]+"${extra[@]}"} \
-  "$python" -m cs336_systems.benchmark --nvtx "$@"
+  "$python" -m cs336_systems.benchmark --nvtx --no-profile-step "$@"
 
 # Report names changed in nsys 2023.x (nvtxsum -> nvtx_sum, ...): try the new name, then the old.
 for pair in nvtx_sum:nvtxsum cuda_gpu_kern_sum:gpukernsum nvtx_kern_sum:nvtxkernsum \

@@ -80,7 +80,7 @@ OTHER_TEXT = {
     "pass_type": "train-step", "precision": "bf16", "compile_scope": "blocks", "compile_mode": "max-autotune",
     "device": "cuda:1", "timer": "cuda-event", "peak": "measure", "model_factory": "pkg.mod:make",
     "optimizer_factory": "pkg.mod:sgd", "attention": "naive", "size_name": "small", "size_table": "2026",
-    "checkpoint_blocks": "sqrt",
+    "checkpoint_blocks": "sqrt", "param_dtype": "bf16",
 }  # fmt: skip
 
 

@@ -98,8 +98,9 @@ def test_every_ok_row_has_mfu_and_its_peak_source():
     config = tiny_benchmark_config()
     expected_flops = analytic_flops_per_step(config.model, 2, 16, "forward-backward")
     assert (record.flops_per_step, record.flops_source) == (expected_flops, "analytic")
-    assert record.achieved_tflops == pytest.approx(expected_flops / (record.mean_ms / 1e3) / 1e12)
+    assert record.achieved_tflops == pytest.approx(expected_flops / (record.median_ms / 1e3) / 1e12)
     assert record.mfu == pytest.approx(record.achieved_tflops / 0.5)
+    assert record.tokens_per_s == pytest.approx(config.tokens_per_step / (record.median_ms / 1e3))
     assert (record.peak_tflops, record.peak_source) == (0.5, "user")
     measured = run_benchmark(tiny_benchmark_config())
     assert measured.peak_source == "measured" and measured.mfu > 0

@@ -63,3 +63,34 @@ def test_cuda_graph_benchmark_row():
     assert record.cuda_graphs is True and len(record.step_ms) == 5
     assert record.forward_ms is None  # one replay: no phases
     assert record.kernels_per_step > 0 and 0 < record.device_busy_pct <= 100
+    assert record.optimizer == "torch.optim.adamw.AdamW (fused)"
+    # the capture's peak holds the graph pool (activations, grads), as an eager step's peak does
+    eager = run_benchmark(tiny_benchmark_config(device="cuda", pass_type="train-step", measure_steps=2))
+    assert record.peak_memory_bytes >= 0.9 * eager.peak_memory_bytes
+
+
+def test_checkpointed_blocks_capture_and_replay():
+    from cs336_systems.runner import run_benchmark
+    from tests.conftest import tiny_benchmark_config
+
+    config = tiny_benchmark_config(device="cuda", pass_type="train-step", cuda_graphs=True, measure_steps=3)
+    record = run_benchmark(config.replace(model=config.model.replace(checkpoint_blocks=1)))
+    assert record.status == "ok", record.error
+
+
+def test_profiled_step_on_a_gpu_counts_kernels_not_annotations():
+    from cs336_systems.profiling import profile_step
+
+    model = build_model(tiny_model_config(), "cuda")
+    optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+    tokens = torch.randint(0, 97, (2, 16), device="cuda")
+
+    def step():
+        model(tokens).sum().backward()
+        optimizer.step()
+
+    step()
+    profile = profile_step(step, torch.device("cuda"), torch.cuda.synchronize)
+    names = [k["name"] for k in profile.top_kernels]
+    assert not any(name.startswith("Optimizer.step") for name in names)
+    assert 0 < profile.device_busy_pct <= 100

@@ -126,6 +126,7 @@ def test_gpu_columns_from_nvml(monkeypatch):
         nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=[1, 3][h] * 2**30),
     )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     probe = GpuProbe()
     assert probe.available and probe.read() == (70.0, 4 * 2**30)
     assert GpuProbe([1]).read() == (100.0, 3 * 2**30)
@@ -133,6 +134,31 @@ def test_gpu_columns_from_nvml(monkeypatch):
         GpuProbe([5])
     sample = ResourceMonitor(0.1).start().stop()[-1]
     assert sample.gpu_util_pct == 70.0 and sample.gpu_memory_used_bytes == 4 * 2**30
+
+
+def test_nvml_monitors_the_jobs_gpus_by_default(monkeypatch):
+    """Not an average over every GPU of the machine: CUDA_VISIBLE_DEVICES' GPUs, else the current one."""
+    uuids = {"GPU-aaaa": 0, "GPU-bbbb": 1}
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetHandleByUUID=lambda uuid: uuids[uuid],
+        nvmlDeviceGetIndex=lambda h: h,
+        nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3",
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=[40, 100][h]),
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=[1, 3][h] * 2**30),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert GpuProbe().read() == (40.0, 2**30)  # the current device, 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert GpuProbe().read() == (100.0, 3 * 2**30)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbb,bogus,0")  # CUDA stops at the first bad entry
+    assert GpuProbe().read() == (100.0, 3 * 2**30)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    probe = GpuProbe()
+    assert not probe.available and "CUDA_VISIBLE_DEVICES" in probe.unavailable_reason
 
 
 def test_without_nvml_the_gpu_columns_are_empty_and_say_why(monkeypatch):

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from cs336_systems.precision import autocast, grad_scaler, precision_mode, unsupported_reason
+from cs336_systems.precision import _current_flags, autocast, grad_scaler, precision_mode, unsupported_reason
 
 CPU = torch.device("cpu")
 
@@ -79,3 +79,30 @@ def test_precision_table_is_the_one_description():
             assert state.autocast_dtype == (str(mode.autocast_dtype).removeprefix("torch.") if mode.autocast_dtype else None)
     # fp16 reads the bf16 column: the same tensor-core peak on these GPUs
     assert table_peak_tflops("NVIDIA H100 80GB HBM3", "fp16") == table_peak_tflops("NVIDIA H100 80GB HBM3", "bf16")
+
+
+@pytest.fixture
+def tf32_flags_restored():
+    b = torch.backends
+    saved = (b.fp32_precision, b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision, b.cudnn.rnn.fp32_precision)
+    yield
+    torch.set_float32_matmul_precision("highest")
+    b.cuda.matmul.allow_tf32 = False
+    b.cudnn.allow_tf32 = True
+    b.fp32_precision, b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision, b.cudnn.rnn.fp32_precision = saved
+
+
+@pytest.mark.parametrize("precision, expected", [("fp32", ("highest", False, False)), ("tf32", ("high", True, True))])
+def test_tf32_flags_after_a_library_used_the_new_fp32_precision_api(tf32_flags_restored, precision, expected):
+    # A user's model or a library set the new API: the legacy flags then raise when read.
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    torch.backends.cudnn.conv.fp32_precision = "ieee"
+    with precision_mode(precision, CPU) as state:
+        assert (state.matmul_precision, state.cuda_matmul_allow_tf32, state.cudnn_allow_tf32) == expected
+        assert torch.backends.cuda.matmul.fp32_precision == ("tf32" if expected[1] else "ieee")
+        assert torch.backends.cudnn.conv.fp32_precision == ("tf32" if expected[2] else "ieee")
+        assert torch.get_float32_matmul_precision() == expected[0]  # the legacy read works inside
+    # the process's own setting is back, and reading what is in effect does not raise
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    assert torch.backends.cudnn.conv.fp32_precision == "ieee"
+    assert _current_flags() == ("high", True, False)

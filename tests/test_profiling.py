@@ -1,6 +1,7 @@
 """The profiled step: interval-union arithmetic on hand-made intervals, the CUDA summary on
 fake kernel events, and the CPU columns on a real tiny step."""
 
+import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -9,9 +10,9 @@ from torch.autograd import DeviceType
 
 from cs336_systems.models import build_model
 from cs336_systems.optimizer import make_optimizer
-from cs336_systems.profiling import profile_step, summarize_events, union_length
+from cs336_systems.profiling import kineto_lines_dropped, profile_step, summarize_events, union_length
 from cs336_systems.step import make_step
-from tests.conftest import tiny_benchmark_config
+from tests.conftest import PYTHON, REPO, TINY_SHAPE, child_env, tiny_benchmark_config
 
 
 @pytest.mark.parametrize(
@@ -53,6 +54,32 @@ def test_cuda_summary_uses_the_union_of_kernel_intervals_over_the_step():
     )
 
 
+def test_cuda_user_annotations_and_bad_timestamps_are_not_kernels():
+    # Recent PyTorch reports each record_function range that launched kernels as a CUDA user
+    # annotation spanning first to last kernel, gaps included; CUPTI 13.0 can emit zero timestamps.
+    events = [
+        event("cs336_systems: profiled step", 50, 1050, device=DeviceType.CPU, annotation=True),  # the window
+        event("Optimizer.step#AdamW.step", 100, 1000, annotation=True),
+        event("Torch-Compiled Region", 100, 1000, annotation=True),
+        event("multi_tensor_apply_kernel", 100, 200),
+        event("gemm", 900, 1000),
+        event("zero_stamp", 0, 0),
+        event("negative", 500, 400),
+        event("late", 1000, 1400),  # runs past the window: clipped to its end
+    ]
+    profile = summarize_events(events, "cuda", step_ms=1.0)
+    assert profile.kernels_per_step == 3
+    assert profile.device_busy_ms == pytest.approx(0.25)  # 100..200 and 900..1050
+    assert profile.device_busy_pct == pytest.approx(25.0)
+    assert {k["name"] for k in profile.top_kernels} == {"multi_tensor_apply_kernel", "gemm", "late"}
+
+
+def test_cuda_busy_never_exceeds_100_pct():
+    # the profiled step runs slower than the median step it is divided by
+    profile = summarize_events([event("gemm", 100, 5100)], "cuda", step_ms=2.0)
+    assert profile.device_busy_pct == 100.0
+
+
 def test_cuda_profile_without_kernel_events_reports_nothing_rather_than_an_idle_gpu():
     profile = summarize_events([event("cudaLaunchKernel", 0, 10, device=DeviceType.CPU)], "cuda", step_ms=2.0)
     assert profile.kernels_per_step is None and profile.device_busy_pct is None and profile.top_kernels == ()
@@ -84,3 +111,20 @@ def test_profiled_real_cpu_step(pass_type):
     assert [k["total_ms"] for k in profile.top_kernels] == sorted((k["total_ms"] for k in profile.top_kernels),
                                                                  reverse=True)  # fmt: skip
     assert len(syncs) == 2
+
+
+def test_the_benchmark_prints_no_kineto_lines():
+    # Kineto writes `USDT: ... profiler_start` to fd 2 at every profiler start and stop.
+    command = [PYTHON, "-m", "cs336_systems.benchmark", *TINY_SHAPE, "--context-length", "8", "--batch-size", "1",
+               "--warmup-steps", "0", "--measure-steps", "1", "--pass-type", "train-step"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "USDT" not in done.stderr and "profiler_start" not in done.stderr
+
+
+def test_other_stderr_lines_pass_through_while_kineto_lines_are_dropped(capfd):
+    import os
+
+    with kineto_lines_dropped():
+        os.write(2, b"USDT:2026 x.cpp:52] profiler_start\nkeep me\n")
+    assert capfd.readouterr().err == "keep me\n"

@@ -10,24 +10,26 @@ import json
 
 from tabulate import tabulate
 
+from cs336_systems.anomalies import fast_path_flags
 from cs336_systems.argtypes import ArgumentParser, fail, positive_int
 from cs336_systems.benchmark_flags import (
     add_checkpoint_argument,
     add_shape_arguments,
     model_config_from_args,
 )
-from cs336_systems.config import PASS_TYPES
+from cs336_systems.config import PARAM_DTYPES, PASS_TYPES
 from cs336_systems.memory.estimate import FIND_MAX_LIMIT, MemoryEstimate, estimate_memory, find_max_by_prediction
 from cs336_systems.models import ATTENTION_KINDS, ConfigError
 from cs336_systems.precision import PRECISIONS
 from cs336_systems.units import format_bytes, parse_bytes
 
 
-def format_estimate(estimate: MemoryEstimate, title: str) -> str:
+def format_estimate(estimate: MemoryEstimate, title: str, param_dtype: str = "fp32") -> str:
+    masters = " + fp32 master weights" if param_dtype != "fp32" else ""
     rows = [
-        ("parameters (fp32)", estimate.parameters),
-        ("gradients (fp32)", estimate.gradients),
-        ("optimizer state (AdamW, fp32)", estimate.optimizer_state),
+        (f"parameters ({param_dtype})", estimate.parameters),
+        (f"gradients ({param_dtype})", estimate.gradients),
+        (f"optimizer state (AdamW, fp32{masters})", estimate.optimizer_state),
         *((f"activations saved for backward: {name}", value) for name, value in estimate.activations.items()),
         ("autocast weight copies", estimate.autocast_weight_copies),
         ("logits and loss", estimate.logits_and_loss),
@@ -67,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the device the estimate is for (cuda)")  # fmt: skip
     parser.add_argument("--device-memory", help="e.g. 16GiB, 80GB: gives a fits / does not fit verdict")
     parser.add_argument("--first-step", action="store_true", help="the first train-step (no optimizer state yet)")
+    parser.add_argument("--grad-accum-steps", type=positive_int, default=1, metavar="K",
+                        help="K micro-batches of --batch-size per optimizer step")  # fmt: skip
+    parser.add_argument("--param-dtype", choices=PARAM_DTYPES, default="fp32",
+                        help="bf16: parameters and gradients in bf16, fp32 master weights in the optimizer")  # fmt: skip
     parser.add_argument("--find-max", choices=("batch-size", "context-length"))
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     add_checkpoint_argument(parser)
@@ -84,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             model.check_context(context)
             return estimate_memory(
                 model, batch, context, args.pass_type, args.precision, args.device_type, device_memory,
-                first_step=args.first_step,
+                first_step=args.first_step, grad_accum_steps=args.grad_accum_steps, param_dtype=args.param_dtype,
             )  # fmt: skip
 
         estimate = estimate_for(args.batch_size, args.context_length)
@@ -104,9 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     alternative = estimate_for(args.batch_size, args.context_length)
     args.attention = chosen
     checkpointing = f" checkpoint-blocks {args.checkpoint_blocks}" if args.checkpoint_blocks else ""
+    fast = fast_path_flags(
+        dict(grad_accum_steps=args.grad_accum_steps, param_dtype=args.param_dtype, fused_projections=args.fused_projections)
+    )
     title = (
         f"{args.size_table} {args.model_size}{checkpointing} context {args.context_length} batch {args.batch_size} {args.pass_type} "
-        f"{args.precision} {args.attention} on {args.device_type}"
+        f"{args.precision} {args.attention} on {args.device_type}" + (f" {fast}" if fast else "")
     )
     if args.json:
         out = {"config": title, **estimate.as_dict(), f"total_bytes_with_{other}_attention": alternative.total_bytes}
@@ -116,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             out["find_max"] = {"dimension": args.find_max, "largest_that_fits": None, "at_least": largest}
         print(json.dumps(out))
     else:
-        print(format_estimate(estimate, title))
+        print(format_estimate(estimate, title, args.param_dtype))
         print(
             f"With --attention {other} instead: {format_bytes(alternative.total_bytes)} "
             f"(activations {format_bytes(sum(alternative.activations.values()))})."

@@ -7,6 +7,13 @@ saves, backward frees activations as gradients appear, the optimizer step) whose
 maximum is the predicted peak of the allocator. N = batch * context tokens. With
 activation checkpointing the forward keeps only each group's input, and backward
 rebuilds one group's residuals at a time (models.TransformerLM.forward).
+
+The fast path: with K micro-batches per step (grad_accum_steps) the gradients are already
+held through the second micro-batch's forward and backward (each new gradient is a
+transient added into them). With bf16 parameters (param_dtype) weights, gradients and the
+residual stream are bf16, autocast makes no weight copies, and the optimizer holds fp32
+master weights beside its fp32 moments (plus fp32 gradient copies during its step). Fused
+projections keep the whole QKV output alive while attention saves v, a view of it.
 """
 
 from __future__ import annotations
@@ -68,17 +75,21 @@ class _Layer:
     gradients: int
 
 
-def _block(m: ModelConfig, batch: int, seq: int, precision: str, device_type: str) -> _Layer:
+def _block(m: ModelConfig, batch: int, seq: int, precision: str, device_type: str, param_dtype: str = "fp32") -> _Layer:
     N, d, f, H = batch * seq, m.d_model, m.d_ff, m.num_heads
     autocast = PRECISION_TABLE[precision].autocast_dtype is not None
     act = HALF if autocast else FP32  # dtype of matmul outputs
+    param = HALF if param_dtype == "bf16" else FP32  # bytes of a parameter, its gradient and the residual stream
     scores = batch * H * seq * seq
+    casts = (2 if m.fused_projections else 3 + 2) if autocast and param == FP32 else 0
     saved = {
-        # input, normed (fp32) and 1/rms, for both norms; the residual stream stays fp32
-        "rmsnorm": 2 * (2 * N * d * FP32 + N * FP32),
-        # fp32: one norm output shared by q/k/v and one by w1/w3; autocast casts it per projection
-        "projection inputs": (3 + 2) * N * d * HALF if autocast else 2 * N * d * FP32,
+        # input (the residual stream's dtype), normed (fp32) and 1/rms, for both norms
+        "rmsnorm": 2 * (N * d * (param + FP32) + N * FP32),
+        # one norm output shared by q/k/v and one by w1/w3; autocast casts fp32 ones per projection
+        "projection inputs": casts * N * d * HALF if casts else 2 * N * d * param,
     }
+    if m.fused_projections:
+        saved["fused QKV output (kept whole by v)"] = 2 * N * d * act
     if m.attention == "sdpa":
         # q and k after RoPE, v, output, and the log-sum-exp per row (fp32)
         saved["attention (sdpa)"] = 4 * N * d * act + batch * H * seq * FP32
@@ -97,10 +108,10 @@ def _block(m: ModelConfig, batch: int, seq: int, precision: str, device_type: st
     matmul_params = 4 * d * d + 3 * d * f
     return _Layer(
         saved=saved,
-        weight_copies=matmul_params * HALF if autocast else 0,
+        weight_copies=matmul_params * HALF if autocast and param == FP32 else 0,
         forward_transient=2 * N * d * act + (scores * FP32 if m.attention == "naive" else 0),
-        backward_transient=max(3 * N * f * act, attention_transient) + 2 * N * d * FP32 + d * f * (FP32 + act),
-        gradients=(matmul_params + 2 * d) * FP32,
+        backward_transient=max(3 * N * f * act, attention_transient) + 2 * N * d * param + d * f * (param + act),
+        gradients=(matmul_params + 2 * d) * param,
     )
 
 
@@ -127,16 +138,21 @@ def estimate_memory(
     device_type: str = "cuda",
     device_memory_bytes: int | None = None,
     first_step: bool = False,
+    grad_accum_steps: int = 1,
+    param_dtype: str = "fp32",
 ) -> MemoryEstimate:
-    """Predict the peak of one step (steady state unless `first_step`) of the built-in model."""
+    """Predict the peak of one step (steady state unless `first_step`) of the built-in model;
+    `batch_size` is one micro-batch's when `grad_accum_steps` > 1."""
     N, d, V = batch_size * context_length, m.d_model, m.vocab_size
     autocast = PRECISION_TABLE[precision].autocast_dtype is not None
     act = HALF if autocast else FP32
+    param = HALF if param_dtype == "bf16" else FP32
     params = formula_num_params(m)
-    weights = params * FP32
-    gradients = params * FP32 if pass_type != "forward" else 0
-    optimizer = OPTIMIZER_STATES * params * FP32 if pass_type == "train-step" else 0
-    layer = _block(m, batch_size, context_length, precision, device_type)
+    weights = params * param
+    gradients = params * param if pass_type != "forward" else 0
+    masters = params * FP32 if param != FP32 else 0  # fp32 master weights (optimizer.MasterWeights)
+    optimizer = OPTIMIZER_STATES * params * FP32 + masters if pass_type == "train-step" else 0
+    layer = _block(m, batch_size, context_length, precision, device_type, param_dtype)
 
     base = weights + (optimizer if not first_step else 0)
     timeline = [("before the step", base)]
@@ -149,19 +165,47 @@ def estimate_memory(
         activations = {}
         return _estimate(weights, 0, 0, activations, 0, head, timeline, device_type, device_memory_bytes)
 
-    head_copy = d * V * HALF if autocast else 0
-    final_saved = 2 * N * d * FP32 + N * FP32 + N * d * act  # final norm, lm_head input
+    head_copy = d * V * HALF if autocast and param == FP32 else 0
+    final_saved = N * d * (param + FP32) + N * FP32 + N * d * act  # final norm, lm_head input
     logits = N * V * act  # held by the step until backward ends
     log_probs = N * V * FP32  # saved by cross-entropy's log-softmax, fp32 under autocast too
     saved = sum(layer.saved.values())
     groups = _checkpoint_groups(m)
-    mem = base
+    for micro_batch in range(min(grad_accum_steps, 2)):  # the second and later ones start with gradients held
+        held = micro_batch > 0
+        _forward_backward(timeline, base + (gradients if held else 0), held, m, N, layer, groups, saved,
+                          head_copy, final_saved, logits, log_probs, autocast, param)  # fmt: skip
+    if pass_type == "train-step":
+        # the optimizer step; bf16 parameters: their gradients cast to fp32 copies for it
+        timeline.append(("optimizer step", weights + gradients + optimizer + masters))
+
     if groups:
-        # Checkpointed: each group keeps only its input (fp32 residual stream); autocast's
+        # kept through forward: the group inputs; one group's residuals are rebuilt at a time
+        activations = {"checkpointed group inputs": len(groups) * N * d * param}
+        activations.update({f"{name} (one group, rebuilt)": value * max(groups) for name, value in layer.saved.items()})
+    else:
+        activations = {name: value * m.num_layers for name, value in layer.saved.items()}
+    activations["final norm and LM-head input"] = final_saved
+    weight_copies = layer.weight_copies * m.num_layers + head_copy
+    return _estimate(
+        weights, gradients, optimizer, activations, weight_copies, logits + log_probs, timeline, device_type,
+        device_memory_bytes,
+    )  # fmt: skip
+
+
+def _forward_backward(timeline, mem, held, m, N, layer, groups, saved, head_copy, final_saved, logits, log_probs,
+                      autocast, param) -> int:  # fmt: skip
+    """One micro-batch's forward and backward onto `timeline`, from `mem` in use; `held`: the
+    gradients exist already (each new one is a transient added into them). Returns mem after."""
+    d, V = m.d_model, m.vocab_size
+    act = HALF if autocast else FP32
+    keep = 0 if held else 1  # new gradients stay (first micro-batch) or are added and freed
+    if groups:
+        # Checkpointed: each group keeps only its input (the residual stream); autocast's
         # weight-cast cache still holds every block's copies until autocast exits.
         for size in groups:
             timeline.append(("forward", mem + size * layer.weight_copies + layer.forward_transient))
-            mem += N * d * FP32 + size * layer.weight_copies
+            mem += N * d * param + size * layer.weight_copies
         cache = layer.weight_copies * m.num_layers
     else:
         for _ in range(m.num_layers):
@@ -173,8 +217,8 @@ def estimate_memory(
     mem -= cache  # checkpointed: the weight casts were cached, not saved; freed as autocast exits
     # loss backward: gradients of the log-probabilities and of the logits, the head's gradient
     loss_grads = 2 * N * V * FP32 + (N * V * HALF if autocast else 0)
-    timeline.append(("backward (loss and LM head)", mem + loss_grads + d * V * (FP32 + act)))
-    mem += d * V * FP32 - final_saved - head_copy - log_probs
+    timeline.append(("backward (loss and LM head)", mem + loss_grads + d * V * (param + act)))
+    mem += keep * d * V * param - final_saved - head_copy - log_probs
     for size in reversed(groups or [1] * m.num_layers):
         if groups:
             # the group's forward runs again, saving its blocks' residuals (and weight casts)
@@ -182,27 +226,12 @@ def estimate_memory(
             mem += size * (saved + layer.weight_copies)
         for _ in range(size):
             timeline.append(("backward (blocks)", mem + layer.backward_transient + layer.gradients))
-            mem += layer.gradients - saved - layer.weight_copies
+            mem += keep * layer.gradients - saved - layer.weight_copies
         if groups:
-            mem -= N * d * FP32  # the group's input, kept by the checkpoint, goes with its graph
-    embedding_grad = V * d * FP32
-    timeline.append(("backward (embedding)", mem + embedding_grad + N * d * FP32))
-    mem += embedding_grad + d * FP32 - logits
-    if pass_type == "train-step":
-        timeline.append(("optimizer step", weights + gradients + optimizer))
-
-    if groups:
-        # kept through forward: the group inputs; one group's residuals are rebuilt at a time
-        activations = {"checkpointed group inputs": len(groups) * N * d * FP32}
-        activations.update({f"{name} (one group, rebuilt)": value * max(groups) for name, value in layer.saved.items()})
-    else:
-        activations = {name: value * m.num_layers for name, value in layer.saved.items()}
-    activations["final norm and LM-head input"] = final_saved
-    weight_copies = layer.weight_copies * m.num_layers + head_copy
-    return _estimate(
-        weights, gradients, optimizer, activations, weight_copies, logits + log_probs, timeline, device_type,
-        device_memory_bytes,
-    )  # fmt: skip
+            mem -= N * d * param  # the group's input, kept by the checkpoint, goes with its graph
+    embedding_grad = V * d * param
+    timeline.append(("backward (embedding)", mem + embedding_grad + N * d * param))
+    return mem + keep * (embedding_grad + d * param) - logits
 
 
 def _estimate(weights, gradients, optimizer, activations, copies, head, timeline, device_type, device_memory):

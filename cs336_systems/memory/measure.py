@@ -67,8 +67,10 @@ class PhaseMemory:
     exact, not sampled; it counts every page the process touched, allocator slack included.
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, step_starts_at_forward: bool = True):
         self.device = device
+        # False: the caller marks steps (new_step), as a step of K micro-batches enters "forward" K times
+        self.step_starts_at_forward = step_starts_at_forward
         self.steps: list[dict[str, tuple[int, int | None]]] = []
         self.measured_peak: tuple[int, int | None] | None = None
         self.source = "cuda_allocator" if device.type == "cuda" else "rss_high_water_mark"
@@ -87,12 +89,20 @@ class PhaseMemory:
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """The peak of one phase of a step; a 'forward' phase starts a new step."""
-        if name == "forward" or not self.steps:
+        """The peak of one phase of a step (a phase entered again: the larger peak); a 'forward'
+        phase starts a new step unless the caller marks steps."""
+        if (name == "forward" and self.step_starts_at_forward) or not self.steps:
             self.steps.append({})
         self._reset()
         yield
-        self.steps[-1][name] = self._peak()
+        peak, earlier = self._peak(), self.steps[-1].get(name)
+        if earlier is not None:
+            reserved = [value for value in (peak[1], earlier[1]) if value is not None]
+            peak = (max(peak[0], earlier[0]), max(reserved) if reserved else None)
+        self.steps[-1][name] = peak
+
+    def new_step(self) -> None:
+        self.steps.append({})
 
     @contextlib.contextmanager
     def whole(self) -> Iterator[None]:

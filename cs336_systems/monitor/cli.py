@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--output", help="time series CSV (default monitor-YYYYmmdd-HHMMSS.csv); .png and .json beside it"
     )
-    parser.add_argument("--gpus", "--gpu", type=non_negative_int, nargs="+", metavar="I", help="NVML indices (default: all)")
+    parser.add_argument("--gpus", "--gpu", type=non_negative_int, nargs="+", metavar="I", help="NVML indices (default: those in CUDA_VISIBLE_DEVICES, else the current device, 0)")
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])

@@ -67,8 +67,32 @@ METRIC_DIVISORS = {name: divisor for name, _, divisor in METRICS}
 # -- GPU (optional) ------------------------------------------------------------------------
 
 
+def default_gpu_indices(nvml, count: int) -> list[int]:
+    """The GPUs the monitored work can use: CUDA_VISIBLE_DEVICES' entries (indices or GPU-/MIG-
+    UUIDs; as CUDA does, the list ends at the first entry that names no GPU), else the current
+    CUDA device (0 unless this process chose another). NVML numbers GPUs in PCI bus order, as
+    CUDA does with CUDA_DEVICE_ORDER=PCI_BUS_ID."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        import torch
+
+        return [torch.cuda.current_device() if torch.cuda.is_initialized() else 0][:count]
+    chosen = []
+    for entry in (part.strip() for part in visible.split(",")):
+        if entry.isdigit() and int(entry) < count:
+            chosen.append(int(entry))
+            continue
+        try:
+            chosen.append(nvml.nvmlDeviceGetIndex(nvml.nvmlDeviceGetHandleByUUID(entry)))
+        except Exception:  # not a UUID of this machine (or empty): CUDA stops here too
+            break
+    return chosen
+
+
 class GpuProbe:
-    """NVML readings, or none with the reason why (no nvidia-ml-py, no driver, no GPU)."""
+    """NVML readings, or none with the reason why (no nvidia-ml-py, no driver, no GPU).
+    `indices` are NVML indices; None: the GPUs this job can use (`default_gpu_indices`),
+    not every GPU of the machine."""
 
     def __init__(self, indices: Sequence[int] | None = None):
         self.handles: list = []
@@ -79,7 +103,7 @@ class GpuProbe:
 
             pynvml.nvmlInit()
             count = pynvml.nvmlDeviceGetCount()
-            chosen = list(range(count)) if indices is None else list(indices)
+            chosen = default_gpu_indices(pynvml, count) if indices is None else list(indices)
             missing = [i for i in chosen if not 0 <= i < count]
             if missing:
                 raise ValueError(f"no GPU with NVML index {missing[0]} (this machine has {count})")
@@ -87,7 +111,7 @@ class GpuProbe:
             self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in chosen]
             self.names = [_text(pynvml.nvmlDeviceGetName(h)) for h in self.handles]
             if not self.handles:
-                self.unavailable_reason = "NVML sees no GPU"
+                self.unavailable_reason = "NVML sees no GPU" if not count else "CUDA_VISIBLE_DEVICES names no GPU"
         except ImportError:
             self.unavailable_reason = "nvidia-ml-py is not installed"
         except ValueError:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cs336_systems.anomalies import flag_anomalies
+from cs336_systems.anomalies import fast_path_flags, flag_anomalies
 from cs336_systems.models import MODEL_SIZES, SIZE_TABLES
 from cs336_systems.results import BenchmarkRecord
 from cs336_systems.results.markdown import row_label, row_warnings
@@ -30,7 +30,7 @@ from .document import (
 )
 
 # Besides pass type and precision, a table is split by whatever of these varies.
-TABLE_KEYS = ("pass_type", "precision", "compile", "attention", "batch_size", "device_name")
+TABLE_KEYS = ("pass_type", "precision", "compile", "attention", "batch_size", "device_name", "fast_path")
 PHASES = ("forward", "backward", "optimizer")
 SPEEDUPS = (("precision", "fp32", "bf16"), ("precision", "fp32", "fp16"), ("precision", "fp32", "tf32"),
             ("compile", False, True))  # fmt: skip
@@ -58,6 +58,8 @@ def prepare(frame: pd.DataFrame) -> pd.DataFrame:
             frame[key] = None
     frame["compile"] = frame["compile"].astype(str).str.lower().eq("true")
     frame["model"] = [model_label(row) for row in frame.to_dict("records")]
+    # rows run with fast-path flags get tables (and titles) of their own
+    frame["fast_path"] = [fast_path_flags(row) or "off" for row in frame.to_dict("records")]
     return frame
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import pandas as pd
 from tabulate import tabulate
 
-from cs336_systems.anomalies import flag_anomalies
+from cs336_systems.anomalies import fast_path_flags, flag_anomalies
 from cs336_systems.stats import is_noisy
 
 STATS_CONVENTIONS = (
@@ -73,7 +73,9 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
 
 
 def row_label(row: dict, label_columns: Sequence[str] = BENCHMARK_LABEL_COLUMNS) -> str:
-    return " ".join(f"{name}={format_cell(name, row.get(name))}" for name in label_columns if name in row)
+    label = " ".join(f"{name}={format_cell(name, row.get(name))}" for name in label_columns if name in row)
+    fast = fast_path_flags(row)  # the fast-path flags a benchmark row used
+    return f"{label} {fast}" if fast else label
 
 
 def row_warnings(row: dict, label_columns: Sequence[str] = BENCHMARK_LABEL_COLUMNS) -> list[str]:

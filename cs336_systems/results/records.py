@@ -145,7 +145,7 @@ class BenchmarkRecord(Timing, Record, BenchmarkIdentity):
     size_table: str | None = None  # the handout edition whose table named model_size (2025, 2026)
     checkpoint_group_size: int = 0  # blocks per checkpointed group (0: off)
     optimizer: str | None = None  # train-step: the optimizer class that really ran
-    tokens_per_s: float | None = None
+    tokens_per_s: float | None = None  # on the median step
     compile_s: float | None = None
     # per phase, from the measured steps (timing.py): mean and median ms; forward rows have
     # only forward, forward-backward rows no optimizer, CUDA-graph rows none
@@ -158,7 +158,7 @@ class BenchmarkRecord(Timing, Record, BenchmarkIdentity):
     # the profiled step after the measured ones (profiling.py); None with --no-profile-step
     kernels_per_step: int | None = None
     device_busy_pct: float | None = None
-    # work and utilisation (cs336_systems.flops)
+    # work and utilisation (cs336_systems.flops), on the median step as tokens_per_s
     flops_per_step: int | None = None
     flops_source: str | None = None
     achieved_tflops: float | None = None
