@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cs336_systems.results import ResultFileError, read_results
+from cs336_systems.results import ResultFileError, read_results, validate
 
 # Written by torch as text ("13.0") or an int (91900): read as text so pandas never makes 13.000 of them.
 VERSION_COLUMNS = ("cuda_version", "cudnn_version", "torch_version", "python_version", "git_commit")
@@ -34,10 +34,9 @@ def version_text(value: object) -> str | None:
 
 def read_file(path: str | Path) -> pd.DataFrame:
     path = Path(path)
-    if not path.exists():
-        raise ResultFileError(f"{path}: no such file")
     try:
         if path.suffix == ".csv":
+            validate.check_csv(path, validate.read_text(path))  # damaged lines named as file:LINE
             frame = pd.read_csv(path, dtype=dict.fromkeys(VERSION_COLUMNS, str))
         else:
             frame = read_results(path)
