@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from cs336_systems import nvtx
 from cs336_systems.loading import load_callable
+from cs336_systems.usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeTimeout
 
 ATTENTION_KINDS = ("naive", "sdpa")
 DEFAULT_VOCAB_SIZE = 10_000
@@ -339,9 +340,9 @@ def _run_blocks(blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def load_model_factory(spec: str) -> Callable[..., nn.Module]:
+def load_model_factory(spec: str, import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S) -> Callable[..., nn.Module]:
     """Resolve 'package.module:callable' (the callable may be a dotted attribute path)."""
-    return load_callable(spec, "--model-factory", ModelFactoryError)
+    return load_callable(spec, "--model-factory", ModelFactoryError, import_timeout_s)
 
 
 def build_model(
@@ -358,7 +359,7 @@ def build_model(
         factory = load_model_factory(model_factory)
         try:
             model = factory(**config.factory_kwargs())
-        except (torch.OutOfMemoryError, MemoryError):
+        except (torch.OutOfMemoryError, MemoryError, UserCodeTimeout):
             raise
         except Exception as exc:
             raise ModelFactoryError(f"--model-factory {model_factory} raised {type(exc).__name__}: {exc}") from exc
@@ -378,6 +379,8 @@ def count_parameters_for(config: ModelConfig, model_factory: str | None = None) 
         return count_parameters(build_model(config, "meta"))
     try:
         return count_parameters(build_model(config, "meta", model_factory))
+    except UserCodeTimeout:  # usercode.guarded's: the factory hangs, on any device
+        raise
     except Exception:  # a user's model need not support the meta device
         return None
 
@@ -389,7 +392,7 @@ def check_model_output(model: nn.Module, config: ModelConfig, device: torch.devi
     try:
         with torch.inference_mode():
             out = model(tokens)
-    except (torch.OutOfMemoryError, MemoryError):
+    except (torch.OutOfMemoryError, MemoryError, UserCodeTimeout):
         raise
     except Exception as exc:
         raise ModelFactoryError(f"{label} failed on int64 tokens of shape (2, {seq_len}): {exc}") from exc
