@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Iterable
 
+from cs336_systems import terminal
 from cs336_systems.units import format_bytes, parse_bytes
 
 EXIT_OK = 0
@@ -26,7 +27,12 @@ DEVICE_HELP = "auto (cuda when available), cpu, cuda or cuda:N"
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line: 'prog: error: message'."""
+    """argparse, but a usage error is one line: 'prog: error: message'. Every command builds
+    one, so this is where its output learns to fall back to ASCII (terminal.py, LANG=C)."""
+
+    def __init__(self, *args, **kwargs):
+        terminal.install()
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")

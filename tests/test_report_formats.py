@@ -173,8 +173,8 @@ def test_bad_input_is_one_line_and_exit_2(files, tmp_path, capsys, monkeypatch):
     (tmp_path / "folder.csv").mkdir()
     for argv, expected in (
         ([str(tmp_path / "missing.csv")], "no such file"),
-        ([str(binary)], "cannot be read"),
-        ([str(tmp_path / "folder.csv")], "cannot be read"),
+        ([str(binary)], "binary.csv:1: not UTF-8 text"),
+        ([str(tmp_path / "folder.csv")], "is a directory"),
         ([str(RESULTS / "bench_timing_cpu.csv")], "not a benchmark result file of any known tool"),
         ([*files["ddp"], str(RESULTS / "memory_accuracy_cpu.csv")], "memory_accuracy_cpu.csv"),
         ([*files["ddp"], "--output", str(tmp_path / "r.csv")], "unknown format '.csv'"),

@@ -12,10 +12,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from cs336_systems.argtypes import ArgumentParser, fail, non_negative_int, positive_float
+from cs336_systems.argtypes import EXIT_FAILED, ArgumentParser, fail, non_negative_int, positive_float
 from cs336_systems.lifetime import child_preexec
 from cs336_systems.monitor.files import MonitorPathError, SampleCsvWriter, check_monitor_path, report_text, write_report
 from cs336_systems.monitor.sampling import DEFAULT_INTERVAL_S, GpuProbe, ResourceMonitor
+from cs336_systems.results.files import ResultWriteError
 
 PROG = "python -m cs336_systems.monitor"
 
@@ -63,8 +64,14 @@ def run_monitored(command: Sequence[str], csv_path: Path, interval_s: float, gpu
             signal.signal(sig, handler)
         writer.close()
     status = exit_status(returncode)
-    report = write_report(monitor, csv_path, shlex.join(command), status)
-    print(report_text(report, csv_path), file=sys.stderr)
+    try:
+        report = write_report(monitor, csv_path, shlex.join(command), status)
+        print(report_text(report, csv_path), file=sys.stderr)
+    except ResultWriteError as exc:  # a full disk: one line naming the file
+        writer.error = writer.error or exc
+    if writer.error is not None:
+        print(f"{PROG}: error: {writer.error.strerror}", file=sys.stderr)
+        return status or EXIT_FAILED
     return status
 
 

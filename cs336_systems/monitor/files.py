@@ -22,7 +22,7 @@ from cs336_systems.monitor.sampling import (
     ResourceMonitor,
     Sample,
 )
-from cs336_systems.results.files import ResultFileError, check_output_path
+from cs336_systems.results.files import ResultFileError, ResultWriteError, append_line, check_output_path, write_whole
 from cs336_systems.results.records import Record, identity_field
 
 # -- summaries and files -------------------------------------------------------------------
@@ -75,23 +75,30 @@ def check_monitor_path(path: str | Path) -> Path:
 
 
 class SampleCsvWriter:
-    """Appends each sample to the CSV as it is taken (flushed), so a run killed midway keeps its rows."""
+    """Appends each sample to the CSV as it is taken, one whole line per write, so a run killed
+    midway keeps its rows. A failed write (a full disk) is truncated back to the last whole row
+    and stops the file (the samples stay in memory for the summary); `error` says what happened."""
 
     def __init__(self, path: Path):
         self.path = path
-        self.handle = path.open("w", newline="")
-        self.handle.write(",".join(SAMPLE_FIELDS) + "\n")
-        self.handle.flush()
+        self.error: ResultWriteError | None = None
+        self.rows = 0
+        append_line(path, ",".join(SAMPLE_FIELDS) + "\n", inject=False)
 
     def __call__(self, sample: Sample) -> None:
+        if self.error is not None:
+            return
         cells = (
             "" if v is None else (f"{v:.6f}" if isinstance(v, float) else str(v)) for v in dataclasses.astuple(sample)
         )
-        self.handle.write(",".join(cells) + "\n")
-        self.handle.flush()
+        try:
+            append_line(self.path, ",".join(cells) + "\n", inject=False)
+            self.rows += 1
+        except ResultWriteError as exc:  # called on the sampling thread: never raise into it
+            self.error = exc
 
     def close(self) -> None:
-        self.handle.close()
+        pass  # each row is written and closed at once
 
 
 def plot_samples(samples: Sequence[Sample], path: Path, title: str, gpu_note: str | None = None) -> None:
@@ -175,7 +182,7 @@ def write_report(monitor: ResourceMonitor, csv_path: Path, command: str, exit_st
         environment=collect_environment(torch.device("cpu")),
     )
     # Nested JSON (summary per metric, environment as an object), not the flat row a table needs.
-    csv_path.with_suffix(".json").write_text(json.dumps(dataclasses.asdict(report), indent=2, default=str) + "\n")
+    write_whole(csv_path.with_suffix(".json"), json.dumps(dataclasses.asdict(report), indent=2, default=str) + "\n")
     return report
 
 
@@ -214,8 +221,13 @@ def monitored(
             yield monitor
     finally:
         writer.close()
-        report = write_report(monitor, csv_path, label or shlex.join(sys.argv), None)
-        print(report_text(report, csv_path), file=sys.stderr)
+        try:
+            report = write_report(monitor, csv_path, label or shlex.join(sys.argv), None)
+            print(report_text(report, csv_path), file=sys.stderr)
+        except ResultWriteError as exc:  # a full disk: said once; the tool's own results go on
+            writer.error = writer.error or exc
+        if writer.error is not None:
+            print(f"monitor: error: {writer.error.strerror}", file=sys.stderr)
 
 
 def add_monitor_arguments(parser) -> None:

@@ -26,10 +26,12 @@ from cs336_systems.results.files import (
     ResultRecord,
     ResultSink,
     ResultWriteError,
+    check_distinct,
     check_output_path,
     check_output_paths,
     read_markdown,
     read_results,
+    write_whole,
 )
 from cs336_systems.results.markdown import (
     MARKDOWN_ENVIRONMENT,
@@ -69,7 +71,7 @@ __all__ = [
     "BENCHMARK_FIELDS", "CONFIG_FIELDS", "ENVIRONMENT_FIELDS", "GIT_COMMIT_ENV", "LABEL_COLUMNS",
     "MARKDOWN_COLUMNS", "MARKDOWN_ENVIRONMENT", "OUTPUT_DIRS", "OUTPUT_SUFFIXES", "STATS_CONVENTIONS",
     "STATUSES", "TIMING_STATISTICS", "BenchmarkRecord", "CsvWriter", "Environment", "JsonlWriter",
-    "LegacyRecord", "MarkdownWriter", "OutputLock", "ResultWriteError", "check_output_path", "Record", "ResultFileError", "ResultRecord", "ResultSink", "Timing",
+    "LegacyRecord", "MarkdownWriter", "OutputLock", "ResultWriteError", "check_distinct", "check_output_path", "write_whole", "Record", "ResultFileError", "ResultRecord", "ResultSink", "Timing",
     "check_output_paths", "checkout_state", "collect_environment", "console_table", "environment_lines",
     "fill_timing", "format_cell", "harness_commit", "identity_field", "identity_value", "is_missing",
     "markdown_table", "note_lines", "read_markdown", "read_results", "render_document", "render_markdown",

@@ -8,6 +8,7 @@ runs never interleave rows or write a header twice.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import csv
 import errno
 import fcntl
@@ -145,9 +146,10 @@ def same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def check_distinct(paths: dict[str, Path]) -> None:
-    """Outputs of different flags (--output, --monitor, --summary) must be different files."""
-    items = [(flag, path) for flag, path in paths.items() if path is not None]
+def check_distinct(paths: Iterable[tuple[str, Path | None]]) -> None:
+    """Outputs of different flags (--output, --monitor, --summary) must be different files:
+    (flag, path) pairs, None paths skipped."""
+    items = [(flag, path) for flag, path in paths if path is not None]
     for i, (flag, path) in enumerate(items):
         for other_flag, other in items[i + 1 :]:
             if same_file(path, other):
@@ -267,9 +269,10 @@ def _after_write() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def append_line(path: Path, line: str) -> None:
+def append_line(path: Path, line: str, *, inject: bool = True) -> None:
     """Append `line` (ending in a newline) in one write; on failure truncate the file back to
-    where it was, so it never holds half a row, and raise ResultWriteError naming the file."""
+    where it was, so it never holds half a row, and raise ResultWriteError naming the file.
+    `inject=False`: not a result row, so FAULT_ENV does not count it (the monitor's samples)."""
     data = line.encode()
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -278,7 +281,8 @@ def append_line(path: Path, line: str) -> None:
     try:
         size = os.fstat(fd).st_size
         try:
-            _fault(data, fd)
+            if inject:
+                _fault(data, fd)
             written = os.write(fd, data)
             if written != len(data):
                 raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
@@ -289,7 +293,8 @@ def append_line(path: Path, line: str) -> None:
             ) from exc
     finally:
         os.close(fd)
-    _after_write()
+    if inject:
+        _after_write()
 
 
 def repair_cut_line(path: Path) -> str | None:
@@ -397,21 +402,30 @@ class MarkdownWriter:
 
     def write(self, record: ResultRecord) -> None:
         self.rows.append(record.to_row())
-        temporary = self.path.with_name(self.path.name + TEMP_SUFFIX)
-        data = self.render(self.rows).encode()
+        write_whole(self.path, self.render(self.rows))
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Replace `path` with `text` atomically: a temp file beside it (created fresh, never
+    through a link planted at its name), then a rename. A failure (a full disk) leaves the
+    previous file and no temp file, and raises ResultWriteError naming the file."""
+    temporary = path.with_name(path.name + TEMP_SUFFIX)
+    data = text.encode()
+    try:
+        temporary.unlink(missing_ok=True)  # a stale one, or a planted link (unlink never follows)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
-            temporary.unlink(missing_ok=True)  # a stale one, or a planted link (unlink never follows)
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-            finally:
-                os.close(fd)
-            os.replace(temporary, self.path)
-        except OSError as exc:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
             temporary.unlink(missing_ok=True)
-            raise ResultWriteError(exc.errno, f"{self.path}: could not rewrite ({exc.strerror}); kept as it was") from exc
+        kept = "kept as it was" if path.exists() else "not written"
+        raise ResultWriteError(exc.errno, f"{path}: could not write ({exc.strerror}); {kept}") from exc
 
 
 class ResultSink:
