@@ -48,17 +48,28 @@ def exit_status(statuses: Iterable[str | None]) -> int:
     return EXIT_FAILED if any(status in FAILED_STATUSES for status in statuses) else EXIT_OK
 
 
+# No count or size in this project comes near 2**40 (a trillion); past it, torch's size arithmetic
+# overflows into a traceback instead of an honest out-of-memory result.
+MAX_INT = 2**40
+
+
 def positive_int(text: str) -> int:
     value = _parse(int, text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+    return _at_most(value, text)
 
 
 def non_negative_int(text: str) -> int:
     value = _parse(int, text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+    return _at_most(value, text)
+
+
+def _at_most(value: int, text: str) -> int:
+    if value > MAX_INT:
+        raise argparse.ArgumentTypeError(f"must be at most 2**40 ({MAX_INT}), got {text}")
     return value
 
 

@@ -52,6 +52,13 @@ MODEL_SIZES = SIZE_TABLES[DEFAULT_SIZE_TABLE]
 CHECKPOINT_WORDS = ("sqrt", "all")  # --checkpoint-blocks besides a number of blocks K (0 = off)
 
 
+# Sane upper bounds, each tens of times the largest published model's (d_model 16384, d_ff 53248,
+# 126 layers, 128 heads, a 256k vocabulary, a 10M context): past them a shape is a typo, and torch's
+# size arithmetic overflows into a traceback instead of an honest out-of-memory row.
+MODEL_LIMITS = {"d_model": 2**20, "d_ff": 2**22, "num_layers": 2**14, "num_heads": 2**14, "vocab_size": 2**24,
+                "context_length": 2**28}  # fmt: skip
+
+
 class ConfigError(ValueError):
     """A model shape or option the user asked for that cannot be built."""
 
@@ -139,6 +146,9 @@ class ModelConfig:
         for field in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length"):
             if getattr(self, field) <= 0:
                 raise ConfigError(f"{field} must be positive, got {getattr(self, field)}")
+            if getattr(self, field) > MODEL_LIMITS[field]:
+                raise ConfigError(f"{field} must be at most {MODEL_LIMITS[field]} (far past any published model), "
+                                  f"got {getattr(self, field)}")  # fmt: skip
         if self.rope_theta <= 0:
             raise ConfigError(f"rope_theta must be positive, got {self.rope_theta}")
         if self.d_model % self.num_heads:

@@ -288,3 +288,22 @@ def test_compare_prints_to_a_terminal_that_cannot_show_plus_minus(tmp_path, env)
                           env={**clean, **env, "PYTHONPATH": str(REPO)})  # fmt: skip
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     assert b"+/-5%" in done.stdout and done.stdout.isascii()
+
+
+# -- sane upper bounds ----------------------------------------------------------------------
+
+
+def test_sizes_and_counts_have_sane_upper_bounds():
+    import argparse
+
+    from cs336_systems.argtypes import MAX_INT, positive_int
+    from cs336_systems.distributed.driver import LaunchError, resolve_world_sizes
+    from cs336_systems.models import ConfigError, ModelConfig
+
+    assert positive_int(str(MAX_INT)) == MAX_INT
+    with pytest.raises(argparse.ArgumentTypeError, match="at most 2\\*\\*40"):
+        positive_int(str(2**62))
+    with pytest.raises(ConfigError, match="d_model must be at most"):
+        ModelConfig(d_model=2**21, d_ff=64, num_layers=1, num_heads=2).validate()
+    with pytest.raises(LaunchError, match="--world-sizes 1000: at most 64"):
+        resolve_world_sizes([2, 1000], "gloo", "cpu", torchrun=False)

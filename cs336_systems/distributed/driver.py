@@ -102,6 +102,9 @@ class Launch:
         return run_spawned(worker, units, spec, unit_timeout_s=self.timeout_s)
 
 
+MAX_SPAWNED_WORLD_SIZE = 64  # past a full node of GPUs many times over; 1000 would start 1000 processes
+
+
 def resolve_world_sizes(asked: list[int] | None, backend: str, device: str, torchrun: bool) -> list[int]:
     if torchrun:
         size = torchrun_world_size()
@@ -109,6 +112,9 @@ def resolve_world_sizes(asked: list[int] | None, backend: str, device: str, torc
             raise LaunchError(f"under torchrun the world size is torchrun's ({size}); drop --world-sizes {asked}")
         return [size]
     if asked:
+        if max(asked) > MAX_SPAWNED_WORLD_SIZE:  # each rank is a process holding torch and a model
+            raise LaunchError(f"--world-sizes {max(asked)}: at most {MAX_SPAWNED_WORLD_SIZE} ranks are started on "
+                              "one machine; launch more with torchrun across machines")  # fmt: skip
         return list(asked)
     if parse_rank_device(device, backend)[0] == "cuda" and torch.cuda.is_available():
         return [torch.cuda.device_count()]
