@@ -137,3 +137,35 @@ def test_benchmark_rows_for_user_code_that_exits_or_hangs(tmp_path, flags, statu
 def test_benchmark_refuses_an_absurd_timeout():
     result = run_benchmark_cli("--timeout", "1e20", timeout=60)
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+
+
+# -- attention_bench: the implementation runs guarded, its output must be attention's -------------
+
+
+@pytest.mark.parametrize(
+    "name, status, message",
+    [
+        ("returns_float64", "wrong", "output is torch.float64 on cpu, expected torch.float32"),
+        ("returns_nan", "wrong", "NaN or infinite"),
+        ("exits", "error", r"forward: tests.fixtures.hostile.attention:exits called sys.exit\(0\)"),
+        ("os_exits", "error", r"called os._exit\(0\)"),
+        ("hangs", "timeout", "did not return within --timeout 1 s"),
+        ("correct", "ok", None),
+    ],
+)
+def test_attention_rows_for_hostile_implementations(name, status, message):
+    from cs336_systems.attention_bench import AttentionConfig, run_attention
+
+    config = AttentionConfig(f"tests.fixtures.hostile.attention:{name}", head_dim=8, seq_len=16, warmup_steps=1, steps=2)
+    record = run_attention(config, timeout_s=1 if name == "hangs" else 120)
+    assert record.status == status, record.error
+    if message:
+        assert re.search(message, record.error)
+
+
+def test_attention_flash_getter_that_exits_is_an_error_row():
+    from cs336_systems.attention_bench import AttentionConfig, run_attention
+
+    adapters = str(REPO / "tests/fixtures/hostile/adapters_exit.py")
+    record = run_attention(AttentionConfig("flash-pytorch", head_dim=8, seq_len=16, steps=2, adapters=adapters))
+    assert (record.status, record.error) == ("error", "setup: flash-pytorch called sys.exit(0)")
