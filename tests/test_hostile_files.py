@@ -307,3 +307,16 @@ def test_sizes_and_counts_have_sane_upper_bounds():
         ModelConfig(d_model=2**21, d_ff=64, num_layers=1, num_heads=2).validate()
     with pytest.raises(LaunchError, match="--world-sizes 1000: at most 64"):
         resolve_world_sizes([2, 1000], "gloo", "cpu", torchrun=False)
+
+
+def test_monitor_and_output_that_are_one_file_are_refused(tmp_path):
+    import argparse
+
+    from cs336_systems.monitor.files import MonitorPathError, check_monitor_arguments
+
+    args = argparse.Namespace(monitor=str(tmp_path / "r.csv"), monitor_interval=1.0, output=[str(tmp_path / "r.csv")])
+    with pytest.raises(MonitorPathError, match="--monitor .* and --output .* are the same file"):
+        check_monitor_arguments(args)
+    args.output = [str(tmp_path / "r.json")]  # where the monitor's summary goes
+    with pytest.raises(MonitorPathError, match="--monitor's JSON"):
+        check_monitor_arguments(args)

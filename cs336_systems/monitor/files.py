@@ -22,7 +22,14 @@ from cs336_systems.monitor.sampling import (
     ResourceMonitor,
     Sample,
 )
-from cs336_systems.results.files import ResultFileError, ResultWriteError, append_line, check_output_path, write_whole
+from cs336_systems.results.files import (
+    ResultFileError,
+    ResultWriteError,
+    append_line,
+    check_distinct,
+    check_output_path,
+    write_whole,
+)
 from cs336_systems.results.records import Record, identity_field
 
 # -- summaries and files -------------------------------------------------------------------
@@ -247,4 +254,10 @@ def check_monitor_arguments(args) -> None:
     if args.monitor is not None:
         if not args.monitor_interval > 0:
             raise MonitorPathError(f"--monitor-interval must be positive, got {args.monitor_interval}")
-        check_monitor_path(args.monitor)
+        csv_path = check_monitor_path(args.monitor)
+        outputs = [Path(path) for path in getattr(args, "output", None) or []]
+        try:  # the monitor's three files and the tool's results must be different files
+            check_distinct([("--monitor", csv_path), ("--monitor's JSON", csv_path.with_suffix(".json")),
+                            ("--monitor's PNG", csv_path.with_suffix(".png")), *(("--output", o) for o in outputs)])  # fmt: skip
+        except ResultFileError as exc:
+            raise MonitorPathError(str(exc)) from None
