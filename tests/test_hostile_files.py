@@ -320,3 +320,11 @@ def test_monitor_and_output_that_are_one_file_are_refused(tmp_path):
     args.output = [str(tmp_path / "r.json")]  # where the monitor's summary goes
     with pytest.raises(MonitorPathError, match="--monitor's JSON"):
         check_monitor_arguments(args)
+
+
+def test_a_markdown_results_file_is_refused_as_input_to_report_and_compare(tmp_path, capsys):
+    (tmp_path / "rows.md").write_text("| model_size | mean_ms |\n|---|---|\n| small | 1.0 |\n")
+    assert report_main([str(tmp_path / "rows.md"), "--output", str(tmp_path / "r.md")]) == 2
+    assert compare_main([str(tmp_path / "rows.md"), str(tmp_path / "rows.md")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("a Markdown rendering" in line for line in err)

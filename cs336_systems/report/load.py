@@ -34,6 +34,7 @@ def version_text(value: object) -> str | None:
 
 def read_file(path: str | Path) -> pd.DataFrame:
     path = Path(path)
+    validate.check_not_rendering(path)
     try:
         if path.suffix == ".csv":
             validate.check_csv(path, validate.read_text(path))  # damaged lines named as file:LINE

@@ -41,6 +41,14 @@ def check_readable(path: Path) -> None:
         raise ResultFileError(f"{path}: not a regular file (a FIFO, device or socket); give a result file")
 
 
+def check_not_rendering(path: Path) -> None:
+    """A Markdown results file is a rendering for people (some columns, rounded numbers): a tool
+    that compares or reports rows reads the .csv or .jsonl written beside it instead."""
+    if Path(path).suffix == ".md":
+        raise ResultFileError(f"{path}: a Markdown rendering (some columns, rounded); give the .csv or .jsonl "
+                              "the tool wrote beside it")  # fmt: skip
+
+
 def read_text(path: Path) -> str:
     """The file's text; bytes that are not UTF-8 are named by line."""
     check_readable(path)
