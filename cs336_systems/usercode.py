@@ -54,8 +54,11 @@ class UserCodeTimeout(Exception):
 def check_timeout(value: float, flag: str = "--timeout") -> float:
     """A time limit in seconds within (0, MAX_TIMEOUT_S]; ValueError (one line) otherwise, nan and inf too."""
     if not 0 < value <= MAX_TIMEOUT_S:
-        raise ValueError(f"{flag} must be between 0 and {MAX_TIMEOUT_S:g} seconds (a week), got {value:g}")
+        raise ValueError(f"{flag} {_BOUNDS}, got {value:g}")
     return value
+
+
+_BOUNDS = f"must be more than 0 and at most {MAX_TIMEOUT_S:g} seconds (a week)"
 
 
 def timeout_seconds(text: str) -> float:
@@ -63,10 +66,12 @@ def timeout_seconds(text: str) -> float:
     import argparse
 
     try:
-        return check_timeout(float(text))
-    except ValueError as exc:
-        message = str(exc) if "between" in str(exc) else f"expected a number of seconds, got {text!r}"
-        raise argparse.ArgumentTypeError(message) from None
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value <= MAX_TIMEOUT_S:  # argparse names the flag
+        raise argparse.ArgumentTypeError(f"{_BOUNDS}, got {text}")
+    return value
 
 
 def _real_interrupt() -> bool:

@@ -97,7 +97,7 @@ def test_an_outer_alarm_still_goes_off_and_is_set_again():
 
 @pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), 1e20])
 def test_absurd_timeouts_are_refused(value):
-    with pytest.raises(ValueError, match="--timeout must be between"):
+    with pytest.raises(ValueError, match="--timeout must be more than 0 and at most"):
         check_timeout(value)
 
 

@@ -1,0 +1,95 @@
+"""Hostile inputs beyond a bad flag: a cluster's stale environment, flags that do not apply, wrong
+numbers from the user's distributed code. Real child processes where a process must end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import torch.distributed as dist
+
+from cs336_systems import ddp_bench
+from tests.conftest import PYTHON, REPO, TINY_SHAPE, child_env
+
+HOSTILE = REPO / "tests" / "fixtures" / "hostile"
+TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
+
+
+def run_tool(module: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120):
+    variables = {k: v for k, v in child_env().items() if k not in TORCHRUN}
+    variables.update(env or {})
+    return subprocess.run([PYTHON, "-m", module, *args], capture_output=True, text=True, cwd=REPO, env=variables,
+                          timeout=timeout)  # fmt: skip
+
+
+def one_line_exit_2(result: subprocess.CompletedProcess, *words: str) -> None:
+    assert result.returncode == 2, result.stderr
+    # the OpenMP runtime warns of a bad OMP_NUM_THREADS itself, as torch loads it: not our line
+    ours = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("libgomp:")]
+    assert len(ours) == 1 and "Traceback" not in result.stderr, result.stderr
+    for word in words:
+        assert word in result.stderr, result.stderr
+
+
+STALE = dict(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29917")
+ALLREDUCE = ["--sizes", "1KB", "--warmup-steps", "1", "--measure-steps", "2", "--init-timeout", "1"]
+
+
+@pytest.mark.skipif(not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        ({**STALE, "RANK": "2"}, ["RANK=2 must be from 0 to 1 (below WORLD_SIZE=2)", "unset RANK"]),
+        ({**STALE, "WORLD_SIZE": "two"}, ["WORLD_SIZE='two' is not an integer"]),
+        ({**STALE, "MASTER_PORT": "70000"}, ["MASTER_PORT=70000 must be from 1 to 65535"]),
+        ({**STALE, "WORLD_SIZE": "1", "OMP_NUM_THREADS": "lots"}, ["environment variable OMP_NUM_THREADS='lots'"]),
+        (STALE, ["no rendezvous with the other 1 rank(s) at 127.0.0.1:29917 within --init-timeout 1 s"]),
+        ({**STALE, "RANK": "1", "LOCAL_RANK": "1"}, ["no rendezvous", "--init-timeout 1 s"]),
+    ],
+)
+def test_a_stale_or_inconsistent_torchrun_environment_is_one_line(env, words):
+    port = 29917 + os.getpid() % 1000  # a port no test of another worker listens on
+    env = {**env, "MASTER_PORT": env["MASTER_PORT"] if env["MASTER_PORT"] != "29917" else str(port)}
+    words = [word.replace("29917", str(port)) for word in words]
+    result = run_tool("cs336_systems.allreduce_bench", *ALLREDUCE, env=env, timeout=90)
+    one_line_exit_2(result, *words)
+
+
+@pytest.mark.parametrize("value", ["1e300", "0", "nan", "inf"])
+def test_absurd_init_timeouts_are_refused(capsys, value):
+    with pytest.raises(SystemExit) as exit_info:
+        ddp_bench.main(["--init-timeout", value])
+    assert exit_info.value.code == 2
+    assert "argument --init-timeout: must be more than 0 and at most" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags, flag",
+    [
+        (["--strategies", "naive", "--bucket-cap-mb", "25"], "--bucket-cap-mb"),
+        (["--strategies", "ddp", "flat", "--fsdp-compute-dtype", "bf16"], "--fsdp-compute-dtype"),
+    ],
+)
+def test_ddp_bench_refuses_a_flag_no_chosen_strategy_uses(capsys, flags, flag):
+    assert ddp_bench.main(["--world-sizes", "2", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag} applies only to --strategies" in err, err
+
+
+@pytest.mark.skipif(not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
+@pytest.mark.parametrize("check", [True, False])
+def test_ddp_nan_gradients_are_wrong_not_ok(tmp_path, check):
+    output = tmp_path / "ddp.jsonl"
+    result = run_tool(
+        "cs336_systems.ddp_bench", "--world-sizes", "2", "--strategies", "adapter-ddp",
+        "--adapters", str(HOSTILE / "adapters_nan.py"), *TINY_SHAPE, "--context-length", "8", "--batch-size", "2",
+        "--warmup-steps", "1", "--measure-steps", "2", "--output", str(output), *([] if check else ["--no-check"]),
+        timeout=240,
+    )  # fmt: skip
+    rows = {row["strategy"]: row for row in map(json.loads, output.read_text().splitlines())}
+    assert result.returncode == 1, result.stderr
+    assert rows["single"]["status"] == "ok"
+    assert rows["adapter-ddp"]["status"] == "wrong" and "NaN" in rows["adapter-ddp"]["error"]
+    assert rows["adapter-ddp"]["mean_ms"] is None
