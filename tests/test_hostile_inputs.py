@@ -93,3 +93,26 @@ def test_ddp_nan_gradients_are_wrong_not_ok(tmp_path, check):
     assert rows["single"]["status"] == "ok"
     assert rows["adapter-ddp"]["status"] == "wrong" and "NaN" in rows["adapter-ddp"]["error"]
     assert rows["adapter-ddp"]["mean_ms"] is None
+
+
+RESIDUALS = ["--no-compile", "--no-model", "--d-model", "16", "--num-layers", "1", "--num-heads", "2", "--d-ff", "32",
+             "--vocab-size", "50"]  # fmt: skip
+
+
+def test_residuals_context_past_the_models_maximum_is_one_line(capsys):
+    from cs336_systems import residuals
+
+    assert residuals.main([*RESIDUALS, "--context-length", "64", "--max-context-length", "32"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--context-length 64 is longer than the model supports" in err
+
+
+def test_residuals_a_size_that_cannot_be_allocated_is_an_oom_result(capsys):
+    from cs336_systems import residuals
+
+    # 1e6 x 1e5 tokens x 64 fp32: 25.6 TB, refused by the allocator at once (nothing is touched)
+    args = ["--batch-size", "1000000", "--context-length", "100000", "--max-context-length", "100000"]
+    assert residuals.main([*RESIDUALS, *args, "--d-model", "64"]) == 0  # oom is a result, by the one exit rule
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "oom: batch 1000000 x context 100000" in err and "can't allocate" in err
+    assert "Traceback" not in err
