@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or time.strftime("monitor-%Y%m%d-%H%M%S.csv")
     try:
         check_command(command[0])
-        csv_path = check_monitor_path(output)
+        csv_path = check_monitor_path(output, "--output")
         if args.gpus is not None:
             GpuProbe(args.gpus)
         return run_monitored(command, csv_path, args.interval, args.gpus)

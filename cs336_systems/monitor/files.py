@@ -65,8 +65,10 @@ class MonitorPathError(ValueError):
     """A --monitor / --output path we refuse (wrong suffix, would overwrite a time series)."""
 
 
-def check_monitor_path(path: str | Path) -> Path:
+def check_monitor_path(path: str | Path, flag: str = "--monitor") -> Path:
     """The CSV path, checked before any work starts; its .png and .json go beside it."""
+    if str(path).endswith("/"):
+        raise MonitorPathError(f"{flag} {path}: ends in '/': give a file name, not a directory")
     path = Path(path)
     if path.suffix != ".csv":
         raise MonitorPathError(f"monitor output {path}: must end in .csv (the .png and .json go beside it)")
@@ -75,7 +77,7 @@ def check_monitor_path(path: str | Path) -> Path:
             raise MonitorPathError(f"monitor output {existing} already exists; choose a new name")
     for written in (path, path.with_suffix(".png"), path.with_suffix(".json")):
         try:
-            check_output_path(written, "--monitor")
+            check_output_path(written, flag)
         except ResultFileError as exc:
             raise MonitorPathError(str(exc)) from None
     return path
