@@ -57,6 +57,22 @@ from cs336_systems.usercode import DEFAULT_TIMEOUT_S, UserCodeError, UserCodeTim
 OPTIMIZER_STATE_NOTE = "first measured step includes creating the AdamW state (no warmup step ran before it)"
 
 
+OPTIMIZER_UNCHANGED_NOTE = (
+    "the optimizer's step() left every parameter unchanged (checked on an untimed step): the optimizer part of "
+    "these times updated nothing (an fp16 GradScaler skips steps whose gradients overflow)"
+)
+PARAMETER_SAMPLE = 64  # elements per parameter compared before and after a step: any real update changes them
+
+
+def _parameter_sample(model: nn.Module) -> list[torch.Tensor]:
+    """A strided sample of every parameter, copied: enough to see whether a step changed it."""
+    samples = []
+    for parameter in model.parameters():
+        flat = parameter.detach().reshape(-1)
+        samples.append(flat[:: max(1, flat.numel() // PARAMETER_SAMPLE)].clone())
+    return samples
+
+
 def _tensor_bytes(model: nn.Module) -> int:
     tensors = [*model.parameters(), *model.buffers()]
     return sum(t.numel() * t.element_size() for t in tensors)
@@ -284,7 +300,10 @@ def _measure(
             phases=phases,
         )
         if traced is not None:
+            before = _parameter_sample(model) if config.pass_type == "train-step" else None
             traced()
+            if before is not None and all(torch.equal(a, b) for a, b in zip(before, _parameter_sample(model))):
+                notes.append(OPTIMIZER_UNCHANGED_NOTE)
         else:
             memory.steps.append({})  # the steady state: one more replay, traced as a whole step
             with memory.phase("step"):

@@ -116,3 +116,14 @@ def test_residuals_a_size_that_cannot_be_allocated_is_an_oom_result(capsys):
     out, err = capsys.readouterr()
     assert err.count("\n") == 1 and "oom: batch 1000000 x context 100000" in err and "can't allocate" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("optimizer, noted", [("tests.fixtures.hostile.optimizers:does_nothing", True), (None, False)])
+def test_an_optimizer_that_updates_nothing_gets_a_note(optimizer, noted):
+    from cs336_systems.runner import OPTIMIZER_UNCHANGED_NOTE, run_benchmark
+    from tests.conftest import tiny_benchmark_config
+
+    config = tiny_benchmark_config(pass_type="train-step", optimizer_factory=optimizer, measure_steps=2)
+    record = run_benchmark(config)
+    assert record.status == "ok", record.error
+    assert (OPTIMIZER_UNCHANGED_NOTE in (record.notes or "")) is noted
