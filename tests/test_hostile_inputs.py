@@ -127,3 +127,42 @@ def test_an_optimizer_that_updates_nothing_gets_a_note(optimizer, noted):
     record = run_benchmark(config)
     assert record.status == "ok", record.error
     assert (OPTIMIZER_UNCHANGED_NOTE in (record.notes or "")) is noted
+
+
+def test_monitor_plot_title_shows_a_command_with_dollars_as_text(tmp_path, capsys):
+    from cs336_systems import monitor
+
+    csv = tmp_path / "run.csv"
+    status = monitor.main(["--monitor-interval", "0.05", "--output", str(csv), "--", "bash", "-c", "echo $$ $HOME"])
+    assert status == 0, capsys.readouterr().err
+    assert csv.with_suffix(".png").stat().st_size > 0 and csv.with_suffix(".json").exists()
+
+
+IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(120)"
+
+
+def test_monitor_under_sigterm_kills_a_command_that_ignores_it(tmp_path):
+    import signal
+    import time
+
+    from cs336_systems.monitor.cli import KILL_GRACE_S
+
+    csv = tmp_path / "run.csv"
+    monitor = subprocess.Popen(
+        [PYTHON, "-m", "cs336_systems.monitor", "--monitor-interval", "0.1", "--output", str(csv), "--",
+         PYTHON, "-c", IGNORES_SIGTERM],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=child_env(),
+    )  # fmt: skip
+    try:
+        assert monitor.stdout.readline().strip() == "ready"
+        command_pid = int(subprocess.check_output(["pgrep", "-P", str(monitor.pid)], text=True).split()[0])
+        started = time.monotonic()
+        monitor.send_signal(signal.SIGTERM)
+        assert monitor.wait(timeout=KILL_GRACE_S + 30) == 128 + signal.SIGKILL
+        assert time.monotonic() - started > KILL_GRACE_S - 1
+    finally:
+        monitor.kill()
+        monitor.wait()
+    with pytest.raises(ProcessLookupError):
+        os.kill(command_pid, 0)
+    assert csv.with_suffix(".json").exists()

@@ -137,7 +137,7 @@ def plot_samples(samples: Sequence[Sample], path: Path, title: str, gpu_note: st
         ax.set_ylabel(label, fontsize=8)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("time since start (s)")
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title, fontsize=9, parse_math=False)  # a command's $ is text, not mathtext
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
