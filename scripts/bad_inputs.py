@@ -20,6 +20,7 @@ import argparse
 import fcntl
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -584,11 +585,35 @@ def markdown(outcomes: list[Outcome], seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def updated(old: str, new: str, commands: list[str]) -> str:
+    """The old table with the rows of `commands` replaced by the new run's, in TABLE order, and
+    the count in the heading recounted."""
+
+    def rows(text: str) -> dict[str, list[str]]:
+        by_command: dict[str, list[str]] = {}
+        for line in text.splitlines():
+            if line.startswith("| ") and not line.startswith("| command"):
+                by_command.setdefault(line[2:].split()[0], []).append(line)
+        return by_command
+
+    kept, fresh = rows(old), rows(new)
+    body = [line for command in TABLE for line in (fresh if command in commands else kept).get(command, [])]
+    total, passed = len(body), sum("**FAIL**" not in line for line in body)
+    head = [line for line in new.splitlines() if not line.startswith("| ") or line.startswith("| command")]
+    head = [re.sub(r"\*\*\d+ of \d+\*\*", f"**{passed} of {total}**", line) for line in head]
+    head = [re.sub(r"\(\d+ s on this machine\)", "(run one command at a time, each merged in as it finished)", line)
+            for line in head]  # fmt: skip
+    table_at = next(i for i, line in enumerate(head) if line.startswith("|---"))
+    return "\n".join([*head[: table_at + 1], *body, *head[table_at + 1 :]]) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=2, help="cases run at once (default 2)")
     parser.add_argument("--commands", nargs="+", choices=tuple(TABLE), help="only these commands")
     parser.add_argument("--output", type=Path, help="write the table as Markdown here")
+    parser.add_argument("--update", action="store_true",
+                        help="with --commands: replace only those commands' rows of the existing --output table")  # fmt: skip
     args = parser.parse_args()
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bad-inputs-") as tmp:
@@ -614,6 +639,8 @@ def main() -> int:
             print(f"FAIL {o.command} {shlex.join(o.args)}: exit {o.returncode}, rows {o.statuses}, {len(o.lines)} lines: "
                   f"{' | '.join(o.lines[-3:])[:300]}", file=sys.stderr)  # fmt: skip
     text = markdown(outcomes, seconds)
+    if args.output and args.update and args.commands and args.output.exists():
+        text = updated(args.output.read_text(), text, args.commands)
     if args.output:
         args.output.write_text(text)
     passed = sum(o.passed for o in outcomes)
