@@ -133,7 +133,7 @@ def test_monitor_plot_title_shows_a_command_with_dollars_as_text(tmp_path, capsy
     from cs336_systems import monitor
 
     csv = tmp_path / "run.csv"
-    status = monitor.main(["--monitor-interval", "0.05", "--output", str(csv), "--", "bash", "-c", "echo $$ $HOME"])
+    status = monitor.main(["--monitor-interval", "0.05", "--output", str(csv), "--", "bash", "-c", "echo $$ # $\\foo$"])
     assert status == 0, capsys.readouterr().err
     assert csv.with_suffix(".png").stat().st_size > 0 and csv.with_suffix(".json").exists()
 
