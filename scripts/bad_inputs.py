@@ -160,7 +160,6 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
     ],
     "benchmark_direct": [*BENCHMARK_LIKE, *SWEEP_ONLY, *PATHS_SHORT, *SIZES[:2],
                          ["--output", "{tmp}/bench_twice.csv", "--resume"],
-                         ["--output", "{tmp}/bench_cut_header.csv", "--resume"],
                          MODEL_CODE[0], MODEL_CODE[4], MODEL_CODE[8], MODEL_CODE[13]],  # fmt: skip
     "run_benchmarks": [*BENCHMARK_LIKE, *SWEEP_ONLY, *CHILD_ONLY, *PATHS_SHORT, *SIZES[:2], ["--timeout", "1e20"],
                        ["--output", "{tmp}/bench_twice.csv", "--resume"],
@@ -508,7 +507,6 @@ def make_damaged_files(tmp: Path) -> None:
     header, first = rows.splitlines()[:2]
     (tmp / "header_twice.csv").write_text(f"{rows}{header}\n{first}\n")
     (tmp / "bench_twice.csv").write_text(f"{header}\n{header}\n")
-    (tmp / "bench_cut_header.csv").write_text(f"{header}\n{first[: len(first) // 2]}")  # resumes: drops the cut row
     cells = first.split(",")
     cells[header.split(",").index("median_ms")] = "fast"
     (tmp / "text_number.csv").write_text(f"{header}\n{','.join(cells)}\n")
