@@ -166,3 +166,34 @@ def test_monitor_under_sigterm_kills_a_command_that_ignores_it(tmp_path):
     with pytest.raises(ProcessLookupError):
         os.kill(command_pid, 0)
     assert csv.with_suffix(".json").exists()
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    """The process ended (a zombie waiting for init to reap it counts as ended)."""
+    import time
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_run_benchmarks_ends_a_helper_process_the_users_model_started(tmp_path):
+    pidfile, output = tmp_path / "helpers.txt", tmp_path / "rows.jsonl"
+    result = run_tool(
+        "cs336_systems.run_benchmarks", *TINY_SHAPE, "--context-lengths", "8", "--batch-sizes", "2",
+        "--warmup-steps", "1", "--measure-steps", "2", "--device", "cpu", "--pass-types", "forward",
+        "--model-factory", "tests.fixtures.hostile.models:starts_helper", "--output", str(output),
+        env={"HOSTILE_HELPER_PIDFILE": str(pidfile)}, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(output.read_text().splitlines()[-1])["status"] == "ok"
+    helpers = [int(line) for line in pidfile.read_text().split()]
+    assert helpers and all(_gone(pid) for pid in helpers)
