@@ -31,6 +31,7 @@ from cs336_systems.lifetime import child_preexec, temporary_directory
 from cs336_systems.models import count_parameters_for
 from cs336_systems.results import ENVIRONMENT_FIELDS, BenchmarkRecord, Environment, collect_environment
 from cs336_systems.runner import new_record
+from cs336_systems.usercode import timeout_seconds
 
 
 def failed_record(
@@ -57,7 +58,8 @@ class ChildLimits:
 
 def add_child_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("child processes")
-    group.add_argument("--timeout", type=float, metavar="SECONDS", help="per configuration; status 'timeout'")
+    group.add_argument("--timeout", type=timeout_seconds, metavar="SECONDS",
+                       help="per configuration; status 'timeout' (at most a week)")  # fmt: skip
     add_memory_limit_argument(
         group,
         help="CPU only: each child may allocate this much beyond torch's own libraries (e.g. 8GiB), "
