@@ -197,3 +197,58 @@ def test_run_benchmarks_ends_a_helper_process_the_users_model_started(tmp_path):
     assert json.loads(output.read_text().splitlines()[-1])["status"] == "ok"
     helpers = [int(line) for line in pidfile.read_text().split()]
     assert helpers and all(_gone(pid) for pid in helpers)
+
+
+# -- StepProbe never harms the loop it observes --------------------------------------------------
+
+
+def _probe(tmp_path, lines, **kwargs):
+    from cs336_systems.probe import StepProbe
+
+    return StepProbe("cpu", output=tmp_path / "probe.csv", outputs=[tmp_path / "probe.md"], window=2,
+                     print_fn=lines.append, environment=None, **kwargs)  # fmt: skip
+
+
+def _full_disk(*args, **kwargs):
+    import errno
+
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_probe_write_failure_is_told_once_and_measuring_goes_on(tmp_path, monkeypatch):
+    lines: list[str] = []
+    probe = _probe(tmp_path, lines)
+    monkeypatch.setattr(probe._sink, "write", _full_disk)
+    monkeypatch.setattr("pathlib.Path.write_text", _full_disk)
+    for _ in range(6):  # three windows, each a failed write
+        with probe.phase("forward"):
+            pass
+        probe.step()
+    probe.close()
+    errors = [line for line in lines if line.startswith("probe: error")]
+    assert len(errors) == 1 and "No space left on device" in errors[0]
+    assert len(probe.records) == 3 and probe.records[-1].steps == 2  # three full windows, nothing lost
+
+
+def test_probe_never_hides_the_users_exception_and_lets_go_of_its_lock(tmp_path, monkeypatch):
+    from cs336_systems.results import ResultSink
+
+    lines: list[str] = []
+    probe = _probe(tmp_path, lines)
+    monkeypatch.setattr(probe._sink, "write", _full_disk)
+    with pytest.raises(ValueError, match="the user's own"), probe:
+        probe.step()
+        raise ValueError("the user's own")
+    ResultSink([tmp_path / "probe.csv"]).close()  # the lock was let go on close()
+
+
+def test_probe_ranks_share_an_output_each_in_its_own_file(tmp_path, monkeypatch):
+    import torch.distributed
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+    lines: list[str] = []
+    probe = _probe(tmp_path, lines)
+    probe.step()
+    probe.close()
+    assert (tmp_path / "probe.rank1.csv").exists() and not (tmp_path / "probe.csv").exists()
