@@ -90,12 +90,6 @@ def interrupt_received() -> int | None:
     return _received[-1] if _received else None
 
 
-def recording_interrupts() -> bool:
-    """Whether signals_interrupt's handler is installed (only then can a raised KeyboardInterrupt be
-    told apart from a signal: usercode.guarded)."""
-    return signal.getsignal(signal.SIGINT) is _raise_interrupt
-
-
 def check_interrupted() -> None:
     """Raise the interrupt again if one was received and swallowed."""
     if interrupt_received() is not None:

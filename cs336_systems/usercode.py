@@ -9,8 +9,8 @@
 
 Inside the block:
 - `sys.exit(n)` raises UserCodeError naming it;
-- a KeyboardInterrupt the code raised itself (no SIGINT or SIGTERM arrived: lifetime's handler records
-  those) raises UserCodeError; a real Ctrl-C stays a KeyboardInterrupt;
+- a KeyboardInterrupt the code raised itself (no SIGINT or SIGTERM arrived: our handlers record those or
+  raise their own subclasses) raises UserCodeError; a real Ctrl-C stays a KeyboardInterrupt;
 - `os._exit(n)` raises UserCodeError: os._exit is replaced inside the block for this process only
   (a process forked inside, e.g. a DataLoader worker, still exits for real);
 - no return within `timeout_s` raises UserCodeTimeout (SIGALRM, main thread only). Code stuck where
@@ -74,10 +74,13 @@ def timeout_seconds(text: str) -> float:
     return value
 
 
-def _real_interrupt() -> bool:
-    """A KeyboardInterrupt is the user's Ctrl-C (or SIGTERM) if lifetime's handler saw a signal, or if
-    that handler is not installed (then we cannot tell, and an interrupt must never be swallowed)."""
-    return lifetime.interrupt_received() is not None or not lifetime.recording_interrupts()
+def _real_interrupt(exc: KeyboardInterrupt) -> bool:
+    """Whether a KeyboardInterrupt is the user's Ctrl-C (or SIGTERM) rather than the code's own raise.
+    Our handlers raise subclasses (lifetime.Terminated, a sweep's Abort) or record the signal (lifetime);
+    under Python's own handler we cannot tell, and an interrupt must never be swallowed."""
+    if type(exc) is not KeyboardInterrupt or lifetime.interrupt_received() is not None:
+        return True
+    return signal.getsignal(signal.SIGINT) in (signal.default_int_handler, signal.SIG_DFL, None)
 
 
 class _Watchdog:
@@ -124,8 +127,8 @@ def guarded(what: str, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> Iterator[
         raise UserCodeError(f"{what} called os._exit({exc.status})") from None
     except SystemExit as exc:
         raise UserCodeError(f"{what} called sys.exit({exc.code!r})") from None
-    except KeyboardInterrupt:
-        if _real_interrupt():
+    except KeyboardInterrupt as exc:
+        if _real_interrupt(exc):
             raise
         raise UserCodeError(f"{what} raised KeyboardInterrupt itself (no Ctrl-C or SIGTERM arrived)") from None
     finally:

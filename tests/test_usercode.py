@@ -169,3 +169,17 @@ def test_attention_flash_getter_that_exits_is_an_error_row():
     adapters = str(REPO / "tests/fixtures/hostile/adapters_exit.py")
     record = run_attention(AttentionConfig("flash-pytorch", head_dim=8, seq_len=16, steps=2, adapters=adapters))
     assert (record.status, record.error) == ("error", "setup: flash-pytorch called sys.exit(0)")
+
+
+@pytest.mark.parametrize("factory, message", [("exits", r"called sys.exit\(0\)"), ("interrupts", "KeyboardInterrupt itself")])
+def test_benchmark_direct_sweep_gets_an_error_row_not_our_exit(tmp_path, factory, message):
+    from cs336_systems import benchmark_direct
+
+    output = tmp_path / "rows.jsonl"
+    code = benchmark_direct.main([
+        *TINY_SHAPE, "--context-lengths", "8", "--batch-sizes", "2", "--warmup-steps", "1", "--measure-steps", "2",
+        "--device", "cpu", "--pass-types", "forward", "--model-factory", f"tests.fixtures.hostile.models:{factory}",
+        "--output", str(output),
+    ])  # fmt: skip
+    row = json.loads(output.read_text().splitlines()[-1])
+    assert code == 1 and row["status"] == "error" and re.search(message, row["error"])
