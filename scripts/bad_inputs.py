@@ -373,7 +373,7 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         ["--output", "{tmp}/" + LONG_NAME, "--", "true"],
     ],
     "residuals": [
-        ["--context-length", "100000"],  # longer than the model's maximum
+        ["--context-length", "64", "--max-context-length", "32"],  # longer than the model's maximum
         ["--context-length", HUGE],
         ["--batch-size", HUGE],
         ["--d-model", str(2**21)],
