@@ -122,17 +122,37 @@ def test_report_refuses_to_overwrite_its_own_input(tmp_path, capsys):
     assert "same file" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in any directory")
-def test_a_writable_file_in_an_unwritable_directory_is_refused_before_any_work(tmp_path):
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    (locked / "r.csv").write_text("")
-    locked.chmod(0o555)
+def test_a_writable_file_in_an_unwritable_directory_is_refused_before_any_work():
+    """As a user who cannot write the directory: root drops to nobody in a forked child."""
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(dir="/tmp"))  # not under pytest's root-only directory
     try:
-        with pytest.raises(ResultFileError, match="cannot write in its directory"):
-            check_output_path(locked / "r.csv")
+        top.chmod(0o755)
+        locked = top / "locked"
+        locked.mkdir()
+        (locked / "r.csv").write_text("")
+        (locked / "r.csv").chmod(0o666)
+        locked.chmod(0o555)
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            code = 1
+            try:
+                if os.geteuid() == 0:
+                    os.setgid(65534)
+                    os.setuid(65534)
+                check_output_path(locked / "r.csv")
+            except ResultFileError as exc:
+                code = 0 if "cannot write in its directory" in str(exc) else 1
+            except BaseException:
+                code = 1
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
     finally:
-        locked.chmod(0o755)
+        (top / "locked").chmod(0o755)
+        shutil.rmtree(top)
 
 
 def test_the_lock_message_names_only_flags_the_tool_has(tmp_path):
