@@ -76,13 +76,6 @@ def build_parser() -> ArgumentParser:
         "scores/softmax/weighted sum as NVTX ranges for nsys (scripts/nsys_profile.sh); `--nvtx blocks` "
         "also marks each Transformer block (block/N); no-op without CUDA",
     )
-    parser.add_argument(
-        "--timeout",
-        type=timeout_seconds,
-        default=DEFAULT_TIMEOUT_S,
-        metavar="SECONDS",
-        help=f"per step, model build and import of your code: past it the row is 'timeout' (default {DEFAULT_TIMEOUT_S:g})",
-    )
     add_shape_arguments(parser)
     add_execution_arguments(parser)
     add_monitor_arguments(parser)
@@ -132,8 +125,21 @@ def config_from_args(args) -> BenchmarkConfig:
     )
 
 
+def add_timeout_argument(parser) -> None:
+    """benchmark's own --timeout (per step, in this process); the sweeps built on build_parser() have
+    theirs, per configuration in a child (child.add_child_arguments)."""
+    parser.add_argument(
+        "--timeout",
+        type=timeout_seconds,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"per step, model build and import of your code: past it the row is 'timeout' (default {DEFAULT_TIMEOUT_S:g})",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    add_timeout_argument(parser)
     args = parser.parse_args(argv)
     try:
         if args.list_sizes:
