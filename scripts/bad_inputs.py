@@ -130,9 +130,10 @@ MODEL_CODE = [
     Row(["--model-factory", "hostile.os_exit_at_import:build"], ("error",)),
     Row(["--model-factory", "hostile.interrupt_at_import:build"], ("error",)),
     Row(["--model-factory", "hostile.hang_at_import:build", "--timeout", "3"], ("timeout",)),
-    Row(["--optimizer", "hostile.optimizers:exits_in_step"], ("error",)),
-    Row(["--optimizer", "hostile.optimizers:os_exits_in_step"], ("error",)),
-    Row(["--optimizer", "hostile.optimizers:hangs_in_step", "--timeout", "3"], ("timeout",)),
+    Row(["--optimizer", "hostile.optimizers:exits_in_step", "--pass-type", "train-step"], ("error",)),
+    Row(["--optimizer", "hostile.optimizers:os_exits_in_step", "--pass-type", "train-step"], ("error",)),
+    Row(["--optimizer", "hostile.optimizers:hangs_in_step", "--pass-type", "train-step", "--timeout", "3"],
+        ("timeout",)),  # fmt: skip
 ]
 SIZES = [
     ["--d-model", HUGE],
