@@ -348,3 +348,11 @@ def test_a_markdown_results_file_is_refused_as_input_to_report_and_compare(tmp_p
     assert compare_main([str(tmp_path / "rows.md"), str(tmp_path / "rows.md")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all("a Markdown rendering" in line for line in err)
+
+
+def test_the_attention_figure_of_a_run_whose_every_row_failed_is_drawn(tmp_path):
+    from cs336_systems.attention_bench.figure import plot
+
+    row = {"implementation": "user:exits", "head_dim": 8, "seq_len": 16, "status": "error", "batch_size": 1,
+           "precision": "fp32", "forward_mean_ms": None, "backward_mean_ms": None}  # fmt: skip
+    assert plot([row], tmp_path / "p.png").stat().st_size > 0
