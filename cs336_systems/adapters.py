@@ -22,6 +22,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from cs336_systems.usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeError, UserCodeTimeout, guarded
+
 ADAPTERS_2026 = (
     "get_flashattention_autograd_function_pytorch",
     "get_flashattention_autograd_function_triton",
@@ -77,7 +79,11 @@ def _import(spec: str) -> ModuleType:
         sys.path.insert(0, str(path.resolve().parent))
         sys.modules[name] = module
         try:
-            module_spec.loader.exec_module(module)
+            with guarded("importing it", DEFAULT_IMPORT_TIMEOUT_S):
+                module_spec.loader.exec_module(module)
+        except (UserCodeError, UserCodeTimeout) as exc:
+            sys.modules.pop(name, None)
+            raise AdapterError(f"--adapters {spec}: cannot import: {exc}") from None
         except BaseException as exc:
             sys.modules.pop(name, None)
             if isinstance(exc, KeyboardInterrupt):
@@ -87,7 +93,10 @@ def _import(spec: str) -> ModuleType:
             sys.path.remove(str(path.resolve().parent))
         return module
     try:
-        return importlib.import_module(spec)
+        with guarded("importing it", DEFAULT_IMPORT_TIMEOUT_S):
+            return importlib.import_module(spec)
+    except (UserCodeError, UserCodeTimeout) as exc:
+        raise AdapterError(f"--adapters {spec}: cannot import: {exc}") from None
     except Exception as exc:  # the user's module may fail in any way while importing
         raise AdapterError(f"--adapters {spec}: cannot import: {type(exc).__name__}: {exc}") from exc
 

@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Iterable
 
+from cs336_systems import terminal
 from cs336_systems.units import format_bytes, parse_bytes
 
 EXIT_OK = 0
@@ -26,7 +27,12 @@ DEVICE_HELP = "auto (cuda when available), cpu, cuda or cuda:N"
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line: 'prog: error: message'."""
+    """argparse, but a usage error is one line: 'prog: error: message'. Every command builds
+    one, so this is where its output learns to fall back to ASCII (terminal.py, LANG=C)."""
+
+    def __init__(self, *args, **kwargs):
+        terminal.install()
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
@@ -42,17 +48,28 @@ def exit_status(statuses: Iterable[str | None]) -> int:
     return EXIT_FAILED if any(status in FAILED_STATUSES for status in statuses) else EXIT_OK
 
 
+# No count or size in this project comes near 2**40 (a trillion); past it, torch's size arithmetic
+# overflows into a traceback instead of an honest out-of-memory result.
+MAX_INT = 2**40
+
+
 def positive_int(text: str) -> int:
     value = _parse(int, text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+    return _at_most(value, text)
 
 
 def non_negative_int(text: str) -> int:
     value = _parse(int, text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+    return _at_most(value, text)
+
+
+def _at_most(value: int, text: str) -> int:
+    if value > MAX_INT:
+        raise argparse.ArgumentTypeError(f"must be at most 2**40 ({MAX_INT}), got {text}")
     return value
 
 

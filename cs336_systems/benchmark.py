@@ -39,6 +39,7 @@ from cs336_systems.optimizer import OptimizerFactoryError, load_optimizer_factor
 from cs336_systems.precision import PRECISIONS
 from cs336_systems.results import BenchmarkRecord, ResultFileError, ResultSink, ResultWriteError, check_output_paths
 from cs336_systems.runner import run_benchmark
+from cs336_systems.usercode import DEFAULT_TIMEOUT_S, timeout_seconds
 
 PROG = "python -m cs336_systems.benchmark"
 
@@ -150,8 +151,21 @@ def config_from_args(args) -> BenchmarkConfig:
     )
 
 
+def add_timeout_argument(parser) -> None:
+    """benchmark's own --timeout (per step, in this process); the sweeps built on build_parser() have
+    theirs, per configuration in a child (child.add_child_arguments)."""
+    parser.add_argument(
+        "--timeout",
+        type=timeout_seconds,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"per step, model build and import of your code: past it the row is 'timeout' (default {DEFAULT_TIMEOUT_S:g})",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    add_timeout_argument(parser)
     args = parser.parse_args(argv)
     try:
         if args.list_sizes:
@@ -166,9 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.memory_snapshot and device.type != "cuda":
             raise DeviceError("--memory-snapshot needs a CUDA device (it records the CUDA allocator's history)")
         if config.model_factory:
-            load_model_factory(config.model_factory)
+            load_model_factory(config.model_factory, args.timeout)
         if config.optimizer_factory:
-            load_optimizer_factory(config.optimizer_factory)
+            load_optimizer_factory(config.optimizer_factory, args.timeout)
         sink = ResultSink(check_output_paths(args.output))
         check_monitor_arguments(args)
     except (
@@ -179,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.nvtx and not nvtx.enable(blocks=args.nvtx == "blocks"):
         print(f"{PROG}: note: --nvtx does nothing on {device.type} (NVTX ranges need CUDA)", file=sys.stderr)
     with monitored(args.monitor, args.monitor_interval):
-        record = run_benchmark(config.replace(device=str(device)), memory_snapshot=args.memory_snapshot)
+        record = run_benchmark(
+            config.replace(device=str(device)), memory_snapshot=args.memory_snapshot, timeout_s=args.timeout
+        )
     print(BenchmarkRecord.console([record.to_row()]))
     try:
         sink.write(record)

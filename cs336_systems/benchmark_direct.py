@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 
@@ -21,6 +22,7 @@ from cs336_systems.memory import current_memory_bytes
 from cs336_systems.models import ModelFactoryError, build_model, check_model_output, count_parameters_for
 from cs336_systems.runner import run_benchmark
 from cs336_systems.sweep import sweep_main
+from cs336_systems.usercode import UserCodeError, UserCodeTimeout, guarded
 
 PROG = "python -m cs336_systems.benchmark_direct"
 
@@ -33,14 +35,18 @@ def execute(pending, args, env, writer) -> None:
         baseline = current_memory_bytes(device)
         model, failure = None, None
         try:
-            model = build_model(model_config, device, args.model_factory)
-            if args.model_factory:
-                check_model_output(model, model_config, device, f"--model-factory {args.model_factory}")
+            with guarded(f"--model-factory {args.model_factory}" if args.model_factory else "building the model"):
+                model = build_model(model_config, device, args.model_factory)
+                if args.model_factory:
+                    check_model_output(model, model_config, device, f"--model-factory {args.model_factory}")
         except ModelFactoryError as exc:
             failure = ("error", str(exc))
         except Exception as exc:  # building can fail like a step can
             failure = failure_status(exc)
-        num_params = count_parameters_for(model_config, args.model_factory) if failure else None
+        num_params = None
+        if failure is not None:
+            with contextlib.suppress(UserCodeError, UserCodeTimeout), guarded("counting parameters"):
+                num_params = count_parameters_for(model_config, args.model_factory)
         for config in group:
             if not writer.start(config):
                 break

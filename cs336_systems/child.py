@@ -30,6 +30,7 @@ from cs336_systems.config import BenchmarkConfig
 from cs336_systems.lifetime import child_preexec, temporary_directory
 from cs336_systems.models import count_parameters_for
 from cs336_systems.results import ENVIRONMENT_FIELDS, BenchmarkRecord, Environment, collect_environment
+from cs336_systems.usercode import timeout_seconds
 
 
 def failed_record(
@@ -56,7 +57,8 @@ class ChildLimits:
 
 def add_child_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("child processes")
-    group.add_argument("--timeout", type=float, metavar="SECONDS", help="per configuration; status 'timeout'")
+    group.add_argument("--timeout", type=timeout_seconds, metavar="SECONDS",
+                       help="per configuration; status 'timeout' (at most a week)")  # fmt: skip
     add_memory_limit_argument(
         group,
         help="CPU only: each child may allocate this much beyond torch's own libraries (e.g. 8GiB), "
@@ -107,21 +109,27 @@ def run_in_child(config: BenchmarkConfig, limits: ChildLimits, env: Environment 
         # what the parent can import (a user's --model-factory module), the child can too
         variables = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         watchdog = None if limits.timeout_s is None else limits.timeout_s + WATCHDOG_GRACE_S
-        process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=variables,
-            start_new_session=True, preexec_fn=child_preexec(watchdog),
-        )  # fmt: skip
-        try:
-            _, stderr = process.communicate(timeout=limits.timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(process)
-            env = env or collect_environment(torch.device(config.device))
-            return failed_record(
-                config, env, "timeout", f"no result within --timeout {limits.timeout_s:g} s", num_params
-            )
-        except BaseException:
-            _kill_group(process)
-            raise
+        # stderr to a file, not a pipe: a process the user's code starts inherits it, and a pipe would
+        # stay open (no end of file) for as long as that process lives
+        with open(Path(tmp) / "stderr.txt", "w+") as stderr_file:
+            process = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=stderr_file, text=True, env=variables,
+                start_new_session=True, preexec_fn=child_preexec(watchdog),
+            )  # fmt: skip
+            try:
+                process.wait(timeout=limits.timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(process)
+                env = env or collect_environment(torch.device(config.device))
+                return failed_record(
+                    config, env, "timeout", f"no result within --timeout {limits.timeout_s:g} s", num_params
+                )
+            except BaseException:
+                _kill_group(process)
+                raise
+            _kill_group(process)  # what the user's code started in the child (a helper process) ends with it
+            stderr_file.seek(0)
+            stderr = stderr_file.read()
         if output.exists() and output.stat().st_size:
             return limits.annotate(_record_from_row(json.loads(output.read_text().splitlines()[-1])))
         tail = " | ".join(stderr.strip().splitlines()[-STDERR_TAIL_LINES:])

@@ -18,7 +18,7 @@ from tabulate import tabulate
 
 from cs336_systems.argtypes import ArgumentParser, fail, positive_float
 from cs336_systems.report import model_label
-from cs336_systems.results import BenchmarkRecord, ResultFileError, read_results
+from cs336_systems.results import BenchmarkRecord, ResultFileError, read_results, validate
 from cs336_systems.results.records import NONFINITE_LOSS_NOTE
 
 PROG = "python -m cs336_systems.compare"
@@ -30,6 +30,7 @@ ENVIRONMENT_SHOWN = ("device_name", "torch_version", "cuda_version", "num_thread
 
 def _rows(path: str) -> dict[tuple, dict]:
     try:
+        validate.check_not_rendering(path)
         frame = read_results(path)
     except (OSError, ValueError) as exc:
         raise ResultFileError(f"{path}: {exc}") from None

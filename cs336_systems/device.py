@@ -15,6 +15,8 @@ import shutil
 
 import torch
 
+from cs336_systems.usercode import UserCodeError, UserCodeTimeout
+
 OOM_MESSAGE_MARKERS = ("out of memory", "can't allocate memory", "defaultcpuallocator")
 
 
@@ -57,6 +59,10 @@ def failure_status(exc: BaseException) -> tuple[str, str]:
     """(status, error) of the row for a configuration that raised `exc`."""
     if is_out_of_memory(exc):
         return "oom", first_line(exc)
+    if isinstance(exc, UserCodeTimeout):
+        return "timeout", first_line(exc)
+    if isinstance(exc, UserCodeError):  # its message names what the code did
+        return "error", first_line(exc)
     return "error", f"{type(exc).__name__}: {first_line(exc)}"
 
 

@@ -34,7 +34,15 @@ from cs336_systems.device import DeviceError, resolve_device
 from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory
 from cs336_systems.monitor import check_monitor_arguments, monitored
 from cs336_systems.optimizer import load_optimizer_factory
-from cs336_systems.results import ResultFileError, ResultSink, ResultWriteError, check_output_path, check_output_paths
+from cs336_systems.results import (
+    ResultFileError,
+    ResultSink,
+    ResultWriteError,
+    check_distinct,
+    check_output_path,
+    check_output_paths,
+    write_whole,
+)
 from cs336_systems.search import search_boundary
 from cs336_systems.sweep import StopRequest, describe
 
@@ -55,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start", type=positive_int, help="first value probed (default: 1 for batch, 128 for context)")
     parser.add_argument("--max", type=positive_int, default=1 << 20, help="largest value probed")
     parser.add_argument("--resolution", type=positive_int, default=1, help="stop when ok and oom are this close")
-    parser.add_argument("--summary", type=Path, help="write the answer as JSON here (default: first --output, .json)")
+    parser.add_argument("--summary", help="write the answer as JSON here (default: first --output, .json)")
     add_child_arguments(parser)
     parser.set_defaults(warmup_steps=1, measure_steps=1)
     args = parser.parse_args(argv)
@@ -77,7 +85,11 @@ def main(argv: list[str] | None = None) -> int:
         sink = ResultSink(outputs)
         summary = args.summary or (outputs[0].with_suffix(".json") if outputs else None)
         if summary:
-            check_output_path(summary, "--summary")  # checked now, not after every probe ran
+            summary = check_output_path(summary, "--summary")  # checked now, not after every probe ran
+            monitor = Path(args.monitor) if args.monitor else None
+            check_distinct([("--summary", summary), ("--monitor", monitor),
+                            ("--monitor (its .json)", monitor and monitor.with_suffix(".json")),
+                            *(("--output", path) for path in outputs)])  # fmt: skip
         check_monitor_arguments(args)  # --monitor comes with the benchmark flags
     except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, ValueError) as exc:
         return fail(PROG, str(exc))
@@ -117,7 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"({result.stopped_because}; {len(result.probes)} probes)")
     if summary:
         text = json.dumps({**asdict(result), "config": searched, "device": str(device)}, indent=2)
-        summary.write_text(text + "\n")
+        try:
+            write_whole(summary, text + "\n")
+        except ResultWriteError as exc:  # a full disk after all the work: the answer is printed above
+            print(f"{PROG}: error: {exc.strerror} (the answer is printed above; every probe's row is kept)",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_FAILED
         print(f"wrote {summary}", file=sys.stderr)
     return EXIT_OK if result.complete else EXIT_FAILED
 

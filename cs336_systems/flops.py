@@ -30,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from cs336_systems.models import ModelConfig, build_model
 from cs336_systems.precision import PRECISION_TABLE, precision_mode
 from cs336_systems.timing import device_synchronizer
+from cs336_systems.usercode import UserCodeTimeout
 
 PASS_FLOP_MULTIPLIER = {"forward": 1, "forward-backward": 3, "train-step": 3}
 PEAK_CHOICES = ("auto", "table", "measure")
@@ -144,6 +145,8 @@ def flops_per_step(
                 pass_type,
                 where,
             )
+        except UserCodeTimeout:  # usercode.guarded's: the model hangs, on any device
+            raise
         except Exception:  # a user's model need not support the meta device
             continue
         return StepFlops(count, "counted")

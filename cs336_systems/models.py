@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from cs336_systems import nvtx
 from cs336_systems.loading import load_callable
+from cs336_systems.usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeTimeout
 
 ATTENTION_KINDS = ("naive", "sdpa")
 DEFAULT_VOCAB_SIZE = 10_000
@@ -50,6 +51,13 @@ SIZE_TABLES: dict[str, dict[str, dict[str, int]]] = {
 DEFAULT_SIZE_TABLE = "2025"
 MODEL_SIZES = SIZE_TABLES[DEFAULT_SIZE_TABLE]
 CHECKPOINT_WORDS = ("sqrt", "all")  # --checkpoint-blocks besides a number of blocks K (0 = off)
+
+
+# Sane upper bounds, each tens of times the largest published model's (d_model 16384, d_ff 53248,
+# 126 layers, 128 heads, a 256k vocabulary, a 10M context): past them a shape is a typo, and torch's
+# size arithmetic overflows into a traceback instead of an honest out-of-memory row.
+MODEL_LIMITS = {"d_model": 2**20, "d_ff": 2**22, "num_layers": 2**14, "num_heads": 2**14, "vocab_size": 2**24,
+                "context_length": 2**28}  # fmt: skip
 
 
 class ConfigError(ValueError):
@@ -141,6 +149,9 @@ class ModelConfig:
         for field in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length"):
             if getattr(self, field) <= 0:
                 raise ConfigError(f"{field} must be positive, got {getattr(self, field)}")
+            if getattr(self, field) > MODEL_LIMITS[field]:
+                raise ConfigError(f"{field} must be at most {MODEL_LIMITS[field]} (far past any published model), "
+                                  f"got {getattr(self, field)}")  # fmt: skip
         if self.rope_theta <= 0:
             raise ConfigError(f"rope_theta must be positive, got {self.rope_theta}")
         if self.d_model % self.num_heads:
@@ -406,9 +417,9 @@ def _run_blocks(blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def load_model_factory(spec: str) -> Callable[..., nn.Module]:
+def load_model_factory(spec: str, import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S) -> Callable[..., nn.Module]:
     """Resolve 'package.module:callable' (the callable may be a dotted attribute path)."""
-    return load_callable(spec, "--model-factory", ModelFactoryError)
+    return load_callable(spec, "--model-factory", ModelFactoryError, import_timeout_s)
 
 
 def build_model(
@@ -427,7 +438,7 @@ def build_model(
         factory = load_model_factory(model_factory)
         try:
             model = factory(**config.factory_kwargs())
-        except (torch.OutOfMemoryError, MemoryError):
+        except (torch.OutOfMemoryError, MemoryError, UserCodeTimeout):
             raise
         except Exception as exc:
             raise ModelFactoryError(f"--model-factory {model_factory} raised {type(exc).__name__}: {exc}") from exc
@@ -447,6 +458,8 @@ def count_parameters_for(config: ModelConfig, model_factory: str | None = None) 
         return count_parameters(build_model(config, "meta"))
     try:
         return count_parameters(build_model(config, "meta", model_factory))
+    except UserCodeTimeout:  # usercode.guarded's: the factory hangs, on any device
+        raise
     except Exception:  # a user's model need not support the meta device
         return None
 
@@ -458,7 +471,7 @@ def check_model_output(model: nn.Module, config: ModelConfig, device: torch.devi
     try:
         with torch.inference_mode():
             out = model(tokens)
-    except (torch.OutOfMemoryError, MemoryError):
+    except (torch.OutOfMemoryError, MemoryError, UserCodeTimeout):
         raise
     except Exception as exc:
         raise ModelFactoryError(f"{label} failed on int64 tokens of shape (2, {seq_len}): {exc}") from exc

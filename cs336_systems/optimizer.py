@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from cs336_systems.loading import load_callable
+from cs336_systems.usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeTimeout
 
 # The hyperparameters a user's optimizer is called with (torch's AdamW defaults, our lr).
 OPTIMIZER_KWARGS = dict(lr=1e-4, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-8)
@@ -16,8 +17,8 @@ class OptimizerFactoryError(ValueError):
     """A user's --optimizer that cannot be imported, called or used."""
 
 
-def load_optimizer_factory(spec: str):
-    return load_callable(spec, "--optimizer", OptimizerFactoryError)
+def load_optimizer_factory(spec: str, import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S):
+    return load_callable(spec, "--optimizer", OptimizerFactoryError, import_timeout_s)
 
 
 class MasterWeights:
@@ -78,7 +79,7 @@ def make_optimizer(
     make = load_optimizer_factory(factory)
     try:
         optimizer = make(model.parameters(), **OPTIMIZER_KWARGS)
-    except (torch.OutOfMemoryError, MemoryError):
+    except (torch.OutOfMemoryError, MemoryError, UserCodeTimeout):
         raise
     except Exception as exc:
         raise OptimizerFactoryError(f"--optimizer {factory} raised {type(exc).__name__}: {exc}") from exc

@@ -25,9 +25,9 @@ from tabulate import tabulate
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from cs336_systems.argtypes import ArgumentParser, add_device_argument, fail, positive_int
+from cs336_systems.argtypes import ArgumentParser, add_device_argument, exit_status, fail, positive_int
 from cs336_systems.benchmark_flags import add_shape_arguments, model_config_from_args
-from cs336_systems.device import DeviceError, compile_unsupported_reason, resolve_device
+from cs336_systems.device import DeviceError, compile_unsupported_reason, failure_status, resolve_device
 from cs336_systems.memory.estimate import FP32, block_saved_bytes
 from cs336_systems.models import ATTENTION_KINDS, ConfigError, ModelConfig, TransformerBlock, TransformerLM
 from cs336_systems.precision import PRECISIONS, autocast, unsupported_reason
@@ -233,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         device = resolve_device(args.device)
         config = model_config_from_args(args, args.model_size, args.context_length, args.attention)
+        config.check_context(args.context_length)
         if args.model_factory:
             raise ConfigError("residuals reads the built-in model's blocks; drop --model-factory")
         reason = unsupported_reason(args.precision, device)
@@ -240,7 +241,18 @@ def main(argv: list[str] | None = None) -> int:
             raise DeviceError(reason)
     except (ConfigError, DeviceError) as exc:
         return fail(PROG, str(exc))
+    try:
+        return _report(args, config, device)
+    except (RuntimeError, MemoryError) as exc:  # a size that cannot be allocated: a result, in one line
+        status, error = failure_status(exc)
+        if status != "oom":
+            raise
+        print(f"{PROG}: oom: batch {args.batch_size} x context {args.context_length} of this model does not fit on "
+              f"{device}: {error}", file=sys.stderr)  # fmt: skip
+        return exit_status([status])
 
+
+def _report(args, config: ModelConfig, device: torch.device) -> int:
     batch, seq = args.batch_size, args.context_length
     rows = block_residuals(config, batch, seq, args.precision, device)
     estimate = block_saved_bytes(config, batch, seq, args.precision, device.type)

@@ -51,8 +51,25 @@ from cs336_systems.timing import (
     make_timer,
     time_steps,
 )
+from cs336_systems.usercode import DEFAULT_TIMEOUT_S, UserCodeError, UserCodeTimeout, guarded
 
 OPTIMIZER_STATE_NOTE = "first measured step includes creating the AdamW state (no warmup step ran before it)"
+
+
+OPTIMIZER_UNCHANGED_NOTE = (
+    "the optimizer's step() left every parameter unchanged (checked on an untimed step): the optimizer part of "
+    "these times updated nothing (an fp16 GradScaler skips steps whose gradients overflow)"
+)
+PARAMETER_SAMPLE = 64  # elements per parameter compared before and after a step: any real update changes them
+
+
+def _parameter_sample(model: nn.Module) -> list[torch.Tensor]:
+    """A strided sample of every parameter, copied: enough to see whether a step changed it."""
+    samples = []
+    for parameter in model.parameters():
+        flat = parameter.detach().reshape(-1)
+        samples.append(flat[:: max(1, flat.numel() // PARAMETER_SAMPLE)].clone())
+    return samples
 
 
 def _tensor_bytes(model: nn.Module) -> int:
@@ -83,6 +100,7 @@ def _measure(
     notes: list[str],
     memory: PhaseMemory,
     memory_snapshot: str | None,
+    rearm: Callable[[], None] = lambda: None,
 ) -> tuple[StepTimes, StepProfile | None]:
     """Compile (if asked, timed apart), then the warmup and measured steps, then the
     profiled step (if asked): its cost stays outside the timed steps.
@@ -124,6 +142,7 @@ def _measure(
             steps_run = []
 
             def step() -> None:
+                rearm()  # each step gets the whole --timeout (one setitimer call)
                 if not steps_run:
                     memory.new_step()
                 (traced if not steps_run else plain)()
@@ -146,7 +165,10 @@ def _measure(
         )
         memory.new_step()  # the steady state: one more step, traced
         if traced is not None:
+            before = _parameter_sample(model) if config.pass_type == "train-step" else None
             traced()
+            if before is not None and all(torch.equal(a, b) for a, b in zip(before, _parameter_sample(model))):
+                notes.append(OPTIMIZER_UNCHANGED_NOTE)
         else:  # one more replay, traced as a whole step
             with memory.phase("step"):
                 step()
@@ -211,8 +233,12 @@ def run_benchmark(
     clock: Callable[[], float] = time.perf_counter,
     memory_baseline_bytes: int | None = None,
     memory_snapshot: str | None = None,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> BenchmarkRecord:
     """Measure one configuration.
+
+    The model (a user's factory), its optimizer and every step run inside usercode.guarded: a step
+    that exits, interrupts itself or takes longer than `timeout_s` is an 'error' or 'timeout' row.
 
     Pass `model` to reuse one already built (sweeps), with `memory_baseline_bytes` the
     device memory in use before it was built (else it is estimated as the memory in use
@@ -221,15 +247,24 @@ def run_benchmark(
     """
     device = resolve_device(config.device)
     env = environment or collect_environment(device)
-    num_params = (
-        count_parameters(model) if model is not None else count_parameters_for(config.model, config.model_factory)
-    )
+    user_code = " or ".join(
+        f"{flag} {spec}" for flag, spec in (("--model-factory", config.model_factory), ("--optimizer", config.optimizer_factory)) if spec
+    ) or "the step"  # fmt: skip
+    try:
+        with guarded(user_code, timeout_s):  # a user's factory is built on the meta device here
+            num_params = (
+                count_parameters(model) if model is not None else count_parameters_for(config.model, config.model_factory)
+            )
+            step_flops = flops_per_step(  # K micro-batches of B sequences: the work of one batch of K * B
+                config.model, config.batch_size * config.grad_accum_steps, config.context_length, config.pass_type,
+                config.model_factory, device,
+            )  # fmt: skip
+    except (UserCodeError, UserCodeTimeout) as exc:
+        record = BenchmarkRecord.for_config(config, device, env, None)
+        record.status, record.error = failure_status(exc)
+        return record
     record = BenchmarkRecord.for_config(config, device, env, num_params)
     notes = ["NVTX ranges on (ranges cost about 1 us each on the host)"] if nvtx.is_enabled() else []
-    step_flops = flops_per_step(  # K micro-batches of B sequences: the work of one batch of K * B
-        config.model, config.batch_size * config.grad_accum_steps, config.context_length, config.pass_type,
-        config.model_factory, device,
-    )  # fmt: skip
     if step_flops is not None:
         record.flops_per_step, record.flops_source = step_flops.flops_per_step, step_flops.source
         model_flops = step_flops.model_flops
@@ -275,13 +310,14 @@ def run_benchmark(
         record.cudnn_allow_tf32 = state.cudnn_allow_tf32
         record.grad_scaler = state.grad_scaler
         try:
-            torch.manual_seed(config.seed)
-            if model is None:
-                model = build_model(config.model, device, config.model_factory)
-                if config.model_factory:
-                    check_model_output(model, config.model, device, f"--model-factory {config.model_factory}")
-            record.num_params = count_parameters(model)
-            times, profile = _measure(config, model, device, clock, record, notes, memory, memory_snapshot)
+            with guarded(user_code, timeout_s) as rearm:
+                torch.manual_seed(config.seed)
+                if model is None:
+                    model = build_model(config.model, device, config.model_factory)
+                    if config.model_factory:
+                        check_model_output(model, config.model, device, f"--model-factory {config.model_factory}")
+                record.num_params = count_parameters(model)
+                times, profile = _measure(config, model, device, clock, record, notes, memory, memory_snapshot, rearm)
         except (ModelFactoryError, OptimizerFactoryError) as exc:
             failure = ("error", str(exc))
         except Exception as exc:  # any failure is a row; OOM is told apart from the rest

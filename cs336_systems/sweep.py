@@ -274,7 +274,7 @@ def sweep_main(
         check_monitor_arguments(args)
         args.child_limits = child_limits_from_args(args, device) if child_processes else None
         # Locked for the whole sweep, cut last lines dropped, other tools' files refused; then read.
-        sink = ResultSink(outputs, wait_lock=args.wait_lock)
+        sink = ResultSink(outputs, wait_lock=args.wait_lock, wait_flag="--wait-lock")
         try:
             held = rows_by_output(outputs)
             pending = pending_configs(configs, held, args.resume)

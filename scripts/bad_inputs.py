@@ -1,29 +1,62 @@
-"""Every command against a table of bad inputs: each must end as one line on stderr and exit 2.
+"""Every command against a table of bad inputs: each must end as one line on stderr and exit 2,
+or, for hostile user code, as the documented row status.
 
     PYTHONPATH=$PWD python scripts/bad_inputs.py [--jobs 2] [--output results/checks/bad_inputs.md]
 
-A case passes when the command exits 2, prints exactly one line on stderr and no traceback. Every
-case carries the tiny model's flags and --device cpu, so a bad input that is not refused runs a few
-seconds of work and fails the case (the point: bad input is refused before any work starts).
-probe has no command line (it is a library), so it has no row here.
+A refused case passes when the command exits 2, prints exactly one line on stderr, no traceback,
+and that line names the case's own flag (or the file it gave), so a case never passes because
+some other flag was refused. Every case carries the tiny model's flags and --device cpu, so a bad
+input that is not refused runs a few seconds of work and fails the case (the point: bad input is
+refused before any work starts). A `Row` case runs user code that exits, hangs or returns wrong
+numbers: it passes when its row in --output has one of the documented statuses and the exit
+status follows the one rule (1 for error, timeout, wrong), with no traceback; refusing it before
+any work (one line, exit 2) passes too. probe has no command line (it is a library), so it has no
+row here.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
+import json
 import os
+import re
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 TINY = ["--d-model", "32", "--d-ff", "64", "--num-layers", "2", "--num-heads", "2", "--vocab-size", "97"]
 RUN = ["--device", "cpu", "--warmup-steps", "1", "--measure-steps", "1"]
 CASE_TIMEOUT_S = 40.0  # refusing takes an import of torch; more means work started
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"  # hostile/ holds user code that exits, hangs or lies
+HUGE = str(2**62)
+LONG_NAME = "n" * 250 + ".csv"  # fits NAME_MAX (255) alone, not as its lock file .NAME.lock
+
+
+@dataclass
+class Row:
+    """Hostile user code: the documented outcome is a row with one of `statuses` (exit 1 for error,
+    timeout, wrong) or a refusal before any work. `env` is added to the case's environment."""
+
+    args: list[str]
+    statuses: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Env:
+    """A bad environment (a stale torchrun variable, garbage in OMP_NUM_THREADS): refused in one
+    line naming `names` (the variable); with no `env`, a case whose refusal names `names`."""
+
+    args: list[str]
+    env: dict[str, str]
+    names: str
 
 # {tmp} is a scratch directory made per run; it holds the files named below (see make_files)
 BENCHMARK_LIKE = [
@@ -64,16 +97,74 @@ CHILD_ONLY = [
     ["--memory-limit", "lots"],
 ]
 
-TABLE: dict[str, list[list[str]]] = {
+# Paths (planted links, FIFOs, limits, one file twice); files made by make_files.
+PATHS = [
+    ["--output", "{tmp}/link.csv"],  # a symlink to victim.txt
+    ["--output", "{tmp}/dangling.csv"],  # a symlink to a file that does not exist
+    ["--output", "{tmp}/full.csv"],  # a symlink to /dev/full
+    ["--output", "{tmp}/fifo.csv"],
+    ["--output", "{tmp}/new.csv/"],
+    ["--output", "{tmp}/" + LONG_NAME],
+    ["--output", "{tmp}/" + "d/" * 2100 + "x.csv"],
+    ["--output", "{tmp}/lockdir.csv"],  # its .lockdir.csv.lock is a directory
+    ["--output", "{tmp}/locklink.csv"],  # its lock sidecar is a symlink to victim.txt
+    ["--output", "{tmp}/held.csv"],  # another process (this script) holds its lock
+    ["--output", "{tmp}/hard_a.csv", "--output", "{tmp}/hard_b.csv"],  # hard links to one file
+]
+PATHS_SHORT = [PATHS[0], PATHS[3], PATHS[4], PATHS[7]]
+# Result files that are not what they claim: repeated header, text in a number, other keys, a rendering.
+DAMAGED = ["header_twice.csv", "text_number.csv", "short_row.csv", "scalar.jsonl", "mixed_keys.jsonl",
+           "rows.md", "markdown_named.csv", "not_utf8.csv", "fifo.csv"]  # fmt: skip
+# Hostile user code (tests/fixtures/hostile): its exit, hang or wrong numbers decide nothing.
+MODEL_CODE = [
+    Row(["--model-factory", "hostile.models:exits"], ("error",)),
+    Row(["--model-factory", "hostile.models:exits_3"], ("error",)),
+    Row(["--model-factory", "hostile.models:os_exits"], ("error",)),
+    Row(["--model-factory", "hostile.models:interrupts"], ("error",)),
+    Row(["--model-factory", "hostile.models:hangs", "--timeout", "3"], ("timeout",)),
+    Row(["--model-factory", "hostile.models:exits_in_forward"], ("error",)),
+    Row(["--model-factory", "hostile.models:os_exits_in_forward"], ("error",)),
+    Row(["--model-factory", "hostile.models:hangs_in_forward", "--timeout", "3"], ("timeout",)),
+    Row(["--model-factory", "hostile.models:nan_logits"], ("wrong",)),
+    Row(["--model-factory", "hostile.exit_at_import:build"], ("error",)),
+    Row(["--model-factory", "hostile.os_exit_at_import:build"], ("error",)),
+    Row(["--model-factory", "hostile.interrupt_at_import:build"], ("error",)),
+    Row(["--model-factory", "hostile.hang_at_import:build", "--timeout", "3"], ("timeout",)),
+    Row(["--optimizer", "hostile.optimizers:exits_in_step", "--pass-type", "train-step"], ("error",)),
+    Row(["--optimizer", "hostile.optimizers:os_exits_in_step", "--pass-type", "train-step"], ("error",)),
+    Row(["--optimizer", "hostile.optimizers:hangs_in_step", "--pass-type", "train-step", "--timeout", "3"],
+        ("timeout",)),  # fmt: skip
+]
+SIZES = [
+    ["--d-model", HUGE],
+    ["--d-model", str(2**21)],
+    ["--num-layers", str(2**20)],
+    ["--vocab-size", HUGE],
+    ["--warmup-steps", HUGE],
+    ["--timeout", "1e20"],
+]
+
+TABLE: dict[str, list[list[str] | Row | Env]] = {
     "benchmark": [
         *BENCHMARK_LIKE,
         ["--context-length", "0"],
         ["--batch-size", "-1"],
         ["--precision", "fp8"],
         ["--memory-snapshot", "{tmp}/s.pickle"],
+        *PATHS,
+        ["--output", "{tmp}/same.csv", "--monitor", "{tmp}/same.csv"],
+        ["--monitor", "{tmp}/link.csv"],
+        *SIZES,
+        ["--batch-size", HUGE],
+        ["--context-length", HUGE],
+        *MODEL_CODE,
     ],
-    "benchmark_direct": [*BENCHMARK_LIKE, *SWEEP_ONLY],
-    "run_benchmarks": [*BENCHMARK_LIKE, *SWEEP_ONLY, *CHILD_ONLY],
+    "benchmark_direct": [*BENCHMARK_LIKE, *SWEEP_ONLY, *PATHS_SHORT, *SIZES[:2],
+                         ["--output", "{tmp}/bench_twice.csv", "--resume"],
+                         MODEL_CODE[0], MODEL_CODE[4], MODEL_CODE[8], MODEL_CODE[13]],  # fmt: skip
+    "run_benchmarks": [*BENCHMARK_LIKE, *SWEEP_ONLY, *CHILD_ONLY, *PATHS_SHORT, *SIZES[:2], ["--timeout", "1e20"],
+                       ["--output", "{tmp}/bench_twice.csv", "--resume"],
+                       MODEL_CODE[0], MODEL_CODE[2], MODEL_CODE[4], MODEL_CODE[9]],  # fmt: skip
     "find_max": [
         *(["--dimension", "batch-size", *case] for case in BENCHMARK_LIKE[:12]),
         *(["--dimension", "batch-size", *case] for case in CHILD_ONLY),
@@ -84,6 +175,12 @@ TABLE: dict[str, list[list[str]]] = {
         ["--dimension", "batch-size", "--resolution", "0"],
         ["--dimension", "batch-size", "--summary", "/proc/x.json"],
         ["--dimension", "batch-size", "--summary", "{tmp}"],
+        ["--dimension", "batch-size", "--summary", "{tmp}/link.csv"],
+        ["--dimension", "batch-size", "--summary", "{tmp}/s.json/"],
+        ["--dimension", "batch-size", "--summary", "{tmp}/fifo.csv"],
+        ["--dimension", "batch-size", "--summary", "{tmp}/sum.json", "--output", "{tmp}/sum.json"],
+        ["--dimension", "batch-size", "--max", HUGE],
+        ["--dimension", "batch-size", "--timeout", "1e20"],
     ],
     "memory": [
         ["--model-size", "huge"],
@@ -98,6 +195,9 @@ TABLE: dict[str, list[list[str]]] = {
         ["--num-heads", "5"],  # 768 is not a multiple of 5
         ["--model-factory", "no_such_module:build"],
         ["--rope-theta", "nan"],
+        ["--d-model", HUGE],
+        ["--d-model", str(2**21)],
+        ["--batch-size", HUGE],
     ],
     "report": [
         [],
@@ -112,10 +212,15 @@ TABLE: dict[str, list[list[str]]] = {
         ["{tmp}/rows.csv", "--output", "{tmp}/r.xyz"],
         ["{tmp}/rows.csv", "--output", "{tmp}/r.csv"],
         ["{tmp}/rows.csv", "--output", "{tmp}/rows.csv/x.md"],
+        *([f"{{tmp}}/{name}"] for name in DAMAGED),
+        ["{tmp}/rows.csv", "--output", "{tmp}/link.md"],
+        ["{tmp}/rows.csv", "--output", "{tmp}/r.md/"],
+        ["{tmp}/rows.csv", "--output", "{tmp}/fifo.md"],
+        ["{tmp}/rows.md", "--output", "{tmp}/rows.md"],
     ],
     "compare": [
         [],
-        ["{tmp}/rows.csv"],
+        Env(["{tmp}/rows.csv"], {}, "new"),  # NEW is missing
         ["{tmp}/missing.csv", "{tmp}/rows.csv"],
         ["{tmp}/rows.csv", "{tmp}/missing.csv"],
         ["{tmp}", "{tmp}/rows.csv"],
@@ -126,6 +231,8 @@ TABLE: dict[str, list[list[str]]] = {
         ["{tmp}/rows.csv", "{tmp}/rows.csv", "--fail-above", "-5"],
         ["{tmp}/rows.csv", "{tmp}/rows.csv", "--fail-above", "nan"],
         ["{tmp}/rows.csv", "{tmp}/rows.csv", "--fail-above", "abc"],
+        *([f"{{tmp}}/{name}", "{tmp}/rows.csv"] for name in DAMAGED),
+        ["{tmp}/rows.csv", "{tmp}/header_twice.csv"],
     ],
     "attention_bench": [
         ["--head-dims", "0"],
@@ -144,6 +251,23 @@ TABLE: dict[str, list[list[str]]] = {
         ["--output", "{tmp}"],
         ["--plot", "/proc/x.png"],
         ["--plot", "{tmp}/plot.txt"],
+        ["--output", "{tmp}/link.csv"],
+        ["--output", "{tmp}/fifo.csv"],
+        ["--output", "{tmp}/new.csv/"],
+        ["--plot", "{tmp}/link.png"],
+        ["--head-dims", HUGE],
+        ["--context-lengths", HUGE],
+        ["--timeout", "1e20"],
+        Row(["--implementations", "hostile.attention:returns_float64"], ("wrong",)),
+        Row(["--implementations", "hostile.attention:returns_nan"], ("wrong",)),
+        Row(["--implementations", "hostile.attention:exits"], ("error",)),
+        Row(["--implementations", "hostile.attention:os_exits"], ("error",)),
+        Row(["--implementations", "hostile.attention:interrupts"], ("error",)),
+        Row(["--implementations", "hostile.attention:hangs", "--timeout", "3"], ("timeout",)),
+        Row(["--implementations", "flash-pytorch", "--adapters", "hostile.adapters_exit"], ("error",)),
+        Row(["--implementations", "flash-pytorch", "--adapters", "hostile.adapters_hang", "--timeout", "3"],
+            ("timeout",)),  # fmt: skip
+        Row(["--implementations", "flash-pytorch", "--adapters", "hostile.adapters_nan"], ("wrong",)),
     ],
     "allreduce_bench": [
         ["--backend", "mpi"],
@@ -162,6 +286,15 @@ TABLE: dict[str, list[list[str]]] = {
         ["--output", "/proc/x.csv"],
         ["--output", "{tmp}"],
         ["--plot", "/proc/x.png"],
+        ["--world-sizes", "1000"],
+        ["--timeout", "1e20"],
+        ["--init-timeout", "1e20"],
+        ["--sizes", "1e30"],
+        ["--output", "{tmp}/fifo.csv"],
+        ["--output", "{tmp}/link.csv"],
+        Env([], {"RANK": "5", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"},
+            "RANK"),  # fmt: skip
+        Env([], {"OMP_NUM_THREADS": "lots"}, "OMP_NUM_THREADS"),
     ],
     "ddp_bench": [
         ["--strategies", "fsdp"],
@@ -179,6 +312,21 @@ TABLE: dict[str, list[list[str]]] = {
         ["--timeout", "nan"],
         ["--output", "/proc/x.csv"],
         ["--output", "{tmp}"],
+        ["--world-sizes", "1000"],
+        ["--timeout", "1e20"],
+        ["--init-timeout", "1e20"],
+        ["--d-model", HUGE],
+        ["--output", "{tmp}/new.csv/"],
+        ["--output", "{tmp}/dangling.csv"],
+        ["--strategies", "naive", "--bucket-cap-mb", "25"],
+        ["--strategies", "ddp", "--fsdp-compute-dtype", "bf16"],
+        Env([], {"RANK": "3", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29512"},
+            "RANK"),  # fmt: skip
+        Env([], {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29513"},
+            "MASTER"),  # a leftover rendezvous with no peer: the answer must come within --init-timeout  # fmt: skip
+        Env([], {"OMP_NUM_THREADS": "lots"}, "OMP_NUM_THREADS"),
+        Row(["--strategies", "adapter-ddp-overlap-individual", "--adapters", "hostile.adapters_nan"], ("wrong",)),
+        Row(["--strategies", "adapter-ddp-overlap-individual", "--adapters", "hostile.adapters_exit"], ("error",)),
     ],
     "loader_bench": [
         ["--storage", "s3"],
@@ -203,6 +351,9 @@ TABLE: dict[str, list[list[str]]] = {
         ["--output", "/proc/x.csv"],
         ["--monitor", "/proc/m.csv"],
         ["--device", "cuda:99"],
+        ["--num-items", HUGE],
+        ["--output", "{tmp}/link.csv"],
+        ["--output", "{tmp}/new.csv/"],
     ],
     "monitor": [
         [],
@@ -217,6 +368,18 @@ TABLE: dict[str, list[list[str]]] = {
         ["--output", "/proc/x.csv", "--", "true"],
         ["--output", "{tmp}", "--", "true"],
         ["--output", "{tmp}/m.txt", "--", "true"],
+        ["--output", "{tmp}/link.csv", "--", "true"],
+        ["--output", "{tmp}/fifo.csv", "--", "true"],
+        ["--output", "{tmp}/new.csv/", "--", "true"],
+        ["--output", "{tmp}/" + LONG_NAME, "--", "true"],
+    ],
+    "residuals": [
+        ["--context-length", "64", "--max-context-length", "32"],  # longer than the model's maximum
+        ["--context-length", HUGE],
+        ["--batch-size", HUGE],
+        ["--d-model", str(2**21)],
+        ["--model-size", "huge"],
+        ["--model-factory", "hostile.models:exits"],
     ],
     "mixed_precision": [
         ["--device", "tpu"],
@@ -243,8 +406,9 @@ BASE: dict[str, list[str]] = {
     "ddp_bench": [*TINY, "--device", "cpu", "--world-sizes", "2", "--context-length", "8", "--batch-size", "2",
                   "--warmup-steps", "1", "--measure-steps", "1"],  # fmt: skip
     "loader_bench": ["--num-items", "16", "--item-bytes", "64", "--batch-size", "4", "--epochs", "1",
-                     "--compute-ms", "0", "--device", "cpu"],  # fmt: skip
+                     "--compute-ms", "0.1", "--device", "cpu"],  # fmt: skip
     "monitor": [],
+    "residuals": [*TINY, "--context-length", "8", "--batch-size", "2", "--no-compile", "--no-model"],
     "mixed_precision": [],
 }
 
@@ -252,18 +416,62 @@ BASE: dict[str, list[str]] = {
 @dataclass
 class Outcome:
     command: str
-    args: list[str]
+    case: list[str] | Row | Env
     returncode: int | None
     stderr: str
     seconds: float
+    statuses: list[str] = field(default_factory=list)  # the rows a Row case wrote
+
+    @property
+    def args(self) -> list[str]:
+        return self.case if isinstance(self.case, list) else self.case.args
 
     @property
     def lines(self) -> list[str]:
         return self.stderr.strip().splitlines()
 
     @property
-    def passed(self) -> bool:
+    def refused(self) -> bool:
         return self.returncode == 2 and len(self.lines) == 1 and "Traceback" not in self.stderr
+
+    @property
+    def named(self) -> bool:
+        """The one line names the case's own flag, variable or file (not another flag's refusal)."""
+        names = expected_names(self.case)
+        text = _plain(self.lines[0]) if self.lines else ""
+        return not names or any(_plain(name) in text for name in names)
+
+    @property
+    def passed(self) -> bool:
+        if self.refused:
+            return self.named
+        if isinstance(self.case, Row) and "Traceback" not in self.stderr:
+            return bool(self.statuses) and all(s in self.case.statuses for s in self.statuses) and self.returncode == 1
+        return False
+
+    @property
+    def shown(self) -> str:
+        """What the table shows of the outcome: the refusal's line, or the rows' statuses."""
+        if isinstance(self.case, Row) and not self.refused:
+            return f"rows: {', '.join(self.statuses) or '(none)'}; " + (self.lines[-1] if self.lines else "")
+        return self.lines[0] if self.lines else ""
+
+
+def _plain(text: str) -> str:
+    """Flags and names compared with -, _ and spaces alike (--d-model names d_model)."""
+    return text.lower().replace("-", " ").replace("_", " ").strip()
+
+
+def expected_names(case: list[str] | Row | Env) -> list[str]:
+    """What a refusal of this case must name: one of its flags, a file it gave, or the variable
+    (never only a BASE flag, which every case of the command shares)."""
+    if isinstance(case, Env):
+        return [case.names]
+    args = case if isinstance(case, list) else case.args
+    names = [arg.lstrip("-") for arg in args if arg.startswith("--") and arg != "--"]
+    names += [Path(arg.rstrip("/")).name.replace("{tmp}", "bad-inputs") for arg in args if "{tmp}" in arg]
+    names += [arg.split(":")[0].split(".")[-1] for arg in args if ":" in arg and "{" not in arg]  # module:callable
+    return names
 
 
 def make_results_file(tmp: Path) -> None:
@@ -273,7 +481,7 @@ def make_results_file(tmp: Path) -> None:
 
 
 def make_files(tmp: Path) -> None:
-    """The inputs the table names besides rows.csv: a damaged results file, an empty one, and so on."""
+    """The inputs the table names besides rows.csv: damaged results files, planted links, a FIFO."""
     (tmp / "few_columns.csv").write_text("model_size,status,mean_ms\nsmall,ok,1.5\n")
     (tmp / "garbage.csv").write_text("this is,not\na results file\n")
     (tmp / "empty.csv").write_text("")
@@ -282,23 +490,68 @@ def make_files(tmp: Path) -> None:
     script = tmp / "not_executable.sh"
     script.write_text("#!/bin/sh\necho hi\n")
     script.chmod(0o644)
+    (tmp / "victim.txt").write_text("must never be written\n")
+    for link, target in (("link.csv", "victim.txt"), ("link.md", "victim.txt"), ("link.png", "victim.txt"),
+                         ("dangling.csv", "nowhere.csv"), ("full.csv", "/dev/full")):  # fmt: skip
+        (tmp / link).symlink_to(target)
+    os.mkfifo(tmp / "fifo.csv")
+    os.mkfifo(tmp / "fifo.md")
+    (tmp / ".lockdir.csv.lock").mkdir()
+    (tmp / ".locklink.csv.lock").symlink_to(tmp / "victim.txt")
+    (tmp / "hard_a.csv").write_text("")
+    os.link(tmp / "hard_a.csv", tmp / "hard_b.csv")
 
 
-def run_case(command: str, args: list[str], tmp: Path) -> Outcome:
+def make_damaged_files(tmp: Path) -> None:
+    """Result files that are not what they claim, from rows.csv: each damaged in one line."""
+    rows = (tmp / "rows.csv").read_text()
+    header, first = rows.splitlines()[:2]
+    (tmp / "header_twice.csv").write_text(f"{rows}{header}\n{first}\n")
+    (tmp / "bench_twice.csv").write_text(f"{header}\n{header}\n")
+    cells = first.split(",")
+    cells[header.split(",").index("median_ms")] = "fast"
+    (tmp / "text_number.csv").write_text(f"{header}\n{','.join(cells)}\n")
+    (tmp / "short_row.csv").write_text(f"{header}\n{first}\nsmall,ok\n")
+    row = {"model_size": "small", "status": "ok", "median_ms": 1.0}
+    (tmp / "scalar.jsonl").write_text(json.dumps(row) + "\n3\n")
+    (tmp / "mixed_keys.jsonl").write_text(json.dumps(row) + "\n" + json.dumps({"world_size": 2}) + "\n")
+    (tmp / "rows.md").write_text("| model_size | median_ms |\n|---|---|\n| small | 1.0 |\n")
+    (tmp / "markdown_named.csv").write_text("| model_size | median_ms |\n|---|---|\n| small | 1.0 |\n")
+    (tmp / "not_utf8.csv").write_bytes(header.encode() + b"\n\xff\xfe\n")
+
+
+def hold_lock(tmp: Path) -> int:
+    """held.csv is being written by another process (this script holds its lock for the whole run)."""
+    fd = os.open(tmp / ".held.csv.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def run_case(command: str, case: list[str] | Row | Env, tmp: Path, number: int) -> Outcome:
     """The command split at `--` (monitor), so the base flags go before the command to run."""
+    args = case if isinstance(case, list) else case.args
     filled = [arg.replace("{tmp}", str(tmp)) for arg in args]
+    rows = tmp / f"rows_{number}.jsonl"
+    if isinstance(case, Row):
+        filled += ["--output", str(rows)]
     argv = [sys.executable, "-m", f"cs336_systems.{command}", *BASE[command], *filled]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(FIXTURES), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    env.update(getattr(case, "env", {}))
     start = time.monotonic()
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=CASE_TIMEOUT_S, cwd=tmp,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=CASE_TIMEOUT_S, cwd=tmp, env=env)
         returncode, stderr = done.returncode, done.stderr
     except subprocess.TimeoutExpired as exc:
         returncode, stderr = None, f"(no answer within {CASE_TIMEOUT_S:g} s) {exc.stderr or ''}"
-    return Outcome(command, args, returncode, stderr, time.monotonic() - start)
+    statuses = []
+    if rows.exists():
+        statuses = [json.loads(line).get("status", "?") for line in rows.read_text().splitlines() if line.strip()]
+    return Outcome(command, case, returncode, stderr, time.monotonic() - start, statuses)
 
 
-def cases(commands: list[str] | None = None) -> list[tuple[str, list[str]]]:
+def cases(commands: list[str] | None = None) -> list[tuple[str, list[str] | Row | Env]]:
     return [(command, args) for command, table in TABLE.items() if not commands or command in commands
             for args in table]  # fmt: skip
 
@@ -306,22 +559,51 @@ def cases(commands: list[str] | None = None) -> list[tuple[str, list[str]]]:
 def markdown(outcomes: list[Outcome], seconds: float) -> str:
     passed = sum(o.passed for o in outcomes)
     lines = [
-        "# Bad inputs: one line on stderr, exit status 2",
+        "# Bad inputs: one line on stderr, exit status 2 (or the documented row status)",
         "",
         f"`PYTHONPATH=$PWD python scripts/bad_inputs.py --output results/checks/bad_inputs.md`: "
-        f"**{passed} of {len(outcomes)}** bad inputs end as one line with exit 2 ({seconds:.0f} s on this machine). "
+        f"**{passed} of {len(outcomes)}** bad inputs end as one line with exit 2 naming the case's own flag, "
+        f"variable or file, or as the documented row status ({seconds:.0f} s on this machine). "
         "Each case also carries the command's tiny-model CPU flags (`BASE` in the script); `{tmp}` is a scratch "
-        "directory holding the files `make_files` writes.",
+        "directory holding the files `make_files` writes; `env` cases set those variables; `row` cases run "
+        "hostile user code from `tests/fixtures/hostile` and show the statuses of the rows they wrote.",
         "",
-        "| command | bad input | exit | stderr lines | first line of stderr |",
+        "| command | bad input | exit | stderr lines | first line of stderr (or the rows written) |",
         "|---|---|---|---|---|",
     ]
     for o in outcomes:
-        first = (o.lines[0] if o.lines else "").replace("|", "\\|")[:140]
+        first = o.shown.replace("|", "\\|")[:160]
         mark = "" if o.passed else " **FAIL**"
         args = shlex.join(o.args).replace("|", "\\|") or "(none)"
-        lines.append(f"| {o.command}{mark} | `{args}` | {o.returncode} | {len(o.lines)} | {first} |")
+        if len(args) > 120:
+            args = args[:60] + "..." + args[-40:]
+        if isinstance(o.case, Env) and o.case.env:
+            args = " ".join([*(f"{k}={v}" for k, v in o.case.env.items()), *([args] if o.args else [])])
+        kind = " (row)" if isinstance(o.case, Row) else " (env)" if isinstance(o.case, Env) and o.case.env else ""
+        lines.append(f"| {o.command}{kind}{mark} | `{args}` | {o.returncode} | {len(o.lines)} | {first} |")
     return "\n".join(lines) + "\n"
+
+
+def updated(old: str, new: str, commands: list[str]) -> str:
+    """The old table with the rows of `commands` replaced by the new run's, in TABLE order, and
+    the count in the heading recounted."""
+
+    def rows(text: str) -> dict[str, list[str]]:
+        by_command: dict[str, list[str]] = {}
+        for line in text.splitlines():
+            if line.startswith("| ") and not line.startswith("| command"):
+                by_command.setdefault(line[2:].split()[0], []).append(line)
+        return by_command
+
+    kept, fresh = rows(old), rows(new)
+    body = [line for command in TABLE for line in (fresh if command in commands else kept).get(command, [])]
+    total, passed = len(body), sum("**FAIL**" not in line for line in body)
+    head = [line for line in new.splitlines() if not line.startswith("| ") or line.startswith("| command")]
+    head = [re.sub(r"\*\*\d+ of \d+\*\*", f"**{passed} of {total}**", line) for line in head]
+    head = [re.sub(r"\(\d+ s on this machine\)", "(run one command at a time, each merged in as it finished)", line)
+            for line in head]  # fmt: skip
+    table_at = next(i for i, line in enumerate(head) if line.startswith("|---"))
+    return "\n".join([*head[: table_at + 1], *body, *head[table_at + 1 :]]) + "\n"
 
 
 def main() -> int:
@@ -329,27 +611,39 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="cases run at once (default 2)")
     parser.add_argument("--commands", nargs="+", choices=tuple(TABLE), help="only these commands")
     parser.add_argument("--output", type=Path, help="write the table as Markdown here")
+    parser.add_argument("--update", action="store_true",
+                        help="with --commands: replace only those commands' rows of the existing --output table")  # fmt: skip
     args = parser.parse_args()
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bad-inputs-") as tmp:
         make_files(Path(tmp))
         make_results_file(Path(tmp))
+        make_damaged_files(Path(tmp))
+        lock = hold_lock(Path(tmp))
+        todo = [(command, case, Path(tmp), number) for number, (command, case) in enumerate(cases(args.commands))]
         with ThreadPoolExecutor(args.jobs) as pool:
             outcomes = []
-            for outcome in pool.map(lambda case: run_case(*case, Path(tmp)), cases(args.commands)):
+            for outcome in pool.map(lambda case: run_case(*case), todo):
                 outcomes.append(outcome)
                 print(f"{'ok  ' if outcome.passed else 'FAIL'} {outcome.command} {shlex.join(outcome.args)}",
                       file=sys.stderr, flush=True)  # fmt: skip
+        os.close(lock)
+        victim = (Path(tmp) / "victim.txt").read_text()
     seconds = time.monotonic() - start
+    if victim != "must never be written\n":
+        print("FAIL: a planted link was written through: victim.txt changed", file=sys.stderr)
+        return 1
     for o in outcomes:
         if not o.passed:
-            print(f"FAIL {o.command} {shlex.join(o.args)}: exit {o.returncode}, {len(o.lines)} lines: "
+            print(f"FAIL {o.command} {shlex.join(o.args)}: exit {o.returncode}, rows {o.statuses}, {len(o.lines)} lines: "
                   f"{' | '.join(o.lines[-3:])[:300]}", file=sys.stderr)  # fmt: skip
     text = markdown(outcomes, seconds)
+    if args.output and args.update and args.commands and args.output.exists():
+        text = updated(args.output.read_text(), text, args.commands)
     if args.output:
         args.output.write_text(text)
     passed = sum(o.passed for o in outcomes)
-    print(f"{passed} of {len(outcomes)} bad inputs end as one line with exit 2 ({seconds:.0f} s)")
+    print(f"{passed} of {len(outcomes)} bad inputs end as one line with exit 2 or their documented row ({seconds:.0f} s)")
     return 0 if passed == len(outcomes) else 1
 
 

@@ -174,8 +174,8 @@ def test_bad_input_is_one_line_and_exit_2(files, tmp_path, capsys, monkeypatch):
     (tmp_path / "folder.csv").mkdir()
     for argv, expected in (  # nothing left to report: exit 2, one line
         ([str(tmp_path / "missing.csv")], "no such file"),
-        ([str(binary)], "cannot be read"),
-        ([str(tmp_path / "folder.csv")], "cannot be read"),
+        ([str(binary)], "binary.csv:1: not UTF-8 text"),
+        ([str(tmp_path / "folder.csv")], "is a directory"),
         ([str(RESULTS / "checks" / "bench_timing_cpu.csv")], "not the output of any tool of this project"),
         ([*files["ddp"], "--output", str(tmp_path / "r.csv")], "unknown format '.csv'"),
         ([*files["ddp"], "--output", str(tmp_path / "r.pdf"), "--tables-only"], "not PDF"),

@@ -258,7 +258,8 @@ def test_direct_sweep_of_error_rows_exits_1_and_aliases_work(tmp_path, fixtures_
         (benchmark_direct, ["--context-lengths", "0"], "must be a positive integer"),
         (benchmark_direct, ["--compile", "sometimes"], "invalid choice"),
         (run_benchmarks, ["--memory-limit", "lots"], "not a size"),
-        (run_benchmarks, ["--timeout", "-1"], "--timeout must be positive"),
+        (run_benchmarks, ["--timeout", "-1"], "--timeout: must be more than 0"),
+        (run_benchmarks, ["--timeout", "1e20"], "at most 604800 seconds"),
         (
             benchmark_direct,
             ["--context-lengths", "64", "--max-context-length", "32"],

@@ -45,6 +45,7 @@ from cs336_systems.results import (
     collect_environment,
 )
 from cs336_systems.units import format_bytes
+from cs336_systems.usercode import DEFAULT_TIMEOUT_S, timeout_seconds
 
 PROG = "python -m cs336_systems.attention_bench"
 
@@ -82,6 +83,14 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--warmup-steps", type=non_negative_int, default=5)
     add_argument_with_aliases(parser, "--measure-steps", "--steps", type=positive_int, default=100,
                               help="measured steps per pass (100)")  # fmt: skip
+    parser.add_argument(
+        "--timeout",
+        type=timeout_seconds,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"per step and per import of your implementation or adapters: past it the row is 'timeout' "
+        f"(default {DEFAULT_TIMEOUT_S:g})",
+    )
     parser.add_argument(
         "--max-seconds",
         type=float,
@@ -153,7 +162,7 @@ def check_implementations(args) -> Adapters | None:
     implementations = args.implementations or default_implementations(args.adapters)
     for implementation in implementations:
         if is_custom(implementation):
-            load_callable(implementation, "--implementations", error=AdapterError)
+            load_callable(implementation, "--implementations", error=AdapterError, timeout_s=args.timeout)
     flash = [name for name in implementations if name in FLASH_IMPLEMENTATIONS]
     if flash and not args.adapters:
         raise AdapterError(f"--implementations {flash[0]} needs --adapters MODULE (the student's adapters module)")
@@ -208,7 +217,9 @@ def _run(args: argparse.Namespace) -> int:
     rows = []
     with soft_address_space_cap(limit) if limit is not None else contextlib.nullcontext():
         for config in configs:
-            record = run_attention(config, environment=env, memory_limit_bytes=limit, adapters=adapters)
+            record = run_attention(
+                config, environment=env, memory_limit_bytes=limit, adapters=adapters, timeout_s=args.timeout
+            )
             sink.write(record)
             rows.append(record.to_row())
             print(_progress(record), file=sys.stderr, flush=True)

@@ -78,7 +78,8 @@ def draw(rows: Sequence[dict]):
                         label=f"{implementation} OOM",
                     )
             ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
+            if (pd.to_numeric(frame[f"{name}_mean_ms"], errors="coerce") > 0).any():
+                ax.set_yscale("log")  # a run whose every row failed has nothing to put on a log axis
             ax.set_xticks(context_lengths, [str(n) for n in context_lengths])
             ax.xaxis.set_minor_locator(ticker.NullLocator())
             ax.grid(True, which="major", alpha=0.3)

@@ -23,6 +23,7 @@ from cs336_systems.precision import cpu_has_native, precision_mode, unsupported_
 from cs336_systems.results import Environment, collect_environment, fill_timing
 from cs336_systems.stats import is_noisy, summarize
 from cs336_systems.timing import HostTimer, UntimedSetup, device_synchronizer, make_timer, time_steps
+from cs336_systems.usercode import DEFAULT_TIMEOUT_S, guarded
 
 
 def sdpa_backend_name(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = True) -> str | None:
@@ -67,6 +68,10 @@ def _check_output(out: object, q: torch.Tensor) -> None:
         raise WrongOutput(f"returned {type(out).__name__}, not a tensor")
     if out.shape != q.shape:
         raise WrongOutput(f"output shape {tuple(out.shape)}, expected {tuple(q.shape)} (that of q)")
+    if out.dtype != q.dtype or out.device != q.device:  # fp64 or a CPU copy would be timed as if it were not
+        raise WrongOutput(f"output is {out.dtype} on {out.device}, expected {q.dtype} on {q.device} (that of q)")
+    if not torch.isfinite(out).all():
+        raise WrongOutput("output has NaN or infinite values")
 
 
 class NotHere(Exception):
@@ -88,10 +93,16 @@ def _measure(
     phase: _Phase,
     clock: Callable[[], float],
     adapters: Adapters | None,
+    rearm: Callable[[], None] = lambda: None,
 ) -> None:
     sync = device_synchronizer(device)
     phase.name = "compile" if config.implementation == "compiled" else "setup"
-    attend = attention_for(config, adapters)  # the adapter is asked first: not implemented beats not here
+    user_attend = attention_for(config, adapters)  # the adapter is asked first: not implemented beats not here
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        rearm()  # every step calls it once: each gets the whole --timeout (one setitimer call)
+        return user_attend(q, k, v)
+
     if config.implementation == "flash-triton" and device.type != "cuda":
         raise NotHere("flash-triton: Triton kernels need a CUDA device")
     if config.implementation == "compiled":
@@ -132,6 +143,7 @@ def _measure(
         record.backward_peak_bytes = memory.steps[-1]["backward"][0] - baseline
 
     phase.name = "check"
+    rearm()  # our own reference is not the user's step; it gets the limit afresh (its first run imports)
     try:
         expected_out, expected_grads = reference(q, k, v, grad_out, config.causal)
         result = check(out, (q.grad, k.grad, v.grad), expected_out, expected_grads, config.precision)
@@ -145,6 +157,7 @@ def _measure(
             record.status, record.error = "wrong", result.message()
     del out
     release_memory(device)
+    rearm()
 
     def clear_grads() -> None:
         for tensor in inputs:
@@ -245,9 +258,12 @@ def run_attention(
     clock: Callable[[], float] = time.perf_counter,
     memory_limit_bytes: int | None = None,
     adapters: Adapters | None = None,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> AttentionRecord:
     """Measure one configuration. Out of memory (or any failure) is a row, never a raise; an
-    adapter that raises NotImplementedError is a 'skipped' row, a wrong output a 'wrong' row."""
+    adapter that raises NotImplementedError is a 'skipped' row, a wrong output a 'wrong' row.
+    The implementation runs inside usercode.guarded: exiting is an 'error' row, a call or step
+    longer than `timeout_s` a 'timeout' row."""
     device = resolve_device(config.device)
     env = environment or collect_environment(device)
     record = new_record(config, device, env)
@@ -267,7 +283,8 @@ def run_attention(
     with precision_mode(config.precision, device) as state:
         record.matmul_precision, record.cuda_matmul_allow_tf32 = state.matmul_precision, state.cuda_matmul_allow_tf32
         try:
-            _measure(config, device, record, phase, clock, adapters)
+            with guarded(config.implementation, timeout_s) as rearm:
+                _measure(config, device, record, phase, clock, adapters, rearm)
         except NotImplementedAdapter as exc:
             record.status, record.error = "skipped", str(exc)
         except NotHere as exc:

@@ -44,8 +44,8 @@ def build_parser() -> ArgumentParser:
                         help=f"DDP / zero1 / adapter-ddp-bucketed bucket sizes to try (default {DDP_DEFAULT_BUCKET_CAP_MB:g})")  # fmt: skip
     parser.add_argument("--adapters", metavar="MODULE",
                         help="a student's adapters (tests/adapters.py or a dotted name) for the adapter-* strategies")  # fmt: skip
-    parser.add_argument("--fsdp-compute-dtype", choices=tuple(COMPUTE_DTYPES), default="fp32",
-                        help="fsdp2 / adapter-fsdp: forward and backward in this dtype (MixedPrecisionPolicy)")  # fmt: skip
+    parser.add_argument("--fsdp-compute-dtype", choices=tuple(COMPUTE_DTYPES),
+                        help="fsdp2 / adapter-fsdp: forward and backward in this dtype (MixedPrecisionPolicy; fp32)")  # fmt: skip
     parser.add_argument("--no-check", dest="check", action="store_false",
                         help="skip comparing one step of each strategy with a single process")
     parser.add_argument("--model-size", default="small", help=f"one of {', '.join(MODEL_SIZES)} (default small)")
@@ -73,11 +73,10 @@ def units_for(args: argparse.Namespace, config: BenchmarkConfig, world_size: int
     if first:
         units.append(DdpUnit("single", config, ranks=1, optimizer=args.optimizer, lr=args.base_lr))
     lr = scaled_learning_rates(args.base_lr, base_batch, config.batch_size * world_size)[0]
-    bucketed = ("ddp", "zero1", "adapter-ddp-bucketed")
     for strategy in args.strategies:
-        for bucket in (args.bucket_cap_mb or [None]) if strategy in bucketed else [None]:
+        for bucket in (args.bucket_cap_mb or [None]) if strategy in BUCKETED else [None]:
             units.append(DdpUnit(strategy, config, ranks=world_size, optimizer=args.optimizer, lr=lr,
-                                 bucket_cap_mb=bucket, compute_dtype=args.fsdp_compute_dtype,
+                                 bucket_cap_mb=bucket, compute_dtype=args.fsdp_compute_dtype or "fp32",
                                  adapters=args.adapters, check=args.check))  # fmt: skip
     return units
 
@@ -93,6 +92,20 @@ def config_from_args(args: argparse.Namespace, device_type: str) -> BenchmarkCon
         precision=args.precision, device=device_type, warmup_steps=args.warmup_steps,
         measure_steps=args.measure_steps, seed=args.seed, model_factory=args.model_factory,
     )  # fmt: skip
+
+
+BUCKETED = ("ddp", "zero1", "adapter-ddp-bucketed")  # the strategies --bucket-cap-mb applies to
+FSDP = ("fsdp2", "adapter-fsdp")  # the strategies --fsdp-compute-dtype applies to
+
+
+def check_flags_apply(args: argparse.Namespace) -> None:
+    """A flag none of the chosen strategies uses is refused, not silently ignored."""
+    for flag, given, applies in (("--bucket-cap-mb", args.bucket_cap_mb, BUCKETED),
+                                 ("--fsdp-compute-dtype", args.fsdp_compute_dtype, FSDP)):  # fmt: skip
+        if given is not None and not any(strategy in applies for strategy in args.strategies):
+            raise ConfigError(
+                f"{flag} applies only to --strategies {', '.join(applies)}; none of {' '.join(args.strategies)} uses it"
+            )
 
 
 def check_adapters(args: argparse.Namespace) -> None:
@@ -116,6 +129,7 @@ def _run(args: argparse.Namespace) -> int:
         reason = unsupported_reason(args.precision, device)
         if reason:
             raise ConfigError(f"--precision {args.precision}: {reason}")
+        check_flags_apply(args)
         config = config_from_args(args, device.type)
         check_adapters(args)
         sink = ResultSink(check_output_paths(args.output) if launch.rank0 else [], DdpRecord)

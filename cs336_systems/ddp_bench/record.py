@@ -10,7 +10,7 @@ from typing import ClassVar
 from cs336_systems.config import ModelShape
 from cs336_systems.ddp_bench.accounting import predicted_peak_bytes
 from cs336_systems.ddp_bench.strategies import SHARDING
-from cs336_systems.ddp_bench.trainer import DDP_DEFAULT_BUCKET_CAP_MB, DdpUnit
+from cs336_systems.ddp_bench.trainer import DDP_DEFAULT_BUCKET_CAP_MB, NONFINITE_DIFF, DdpUnit
 from cs336_systems.distributed import GroupResult, max_over_ranks, mean_over_ranks, oversubscription_note
 from cs336_systems.results import Environment, Record, Timing, fill_timing, identity_field, samples_field
 from cs336_systems.stats import summarize
@@ -168,8 +168,14 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
     record.check_max_diff, record.check_tolerance = first["check_max_diff"], first["check_tolerance"]
     if first.get("wrong"):
         record.status = "wrong"
-        record.error = (f"after one SGD step a parameter differs from the single-process step by "
-                        f"{record.check_max_diff:.3g} (tolerance {record.check_tolerance:g}); not timed")  # fmt: skip
+        if record.check_max_diff >= NONFINITE_DIFF:
+            record.error = "after one SGD step a parameter is NaN, infinite, missing or misshapen; not timed"
+        else:
+            record.error = (f"after one SGD step a parameter differs from the single-process step by "
+                            f"{record.check_max_diff:.3g} (tolerance {record.check_tolerance:g}); not timed")  # fmt: skip
+        return record
+    if any(message.get("nonfinite") for message in messages):
+        record.status, record.error = "wrong", "parameters are NaN or infinite after the timed steps; times not kept"
         return record
     _fill_memory(record, messages)
     record.num_params = messages[0]["num_params"]

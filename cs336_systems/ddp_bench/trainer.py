@@ -124,6 +124,9 @@ def reference_step(config: BenchmarkConfig, world_size: int, device: torch.devic
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
+NONFINITE_DIFF = 1e30  # check_max_diff of a parameter that is NaN, infinite, missing or misshapen
+
+
 def check_tolerance(unit: DdpUnit) -> float:
     half = unit.config.precision != "fp32" or unit.compute_dtype != "fp32"
     return CHECK_TOLERANCE["half" if half else "fp32"]
@@ -142,10 +145,14 @@ def check_step(ctx: RankContext, unit: DdpUnit) -> float:
         if mine is None or mine.shape != value.shape:
             difference = math.inf
             break
-        difference = max(difference, (mine.float() - value.float()).abs().max().item())
+        gap = (mine.float() - value.float()).abs().max().item()
+        if not math.isfinite(gap):  # max() would keep the old value over a NaN
+            difference = math.inf
+            break
+        difference = max(difference, gap)
     del trainer, got, expected
     gc.collect()
-    verdict = torch.tensor([difference if math.isfinite(difference) else 1e30], device=ctx.device)
+    verdict = torch.tensor([difference if math.isfinite(difference) else NONFINITE_DIFF], device=ctx.device)
     dist.all_reduce(verdict, op=dist.ReduceOp.MAX)
     return verdict.item()
 
@@ -190,6 +197,17 @@ def time_interleaved(trainer: Trainer, warmup_steps: int, measure_steps: int, ti
     return split(synced), split(unsynced)
 
 
+def _finite(ctx: RankContext, unit: DdpUnit, module: torch.nn.Module) -> bool:
+    """Every parameter of every rank (each its shard, for sharded strategies) is finite: one verdict for all."""
+    with torch.no_grad():
+        local = all(bool(torch.isfinite(getattr(p, "to_local", lambda p=p: p)()).all()) for p in module.parameters())
+    if unit.ranks == 1:
+        return local
+    verdict = torch.tensor([0.0 if local else 1.0], device=ctx.device)
+    dist.all_reduce(verdict, op=dist.ReduceOp.MAX)
+    return verdict.item() == 0.0
+
+
 def _peak(memory: PhaseMemory, names: tuple[str, ...]) -> int | None:
     values = [step[name][0] for step in memory.steps for name in names if name in step]
     return max(values) if values else None
@@ -224,6 +242,8 @@ def ddp_worker(ctx: RankContext, unit: DdpUnit) -> dict | None:
                 synced = time_steps(trainer.step, warmup_steps=config.warmup_steps,
                                     measure_steps=config.measure_steps, timer=timer)  # fmt: skip
                 no_sync = None
+            if not _finite(ctx, unit, trainer.module):  # with --no-check, or broken after the first step
+                return {**message, "nonfinite": True}
             held = held_bytes(trainer.model, trainer.optimizer)
             comm_ms = trainer.comm_ms[-config.measure_steps :] if trainer.strategy.timed_comm else []
             collectives = collective_time_ms(trainer, ctx.device) if unit.strategy == "fsdp2" else None

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from cs336_systems.argtypes import add_device_argument, positive_float, positive_int
+from cs336_systems.argtypes import add_device_argument, positive_int
 from cs336_systems.command import add_argument_with_aliases
 from cs336_systems.distributed.group import (
     BACKENDS,
@@ -31,6 +31,8 @@ from cs336_systems.distributed.group import (
 )
 from cs336_systems.distributed.spawn import run_spawned
 from cs336_systems.distributed.torchrun import (
+    check_torchrun_environment,
+    join_rendezvous,
     run_under_torchrun,
     torchrun_local_world_size,
     torchrun_rank,
@@ -39,6 +41,7 @@ from cs336_systems.distributed.torchrun import (
     under_torchrun,
 )
 from cs336_systems.results import Environment, collect_environment
+from cs336_systems.usercode import timeout_seconds
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser, *, default_timeout_s: float) -> None:
@@ -58,9 +61,9 @@ def add_launch_arguments(parser: argparse.ArgumentParser, *, default_timeout_s: 
     )
     parser.add_argument("--threads-per-rank", type=positive_int,
                         help="CPU threads per rank (default: cores / the largest world size)")  # fmt: skip
-    parser.add_argument("--timeout", type=positive_float, default=default_timeout_s, metavar="SECONDS",
+    parser.add_argument("--timeout", type=timeout_seconds, default=default_timeout_s, metavar="SECONDS",
                         help=f"per unit: status 'timeout' after this long ({default_timeout_s:g})")  # fmt: skip
-    parser.add_argument("--init-timeout", type=positive_float, default=DEFAULT_INIT_TIMEOUT_S, metavar="SECONDS",
+    parser.add_argument("--init-timeout", type=timeout_seconds, default=DEFAULT_INIT_TIMEOUT_S, metavar="SECONDS",
                         help=f"for starting the ranks and joining the group ({DEFAULT_INIT_TIMEOUT_S:g})")  # fmt: skip
     parser.add_argument("--output", action="append", default=[], metavar="PATH", help=".csv, .md or .jsonl; repeatable")
 
@@ -102,6 +105,9 @@ class Launch:
         return run_spawned(worker, units, spec, unit_timeout_s=self.timeout_s)
 
 
+MAX_SPAWNED_WORLD_SIZE = 64  # past a full node of GPUs many times over; 1000 would start 1000 processes
+
+
 def resolve_world_sizes(asked: list[int] | None, backend: str, device: str, torchrun: bool) -> list[int]:
     if torchrun:
         size = torchrun_world_size()
@@ -109,6 +115,9 @@ def resolve_world_sizes(asked: list[int] | None, backend: str, device: str, torc
             raise LaunchError(f"under torchrun the world size is torchrun's ({size}); drop --world-sizes {asked}")
         return [size]
     if asked:
+        if max(asked) > MAX_SPAWNED_WORLD_SIZE:  # each rank is a process holding torch and a model
+            raise LaunchError(f"--world-sizes {max(asked)}: at most {MAX_SPAWNED_WORLD_SIZE} ranks are started on "
+                              "one machine; launch more with torchrun across machines")  # fmt: skip
         return list(asked)
     if parse_rank_device(device, backend)[0] == "cuda" and torch.cuda.is_available():
         return [torch.cuda.device_count()]
@@ -118,6 +127,8 @@ def resolve_world_sizes(asked: list[int] | None, backend: str, device: str, torc
 def launch_from_args(args: argparse.Namespace, *, unique_sorted: bool = False) -> Launch:
     """The Launch of the shared flags; LaunchError (a user error) when this machine cannot run it."""
     torchrun = under_torchrun()
+    if torchrun:
+        check_torchrun_environment()
     world_sizes = resolve_world_sizes(args.world_sizes, args.backend, args.device, torchrun)
     if unique_sorted:
         world_sizes = sorted(set(world_sizes))
@@ -126,6 +137,8 @@ def launch_from_args(args: argparse.Namespace, *, unique_sorted: bool = False) -
     threads = args.threads_per_rank or (
         torchrun_threads_per_rank() if torchrun else default_threads_per_rank(max(world_sizes))
     )
+    if torchrun:  # last: every other refusal comes before we wait for peers
+        join_rendezvous(args.init_timeout, args.timeout + args.init_timeout)
     return Launch(args.backend, args.device, tuple(world_sizes), threads, torchrun, args.timeout, args.init_timeout)
 
 

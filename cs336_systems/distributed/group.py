@@ -149,14 +149,17 @@ def bind_threads(threads_per_rank: int) -> None:
 # -- process group ----------------------------------------------------------------------
 
 
-def init_group(spec: LaunchSpec, rank: int, local_rank: int, launcher: str) -> RankContext:
-    """init_process_group from MASTER_ADDR/MASTER_PORT in the environment (env://)."""
+def init_group(spec: LaunchSpec, rank: int, local_rank: int, launcher: str, store: Any = None) -> RankContext:
+    """init_process_group from MASTER_ADDR/MASTER_PORT in the environment (env://), or on `store` (a
+    rendezvous already joined: torchrun.join_rendezvous)."""
     device = device_for(spec.backend, local_rank, spec.device)
     options: dict[str, Any] = {}
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if spec.backend == "nccl":
         options["device_id"] = device  # eager NCCL init: the rendezvous happens (or fails) here
+    if store is not None:
+        options["store"] = store
     dist.init_process_group(
         spec.backend,
         rank=rank,

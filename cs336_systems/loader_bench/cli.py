@@ -127,7 +127,7 @@ def bench_from_args(args) -> BenchConfig:
         where = args.data_dir or Path(tempfile.gettempdir())
         where = where if where.exists() else where.parent
         if where.exists() and shutil.disk_usage(where).free < need:
-            raise ValueError(f"{format_bytes(need)} of item files do not fit on {where}")
+            raise ValueError(f"--data-dir: {format_bytes(need)} of item files do not fit on {where}")
     return BenchConfig(
         storage=storage,
         num_items=num_items,

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from cs336_systems.argtypes import ArgumentParser, fail, non_negative_int, positive_float
+from cs336_systems.argtypes import EXIT_FAILED, ArgumentParser, fail, non_negative_int, positive_float
 from cs336_systems.lifetime import child_preexec
 from cs336_systems.monitor.files import MonitorPathError, SampleCsvWriter, check_monitor_path, report_text, write_report
 from cs336_systems.monitor.sampling import DEFAULT_INTERVAL_S, GpuProbe, ResourceMonitor
+from cs336_systems.results.files import ResultWriteError
 
 PROG = "python -m cs336_systems.monitor"
 
@@ -35,6 +38,15 @@ def _wait_without_reaping(process: subprocess.Popen) -> None:
     process.wait()
 
 
+KILL_GRACE_S = 10.0  # after a SIGTERM, how long the command has to end before it is SIGKILLed
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """SIGKILL the command; it is not reaped yet (its CPU times are read first), so the pid is still its."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process.pid, signal.SIGKILL)
+
+
 def exit_status(returncode: int) -> int:
     """A shell's convention: killed by signal N is 128 + N."""
     return 128 - returncode if returncode < 0 else returncode
@@ -49,9 +61,18 @@ def run_monitored(command: Sequence[str], csv_path: Path, interval_s: float, gpu
         writer.close()
         csv_path.unlink(missing_ok=True)
         raise ValueError(f"cannot run {command[0]}: {exc.strerror}") from None
-    # Ctrl-C reaches the command (same process group); the monitor waits for it to finish.
+    # Ctrl-C reaches the command (same process group); the monitor waits for it to finish. SIGTERM is
+    # passed on, and a command still running KILL_GRACE_S later is killed (it ignores SIGTERM).
     previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT,)}
-    forward = lambda signum, frame: process.send_signal(signum)  # noqa: E731
+    killer: list[threading.Timer] = []
+
+    def forward(signum, frame) -> None:
+        process.send_signal(signum)
+        if not killer:
+            killer.append(threading.Timer(KILL_GRACE_S, _kill, (process,)))
+            killer[0].daemon = True
+            killer[0].start()
+
     previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, forward)
     try:
         monitor = ResourceMonitor(interval_s, root_pid=process.pid, gpu_indices=gpu_indices, on_sample=writer)
@@ -61,10 +82,18 @@ def run_monitored(command: Sequence[str], csv_path: Path, interval_s: float, gpu
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        for timer in killer:
+            timer.cancel()
         writer.close()
     status = exit_status(returncode)
-    report = write_report(monitor, csv_path, shlex.join(command), status)
-    print(report_text(report, csv_path), file=sys.stderr)
+    try:
+        report = write_report(monitor, csv_path, shlex.join(command), status)
+        print(report_text(report, csv_path), file=sys.stderr)
+    except ResultWriteError as exc:  # a full disk: one line naming the file
+        writer.error = writer.error or exc
+    if writer.error is not None:
+        print(f"{PROG}: error: {writer.error.strerror}", file=sys.stderr)
+        return status or EXIT_FAILED
     return status
 
 
@@ -100,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or time.strftime("monitor-%Y%m%d-%H%M%S.csv")
     try:
         check_command(command[0])
-        csv_path = check_monitor_path(output)
+        csv_path = check_monitor_path(output, "--output")
         if args.gpus is not None:
             GpuProbe(args.gpus)
         return run_monitored(command, csv_path, args.interval, args.gpus)

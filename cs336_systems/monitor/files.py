@@ -23,7 +23,14 @@ from cs336_systems.monitor.sampling import (
     ResourceMonitor,
     Sample,
 )
-from cs336_systems.results.files import ResultFileError, check_output_path
+from cs336_systems.results.files import (
+    ResultFileError,
+    ResultWriteError,
+    append_line,
+    check_distinct,
+    check_output_path,
+    write_whole,
+)
 from cs336_systems.results.records import Record
 
 # -- summaries and files -------------------------------------------------------------------
@@ -59,8 +66,10 @@ class MonitorPathError(ValueError):
     """A --monitor / --output path we refuse (wrong suffix, would overwrite a time series)."""
 
 
-def check_monitor_path(path: str | Path) -> Path:
+def check_monitor_path(path: str | Path, flag: str = "--monitor") -> Path:
     """The CSV path, checked before any work starts; its .png and .json go beside it."""
+    if str(path).endswith("/"):
+        raise MonitorPathError(f"{flag} {path}: ends in '/': give a file name, not a directory")
     path = Path(path)
     if path.suffix != ".csv":
         raise MonitorPathError(f"monitor output {path}: must end in .csv (the .png and .json go beside it)")
@@ -69,30 +78,37 @@ def check_monitor_path(path: str | Path) -> Path:
             raise MonitorPathError(f"monitor output {existing} already exists; choose a new name")
     for written in (path, path.with_suffix(".png"), path.with_suffix(".json")):
         try:
-            check_output_path(written, "--monitor")
+            check_output_path(written, flag)
         except ResultFileError as exc:
             raise MonitorPathError(str(exc)) from None
     return path
 
 
 class SampleCsvWriter:
-    """Appends each sample to the CSV as it is taken (flushed), so a run killed midway keeps its rows."""
+    """Appends each sample to the CSV as it is taken, one whole line per write, so a run killed
+    midway keeps its rows. A failed write (a full disk) is truncated back to the last whole row
+    and stops the file (the samples stay in memory for the summary); `error` says what happened."""
 
     def __init__(self, path: Path):
         self.path = path
-        self.handle = path.open("w", newline="")
-        self.handle.write(",".join(SAMPLE_FIELDS) + "\n")
-        self.handle.flush()
+        self.error: ResultWriteError | None = None
+        self.rows = 0
+        append_line(path, ",".join(SAMPLE_FIELDS) + "\n", inject=False)
 
     def __call__(self, sample: Sample) -> None:
+        if self.error is not None:
+            return
         cells = (
             "" if v is None else (f"{v:.6f}" if isinstance(v, float) else str(v)) for v in dataclasses.astuple(sample)
         )
-        self.handle.write(",".join(cells) + "\n")
-        self.handle.flush()
+        try:
+            append_line(self.path, ",".join(cells) + "\n", inject=False)
+            self.rows += 1
+        except ResultWriteError as exc:  # called on the sampling thread: never raise into it
+            self.error = exc
 
     def close(self) -> None:
-        self.handle.close()
+        pass  # each row is written and closed at once
 
 
 def plot_samples(samples: Sequence[Sample], path: Path, title: str, gpu_note: str | None = None) -> None:
@@ -122,7 +138,7 @@ def plot_samples(samples: Sequence[Sample], path: Path, title: str, gpu_note: st
         ax.set_ylabel(label, fontsize=8)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("time since start (s)")
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title, fontsize=9, parse_math=False)  # a command's $ is text, not mathtext
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -176,7 +192,7 @@ def write_report(monitor: ResourceMonitor, csv_path: Path, command: str, exit_st
         environment=collect_environment(torch.device("cpu")),
     )
     # Nested JSON (summary per metric, environment as an object), not the flat row a table needs.
-    csv_path.with_suffix(".json").write_text(json.dumps(dataclasses.asdict(report), indent=2, default=str) + "\n")
+    write_whole(csv_path.with_suffix(".json"), json.dumps(dataclasses.asdict(report), indent=2, default=str) + "\n")
     return report
 
 
@@ -215,8 +231,13 @@ def monitored(
             yield monitor
     finally:
         writer.close()
-        report = write_report(monitor, csv_path, label or shlex.join(sys.argv), None)
-        print(report_text(report, csv_path), file=sys.stderr)
+        try:
+            report = write_report(monitor, csv_path, label or shlex.join(sys.argv), None)
+            print(report_text(report, csv_path), file=sys.stderr)
+        except ResultWriteError as exc:  # a full disk: said once; the tool's own results go on
+            writer.error = writer.error or exc
+        if writer.error is not None:
+            print(f"monitor: error: {writer.error.strerror}", file=sys.stderr)
 
 
 def add_monitor_arguments(parser) -> None:
@@ -236,4 +257,10 @@ def check_monitor_arguments(args) -> None:
     if args.monitor is not None:
         if not args.monitor_interval > 0:
             raise MonitorPathError(f"--monitor-interval must be positive, got {args.monitor_interval}")
-        check_monitor_path(args.monitor)
+        csv_path = check_monitor_path(args.monitor)
+        outputs = [Path(path) for path in getattr(args, "output", None) or []]
+        try:  # the monitor's three files and the tool's results must be different files
+            check_distinct([("--monitor", csv_path), ("--monitor's JSON", csv_path.with_suffix(".json")),
+                            ("--monitor's PNG", csv_path.with_suffix(".png")), *(("--output", o) for o in outputs)])  # fmt: skip
+        except ResultFileError as exc:
+            raise MonitorPathError(str(exc)) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import time
@@ -95,7 +96,7 @@ class StepProbe:
         self._synchronize = synchronize or (
             (lambda: torch.cuda.synchronize(self.device)) if self.device.type == "cuda" else (lambda: None)
         )
-        paths = [*([output] if output is not None else []), *outputs]
+        paths = [_rank_path(Path(p)) for p in (*([output] if output is not None else []), *outputs)]
         checked = check_output_paths(paths)
         self._markdown = [p for p in checked if p.suffix == ".md"]
         self._sink = ResultSink([p for p in checked if p.suffix != ".md"], ProbeRecord)
@@ -115,6 +116,7 @@ class StepProbe:
         self._samples: int | None = None
         self._open = False  # something measured since the last step()
         self._closed = False
+        self._write_error: str | None = None  # the probe's own write failure, told once
         self.advice: list[str] = []
         atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -162,7 +164,7 @@ class StepProbe:
         self._step_start, self._wait_ms, self._phase_ms, self._pending, self._samples = now, 0.0, {}, [], None
         self._open = False
         if len(self._window_steps) >= self.window:
-            self._flush()
+            self._guarded(self._flush)
 
     # -- lifetime ---------------------------------------------------------------------------------
 
@@ -170,22 +172,33 @@ class StepProbe:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close(exc)
+        self.close(exc)  # never raises: the user's own exception goes on as it was
 
     def close(self, error: BaseException | None = None) -> None:
-        """Write the last (partial) window, the Markdown and the advice. Idempotent."""
+        """Write the last (partial) window, the Markdown and the advice, and let go of the outputs'
+        locks. Idempotent; never raises (a failure of the probe's own is told once on stderr)."""
         if self._closed:
             return
         self._closed = True
+        try:
+            self._guarded(lambda: self._finish(error))
+        finally:
+            self._sink.close()
+
+    def _finish(self, error: BaseException | None) -> None:
         open_step = self._open
         text = error_text(error) if error is not None else ("stopped inside a step" if open_step else None)
         if self._window_steps or open_step:
             self._flush(status="error" if error is not None or open_step else "ok", error=text)
         self.advice = self.advise()
-        for path in self._markdown:
+        for path in self._markdown if self._write_error is None else ():
             temporary = path.with_name(path.name + ".tmp")
-            temporary.write_text(self.markdown())
-            os.replace(temporary, path)
+            try:
+                temporary.write_text(self.markdown())
+                os.replace(temporary, path)
+            except OSError as exc:
+                temporary.unlink(missing_ok=True)
+                self._report_write_error(f"{path}: {exc.strerror or exc}")
         self._emit("probe advice:\n  " + "\n  ".join(self.advice))
 
     # -- results ----------------------------------------------------------------------------------
@@ -261,10 +274,27 @@ class StepProbe:
         )  # fmt: skip
         self.steps += complete
         self.records.append(record)
-        self._sink.write(record)
+        if self._write_error is None:
+            try:
+                self._sink.write(record)
+            except OSError as exc:  # a full disk: measuring goes on, the windows stay in .records
+                self._report_write_error(str(exc.strerror or exc))
         self._emit(summary_line(record))
         self._window_steps, self._window_pending, self._window_start = [], [], end
         self._step_start, self._wait_ms, self._phase_ms, self._pending, self._open = end, 0.0, {}, [], False
+
+    def _guarded(self, action: Callable[[], None]) -> None:
+        """Run the probe's own work; a failure of it never reaches the user's loop (told once)."""
+        try:
+            action()
+        except Exception as exc:
+            self._report_write_error(f"{type(exc).__name__}: {exc}")
+
+    def _report_write_error(self, what: str) -> None:
+        if self._write_error is None:
+            self._write_error = what
+            with contextlib.suppress(Exception):
+                self._emit(f"probe: error: {what}; measuring goes on, later windows are kept in probe.records only")
 
     def _emit(self, line: str) -> None:
         if self._print is not None:
@@ -275,6 +305,15 @@ class StepProbe:
             bars.write(line, file=sys.stderr)  # above the bar, which redraws itself
         else:
             print(line, file=sys.stderr, flush=True)
+
+
+def _rank_path(path: Path) -> Path:
+    """Rank 0 writes `path`; rank r > 0 of an initialised process group writes `stem.rankR.suffix`
+    beside it, so every rank of a data-parallel job can be given the same output."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return path
+    rank = torch.distributed.get_rank()
+    return path if rank == 0 else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
 
 
 def _close_at_exit(ref: weakref.ref) -> None:

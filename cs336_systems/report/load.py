@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cs336_systems.results import ResultFileError, read_results
+from cs336_systems.results import ResultFileError, read_results, validate
 from cs336_systems.results.readers import as_todays_rows
 
 # Written by torch as text ("13.0") or an int (91900): read as text so pandas never makes 13.000 of them.
@@ -42,10 +42,10 @@ def version_text(value: object) -> str | None:
 
 def read_file(path: str | Path) -> pd.DataFrame:
     path = Path(path)
-    if not path.exists():
-        raise ResultFileError(f"{path}: no such file")
+    validate.check_not_rendering(path)
     try:
         if path.suffix == ".csv":
+            validate.check_csv(path, validate.read_text(path))  # damaged lines named as file:LINE
             frame = as_todays_rows(pd.read_csv(path, dtype=dict.fromkeys(VERSION_COLUMNS, str)))
         elif path.suffix == ".json":
             frame = _summary_frame(json.loads(path.read_text()))

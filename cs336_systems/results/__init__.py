@@ -15,8 +15,10 @@ from cs336_systems.results.files import (
     ResultFileError,
     ResultSink,
     ResultWriteError,
+    check_distinct,
     check_output_path,
     check_output_paths,
+    write_whole,
 )
 from cs336_systems.results.readers import read_results
 from cs336_systems.results.records import BenchmarkRecord, Record, Timing, fill_timing, samples_field, timing_columns
@@ -24,5 +26,5 @@ from cs336_systems.results.records import BenchmarkRecord, Record, Timing, fill_
 __all__ = [
     "ENVIRONMENT_FIELDS", "BenchmarkRecord", "Environment", "Record", "ResultFileError", "ResultSink",
     "ResultWriteError", "Timing", "check_output_path", "check_output_paths", "collect_environment", "fill_timing",
-    "identity_field", "read_results", "samples_field", "timing_columns",
+    "identity_field", "read_results", "samples_field", "timing_columns", "check_distinct", "write_whole",
 ]  # fmt: skip

@@ -8,6 +8,7 @@ runs never interleave rows or write a header twice.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import csv
 import errno
 import fcntl
@@ -16,25 +17,20 @@ import json
 import math
 import os
 import signal
+import stat
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from cs336_systems.results import validate
+from cs336_systems.results.errors import ResultFileError, ResultWriteError
 from cs336_systems.results.records import BenchmarkRecord
 
 OUTPUT_SUFFIXES = (".csv", ".md", ".jsonl")
 # Tests inject faults through this variable: "enospc@N" makes the Nth row write fail half
 # written with ENOSPC; "kill@N" SIGKILLs the process right after the Nth row write.
 FAULT_ENV = "CS336_SYSTEMS_FAULT"
-
-
-class ResultFileError(ValueError):
-    """An output path we cannot write to as asked (bad suffix, mismatched columns, locked)."""
-
-
-class ResultWriteError(OSError):
-    """A row could not be written (a full disk): the file was truncated back to its last whole row."""
 
 
 class ResultRecord(Protocol):
@@ -50,33 +46,123 @@ class ResultRecord(Protocol):
 # -- checking paths before any work -------------------------------------------------------
 
 
+LOCK_PREFIX, LOCK_SUFFIX, TEMP_SUFFIX = ".", ".lock", ".tmp"  # .NAME.lock beside NAME; NAME.tmp for Markdown
+
+
+def lock_path(path: Path) -> Path:
+    """The lock sidecar of an output: resolved through the directory only, never through itself."""
+    return path.resolve().with_name(f"{LOCK_PREFIX}{path.name}{LOCK_SUFFIX}")
+
+
+def _refuse(flag: str, raw: object, why: str) -> ResultFileError:
+    return ResultFileError(f"{flag} {raw}: {why}")
+
+
+def _check_limits(path: Path, flag: str, raw: object) -> None:
+    """The name and the path fit the filesystem's limits with the sidecar's extra characters."""
+    extra = len(LOCK_PREFIX) + len(LOCK_SUFFIX)
+    name_max, path_max = 255, 4096  # POSIX's usual values, for a directory we cannot ask
+    for parent in path.absolute().parents:  # the nearest directory that exists knows its filesystem's limits
+        try:
+            name_max, path_max = os.pathconf(parent, "PC_NAME_MAX"), os.pathconf(parent, "PC_PATH_MAX")
+            break
+        except OSError:
+            continue
+    if len(os.fsencode(str(path.absolute()))) + extra >= path_max:
+        raise _refuse(flag, str(raw)[:60] + "...", f"path too long ({len(os.fsencode(str(path.absolute())))} bytes; "
+                      f"at most {path_max - extra - 1} here)")  # fmt: skip
+    for part in path.absolute().parent.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise _refuse(flag, str(raw)[:60] + "...", f"a directory name is too long ({len(os.fsencode(part))} "
+                          f"bytes; at most {name_max})")  # fmt: skip
+    if len(os.fsencode(path.name)) + extra > name_max:
+        raise _refuse(flag, str(raw)[:60] + "...", f"file name too long ({len(os.fsencode(path.name))} bytes; at most "
+                      f"{name_max - extra} here, leaving room for its lock file)")  # fmt: skip
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "is a directory, give a file name"
+    if stat.S_ISFIFO(mode):
+        return "is a FIFO (named pipe), not a regular file: give a file name"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "is a device, not a regular file: give a file name"
+    return "is not a regular file: give a file name"
+
+
 def check_output_path(raw: str | Path, flag: str = "--output", suffixes: Sequence[str] | None = None) -> Path:
-    """A path we can write, checked before any work starts (a directory, a parent that
-    cannot be created and an unwritable place are refused). Creates missing parents."""
+    """A path we can write, checked before any work starts. Refused: a trailing slash, an
+    unknown suffix, a name or path past the filesystem's limits, a symbolic link (a planted
+    link would make us write through it into another file), a directory, a FIFO or device,
+    a parent that cannot be created, a directory we cannot write in (the lock file and the
+    Markdown temp file live there), a lock file that is not a regular file. Creates missing parents."""
+    if str(raw).endswith(("/", os.sep)):
+        raise _refuse(flag, raw, "ends in '/': give a file name, not a directory")
     path = Path(raw)
     if suffixes is not None and path.suffix not in suffixes:
-        raise ResultFileError(f"{flag} {raw}: unknown suffix, use one of {', '.join(suffixes)}")
-    if path.is_dir():
-        raise ResultFileError(f"{flag} {raw}: is a directory, give a file name")
+        raise _refuse(flag, raw, f"unknown suffix, use one of {', '.join(suffixes)}")
+    _check_limits(path, flag, raw)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise _refuse(flag, raw, f"cannot write there ({exc.strerror})") from None
+    if mode is not None and stat.S_ISLNK(mode):
+        raise _refuse(flag, raw, f"is a symbolic link (to {os.readlink(path)}); give the file itself or a new name")
+    if mode is not None and not stat.S_ISREG(mode):
+        raise _refuse(flag, raw, _kind(mode))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ResultFileError(f"{flag} {raw}: cannot create its directory {path.parent} ({exc.strerror})") from None
-    existed = path.exists()
+        raise _refuse(flag, raw, f"cannot create its directory {path.parent} ({exc.strerror})") from None
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise _refuse(flag, raw, f"cannot write in its directory {path.parent} (its lock file goes there)")
     try:
-        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+        lock_mode = os.lstat(lock_path(path)).st_mode
+    except FileNotFoundError:
+        lock_mode = None
+    if lock_mode is not None and not stat.S_ISREG(lock_mode):
+        why = "a symbolic link" if stat.S_ISLNK(lock_mode) else "not a regular file"
+        raise _refuse(flag, raw, f"its lock file {lock_path(path).name} is {why}; remove it")
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644))
     except OSError as exc:
-        raise ResultFileError(f"{flag} {raw}: cannot write there ({exc.strerror})") from None
-    if not existed:
+        raise _refuse(flag, raw, f"cannot write there ({exc.strerror})") from None
+    if mode is None:
         path.unlink()  # checked, not created: a failed run leaves no empty file behind
     return path
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """Two spellings of one file: the same resolved path, or hard links to one inode."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_distinct(paths: Iterable[tuple[str, Path | None]]) -> None:
+    """Outputs of different flags (--output, --monitor, --summary) must be different files:
+    (flag, path) pairs, None paths skipped."""
+    items = [(flag, path) for flag, path in paths if path is not None]
+    for i, (flag, path) in enumerate(items):
+        for other_flag, other in items[i + 1 :]:
+            if same_file(path, other):
+                raise ResultFileError(f"{flag} {path} and {other_flag} {other} are the same file; give two files")
+
+
 def check_output_paths(paths: Iterable[str | Path], flag: str = "--output") -> list[Path]:
-    """Every result output checked (suffix, writable); a path given twice is used once."""
+    """Every result output checked (suffix, writable); a path given twice is used once; two
+    names of one file (hard links) are refused."""
     checked: dict[Path, Path] = {}
     for raw in paths:
         path = check_output_path(raw, flag, OUTPUT_SUFFIXES)
+        for other in checked.values():
+            if path.resolve() != other.resolve() and same_file(path, other):
+                raise ResultFileError(f"{flag} {raw} and {flag} {other} are the same file (hard links); give two files")
         checked.setdefault(path.resolve(), path)
     return list(checked.values())
 
@@ -91,8 +177,10 @@ class OutputLock:
 
     held: dict[Path, list] = {}  # sidecar -> [fd, users]
 
-    def __init__(self, path: Path, wait: bool = False):
-        self.path = path.with_name(f".{path.name}.lock").resolve()
+    def __init__(self, path: Path, wait: bool = False, wait_flag: str | None = None):
+        # a tool without a waiting flag is told only to wait: name only flags that exist
+        self.wait_hint = f", or pass {wait_flag}" if wait_flag else ""
+        self.path = lock_path(path)
         entry = self.held.get(self.path)
         if entry is None:
             entry = self.held[self.path] = [self._acquire(path, wait), 0]
@@ -101,7 +189,13 @@ class OutputLock:
 
     def _acquire(self, output: Path, wait: bool) -> int:
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:  # never through a link planted at the sidecar's name
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+            except OSError as exc:
+                raise ResultFileError(f"{output}: cannot open its lock file {self.path.name} ({exc.strerror})") from None
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise ResultFileError(f"{output}: its lock file {self.path.name} is not a regular file; remove it")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -110,7 +204,7 @@ class OutputLock:
                     os.close(fd)
                     raise ResultFileError(
                         f"{output} is being written by process {holder} (lock {self.path.name}); "
-                        "wait for it to finish, or pass --wait-lock"
+                        f"wait for it to finish{self.wait_hint}"
                     ) from None
                 print(f"waiting for process {holder} to finish writing {output}", file=sys.stderr, flush=True)
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -173,15 +267,20 @@ def _after_write() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def append_line(path: Path, line: str) -> None:
+def append_line(path: Path, line: str, *, inject: bool = True) -> None:
     """Append `line` (ending in a newline) in one write; on failure truncate the file back to
-    where it was, so it never holds half a row, and raise ResultWriteError naming the file."""
+    where it was, so it never holds half a row, and raise ResultWriteError naming the file.
+    `inject=False`: not a result row, so FAULT_ENV does not count it (the monitor's samples)."""
     data = line.encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise ResultWriteError(exc.errno, f"{path}: could not open to write a row ({exc.strerror})") from exc
     try:
         size = os.fstat(fd).st_size
         try:
-            _fault(data, fd)
+            if inject:
+                _fault(data, fd)
             written = os.write(fd, data)
             if written != len(data):
                 raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
@@ -192,19 +291,28 @@ def append_line(path: Path, line: str) -> None:
             ) from exc
     finally:
         os.close(fd)
-    _after_write()
+    if inject:
+        _after_write()
 
 
-def repair_cut_line(path: Path) -> bool:
-    """Drop a last line with no newline (a writer killed mid-row); True when one was dropped."""
+def repair_cut_line(path: Path) -> str | None:
+    """A last line with no newline: kept (its newline added) when it is a whole row, dropped
+    when a writer was stopped mid-row. Returns what was done, for the user, or None."""
     if not path.exists() or path.stat().st_size == 0:
-        return False
+        return None
     with path.open("rb+") as handle:
         data = handle.read()
         if data.endswith(b"\n"):
-            return False
-        handle.truncate(data.rfind(b"\n") + 1)
-    return True
+            return None
+        start = data.rfind(b"\n") + 1
+        first, last = data.split(b"\n", 1)[0].decode(errors="replace"), data[start:].decode(errors="replace")
+        line = data.count(b"\n") + 1
+        whole = validate.complete_jsonl_line if path.suffix == ".jsonl" else validate.complete_csv_line
+        if start > 0 and whole(first, last) or path.suffix == ".jsonl" and start == 0 and whole(last, last):
+            handle.write(b"\n")
+            return f"{path}:{line}: the last row lacked its newline; kept it and added the newline"
+        handle.truncate(start)
+    return f"{path}:{line}: dropped a cut last line (a writer stopped mid-row); that row is not in the file"
 
 
 def csv_line(values: Sequence[object]) -> str:
@@ -292,13 +400,30 @@ class MarkdownWriter:
 
     def write(self, record: ResultRecord) -> None:
         self.rows.append(record.to_row())
-        temporary = self.path.with_name(self.path.name + ".tmp")
+        write_whole(self.path, self.render(self.rows))
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Replace `path` with `text` atomically: a temp file beside it (created fresh, never
+    through a link planted at its name), then a rename. A failure (a full disk) leaves the
+    previous file and no temp file, and raises ResultWriteError naming the file."""
+    temporary = path.with_name(path.name + TEMP_SUFFIX)
+    data = text.encode()
+    try:
+        temporary.unlink(missing_ok=True)  # a stale one, or a planted link (unlink never follows)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
-            temporary.write_text(self.render(self.rows))
-            os.replace(temporary, self.path)
-        except OSError as exc:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
             temporary.unlink(missing_ok=True)
-            raise ResultWriteError(exc.errno, f"{self.path}: could not rewrite ({exc.strerror}); kept as it was") from exc
+        kept = "kept as it was" if path.exists() else "not written"
+        raise ResultWriteError(exc.errno, f"{path}: could not write ({exc.strerror}); {kept}") from exc
 
 
 class ResultSink:
@@ -307,7 +432,7 @@ class ResultSink:
     `record_type` gives the CSV columns (`row_fields()`) and the Markdown view (`markdown(rows)`);
     `previous_rows` are rows already in the files (a resumed sweep), so the Markdown shows them.
     Each output is locked for the sink's life (`close()`, or at exit); a locked output is refused
-    with the holder's pid, or waited for with `wait_lock`. A last line cut by a killed writer is
+    with the holder's pid (naming `wait_flag`, the tool's flag to wait, if it has one), or waited for with `wait_lock`. A last line cut by a killed writer is
     dropped (and said) before any row is appended to it.
     """
 
@@ -318,6 +443,7 @@ class ResultSink:
         previous_rows: Iterable[dict] = (),
         *,
         wait_lock: bool = False,
+        wait_flag: str | None = None,
     ):
         fields, render = record_type.row_fields(), record_type.markdown
         self.record_type = record_type
@@ -328,7 +454,7 @@ class ResultSink:
         self.holds: dict[Path, set] = {}
         try:
             for path in self.paths:
-                self.locks.append(OutputLock(path, wait_lock))
+                self.locks.append(OutputLock(path, wait_lock, wait_flag))
             for path in self.paths:
                 if path.suffix == ".csv":
                     self._repair(path)
@@ -344,9 +470,9 @@ class ResultSink:
 
     @staticmethod
     def _repair(path: Path) -> None:
-        if repair_cut_line(path):
-            print(f"{path}: dropped a cut last line (a writer stopped mid-row); its configuration runs again",
-                  file=sys.stderr)  # fmt: skip
+        done = repair_cut_line(path)
+        if done:
+            print(done, file=sys.stderr)
 
     def set_previous_rows(self, rows: Sequence[dict]) -> None:
         """Rows already written (a resumed run), shown again in every Markdown rendering."""

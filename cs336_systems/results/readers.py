@@ -5,17 +5,18 @@ DataFrame. Files written before a column was added or renamed read as today's ro
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import pandas as pd
 
-from cs336_systems.results.files import OUTPUT_SUFFIXES, ResultFileError
+from cs336_systems.results import validate
+from cs336_systems.results.errors import ResultFileError
+from cs336_systems.results.files import OUTPUT_SUFFIXES
 
 
 def read_markdown(path: str | Path) -> pd.DataFrame:
     """The first pipe table of a Markdown file, with numbers parsed back."""
-    lines = [line.strip() for line in Path(path).read_text().splitlines()]
+    lines = [line.strip() for line in validate.read_text(Path(path)).splitlines()]
     table = []
     for line in lines:
         if line.startswith("|"):
@@ -26,6 +27,9 @@ def read_markdown(path: str | Path) -> pd.DataFrame:
         return pd.DataFrame()
     split = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
     header, body = split[0], split[2:]
+    for number, cells in enumerate(body, 3):
+        if len(cells) != len(header):
+            raise ResultFileError(f"{path}: table row {number}: {len(cells)} cells, the header has {len(header)}")
     frame = pd.DataFrame(body, columns=header).replace("", None)
     for column in frame.columns:
         converted = pd.to_numeric(frame[column], errors="coerce")
@@ -34,27 +38,26 @@ def read_markdown(path: str | Path) -> pd.DataFrame:
     return frame
 
 
-def read_results(path: str | Path) -> pd.DataFrame:
-    """Rows of a .csv, .jsonl or .md result file as a DataFrame. A damaged file raises
-    ResultFileError naming the file and line."""
+def read_results(path: str | Path, dtype: dict | None = None) -> pd.DataFrame:
+    """Rows of a .csv, .jsonl or .md result file as a DataFrame. Each line is checked first
+    (results.validate): a damaged file raises ResultFileError naming the file and line."""
     path = Path(path)
-    if path.suffix == ".csv":
-        try:
-            return as_todays_rows(pd.read_csv(path))
-        except pd.errors.ParserError as exc:
-            raise ResultFileError(f"{path}: damaged CSV ({str(exc).strip().split('. ')[-1]})") from None
-    if path.suffix == ".jsonl":
-        text = path.read_text()
-        for number, line in enumerate(text.splitlines(), 1):
-            try:
-                json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ResultFileError(f"{path}:{number}: damaged JSONL line ({exc.msg})") from None
-        frame = pd.read_json(io.StringIO(text), lines=True, dtype=False) if text.strip() else pd.DataFrame()
-        return as_todays_rows(frame)
+    if path.suffix not in OUTPUT_SUFFIXES:
+        raise ResultFileError(f"{path}: unknown suffix, expected one of {', '.join(OUTPUT_SUFFIXES)}")
     if path.suffix == ".md":
         return read_markdown(path)  # a rendering: only its columns
-    raise ResultFileError(f"{path}: unknown suffix, expected one of {', '.join(OUTPUT_SUFFIXES)}")
+    text = validate.read_text(path)
+    if path.suffix == ".csv":
+        validate.check_csv(path, text)
+        if not text.strip():
+            return pd.DataFrame()
+        try:
+            return as_todays_rows(pd.read_csv(io.StringIO(text), dtype=dtype))
+        except (pd.errors.ParserError, ValueError) as exc:
+            raise ResultFileError(f"{path}: damaged CSV ({str(exc).strip().split('. ')[-1]})") from None
+    validate.check_jsonl(path, text)
+    frame = pd.read_json(io.StringIO(text), lines=True, dtype=False) if text.strip() else pd.DataFrame()
+    return as_todays_rows(frame)
 
 
 # Columns renamed since, for rows only one tool writes: (a column that marks that tool's rows, old, new).

@@ -1,0 +1,148 @@
+"""Checking a result file line by line before it is read: a damaged line is named as
+`file:LINE` with what is wrong (ResultFileError), so report, compare and resume refuse it in
+one line instead of a pandas traceback or a silently wrong table.
+
+Pure functions of the file's text; files.read_results calls them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import stat
+from pathlib import Path
+
+from cs336_systems.results.errors import ResultFileError
+
+# Columns that hold numbers in every tool's records: by suffix, or by name.
+NUMERIC_SUFFIXES = ("_ms", "_pct", "_bytes", "_per_s", "_s", "_gbps", "_tflops", "_flops", "_gib", "_mb")
+NUMERIC_NAMES = frozenset(
+    ("batch_size", "context_length", "world_size", "seq_len", "head_dim", "d_model", "d_ff", "num_layers",
+     "num_heads", "step_index", "size_bytes", "mfu", "num_params", "num_threads", "num_workers")
+)  # fmt: skip
+
+
+def is_numeric_column(name: str) -> bool:
+    return name in NUMERIC_NAMES or name.endswith(NUMERIC_SUFFIXES)
+
+
+def check_readable(path: Path) -> None:
+    """A regular file that exists: a FIFO would block the reader, a directory cannot be read."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise ResultFileError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ResultFileError(f"{path}: cannot be read ({exc.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise ResultFileError(f"{path}: is a directory, give a result file")
+    if not stat.S_ISREG(mode):
+        raise ResultFileError(f"{path}: not a regular file (a FIFO, device or socket); give a result file")
+
+
+def check_not_rendering(path: Path) -> None:
+    """A Markdown results file is a rendering for people (some columns, rounded numbers): a tool
+    that compares or reports rows reads the .csv or .jsonl written beside it instead."""
+    if Path(path).suffix == ".md":
+        raise ResultFileError(f"{path}: a Markdown rendering (some columns, rounded); give the .csv or .jsonl "
+                              "the tool wrote beside it")  # fmt: skip
+
+
+def read_text(path: Path) -> str:
+    """The file's text; bytes that are not UTF-8 are named by line."""
+    check_readable(path)
+    data = path.read_bytes()
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ResultFileError(f"{path}:{line}: not UTF-8 text (byte {data[exc.start]:#04x}); not a result file") from None
+
+
+def _bad_number(value: object) -> bool:
+    """A value that cannot stand in a numeric column (empty, None and NaN are 'no value')."""
+    if value is None or value == "":
+        return False
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, int | float):
+        return False
+    try:
+        float(str(value))
+    except ValueError:
+        return True
+    return False
+
+
+def _check_numbers(path: Path, number: int, row: dict) -> None:
+    for name, value in row.items():
+        if is_numeric_column(name) and _bad_number(value):
+            raise ResultFileError(f"{path}:{number}: column {name} holds {str(value)[:40]!r}, not a number")
+
+
+def check_csv(path: Path, text: str) -> None:
+    """Every line has the header's fields, no line repeats the header, numbers are numbers."""
+    if text.lstrip().startswith("|") or text.lstrip().startswith("#"):
+        raise ResultFileError(f"{path}:1: a Markdown file named .csv; give the .csv a tool wrote")
+    rows = csv.reader(io.StringIO(text, newline=""))
+    header = next(rows, None)
+    if not header:
+        return
+    if len(set(header)) != len(header):
+        raise ResultFileError(f"{path}:1: a column name appears twice in the header")
+    for number, cells in enumerate(rows, 2):
+        if not cells:
+            continue  # a blank line
+        if cells == header:
+            raise ResultFileError(f"{path}:{number}: the header line again (two files joined?); remove it")
+        if len(cells) != len(header):
+            raise ResultFileError(f"{path}:{number}: {len(cells)} fields, the header has {len(header)}")
+        _check_numbers(path, number, dict(zip(header, cells, strict=True)))
+
+
+def check_jsonl(path: Path, text: str) -> None:
+    """Every line is a JSON object with line 1's keys, numbers are numbers."""
+    keys: set[str] | None = None
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ResultFileError(f"{path}:{number}: damaged JSONL line ({exc.msg})") from None
+        if not isinstance(value, dict):
+            raise ResultFileError(f"{path}:{number}: a JSON {type(value).__name__}, not an object (a row)")
+        if keys is None:
+            keys = set(value)
+        elif set(value) != keys:
+            missing, extra = sorted(keys - set(value)), sorted(set(value) - keys)
+            what = "; ".join(part for part in (
+                f"missing {', '.join(missing[:3])}" if missing else "",
+                f"extra {', '.join(extra[:3])}" if extra else "",
+            ) if part)  # fmt: skip
+            raise ResultFileError(f"{path}:{number}: other keys than line 1 ({what}); mixed files?")
+        _check_numbers(path, number, {k: v for k, v in value.items() if not isinstance(v, list | dict)})
+
+
+def complete_csv_line(header_line: str, line: str) -> bool:
+    """Whether a last CSV line without its newline is still a whole row (the header's field
+    count and numbers where numbers belong), so it is kept instead of dropped."""
+    try:
+        header = next(csv.reader([header_line]))
+        cells = next(csv.reader(io.StringIO(line, newline="")))
+    except (StopIteration, csv.Error):
+        return False
+    if line.count('"') % 2 or len(cells) != len(header):
+        return False
+    return not any(is_numeric_column(name) and _bad_number(value) for name, value in zip(header, cells, strict=True))
+
+
+def complete_jsonl_line(first_line: str, line: str) -> bool:
+    """Whether a last JSONL line without its newline is a whole object with line 1's keys."""
+    try:
+        value, first = json.loads(line), json.loads(first_line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(value, dict) and isinstance(first, dict) and set(value) == set(first)
+

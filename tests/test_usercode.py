@@ -1,0 +1,185 @@
+"""The user's code never decides our outcome: usercode.guarded turns sys.exit, os._exit, a
+KeyboardInterrupt it raised itself and a hang into exceptions, and the tools into rows.
+
+Unit tests run in this process; the CLI tests run `benchmark` in a real child process with the
+hostile fixtures (tests/fixtures/hostile), so an os._exit that escaped would end only that child."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cs336_systems import lifetime
+from cs336_systems.usercode import UserCodeError, UserCodeTimeout, check_timeout, guarded
+from tests.conftest import PYTHON, REPO, TINY_SHAPE, child_env
+
+
+def test_sys_exit_becomes_an_error_naming_it():
+    with pytest.raises(UserCodeError, match=r"my code called sys.exit\(0\)"), guarded("my code"):
+        sys.exit(0)
+
+
+def test_os_exit_becomes_an_error_and_os_exit_is_put_back():
+    real = os._exit
+    with pytest.raises(UserCodeError, match=r"called os._exit\(3\)"), guarded("my code"):
+        os._exit(3)
+    assert os._exit is real
+
+
+def test_a_forked_child_still_exits_for_real():
+    with guarded("my code"):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 7
+
+
+def test_keyboard_interrupt_raised_by_the_code_is_an_error_when_no_signal_arrived():
+    with lifetime.signals_interrupt(), pytest.raises(UserCodeError, match="KeyboardInterrupt itself"):  # noqa: SIM117
+        with guarded("my code"):
+            raise KeyboardInterrupt
+
+
+def test_a_real_ctrl_c_stays_an_interrupt():
+    with lifetime.signals_interrupt(), pytest.raises(KeyboardInterrupt), guarded("my code"):
+        signal.raise_signal(signal.SIGINT)
+        time.sleep(1)
+
+
+def test_without_our_handler_an_interrupt_is_never_swallowed():
+    with pytest.raises(KeyboardInterrupt), guarded("my code"):
+        raise KeyboardInterrupt
+
+
+def test_a_hang_times_out_and_each_rearm_restarts_the_clock():
+    with guarded("my step", timeout_s=0.3) as rearm:
+        for _ in range(4):  # 0.8 s in all, each step well under the limit
+            rearm()
+            time.sleep(0.2)
+    with pytest.raises(UserCodeTimeout, match=r"my step did not return within --timeout 0.3 s"), guarded(
+        "my step", timeout_s=0.3
+    ):
+        time.sleep(5)
+
+
+def test_a_swallowed_timeout_is_raised_again():
+    started = time.monotonic()
+    with pytest.raises(UserCodeTimeout), guarded("my step", timeout_s=0.2):
+        with contextlib.suppress(Exception):  # the user's code catches everything
+            time.sleep(5)
+        time.sleep(5)
+    assert time.monotonic() - started < 3
+
+
+def test_an_outer_alarm_still_goes_off_and_is_set_again():
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda *args: fired.append(1))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with guarded("my step", timeout_s=60):
+            pass
+        assert signal.getitimer(signal.ITIMER_REAL)[0] > 0  # the outer alarm is armed again
+        time.sleep(1)
+        assert fired == [1]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), 1e20])
+def test_absurd_timeouts_are_refused(value):
+    with pytest.raises(ValueError, match="--timeout must be more than 0 and at most"):
+        check_timeout(value)
+
+
+BENCH = [
+    PYTHON, "-m", "cs336_systems.benchmark", *TINY_SHAPE, "--context-length", "8", "--batch-size", "2",
+    "--warmup-steps", "1", "--measure-steps", "2", "--device", "cpu",
+]  # fmt: skip
+# an honest build may import torch._dynamo (seconds on a loaded machine): hangs are given this long
+TIMEOUT = ["--timeout", "15"]
+
+
+def run_benchmark_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*BENCH, *args], capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    "flags, status, message",
+    [
+        ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:exits"], 1, r"models:exits called sys.exit\(0\)"),
+        ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:os_exits_in_forward"], 1, r"called os._exit\(0\)"),
+        ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:interrupts"], 1, "KeyboardInterrupt itself"),
+        ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:hangs_in_forward"], 1, "within --timeout 15 s"),
+        ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.exit3_at_import:make"], 2, r"called sys.exit\(3\)"),
+    ],
+)  # fmt: skip
+def test_benchmark_rows_for_user_code_that_exits_or_hangs(tmp_path, flags, status, message):
+    output = tmp_path / "row.jsonl"
+    result = run_benchmark_cli(*flags, "--output", str(output))
+    assert result.returncode == status, result.stderr
+    assert "Traceback" not in result.stderr
+    assert re.search(message, result.stderr.strip().splitlines()[-1]), result.stderr
+    if status == 1:  # a row says what happened; an import that failed is bad input, refused before any row
+        row = json.loads(output.read_text().splitlines()[-1])
+        assert row["status"] == ("timeout" if "timeout" in message else "error")
+
+
+def test_benchmark_refuses_an_absurd_timeout():
+    result = run_benchmark_cli("--timeout", "1e20", timeout=60)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+
+
+# -- attention_bench: the implementation runs guarded, its output must be attention's -------------
+
+
+@pytest.mark.parametrize(
+    "name, status, message",
+    [
+        ("returns_float64", "wrong", "output is torch.float64 on cpu, expected torch.float32"),
+        ("returns_nan", "wrong", "NaN or infinite"),
+        ("exits", "error", r"forward: tests.fixtures.hostile.attention:exits called sys.exit\(0\)"),
+        ("os_exits", "error", r"called os._exit\(0\)"),
+        ("hangs", "timeout", "did not return within --timeout 1 s"),
+        ("correct", "ok", None),
+    ],
+)
+def test_attention_rows_for_hostile_implementations(name, status, message):
+    from cs336_systems.attention_bench import AttentionConfig, run_attention
+
+    config = AttentionConfig(f"tests.fixtures.hostile.attention:{name}", head_dim=8, context_length=16, warmup_steps=1, measure_steps=2)
+    record = run_attention(config, timeout_s=1 if name == "hangs" else 120)
+    assert record.status == status, record.error
+    if message:
+        assert re.search(message, record.error)
+
+
+def test_attention_flash_getter_that_exits_is_an_error_row():
+    from cs336_systems.attention_bench import AttentionConfig, run_attention
+
+    adapters = str(REPO / "tests/fixtures/hostile/adapters_exit.py")
+    record = run_attention(AttentionConfig("flash-pytorch", head_dim=8, context_length=16, measure_steps=2, adapters=adapters))
+    assert (record.status, record.error) == ("error", "setup: flash-pytorch called sys.exit(0)")
+
+
+@pytest.mark.parametrize("factory, message", [("exits", r"called sys.exit\(0\)"), ("interrupts", "KeyboardInterrupt itself")])
+def test_benchmark_direct_sweep_gets_an_error_row_not_our_exit(tmp_path, factory, message):
+    from cs336_systems import benchmark_direct
+
+    output = tmp_path / "rows.jsonl"
+    code = benchmark_direct.main([
+        *TINY_SHAPE, "--context-lengths", "8", "--batch-sizes", "2", "--warmup-steps", "1", "--measure-steps", "2",
+        "--device", "cpu", "--pass-types", "forward", "--model-factory", f"tests.fixtures.hostile.models:{factory}",
+        "--output", str(output),
+    ])  # fmt: skip
+    row = json.loads(output.read_text().splitlines()[-1])
+    assert code == 1 and row["status"] == "error" and re.search(message, row["error"])
