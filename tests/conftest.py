@@ -27,6 +27,16 @@ REPO = Path(__file__).resolve().parent.parent
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
+@pytest.fixture(autouse=True)
+def _forget_interrupts():
+    """A test that delivers a real Ctrl-C leaves lifetime's memory of it; the next test in this
+    process starts as a fresh command would."""
+    yield
+    from cs336_systems import lifetime
+
+    lifetime._received.clear()
+
+
 def tiny_model_config(**changes) -> ModelConfig:
     shape = dict(d_model=32, d_ff=64, num_layers=2, num_heads=2, vocab_size=97, context_length=16)
     shape.update(changes)

@@ -37,9 +37,21 @@ class Row:
     def key(self):
         return tuple(self.row.items())
 
+    @classmethod
+    def row_fields(cls):
+        return ("name", "mean_ms")
+
+    @classmethod
+    def markdown(cls, rows):
+        return f"{len(rows)} rows\n"
+
+    @classmethod
+    def row_key(cls, row):
+        return tuple(row.items())
+
 
 def sink(paths, **kwargs):
-    return ResultSink(paths, fields=["name", "mean_ms"], render=lambda rows: f"{len(rows)} rows\n", **kwargs)
+    return ResultSink(paths, Row, **kwargs)
 
 
 # -- family: paths ------------------------------------------------------------------------
@@ -159,8 +171,10 @@ def test_a_writable_file_in_an_unwritable_directory_is_refused_before_any_work()
 def test_the_lock_message_names_only_flags_the_tool_has(tmp_path):
     first = sink([tmp_path / "r.csv"])
     try:
-        script = ("import sys; from cs336_systems.results import ResultSink\n"
-                  f"ResultSink([{str(tmp_path / 'r.csv')!r}], fields=['a'], render=str)")  # fmt: skip
+        script = ("from cs336_systems.results import ResultSink\n"
+                  "class Row:\n    row_fields = classmethod(lambda cls: ('name', 'mean_ms'))\n"
+                  "    markdown = classmethod(lambda cls, rows: '')\n"
+                  f"ResultSink([{str(tmp_path / 'r.csv')!r}], Row)")  # fmt: skip
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                               env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
         assert "is being written by process" in done.stderr and "--wait-lock" not in done.stderr
