@@ -10,8 +10,8 @@ import argparse
 import sys
 from collections.abc import Iterable
 
-from cs336_systems import terminal
-from cs336_systems.units import format_bytes, parse_bytes
+from . import terminal
+from .units import format_bytes, parse_bytes
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # a row is 'error', 'timeout' or 'wrong'

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from cs336_systems import cuda_graphs, nvtx
-from cs336_systems.argtypes import EXIT_FAILED, ArgumentParser, exit_status, fail, positive_int
-from cs336_systems.benchmark_flags import (
+from . import cuda_graphs, nvtx
+from .argtypes import EXIT_FAILED, ArgumentParser, exit_status, fail, positive_int
+from .benchmark_flags import (
     add_checkpoint_argument,
     add_execution_arguments,
     add_optimizer_argument,
@@ -23,10 +23,10 @@ from cs336_systems.benchmark_flags import (
     benchmark_config_from_args,
     model_config_from_args,
 )
-from cs336_systems.command import run_command
-from cs336_systems.config import COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
-from cs336_systems.device import DeviceError, resolve_device
-from cs336_systems.models import (
+from .command import run_command
+from .config import COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
+from .device import DeviceError, resolve_device
+from .models import (
     ATTENTION_KINDS,
     SIZE_TABLES,
     ConfigError,
@@ -34,12 +34,12 @@ from cs336_systems.models import (
     count_parameters_for,
     load_model_factory,
 )
-from cs336_systems.monitor import MonitorPathError, add_monitor_arguments, check_monitor_arguments, monitored
-from cs336_systems.optimizer import OptimizerFactoryError, load_optimizer_factory
-from cs336_systems.precision import PRECISIONS
-from cs336_systems.results import BenchmarkRecord, ResultFileError, ResultSink, ResultWriteError, check_output_paths
-from cs336_systems.runner import run_benchmark
-from cs336_systems.usercode import DEFAULT_TIMEOUT_S, timeout_seconds
+from .monitor import MonitorPathError, add_monitor_arguments, check_monitor_arguments, monitored
+from .optimizer import OptimizerFactoryError, load_optimizer_factory
+from .precision import PRECISIONS
+from .results import BenchmarkRecord, ResultFileError, ResultSink, ResultWriteError, check_output_paths
+from .runner import run_benchmark
+from .usercode import DEFAULT_TIMEOUT_S, timeout_seconds
 
 PROG = "python -m cs336_systems.benchmark"
 

@@ -8,18 +8,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from cs336_systems.argtypes import add_device_argument, non_negative_int, positive_float, positive_int
-from cs336_systems.config import COMPILE_MODES, PARAM_DTYPES, BenchmarkConfig
-from cs336_systems.cuda_graphs import OPTIMIZER_REFUSAL
-from cs336_systems.flops import PEAK_CHOICES
-from cs336_systems.models import (
+from .argtypes import add_device_argument, non_negative_int, positive_float, positive_int
+from .config import COMPILE_MODES, PARAM_DTYPES, BenchmarkConfig
+from .cuda_graphs import OPTIMIZER_REFUSAL
+from .flops import PEAK_CHOICES
+from .models import (
     CHECKPOINT_WORDS,
     DEFAULT_SIZE_TABLE,
     SIZE_TABLES,
     ConfigError,
     ModelConfig,
 )
-from cs336_systems.timing import TIMERS
+from .timing import TIMERS
 
 
 def checkpoint_blocks(text: str) -> int | str | None:

@@ -21,16 +21,16 @@ from pathlib import Path
 
 import torch
 
-from cs336_systems.argtypes import (
+from .argtypes import (
     add_memory_limit_argument,
     describe_memory_limit,
     resolve_memory_limit,
 )
-from cs336_systems.config import BenchmarkConfig
-from cs336_systems.lifetime import child_preexec, temporary_directory
-from cs336_systems.models import count_parameters_for
-from cs336_systems.results import ENVIRONMENT_FIELDS, BenchmarkRecord, Environment, collect_environment
-from cs336_systems.usercode import timeout_seconds
+from .config import BenchmarkConfig
+from .lifetime import child_preexec, temporary_directory
+from .models import count_parameters_for
+from .results import ENVIRONMENT_FIELDS, BenchmarkRecord, Environment, collect_environment
+from .usercode import timeout_seconds
 
 
 def failed_record(

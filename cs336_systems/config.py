@@ -17,9 +17,9 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cs336_systems.anomalies import fast_path_flags
-from cs336_systems.identity import identity_field, row_key
-from cs336_systems.models import ConfigError, ModelConfig
+from .anomalies import fast_path_flags
+from .identity import identity_field, row_key
+from .models import ConfigError, ModelConfig
 
 PASS_TYPES = ("forward", "forward-backward", "train-step")
 COMPILE_SCOPES = ("model", "blocks")  # "model": torch.compile(model); "blocks": each block (regional)

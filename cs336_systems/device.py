@@ -15,7 +15,7 @@ import shutil
 
 import torch
 
-from cs336_systems.usercode import UserCodeError, UserCodeTimeout
+from .usercode import UserCodeError, UserCodeTimeout
 
 OOM_MESSAGE_MARKERS = ("out of memory", "can't allocate memory", "defaultcpuallocator")
 

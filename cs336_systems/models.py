@@ -19,9 +19,9 @@ from einops import rearrange
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from cs336_systems import nvtx
-from cs336_systems.loading import load_callable
-from cs336_systems.usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeTimeout
+from . import nvtx
+from .loading import load_callable
+from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeTimeout
 
 ATTENTION_KINDS = ("naive", "sdpa")
 DEFAULT_VOCAB_SIZE = 10_000

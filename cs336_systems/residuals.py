@@ -25,12 +25,12 @@ from tabulate import tabulate
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from cs336_systems.argtypes import ArgumentParser, add_device_argument, exit_status, fail, positive_int
-from cs336_systems.benchmark_flags import add_shape_arguments, model_config_from_args
-from cs336_systems.device import DeviceError, compile_unsupported_reason, failure_status, resolve_device
-from cs336_systems.memory.estimate import FP32, block_saved_bytes
-from cs336_systems.models import ATTENTION_KINDS, ConfigError, ModelConfig, TransformerBlock, TransformerLM
-from cs336_systems.precision import PRECISIONS, autocast, unsupported_reason
+from .argtypes import ArgumentParser, add_device_argument, exit_status, fail, positive_int
+from .benchmark_flags import add_shape_arguments, model_config_from_args
+from .device import DeviceError, compile_unsupported_reason, failure_status, resolve_device
+from .memory.estimate import FP32, block_saved_bytes
+from .models import ATTENTION_KINDS, ConfigError, ModelConfig, TransformerBlock, TransformerLM
+from .precision import PRECISIONS, autocast, unsupported_reason
 
 PROG = "python -m cs336_systems.residuals"
 MIB = 2**20

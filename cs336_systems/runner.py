@@ -14,17 +14,17 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-from cs336_systems import cuda_graphs, nvtx
-from cs336_systems.config import BenchmarkConfig
-from cs336_systems.device import (
+from . import cuda_graphs, nvtx
+from .config import BenchmarkConfig
+from .device import (
     compile_unsupported_reason,
     failure_status,
     release_memory,
     resolve_device,
 )
-from cs336_systems.flops import flops_per_step, mfu, resolve_peak
-from cs336_systems.memory import PhaseMemory, current_memory_bytes, estimate_memory, step_peak
-from cs336_systems.models import (
+from .flops import flops_per_step, mfu, resolve_peak
+from .memory import PhaseMemory, current_memory_bytes, estimate_memory, step_peak
+from .models import (
     ModelFactoryError,
     build_model,
     check_model_output,
@@ -32,18 +32,18 @@ from cs336_systems.models import (
     count_parameters_for,
     parameters_in,
 )
-from cs336_systems.optimizer import OptimizerFactoryError, make_optimizer, optimizer_name
-from cs336_systems.precision import (
+from .optimizer import OptimizerFactoryError, make_optimizer, optimizer_name
+from .precision import (
     cpu_has_native,
     precision_mode,
     unsupported_reason,
 )
-from cs336_systems.profiling import StepProfile, profile_step
-from cs336_systems.results import BenchmarkRecord, Environment, collect_environment
-from cs336_systems.results.records import NONFINITE_LOSS_NOTE
-from cs336_systems.stats import summarize
-from cs336_systems.step import CUDA_GRAPH_NOTE, captured_step, combine_phases, compiled, make_step
-from cs336_systems.timing import (
+from .profiling import StepProfile, profile_step
+from .results import BenchmarkRecord, Environment, collect_environment
+from .results.records import NONFINITE_LOSS_NOTE
+from .stats import summarize
+from .step import CUDA_GRAPH_NOTE, captured_step, combine_phases, compiled, make_step
+from .timing import (
     HostTimer,
     StepTimes,
     device_synchronizer,
@@ -51,7 +51,7 @@ from cs336_systems.timing import (
     make_timer,
     time_steps,
 )
-from cs336_systems.usercode import DEFAULT_TIMEOUT_S, UserCodeError, UserCodeTimeout, guarded
+from .usercode import DEFAULT_TIMEOUT_S, UserCodeError, UserCodeTimeout, guarded
 
 OPTIMIZER_STATE_NOTE = "first measured step includes creating the AdamW state (no warmup step ran before it)"
 

@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cs336_systems import cuda_graphs
-from cs336_systems.config import PASS_TYPES, BenchmarkConfig
-from cs336_systems.models import ModelFactoryError
-from cs336_systems.precision import autocast, grad_scaler
+from . import cuda_graphs
+from .config import PASS_TYPES, BenchmarkConfig
+from .models import ModelFactoryError
+from .precision import autocast, grad_scaler
 
 CUDA_GRAPH_NOTE = (
     f"CUDA graph replays, captured after {cuda_graphs.CAPTURE_WARMUP_ITERS} eager iterations; "

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from cs336_systems import lifetime
+from . import lifetime
 
 # No honest step, model build or import comes near these (a 2.7B-parameter training step on a CPU
 # takes minutes); they exist so that a hang ends on its own.

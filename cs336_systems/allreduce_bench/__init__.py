@@ -8,15 +8,15 @@
 What is measured and how to read it: docs/distributed.md; the flags: --help.
 """
 
-from cs336_systems.allreduce_bench.cli import build_parser, main
-from cs336_systems.allreduce_bench.plot import plot_bandwidth
-from cs336_systems.allreduce_bench.record import (
+from .cli import build_parser, main
+from .plot import plot_bandwidth
+from .record import (
     AllReduceRecord,
     bandwidths_gbps,
     bus_factor,
     record_for,
 )
-from cs336_systems.allreduce_bench.worker import AllReduceUnit, allreduce_worker, parse_size
+from .worker import AllReduceUnit, allreduce_worker, parse_size
 
 __all__ = [
     "AllReduceRecord",

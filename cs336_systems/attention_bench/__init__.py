@@ -13,19 +13,19 @@ each row checked against the fp32 naive attention.
 What each row holds and how it is checked: docs/attention.md; the flags: --help.
 """
 
-from cs336_systems.attention_bench.cli import build_parser, configs_from_args, main
-from cs336_systems.attention_bench.config import (
+from .cli import build_parser, configs_from_args, main
+from .config import (
     IMPLEMENTATIONS,
     PASSES,
     TENSOR_DTYPES,
     TOLERANCES,
     AttentionConfig,
 )
-from cs336_systems.attention_bench.correctness import check, reference
-from cs336_systems.attention_bench.figure import draw, plot
-from cs336_systems.attention_bench.implementations import attention_for, attention_function
-from cs336_systems.attention_bench.measure import run_attention, saved_tensor_bytes
-from cs336_systems.attention_bench.record import ATTENTION_FIELDS, AttentionRecord
+from .correctness import check, reference
+from .figure import draw, plot
+from .implementations import attention_for, attention_function
+from .measure import run_attention, saved_tensor_bytes
+from .record import ATTENTION_FIELDS, AttentionRecord
 
 __all__ = [
     "ATTENTION_FIELDS",

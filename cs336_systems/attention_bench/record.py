@@ -8,15 +8,15 @@ from typing import ClassVar
 
 import torch
 
-from cs336_systems.attention_bench.config import AttentionConfig
-from cs336_systems.results import (
+from ..results import (
     Environment,
     Record,
     identity_field,
     samples_field,
     timing_columns,
 )
-from cs336_systems.results.markdown import STATS_CONVENTIONS
+from ..results.markdown import STATS_CONVENTIONS
+from .config import AttentionConfig
 
 ForwardTiming, BackwardTiming = timing_columns("forward_"), timing_columns("backward_")
 EndToEndTiming = timing_columns("end_to_end_")

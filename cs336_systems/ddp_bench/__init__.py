@@ -10,16 +10,16 @@ The strategies, the check and every column (comm_ms, scaling_efficiency, compute
 docs/distributed.md; the flags: --help.
 """
 
-from cs336_systems.ddp_bench.cli import build_parser, main, units_for
-from cs336_systems.ddp_bench.record import (
+from .cli import build_parser, main, units_for
+from .record import (
     DdpRecord,
     attach_baseline,
     record_for,
     scaled_learning_rates,
     scaling_efficiency,
 )
-from cs336_systems.ddp_bench.strategies import STRATEGIES
-from cs336_systems.ddp_bench.trainer import DdpUnit, Trainer, ddp_worker, reference_step, time_interleaved
+from .strategies import STRATEGIES
+from .trainer import DdpUnit, Trainer, ddp_worker, reference_step, time_interleaved
 
 __all__ = [
     "STRATEGIES",

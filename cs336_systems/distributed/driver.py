@@ -15,9 +15,11 @@ from typing import Any
 
 import torch
 
-from cs336_systems.argtypes import add_device_argument, positive_int
-from cs336_systems.command import add_argument_with_aliases
-from cs336_systems.distributed.group import (
+from ..argtypes import add_device_argument, positive_int
+from ..command import add_argument_with_aliases
+from ..results import Environment, collect_environment
+from ..usercode import timeout_seconds
+from .group import (
     BACKENDS,
     DEFAULT_INIT_TIMEOUT_S,
     GroupResult,
@@ -29,8 +31,8 @@ from cs336_systems.distributed.group import (
     device_for,
     parse_rank_device,
 )
-from cs336_systems.distributed.spawn import run_spawned
-from cs336_systems.distributed.torchrun import (
+from .spawn import run_spawned
+from .torchrun import (
     check_torchrun_environment,
     join_rendezvous,
     run_under_torchrun,
@@ -40,8 +42,6 @@ from cs336_systems.distributed.torchrun import (
     torchrun_world_size,
     under_torchrun,
 )
-from cs336_systems.results import Environment, collect_environment
-from cs336_systems.usercode import timeout_seconds
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser, *, default_timeout_s: float) -> None:

@@ -8,12 +8,12 @@ import shlex
 import sys
 from pathlib import Path
 
-from cs336_systems.argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser, fail
-from cs336_systems.command import run_command
-from cs336_systems.handout.plan import fit_budget, format_seconds, parse_duration, total_seconds
-from cs336_systems.handout.problems import ALL_PROBLEMS, EDITIONS, PROBLEMS, SCALES, Options, build_steps
-from cs336_systems.handout.run import LOGS, PLAN_FILE, execute, plan_table
-from cs336_systems.handout.target import Target, TargetError, assumed_target, present_target
+from ..argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser, fail
+from ..command import run_command
+from .plan import fit_budget, format_seconds, parse_duration, total_seconds
+from .problems import ALL_PROBLEMS, EDITIONS, PROBLEMS, SCALES, Options, build_steps
+from .run import LOGS, PLAN_FILE, execute, plan_table
+from .target import Target, TargetError, assumed_target, present_target
 
 PROG = "python -m cs336_systems.handout"
 WRITEUP = "writeup"
@@ -57,7 +57,7 @@ def _target(args: argparse.Namespace) -> tuple[Target, str]:
     if args.assume_device:
         target = assumed_target(args.assume_device)
         return target, "cuda"
-    from cs336_systems.device import resolve_device
+    from ..device import resolve_device
 
     device = resolve_device(args.device)
     return present_target(device), str(device)
@@ -66,32 +66,32 @@ def _target(args: argparse.Namespace) -> tuple[Target, str]:
 def _check_loadable(args: argparse.Namespace) -> None:
     """The user's code is loaded once here, so a typo is one line before any step starts."""
     if args.adapters:
-        from cs336_systems.adapters import load_adapters
+        from ..adapters import load_adapters
 
         load_adapters(args.adapters)
     if args.model_factory:
-        from cs336_systems.models import load_model_factory
+        from ..models import load_model_factory
 
         load_model_factory(args.model_factory)
     if args.optimizer:
-        from cs336_systems.optimizer import load_optimizer_factory
+        from ..optimizer import load_optimizer_factory
 
         load_optimizer_factory(args.optimizer)
 
 
 def ddp_takes_optimizer_spec() -> bool:
     """Whether this ddp_bench's --optimizer takes package.module:callable (not only its own names)."""
-    from cs336_systems.ddp_bench.cli import build_parser as ddp_parser
+    from ..ddp_bench.cli import build_parser as ddp_parser
 
     action = ddp_parser()._option_string_actions.get("--optimizer")
     return action is not None and action.choices is None
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
-    from cs336_systems.adapters import AdapterError
-    from cs336_systems.device import DeviceError
-    from cs336_systems.loading import LoadError
-    from cs336_systems.models import ConfigError, ModelFactoryError
+    from ..adapters import AdapterError
+    from ..device import DeviceError
+    from ..loading import LoadError
+    from ..models import ConfigError, ModelFactoryError
 
     try:
         problems = args.problems or list(PROBLEMS[args.edition])
@@ -144,7 +144,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
 
 def write_report(steps, output_dir: Path, args: argparse.Namespace, budget_notes: list[str]) -> None:
     """The report of every step's results into OUTPUT_DIR/writeup.*; PDF when typst is installed."""
-    from cs336_systems.report.cli import main as report_main
+    from ..report.cli import main as report_main
 
     inputs = [str(output_dir / PLAN_FILE)]
     for step in steps:

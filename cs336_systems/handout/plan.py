@@ -14,12 +14,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cs336_systems.benchmark_flags import checkpoint_blocks
-from cs336_systems.flops import analytic_flops_per_step, recompute_flops_per_step
-from cs336_systems.handout.target import Target
-from cs336_systems.memory.estimate import estimate_memory
-from cs336_systems.models import ModelConfig
-from cs336_systems.units import format_bytes
+from ..benchmark_flags import checkpoint_blocks
+from ..flops import analytic_flops_per_step, recompute_flops_per_step
+from ..memory.estimate import estimate_memory
+from ..models import ModelConfig
+from ..units import format_bytes
+from .target import Target
 
 # Fractions of the peak a step reaches, and fixed costs, for predictions only (rough by design).
 EFFICIENCY = {"cuda": 0.4, "cpu": 0.5}
@@ -180,14 +180,14 @@ def predict(step: Step, target: Target, user_model: bool = False) -> None:
 
 
 def _size_bytes(text) -> int:
-    from cs336_systems.allreduce_bench.worker import parse_size
+    from ..allreduce_bench.worker import parse_size
 
     return parse_size(str(text))[1]
 
 
 def _attention(flags: dict, target: Target) -> tuple[float, int]:
     """Time and the largest peak of an attention_bench grid: naive and compiled hold the T x T scores."""
-    from cs336_systems.attention_bench.config import TENSOR_DTYPES
+    from ..attention_bench.config import TENSOR_DTYPES
 
     steps = int(flags.get("--warmup-steps", 5)) + int(flags.get("--measure-steps", 100))
     batch, heads = int(flags.get("--batch-size", 1)), int(flags.get("--num-heads", 1))

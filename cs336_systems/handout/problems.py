@@ -17,9 +17,9 @@ import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cs336_systems.handout.plan import Step, fit_verdict, model_configs, predict, predicted_peak
-from cs336_systems.handout.target import Target
-from cs336_systems.models import SIZE_TABLES
+from ..models import SIZE_TABLES
+from .plan import Step, fit_verdict, model_configs, predict, predicted_peak
+from .target import Target
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"  # the repository's scripts/, beside the package
 EDITIONS = ("2025", "2026")

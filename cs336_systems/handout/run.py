@@ -19,10 +19,10 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from cs336_systems.handout.plan import Step, fit_verdict, format_seconds
-from cs336_systems.handout.target import Target
-from cs336_systems.lifetime import child_preexec
-from cs336_systems.units import format_bytes
+from ..lifetime import child_preexec
+from ..units import format_bytes
+from .plan import Step, fit_verdict, format_seconds
+from .target import Target
 
 PLAN_FILE = "handout_plan.csv"
 MARKERS = ".handout"

@@ -11,9 +11,9 @@ import re
 import shutil
 from dataclasses import dataclass
 
-from cs336_systems.argtypes import available_memory_bytes
-from cs336_systems.flops import PEAK_TFLOPS_TABLE, table_peak_tflops
-from cs336_systems.units import format_bytes, parse_bytes
+from ..argtypes import available_memory_bytes
+from ..flops import PEAK_TFLOPS_TABLE, table_peak_tflops
+from ..units import format_bytes, parse_bytes
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(gib|gb|g)\b", re.IGNORECASE)
 
@@ -80,8 +80,8 @@ def present_target(device, measure_cpu_peak: bool = True) -> Target:
     """The device --device resolved to; on a CPU its matmul rate is probed (well under a second)."""
     import torch
 
-    from cs336_systems.flops import measure_peak_tflops
-    from cs336_systems.results import collect_environment
+    from ..flops import measure_peak_tflops
+    from ..results import collect_environment
 
     nsys = shutil.which("nsys") is not None
     name = collect_environment(device).device_name  # as every result row names it

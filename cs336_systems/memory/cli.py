@@ -10,18 +10,18 @@ import json
 
 from tabulate import tabulate
 
-from cs336_systems.anomalies import fast_path_flags
-from cs336_systems.argtypes import ArgumentParser, fail, positive_int
-from cs336_systems.benchmark_flags import (
+from ..anomalies import fast_path_flags
+from ..argtypes import ArgumentParser, fail, positive_int
+from ..benchmark_flags import (
     add_checkpoint_argument,
     add_shape_arguments,
     model_config_from_args,
 )
-from cs336_systems.config import PARAM_DTYPES, PASS_TYPES
-from cs336_systems.memory.estimate import FIND_MAX_LIMIT, MemoryEstimate, estimate_memory, find_max_by_prediction
-from cs336_systems.models import ATTENTION_KINDS, ConfigError
-from cs336_systems.precision import PRECISIONS
-from cs336_systems.units import format_bytes, parse_bytes
+from ..config import PARAM_DTYPES, PASS_TYPES
+from ..models import ATTENTION_KINDS, ConfigError
+from ..precision import PRECISIONS
+from ..units import format_bytes, parse_bytes
+from .estimate import FIND_MAX_LIMIT, MemoryEstimate, estimate_memory, find_max_by_prediction
 
 
 def format_estimate(estimate: MemoryEstimate, title: str, param_dtype: str = "fp32") -> str:

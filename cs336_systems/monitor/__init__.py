@@ -7,8 +7,8 @@
 What each column is: docs/pipelines.md; the flags: --help.
 """
 
-from cs336_systems.monitor.cli import PROG, exit_status, main, run_monitored
-from cs336_systems.monitor.files import (
+from .cli import PROG, exit_status, main, run_monitored
+from .files import (
     MonitorPathError,
     MonitorReport,
     SampleCsvWriter,
@@ -22,7 +22,7 @@ from cs336_systems.monitor.files import (
     summary_table,
     write_report,
 )
-from cs336_systems.monitor.sampling import (
+from .sampling import (
     DEFAULT_INTERVAL_S,
     METRICS,
     PANELS,

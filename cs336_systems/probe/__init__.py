@@ -7,10 +7,10 @@
 How to use it, its columns and its own cost: docs/pipelines.md.
 """
 
-from cs336_systems.loader_bench import verdict
-from cs336_systems.probe.advice import LoaderInfo, compute_advice, host_advice, input_advice
-from cs336_systems.probe.core import DEFAULT_WINDOW, StepProbe
-from cs336_systems.probe.record import HOST_BOUND_BUSY_PCT, ProbeRecord, Step, bound, window_figures
+from ..loader_bench import verdict
+from .advice import LoaderInfo, compute_advice, host_advice, input_advice
+from .core import DEFAULT_WINDOW, StepProbe
+from .record import HOST_BOUND_BUSY_PCT, ProbeRecord, Step, bound, window_figures
 
 __all__ = [
     "DEFAULT_WINDOW",

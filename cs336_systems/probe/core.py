@@ -13,18 +13,18 @@ from pathlib import Path
 
 import torch
 
-from cs336_systems.device import resolve_device
-from cs336_systems.loader_bench import batch_nbytes, error_text, verdict
-from cs336_systems.probe.advice import LoaderInfo, compute_advice, host_advice, input_advice
-from cs336_systems.probe.record import (
+from ..device import resolve_device
+from ..loader_bench import batch_nbytes, error_text, verdict
+from ..results import Environment, ResultSink, check_output_paths, collect_environment
+from ..results.markdown import render_document
+from .advice import LoaderInfo, compute_advice, host_advice, input_advice
+from .record import (
     ProbeRecord,
     Step,
     bound,
     summary_line,
     window_figures,
 )
-from cs336_systems.results import Environment, ResultSink, check_output_paths, collect_environment
-from cs336_systems.results.markdown import render_document
 
 DEFAULT_WINDOW = 50
 TIMERS = ("auto", "host", "cuda-events")

@@ -8,9 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from cs336_systems.argtypes import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser, fail
-from cs336_systems.results import ResultFileError, ResultWriteError, check_distinct, check_output_path, write_whole
-
+from ..argtypes import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser, fail
+from ..results import ResultFileError, ResultWriteError, check_distinct, check_output_path, write_whole
 from .build import build_document
 from .latex import document_latex, table_latex
 from .load import TOOLS, load_each

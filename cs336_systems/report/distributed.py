@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cs336_systems.results import ENVIRONMENT_FIELDS
-from cs336_systems.results.markdown import row_warnings
-
+from ..results import ENVIRONMENT_FIELDS
+from ..results.markdown import row_warnings
 from .document import (
     FAILURE_MARK,
     NOISY_MARK,

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cs336_systems.units import format_bytes
-
+from ..units import format_bytes
 from .document import Section, Table, missing, plain
 
 PLAN_TITLE = "Handout plan"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from cs336_systems.results import ResultFileError, read_results, validate
-from cs336_systems.results.readers import as_todays_rows
+from ..results import ResultFileError, read_results, validate
+from ..results.readers import as_todays_rows
 
 # Written by torch as text ("13.0") or an int (91900): read as text so pandas never makes 13.000 of them.
 VERSION_COLUMNS = ("cuda_version", "cudnn_version", "torch_version", "python_version", "git_commit")

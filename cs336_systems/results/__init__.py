@@ -9,9 +9,9 @@ readers.py      reading result files back (old files read as today's rows)
 Here: what other packages use; the rest is imported from its module.
 """
 
-from cs336_systems.identity import identity_field
-from cs336_systems.results.environment import ENVIRONMENT_FIELDS, Environment, collect_environment
-from cs336_systems.results.files import (
+from ..identity import identity_field
+from .environment import ENVIRONMENT_FIELDS, Environment, collect_environment
+from .files import (
     ResultFileError,
     ResultSink,
     ResultWriteError,
@@ -20,8 +20,8 @@ from cs336_systems.results.files import (
     check_output_paths,
     write_whole,
 )
-from cs336_systems.results.readers import read_results
-from cs336_systems.results.records import BenchmarkRecord, Record, Timing, fill_timing, samples_field, timing_columns
+from .readers import read_results
+from .records import BenchmarkRecord, Record, Timing, fill_timing, samples_field, timing_columns
 
 __all__ = [
     "ENVIRONMENT_FIELDS", "BenchmarkRecord", "Environment", "Record", "ResultFileError", "ResultSink",

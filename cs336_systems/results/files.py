@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from cs336_systems.results import validate
-from cs336_systems.results.errors import ResultFileError, ResultWriteError
-from cs336_systems.results.records import BenchmarkRecord
+from . import validate
+from .errors import ResultFileError, ResultWriteError
+from .records import BenchmarkRecord
 
 OUTPUT_SUFFIXES = (".csv", ".md", ".jsonl")
 # Tests inject faults through this variable: "enospc@N" makes the Nth row write fail half

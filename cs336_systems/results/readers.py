@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from cs336_systems.results import validate
-from cs336_systems.results.errors import ResultFileError
-from cs336_systems.results.files import OUTPUT_SUFFIXES
+from . import validate
+from .errors import ResultFileError
+from .files import OUTPUT_SUFFIXES
 
 
 def read_markdown(path: str | Path) -> pd.DataFrame:

@@ -17,18 +17,18 @@ from typing import ClassVar
 
 import torch
 
-from cs336_systems import identity
-from cs336_systems.config import BenchmarkConfig, BenchmarkIdentity
-from cs336_systems.profiling import StepProfile
-from cs336_systems.results.environment import ENVIRONMENT_FIELDS, Environment, utc_timestamp
-from cs336_systems.results.markdown import (
+from .. import identity
+from ..config import BenchmarkConfig, BenchmarkIdentity
+from ..profiling import StepProfile
+from ..stats import Summary, summarize
+from .environment import ENVIRONMENT_FIELDS, Environment, utc_timestamp
+from .markdown import (
     BENCHMARK_LABEL_COLUMNS,
     STATS_CONVENTIONS,
     console_table,
     render_document,
     row_label,
 )
-from cs336_systems.stats import Summary, summarize
 
 # Summary fields in column order; cv_pct is a ratio, the rest are milliseconds.
 TIMING_STATISTICS = ("mean", "std", "cv_pct", "median", "min", "max", "p10", "p90")

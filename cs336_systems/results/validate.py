@@ -13,7 +13,7 @@ import json
 import stat
 from pathlib import Path
 
-from cs336_systems.results.errors import ResultFileError
+from .errors import ResultFileError
 
 # Columns that hold numbers in every tool's records: by suffix, or by name.
 NUMERIC_SUFFIXES = ("_ms", "_pct", "_bytes", "_per_s", "_s", "_gbps", "_tflops", "_flops", "_gib", "_mb")
