@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Iterable
 
-from cs336_systems.units import format_bytes, parse_bytes
+from .units import format_bytes, parse_bytes
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # a row is 'error', 'timeout' or 'wrong'

@@ -11,9 +11,9 @@ import sys
 
 from tabulate import tabulate
 
-from cs336_systems import cuda_graphs, nvtx
-from cs336_systems.argtypes import EXIT_FAILED, ArgumentParser, exit_status, fail, positive_int
-from cs336_systems.cli import (
+from . import cuda_graphs, nvtx
+from .argtypes import EXIT_FAILED, ArgumentParser, exit_status, fail, positive_int
+from .cli import (
     ATTENTION_KINDS,
     PASS_TYPE_CHOICES,
     PRECISIONS,
@@ -24,20 +24,20 @@ from cs336_systems.cli import (
     benchmark_config_from_args,
     model_config_from_args,
 )
-from cs336_systems.command import run_command
-from cs336_systems.config import COMPILE_SCOPES, BenchmarkConfig
-from cs336_systems.device import DeviceError, resolve_device
-from cs336_systems.models import (
+from .command import run_command
+from .config import COMPILE_SCOPES, BenchmarkConfig
+from .device import DeviceError, resolve_device
+from .models import (
     SIZE_TABLES,
     ConfigError,
     ModelFactoryError,
     count_parameters_for,
     load_model_factory,
 )
-from cs336_systems.monitor import MonitorPathError, add_monitor_arguments, check_monitor_arguments, monitored
-from cs336_systems.optimizer import OptimizerFactoryError, load_optimizer_factory
-from cs336_systems.results import BenchmarkRecord, ResultFileError, ResultSink, ResultWriteError, check_output_paths
-from cs336_systems.runner import run_benchmark
+from .monitor import MonitorPathError, add_monitor_arguments, check_monitor_arguments, monitored
+from .optimizer import OptimizerFactoryError, load_optimizer_factory
+from .results import BenchmarkRecord, ResultFileError, ResultSink, ResultWriteError, check_output_paths
+from .runner import run_benchmark
 
 PROG = "python -m cs336_systems.benchmark"
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import itertools
 import sys
 
-from cs336_systems.child import failed_record
-from cs336_systems.device import failure_status, release_memory, resolve_device
-from cs336_systems.memory import current_memory_bytes
-from cs336_systems.models import ModelFactoryError, build_model, check_model_output, count_parameters_for
-from cs336_systems.runner import run_benchmark
-from cs336_systems.sweep import sweep_main
+from .child import failed_record
+from .device import failure_status, release_memory, resolve_device
+from .memory import current_memory_bytes
+from .models import ModelFactoryError, build_model, check_model_output, count_parameters_for
+from .runner import run_benchmark
+from .sweep import sweep_main
 
 PROG = "python -m cs336_systems.benchmark_direct"
 

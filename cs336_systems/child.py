@@ -20,17 +20,17 @@ from pathlib import Path
 
 import torch
 
-from cs336_systems.argtypes import (
+from .argtypes import (
     add_memory_limit_argument,
     describe_memory_limit,
     resolve_memory_limit,
 )
-from cs336_systems.cli import config_to_args
-from cs336_systems.config import BenchmarkConfig
-from cs336_systems.lifetime import child_preexec, temporary_directory
-from cs336_systems.models import count_parameters_for
-from cs336_systems.results import ENVIRONMENT_FIELDS, BenchmarkRecord, Environment, collect_environment
-from cs336_systems.runner import new_record
+from .cli import config_to_args
+from .config import BenchmarkConfig
+from .lifetime import child_preexec, temporary_directory
+from .models import count_parameters_for
+from .results import ENVIRONMENT_FIELDS, BenchmarkRecord, Environment, collect_environment
+from .runner import new_record
 
 
 def failed_record(

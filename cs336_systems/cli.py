@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import argparse
 
-from cs336_systems.argtypes import add_device_argument, non_negative_int, positive_float, positive_int
-from cs336_systems.config import COMPILE_MODES, PASS_TYPES, BenchmarkConfig
-from cs336_systems.flops import PEAK_CHOICES
-from cs336_systems.models import ATTENTION_KINDS, CHECKPOINT_WORDS, DEFAULT_SIZE_TABLE, SIZE_TABLES, ModelConfig
-from cs336_systems.precision import PRECISIONS
-from cs336_systems.timing import TIMERS
+from .argtypes import add_device_argument, non_negative_int, positive_float, positive_int
+from .config import COMPILE_MODES, PASS_TYPES, BenchmarkConfig
+from .flops import PEAK_CHOICES
+from .models import ATTENTION_KINDS, CHECKPOINT_WORDS, DEFAULT_SIZE_TABLE, SIZE_TABLES, ModelConfig
+from .precision import PRECISIONS
+from .timing import TIMERS
 
 PASS_TYPE_CHOICES = PASS_TYPES
 

@@ -12,8 +12,8 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from cs336_systems.argtypes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED
-from cs336_systems.lifetime import Terminated, check_interrupted, signals_interrupt
+from .argtypes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED
+from .lifetime import Terminated, check_interrupted, signals_interrupt
 
 
 def add_argument_with_aliases(
@@ -42,7 +42,7 @@ def run_command(prog: str, run: Callable[[], int]) -> int:
               file=sys.stderr)  # fmt: skip
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except OSError as exc:
-        from cs336_systems.results.files import ResultWriteError  # pandas: only when a write failed
+        from .results.files import ResultWriteError  # pandas: only when a write failed
 
         if not isinstance(exc, ResultWriteError):
             raise

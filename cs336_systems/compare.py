@@ -16,10 +16,10 @@ import sys
 
 from tabulate import tabulate
 
-from cs336_systems.argtypes import ArgumentParser, fail, positive_float
-from cs336_systems.report import model_label
-from cs336_systems.results import CONFIG_FIELDS, ResultFileError, read_results, row_key
-from cs336_systems.results.records import NONFINITE_LOSS_NOTE
+from .argtypes import ArgumentParser, fail, positive_float
+from .report import model_label
+from .results import CONFIG_FIELDS, ResultFileError, read_results, row_key
+from .results.records import NONFINITE_LOSS_NOTE
 
 PROG = "python -m cs336_systems.compare"
 DEFAULT_BAND_PCT = 5.0

@@ -12,8 +12,8 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cs336_systems.models import ModelConfig
-from cs336_systems.results.records import identity_value
+from .models import ModelConfig
+from .results.records import identity_value
 
 PASS_TYPES = ("forward", "forward-backward", "train-step")
 COMPILE_SCOPES = ("model", "blocks")  # "model": torch.compile(model); "blocks": each block (regional)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cs336_systems.optimizer import make_optimizer as make_train_optimizer
+from .optimizer import make_optimizer as make_train_optimizer
 
 CAPTURE_WARMUP_ITERS = 3  # eager iterations on a side stream before capture (PyTorch's example uses 3)
 GRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")  # these capture CUDA graphs themselves

@@ -25,18 +25,18 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from cs336_systems.argtypes import EXIT_FAILED, EXIT_OK, fail, positive_int
-from cs336_systems.benchmark import build_parser as build_benchmark_parser
-from cs336_systems.benchmark import config_from_args
-from cs336_systems.child import add_child_arguments, child_limits_from_args, run_in_child
-from cs336_systems.config import BenchmarkConfig
-from cs336_systems.device import DeviceError, resolve_device
-from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory
-from cs336_systems.monitor import check_monitor_arguments, monitored
-from cs336_systems.optimizer import load_optimizer_factory
-from cs336_systems.results import ResultFileError, ResultSink, ResultWriteError, check_output_path, check_output_paths
-from cs336_systems.search import search_boundary
-from cs336_systems.sweep import StopRequest, describe
+from .argtypes import EXIT_FAILED, EXIT_OK, fail, positive_int
+from .benchmark import build_parser as build_benchmark_parser
+from .benchmark import config_from_args
+from .child import add_child_arguments, child_limits_from_args, run_in_child
+from .config import BenchmarkConfig
+from .device import DeviceError, resolve_device
+from .models import ConfigError, ModelFactoryError, load_model_factory
+from .monitor import check_monitor_arguments, monitored
+from .optimizer import load_optimizer_factory
+from .results import ResultFileError, ResultSink, ResultWriteError, check_output_path, check_output_paths
+from .search import search_boundary
+from .sweep import StopRequest, describe
 
 PROG = "python -m cs336_systems.find_max"
 DIMENSIONS = {"batch-size": "batch_size", "context-length": "context_length"}

@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from cs336_systems.models import ModelConfig, build_model
-from cs336_systems.precision import PRECISION_TABLE, precision_mode
-from cs336_systems.timing import device_synchronizer
+from .models import ModelConfig, build_model
+from .precision import PRECISION_TABLE, precision_mode
+from .timing import device_synchronizer
 
 PASS_FLOP_MULTIPLIER = {"forward": 1, "forward-backward": 3, "train-step": 3}
 PEAK_CHOICES = ("auto", "table", "measure")

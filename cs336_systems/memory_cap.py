@@ -52,7 +52,7 @@ def soft_address_space_cap(headroom_bytes: int) -> Iterator[int]:
 
 def main() -> None:
     headroom, module, *args = sys.argv[1:]
-    import cs336_systems.runner  # noqa: F401  (the harness is mapped before the cap too)
+    from . import runner  # noqa: F401  (the harness is mapped before the cap too)
 
     cap_address_space(int(headroom))
     sys.argv = [module, *args]

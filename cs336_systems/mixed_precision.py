@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from tabulate import tabulate
 from torch import nn
 
-from cs336_systems.argtypes import ArgumentParser, add_device_argument, fail
-from cs336_systems.command import run_command
-from cs336_systems.device import DeviceError, resolve_device
+from .argtypes import ArgumentParser, add_device_argument, fail
+from .command import run_command
+from .device import DeviceError, resolve_device
 
 PROG = "python -m cs336_systems.mixed_precision"
 STEPS, ADDEND, EXACT = 1000, 0.01, 10.0
@@ -206,7 +206,7 @@ def autocast_why(name: str, fp16: str, bf16: str, device_type: str) -> str:
 
 
 def report(device: torch.device) -> str:
-    from cs336_systems.results import collect_environment
+    from .results import collect_environment
 
     env = collect_environment(device)
     lines = [

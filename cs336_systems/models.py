@@ -18,8 +18,8 @@ from einops import rearrange
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from cs336_systems import nvtx
-from cs336_systems.loading import load_callable
+from . import nvtx
+from .loading import load_callable
 
 ATTENTION_KINDS = ("naive", "sdpa")
 DEFAULT_VOCAB_SIZE = 10_000

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cs336_systems.loading import load_callable
+from .loading import load_callable
 
 # The hyperparameters a user's optimizer is called with (torch's AdamW defaults, our lr).
 OPTIMIZER_KWARGS = dict(lr=1e-4, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-8)

@@ -25,12 +25,12 @@ from tabulate import tabulate
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from cs336_systems.argtypes import ArgumentParser, add_device_argument, fail, positive_int
-from cs336_systems.cli import ATTENTION_KINDS, PRECISIONS, add_shape_arguments, model_config_from_args
-from cs336_systems.device import DeviceError, compile_unsupported_reason, resolve_device
-from cs336_systems.memory.estimate import FP32, block_saved_bytes
-from cs336_systems.models import ConfigError, ModelConfig, TransformerBlock, TransformerLM
-from cs336_systems.precision import autocast, unsupported_reason
+from .argtypes import ArgumentParser, add_device_argument, fail, positive_int
+from .cli import ATTENTION_KINDS, PRECISIONS, add_shape_arguments, model_config_from_args
+from .device import DeviceError, compile_unsupported_reason, resolve_device
+from .memory.estimate import FP32, block_saved_bytes
+from .models import ConfigError, ModelConfig, TransformerBlock, TransformerLM
+from .precision import autocast, unsupported_reason
 
 PROG = "python -m cs336_systems.residuals"
 MIB = 2**20

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import sys
 
-from cs336_systems.child import run_in_child
-from cs336_systems.sweep import sweep_main
+from .child import run_in_child
+from .sweep import sweep_main
 
 PROG = "python -m cs336_systems.run_benchmarks"
 

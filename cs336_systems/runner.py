@@ -15,36 +15,36 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cs336_systems import cuda_graphs, nvtx
-from cs336_systems.config import PASS_TYPES, BenchmarkConfig
-from cs336_systems.device import (
+from . import cuda_graphs, nvtx
+from .config import PASS_TYPES, BenchmarkConfig
+from .device import (
     compile_unsupported_reason,
     failure_status,
     release_memory,
     resolve_device,
 )
-from cs336_systems.flops import flops_per_step, mfu, resolve_peak
-from cs336_systems.memory import PhaseMemory, current_memory_bytes, estimate_memory, step_peak
-from cs336_systems.models import (
+from .flops import flops_per_step, mfu, resolve_peak
+from .memory import PhaseMemory, current_memory_bytes, estimate_memory, step_peak
+from .models import (
     ModelFactoryError,
     build_model,
     check_model_output,
     count_parameters,
     count_parameters_for,
 )
-from cs336_systems.optimizer import OptimizerFactoryError, make_optimizer, optimizer_name
-from cs336_systems.precision import (
+from .optimizer import OptimizerFactoryError, make_optimizer, optimizer_name
+from .precision import (
     autocast,
     cpu_has_native,
     grad_scaler,
     precision_mode,
     unsupported_reason,
 )
-from cs336_systems.profiling import StepProfile, profile_step
-from cs336_systems.results import BenchmarkRecord, Environment, collect_environment
-from cs336_systems.results.records import NONFINITE_LOSS_NOTE
-from cs336_systems.stats import summarize
-from cs336_systems.timing import (
+from .profiling import StepProfile, profile_step
+from .results import BenchmarkRecord, Environment, collect_environment
+from .results.records import NONFINITE_LOSS_NOTE
+from .stats import summarize
+from .timing import (
     HostTimer,
     StepTimes,
     device_synchronizer,

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from cs336_systems.argtypes import ArgumentParser, byte_size, non_negative_float, non_negative_int
-from cs336_systems.lifetime import child_preexec
+from .argtypes import ArgumentParser, byte_size, non_negative_float, non_negative_int
+from .lifetime import child_preexec
 
 STORAGE_KINDS = ("simulated", "local", "http")
 HOST = "127.0.0.1"

@@ -20,15 +20,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from cs336_systems import cli, cuda_graphs
-from cs336_systems.argtypes import EXIT_FAILED, EXIT_INTERRUPTED, ArgumentParser, exit_status, fail, positive_int
-from cs336_systems.child import add_child_arguments, child_limits_from_args
-from cs336_systems.config import COMPILE_CHOICES, COMPILE_SCOPES, BenchmarkConfig, row_key
-from cs336_systems.device import DeviceError, resolve_device
-from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory
-from cs336_systems.monitor import add_monitor_arguments, check_monitor_arguments, monitored
-from cs336_systems.optimizer import load_optimizer_factory
-from cs336_systems.results import (
+from . import cli, cuda_graphs
+from .argtypes import EXIT_FAILED, EXIT_INTERRUPTED, ArgumentParser, exit_status, fail, positive_int
+from .child import add_child_arguments, child_limits_from_args
+from .config import COMPILE_CHOICES, COMPILE_SCOPES, BenchmarkConfig, row_key
+from .device import DeviceError, resolve_device
+from .models import ConfigError, ModelFactoryError, load_model_factory
+from .monitor import add_monitor_arguments, check_monitor_arguments, monitored
+from .optimizer import load_optimizer_factory
+from .results import (
     BenchmarkRecord,
     ResultFileError,
     ResultSink,

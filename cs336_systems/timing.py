@@ -26,7 +26,7 @@ from typing import Protocol
 
 import torch
 
-from cs336_systems import nvtx
+from . import nvtx
 
 TIMERS = ("host", "cuda-event")
 

@@ -22,15 +22,15 @@ A step's latency is the slowest rank's; the statistics are over the measured ste
                                                     2 (n - 1) / n of the data in a ring all-reduce)
 """
 
-from cs336_systems.allreduce_bench.cli import build_parser, main
-from cs336_systems.allreduce_bench.plot import plot_bandwidth
-from cs336_systems.allreduce_bench.record import (
+from .cli import build_parser, main
+from .plot import plot_bandwidth
+from .record import (
     AllReduceRecord,
     bandwidths_gbps,
     bus_factor,
     record_for,
 )
-from cs336_systems.allreduce_bench.worker import AllReduceUnit, allreduce_worker, parse_size
+from .worker import AllReduceUnit, allreduce_worker, parse_size
 
 __all__ = [
     "AllReduceRecord",

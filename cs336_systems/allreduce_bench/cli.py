@@ -5,10 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cs336_systems.allreduce_bench.plot import plot_bandwidth
-from cs336_systems.allreduce_bench.record import AllReduceRecord, describe, record_for
-from cs336_systems.allreduce_bench.worker import AllReduceUnit, allreduce_worker, parse_size
-from cs336_systems.argtypes import (
+from ..argtypes import (
     ArgumentParser,
     add_memory_limit_argument,
     exit_status,
@@ -16,10 +13,13 @@ from cs336_systems.argtypes import (
     non_negative_int,
     positive_int,
 )
-from cs336_systems.command import add_argument_with_aliases, run_command
-from cs336_systems.distributed import LaunchError
-from cs336_systems.distributed.driver import add_launch_arguments, launch_from_args, run_rows
-from cs336_systems.results import ResultFileError, ResultSink, check_output_path, check_output_paths
+from ..command import add_argument_with_aliases, run_command
+from ..distributed import LaunchError
+from ..distributed.driver import add_launch_arguments, launch_from_args, run_rows
+from ..results import ResultFileError, ResultSink, check_output_path, check_output_paths
+from .plot import plot_bandwidth
+from .record import AllReduceRecord, describe, record_for
+from .worker import AllReduceUnit, allreduce_worker, parse_size
 
 PROG = "python -m cs336_systems.allreduce_bench"
 DEFAULT_SIZES = ("1MB", "10MB", "100MB", "1GB")

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from cs336_systems.allreduce_bench.worker import BYTES_PER_ELEMENT, DTYPE, AllReduceUnit
-from cs336_systems.distributed import GroupResult, max_over_ranks, oversubscription_note
-from cs336_systems.results import Environment, Record, Timing, fill_timing, identity_field, samples_field
-from cs336_systems.stats import summarize
+from ..distributed import GroupResult, max_over_ranks, oversubscription_note
+from ..results import Environment, Record, Timing, fill_timing, identity_field, samples_field
+from ..stats import summarize
+from .worker import BYTES_PER_ELEMENT, DTYPE, AllReduceUnit
 
 
 @dataclass

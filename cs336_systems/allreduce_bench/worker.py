@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from cs336_systems.device import first_line, is_out_of_memory, release_memory
-from cs336_systems.distributed import BarrierFirst, RankContext
-from cs336_systems.memory_cap import cap_address_space
-from cs336_systems.timing import HostTimer, device_synchronizer, time_steps
-from cs336_systems.units import parse_bytes
+from ..device import first_line, is_out_of_memory, release_memory
+from ..distributed import BarrierFirst, RankContext
+from ..memory_cap import cap_address_space
+from ..timing import HostTimer, device_synchronizer, time_steps
+from ..units import parse_bytes
 
 DTYPE = torch.float32
 BYTES_PER_ELEMENT = 4

@@ -50,19 +50,19 @@ sequence length, one panel per head dim) is saved beside the outputs.
   cli.py              the flags and main
 """
 
-from cs336_systems.attention_bench.cli import build_parser, configs_from_args, main
-from cs336_systems.attention_bench.config import (
+from .cli import build_parser, configs_from_args, main
+from .config import (
     IMPLEMENTATIONS,
     PASSES,
     TENSOR_DTYPES,
     TOLERANCES,
     AttentionConfig,
 )
-from cs336_systems.attention_bench.correctness import check, reference
-from cs336_systems.attention_bench.figure import draw, plot
-from cs336_systems.attention_bench.implementations import attention_for, attention_function
-from cs336_systems.attention_bench.measure import run_attention, saved_tensor_bytes
-from cs336_systems.attention_bench.record import ATTENTION_FIELDS, AttentionRecord
+from .correctness import check, reference
+from .figure import draw, plot
+from .implementations import attention_for, attention_function
+from .measure import run_attention, saved_tensor_bytes
+from .record import ATTENTION_FIELDS, AttentionRecord
 
 __all__ = [
     "ATTENTION_FIELDS",

@@ -1,5 +1,5 @@
 import sys
 
-from cs336_systems.attention_bench.cli import main
+from .cli import main
 
 sys.exit(main())

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from cs336_systems.adapters import AdapterError, Adapters, load_adapters
-from cs336_systems.argtypes import (
+from ..adapters import AdapterError, Adapters, load_adapters
+from ..argtypes import (
     ArgumentParser,
     add_device_argument,
     add_memory_limit_argument,
@@ -20,7 +20,20 @@ from cs336_systems.argtypes import (
     positive_int,
     resolve_memory_limit,
 )
-from cs336_systems.attention_bench.config import (
+from ..command import add_argument_with_aliases, run_command
+from ..device import DeviceError, resolve_device
+from ..loading import LoadError, load_callable
+from ..memory_cap import soft_address_space_cap
+from ..precision import PRECISIONS
+from ..results import (
+    ResultFileError,
+    ResultSink,
+    check_output_path,
+    check_output_paths,
+    collect_environment,
+)
+from ..units import format_bytes
+from .config import (
     BUILTIN_IMPLEMENTATIONS,
     FLASH_IMPLEMENTATIONS,
     IMPLEMENTATIONS,
@@ -29,22 +42,9 @@ from cs336_systems.attention_bench.config import (
     AttentionConfig,
     is_custom,
 )
-from cs336_systems.attention_bench.figure import plot
-from cs336_systems.attention_bench.measure import run_attention
-from cs336_systems.attention_bench.record import AttentionRecord
-from cs336_systems.command import add_argument_with_aliases, run_command
-from cs336_systems.device import DeviceError, resolve_device
-from cs336_systems.loading import LoadError, load_callable
-from cs336_systems.memory_cap import soft_address_space_cap
-from cs336_systems.precision import PRECISIONS
-from cs336_systems.results import (
-    ResultFileError,
-    ResultSink,
-    check_output_path,
-    check_output_paths,
-    collect_environment,
-)
-from cs336_systems.units import format_bytes
+from .figure import plot
+from .measure import run_attention
+from .record import AttentionRecord
 
 PROG = "python -m cs336_systems.attention_bench"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cs336_systems.precision import PRECISION_TABLE
+from ..precision import PRECISION_TABLE
 
 BUILTIN_IMPLEMENTATIONS = ("naive", "sdpa", "compiled")
 # the student's FlashAttention-2 from --adapters: implementation name -> Adapters.flash_function kind

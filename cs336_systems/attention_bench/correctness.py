@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from cs336_systems.attention_bench.config import TOLERANCES
+from .config import TOLERANCES
 
 REFERENCE_CHUNK_ELEMENTS = 2**26  # query rows per chunk x keys: 256 MiB of fp32 scores at a time
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from cs336_systems.attention_bench.config import IMPLEMENTATIONS, PASSES
+from .config import IMPLEMENTATIONS, PASSES
 
 
 def plot(rows: Sequence[dict], path: str | Path) -> Path:

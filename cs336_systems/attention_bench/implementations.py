@@ -8,10 +8,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from cs336_systems.adapters import Adapters, load_adapters
-from cs336_systems.attention_bench.config import FLASH_IMPLEMENTATIONS, IMPLEMENTATIONS, AttentionConfig, is_custom
-from cs336_systems.loading import load_callable
-from cs336_systems.models import naive_causal_attention
+from ..adapters import Adapters, load_adapters
+from ..loading import load_callable
+from ..models import naive_causal_attention
+from .config import FLASH_IMPLEMENTATIONS, IMPLEMENTATIONS, AttentionConfig, is_custom
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -11,18 +11,18 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from cs336_systems.adapters import Adapters, NotImplementedAdapter
-from cs336_systems.attention_bench.config import PASSES, TENSOR_DTYPES, AttentionConfig
-from cs336_systems.attention_bench.correctness import check, reference
-from cs336_systems.attention_bench.dobench import TRITON, do_bench_backend, do_bench_samples
-from cs336_systems.attention_bench.implementations import attention_for
-from cs336_systems.attention_bench.record import AttentionRecord, new_record
-from cs336_systems.device import compile_unsupported_reason, failure_status, release_memory, resolve_device
-from cs336_systems.memory import PhaseMemory, current_memory_bytes, rss_high_water_mark_available
-from cs336_systems.precision import cpu_has_native, precision_mode, unsupported_reason
-from cs336_systems.results import Environment, collect_environment, fill_timing
-from cs336_systems.stats import is_noisy, summarize
-from cs336_systems.timing import HostTimer, UntimedSetup, device_synchronizer, make_timer, time_steps
+from ..adapters import Adapters, NotImplementedAdapter
+from ..device import compile_unsupported_reason, failure_status, release_memory, resolve_device
+from ..memory import PhaseMemory, current_memory_bytes, rss_high_water_mark_available
+from ..precision import cpu_has_native, precision_mode, unsupported_reason
+from ..results import Environment, collect_environment, fill_timing
+from ..stats import is_noisy, summarize
+from ..timing import HostTimer, UntimedSetup, device_synchronizer, make_timer, time_steps
+from .config import PASSES, TENSOR_DTYPES, AttentionConfig
+from .correctness import check, reference
+from .dobench import TRITON, do_bench_backend, do_bench_samples
+from .implementations import attention_for
+from .record import AttentionRecord, new_record
 
 
 def sdpa_backend_name(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = True) -> str | None:

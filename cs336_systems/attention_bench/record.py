@@ -7,8 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from cs336_systems.attention_bench.config import AttentionConfig
-from cs336_systems.results import (
+from ..results import (
     STATS_CONVENTIONS,
     Environment,
     Record,
@@ -16,6 +15,7 @@ from cs336_systems.results import (
     samples_field,
     timing_columns,
 )
+from .config import AttentionConfig
 
 ForwardTiming, BackwardTiming = timing_columns("forward_"), timing_columns("backward_")
 EndToEndTiming = timing_columns("end_to_end_")

@@ -47,16 +47,16 @@ time spent in communication, scaling efficiency and the learning rates for the g
   lr_linear, lr_sqrt  base_lr * (global / base batch) and base_lr * sqrt(global / base batch)
 """
 
-from cs336_systems.ddp_bench.cli import build_parser, main, units_for
-from cs336_systems.ddp_bench.record import (
+from .cli import build_parser, main, units_for
+from .record import (
     DdpRecord,
     attach_baseline,
     record_for,
     scaled_learning_rates,
     scaling_efficiency,
 )
-from cs336_systems.ddp_bench.strategies import STRATEGIES
-from cs336_systems.ddp_bench.trainer import DdpUnit, Trainer, ddp_worker, reference_step, time_interleaved
+from .strategies import STRATEGIES
+from .trainer import DdpUnit, Trainer, ddp_worker, reference_step, time_interleaved
 
 __all__ = [
     "STRATEGIES",

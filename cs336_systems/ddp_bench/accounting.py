@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cs336_systems.config import BenchmarkConfig
-from cs336_systems.memory.estimate import estimate_memory
+from ..config import BenchmarkConfig
+from ..memory.estimate import estimate_memory
 
 
 def local_bytes(tensor: torch.Tensor) -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cs336_systems.adapters import AdapterError, load_adapters
-from cs336_systems.argtypes import (
+from ..adapters import AdapterError, load_adapters
+from ..argtypes import (
     ArgumentParser,
     exit_status,
     fail,
@@ -14,23 +14,23 @@ from cs336_systems.argtypes import (
     positive_float,
     positive_int,
 )
-from cs336_systems.cli import add_shape_arguments, model_config_from_args
-from cs336_systems.command import add_argument_with_aliases, run_command
-from cs336_systems.config import BenchmarkConfig
-from cs336_systems.ddp_bench.record import (
+from ..cli import add_shape_arguments, model_config_from_args
+from ..command import add_argument_with_aliases, run_command
+from ..config import BenchmarkConfig
+from ..distributed import LaunchError
+from ..distributed.driver import add_launch_arguments, launch_from_args, run_rows
+from ..models import ATTENTION_KINDS, MODEL_SIZES, ConfigError, ModelFactoryError, load_model_factory
+from ..precision import PRECISIONS, unsupported_reason
+from ..results import ResultFileError, ResultSink, check_output_paths
+from .record import (
     DdpRecord,
     attach_baseline,
     describe,
     record_for,
     scaled_learning_rates,
 )
-from cs336_systems.ddp_bench.strategies import ADAPTER_STRATEGIES, COMPUTE_DTYPES, STRATEGIES
-from cs336_systems.ddp_bench.trainer import DDP_DEFAULT_BUCKET_CAP_MB, OPTIMIZERS, DdpUnit, ddp_worker
-from cs336_systems.distributed import LaunchError
-from cs336_systems.distributed.driver import add_launch_arguments, launch_from_args, run_rows
-from cs336_systems.models import ATTENTION_KINDS, MODEL_SIZES, ConfigError, ModelFactoryError, load_model_factory
-from cs336_systems.precision import PRECISIONS, unsupported_reason
-from cs336_systems.results import ResultFileError, ResultSink, check_output_paths
+from .strategies import ADAPTER_STRATEGIES, COMPUTE_DTYPES, STRATEGIES
+from .trainer import DDP_DEFAULT_BUCKET_CAP_MB, OPTIMIZERS, DdpUnit, ddp_worker
 
 PROG = "python -m cs336_systems.ddp_bench"
 

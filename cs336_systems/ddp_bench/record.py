@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from cs336_systems.ddp_bench.accounting import predicted_peak_bytes
-from cs336_systems.ddp_bench.strategies import SHARDING
-from cs336_systems.ddp_bench.trainer import DDP_DEFAULT_BUCKET_CAP_MB, DdpUnit
-from cs336_systems.distributed import GroupResult, max_over_ranks, mean_over_ranks, oversubscription_note
-from cs336_systems.results import Environment, Record, Timing, fill_timing, identity_field, samples_field
-from cs336_systems.stats import summarize
+from ..distributed import GroupResult, max_over_ranks, mean_over_ranks, oversubscription_note
+from ..results import Environment, Record, Timing, fill_timing, identity_field, samples_field
+from ..stats import summarize
+from .accounting import predicted_peak_bytes
+from .strategies import SHARDING
+from .trainer import DDP_DEFAULT_BUCKET_CAP_MB, DdpUnit
 
 COMM_METHODS = {
     "naive": "all-reduce loop timed (mean over ranks)",

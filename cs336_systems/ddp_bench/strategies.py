@@ -25,8 +25,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from cs336_systems.adapters import Adapters, load_adapters
-from cs336_systems.distributed import all_reduce_mean
+from ..adapters import Adapters, load_adapters
+from ..distributed import all_reduce_mean
 
 BUILT_IN = ("ddp", "naive", "flat", "zero1", "fsdp2")
 ADAPTER_STRATEGIES = ("adapter-ddp", "adapter-ddp-bucketed", "adapter-sharded-optimizer", "adapter-fsdp")

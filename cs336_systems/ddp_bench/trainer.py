@@ -12,16 +12,16 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from cs336_systems.adapters import NotImplementedAdapter
-from cs336_systems.config import BenchmarkConfig
-from cs336_systems.ddp_bench.accounting import held_bytes
-from cs336_systems.ddp_bench.strategies import Setup, Strategy, make_strategy
-from cs336_systems.distributed import BarrierFirst, RankContext
-from cs336_systems.memory import PhaseMemory, current_memory_bytes, pin_mmap_threshold, rss_high_water_mark_available
-from cs336_systems.models import build_model
-from cs336_systems.precision import autocast, precision_mode
-from cs336_systems.runner import combine_phases, make_step
-from cs336_systems.timing import HostTimer, StepTimes, device_synchronizer, time_steps
+from ..adapters import NotImplementedAdapter
+from ..config import BenchmarkConfig
+from ..distributed import BarrierFirst, RankContext
+from ..memory import PhaseMemory, current_memory_bytes, pin_mmap_threshold, rss_high_water_mark_available
+from ..models import build_model
+from ..precision import autocast, precision_mode
+from ..runner import combine_phases, make_step
+from ..timing import HostTimer, StepTimes, device_synchronizer, time_steps
+from .accounting import held_bytes
+from .strategies import Setup, Strategy, make_strategy
 
 OPTIMIZERS = ("adamw", "sgd")
 DDP_DEFAULT_BUCKET_CAP_MB = 25.0  # DistributedDataParallel's default

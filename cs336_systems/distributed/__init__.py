@@ -35,7 +35,7 @@ every unit, MODE being `raise` (an exception), `exit` (dies without a word) or `
 
 from __future__ import annotations
 
-from cs336_systems.distributed.group import (
+from .group import (
     BACKENDS,
     DEFAULT_INIT_TIMEOUT_S,
     INJECT_FAILURE_ENV,
@@ -57,9 +57,9 @@ from cs336_systems.distributed.group import (
     parse_rank_device,
     usable_cpus,
 )
-from cs336_systems.distributed.ranks import BarrierFirst, max_over_ranks, mean_over_ranks
-from cs336_systems.distributed.spawn import EXIT_GRACE_S, FAILURE_GRACE_S, SpawnedGroup, run_spawned
-from cs336_systems.distributed.torchrun import (
+from .ranks import BarrierFirst, max_over_ranks, mean_over_ranks
+from .spawn import EXIT_GRACE_S, FAILURE_GRACE_S, SpawnedGroup, run_spawned
+from .torchrun import (
     TORCHRUN_VARIABLES,
     run_under_torchrun,
     torchrun_local_world_size,

@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
-from cs336_systems.argtypes import add_device_argument, positive_float, positive_int
-from cs336_systems.command import add_argument_with_aliases
-from cs336_systems.distributed.group import (
+from ..argtypes import add_device_argument, positive_float, positive_int
+from ..command import add_argument_with_aliases
+from ..results import Environment, collect_environment
+from .group import (
     BACKENDS,
     DEFAULT_INIT_TIMEOUT_S,
     GroupResult,
@@ -29,8 +30,8 @@ from cs336_systems.distributed.group import (
     device_for,
     parse_rank_device,
 )
-from cs336_systems.distributed.spawn import run_spawned
-from cs336_systems.distributed.torchrun import (
+from .spawn import run_spawned
+from .torchrun import (
     run_under_torchrun,
     torchrun_local_world_size,
     torchrun_rank,
@@ -38,7 +39,6 @@ from cs336_systems.distributed.torchrun import (
     torchrun_world_size,
     under_torchrun,
 )
-from cs336_systems.results import Environment, collect_environment
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser, *, default_timeout_s: float) -> None:

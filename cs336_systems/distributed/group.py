@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cs336_systems.device import first_line, is_out_of_memory
-from cs336_systems.results import Environment
+from ..device import first_line, is_out_of_memory
+from ..results import Environment
 
 BACKENDS = ("gloo", "nccl")
 INJECT_FAILURE_ENV = "CS336_SYSTEMS_INJECT_FAILURE"

@@ -13,7 +13,9 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-from cs336_systems.distributed.group import (
+from ..lifetime import die_with_parent, ignoring_interrupts
+from ..results import Environment, collect_environment
+from .group import (
     GroupResult,
     LaunchSpec,
     Worker,
@@ -24,8 +26,6 @@ from cs336_systems.distributed.group import (
     leave_group,
     maybe_inject_failure,
 )
-from cs336_systems.lifetime import die_with_parent, ignoring_interrupts
-from cs336_systems.results import Environment, collect_environment
 
 EXIT_GRACE_S = 10.0  # how long finished ranks get to leave the group before they are killed
 FAILURE_GRACE_S = 2.0  # after one rank fails, how long the others get to say how they failed

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cs336_systems.distributed.group import (
+from ..results import collect_environment
+from .group import (
     GroupResult,
     LaunchSpec,
     Worker,
@@ -19,7 +20,6 @@ from cs336_systems.distributed.group import (
     leave_group,
     maybe_inject_failure,
 )
-from cs336_systems.results import collect_environment
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 

@@ -30,8 +30,8 @@ Modules: predictions (verdict bands, closed forms), config, data, step, workers 
 measure (epochs in one or N processes), record (LoaderRecord and its view), recommend, cli.
 """
 
-from cs336_systems.loader_bench.cli import PROG, bench_from_args, build_parser, main, prepared_storage, progress_line
-from cs336_systems.loader_bench.config import (
+from .cli import PROG, bench_from_args, build_parser, main, prepared_storage, progress_line
+from .config import (
     COMPUTE_KINDS,
     LOADER_FLAGS,
     BenchConfig,
@@ -40,8 +40,8 @@ from cs336_systems.loader_bench.config import (
     load_dataset,
     loader_grid,
 )
-from cs336_systems.loader_bench.data import EpochSampler, StoreDataset, batch_nbytes, make_loader, to_device
-from cs336_systems.loader_bench.measure import (
+from .data import EpochSampler, StoreDataset, batch_nbytes, make_loader, to_device
+from .measure import (
     CHILD_TIMEOUT_S,
     EpochMeasurement,
     error_text,
@@ -49,7 +49,7 @@ from cs336_systems.loader_bench.measure import (
     run_epochs,
     run_processes,
 )
-from cs336_systems.loader_bench.predictions import (
+from .predictions import (
     INPUT_BOUND_PCT,
     NOT_INPUT_BOUND_PCT,
     predicted_buffer_bytes,
@@ -57,8 +57,8 @@ from cs336_systems.loader_bench.predictions import (
     predicted_samples_per_s,
     verdict,
 )
-from cs336_systems.loader_bench.recommend import Recommendation, recommend, recommendation_text
-from cs336_systems.loader_bench.record import (
+from .recommend import Recommendation, recommend, recommendation_text
+from .record import (
     LABEL_COLUMNS,
     LOADER_FIELDS,
     MARKDOWN_COLUMNS,
@@ -70,7 +70,7 @@ from cs336_systems.loader_bench.record import (
     records_for,
     render,
 )
-from cs336_systems.loader_bench.step import (
+from .step import (
     TINY_MODEL_MAX_CONTEXT,
     PhaseTimer,
     compute_description,
@@ -78,7 +78,7 @@ from cs336_systems.loader_bench.step import (
     make_compute,
     tiny_model_config,
 )
-from cs336_systems.loader_bench.workers import MEMORY_SAMPLE_INTERVAL_S, WorkerMemorySampler
+from .workers import MEMORY_SAMPLE_INTERVAL_S, WorkerMemorySampler
 
 __all__ = [
     "CHILD_TIMEOUT_S", "COMPUTE_KINDS", "INPUT_BOUND_PCT", "LABEL_COLUMNS", "LOADER_FIELDS", "LOADER_FLAGS",

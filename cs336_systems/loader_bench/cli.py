@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from cs336_systems.argtypes import (
+from ..argtypes import (
     ArgumentParser,
     add_device_argument,
     boolean,
@@ -27,27 +27,17 @@ from cs336_systems.argtypes import (
     positive_float,
     positive_int,
 )
-from cs336_systems.command import run_command
-from cs336_systems.device import DeviceError, resolve_device
-from cs336_systems.lifetime import check_interrupted, temporary_directory
-from cs336_systems.loader_bench.config import BenchConfig, LoaderConfig, load_dataset, loader_grid
-from cs336_systems.loader_bench.measure import error_text, run_configuration
-from cs336_systems.loader_bench.recommend import recommend, recommendation_text
-from cs336_systems.loader_bench.record import (
-    LoaderRecord,
-    configuration_notes,
-    new_record,
-    records_for,
-)
-from cs336_systems.loader_bench.step import compute_description
-from cs336_systems.monitor import add_monitor_arguments, check_monitor_arguments, monitored
-from cs336_systems.results import (
+from ..command import run_command
+from ..device import DeviceError, resolve_device
+from ..lifetime import check_interrupted, temporary_directory
+from ..monitor import add_monitor_arguments, check_monitor_arguments, monitored
+from ..results import (
     ResultFileError,
     ResultSink,
     check_output_paths,
     collect_environment,
 )
-from cs336_systems.storage import (
+from ..storage import (
     STORAGE_KINDS,
     StorageError,
     evict_page_cache,
@@ -55,7 +45,17 @@ from cs336_systems.storage import (
     model_from_args,
     write_items,
 )
-from cs336_systems.units import format_bytes
+from ..units import format_bytes
+from .config import BenchConfig, LoaderConfig, load_dataset, loader_grid
+from .measure import error_text, run_configuration
+from .recommend import recommend, recommendation_text
+from .record import (
+    LoaderRecord,
+    configuration_notes,
+    new_record,
+    records_for,
+)
+from .step import compute_description
 
 PROG = "python -m cs336_systems.loader_bench"
 DESCRIPTION = f"{PROG}: is training waiting for its data?"

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from torch.utils.data import Dataset
 
-from cs336_systems.loading import load_callable
-from cs336_systems.storage import (
+from ..loading import load_callable
+from ..storage import (
     HttpStore,
     LatencyModel,
     LocalStore,

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from cs336_systems.lifetime import die_with_parent
-from cs336_systems.loader_bench.config import BenchConfig, LoaderConfig
+from ..lifetime import die_with_parent
+from .config import BenchConfig, LoaderConfig
 
 
 class StoreDataset(Dataset):

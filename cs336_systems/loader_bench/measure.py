@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from cs336_systems.device import resolve_device
-from cs336_systems.lifetime import deferring_interrupts, die_with_parent
-from cs336_systems.loader_bench.config import BenchConfig, LoaderConfig, load_dataset
-from cs336_systems.loader_bench.data import EpochSampler, StoreDataset, batch_nbytes, make_loader, to_device
-from cs336_systems.loader_bench.step import PhaseTimer, make_compute
-from cs336_systems.loader_bench.workers import WorkerMemorySampler
+from ..device import resolve_device
+from ..lifetime import deferring_interrupts, die_with_parent
+from .config import BenchConfig, LoaderConfig, load_dataset
+from .data import EpochSampler, StoreDataset, batch_nbytes, make_loader, to_device
+from .step import PhaseTimer, make_compute
+from .workers import WorkerMemorySampler
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cs336_systems.loader_bench.config import BenchConfig, LoaderConfig
+from .config import BenchConfig, LoaderConfig
 
 NOT_INPUT_BOUND_PCT = 5.0  # TensorFlow's input-pipeline analyzer bands (tf.data performance guide)
 INPUT_BOUND_PCT = 20.0

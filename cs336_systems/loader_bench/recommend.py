@@ -6,8 +6,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cs336_systems.loader_bench.config import LOADER_FLAGS, LoaderConfig
-from cs336_systems.units import format_bytes
+from ..units import format_bytes
+from .config import LOADER_FLAGS, LoaderConfig
 
 
 def _normal(value):

@@ -9,12 +9,12 @@ from typing import ClassVar
 
 import torch
 
-from cs336_systems.device import resolve_device
-from cs336_systems.loader_bench.config import BenchConfig, LoaderConfig
-from cs336_systems.loader_bench.measure import EpochMeasurement
-from cs336_systems.loader_bench.predictions import predicted_buffer_bytes, predicted_samples_per_s, verdict
-from cs336_systems.results import Record, identity_field, samples_field
-from cs336_systems.stats import summarize
+from ..device import resolve_device
+from ..results import Record, identity_field, samples_field
+from ..stats import summarize
+from .config import BenchConfig, LoaderConfig
+from .measure import EpochMeasurement
+from .predictions import predicted_buffer_bytes, predicted_samples_per_s, verdict
 
 # a row's loader settings: its label, and the first Markdown columns
 _LABELS = ("processes", "num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "epoch")

@@ -8,9 +8,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from cs336_systems.loader_bench.config import BenchConfig
-from cs336_systems.models import ModelConfig, TransformerLM
-from cs336_systems.optimizer import make_optimizer
+from ..models import ModelConfig, TransformerLM
+from ..optimizer import make_optimizer
+from .config import BenchConfig
 
 TINY_MODEL_MAX_CONTEXT = 128
 

@@ -4,8 +4,8 @@ The command line is cs336_systems.memory.cli (`python -m cs336_systems.memory`);
 not imported here, so importing the estimator never imports a CLI.
 """
 
-from cs336_systems.memory.estimate import MemoryEstimate, estimate_memory, find_max_by_prediction
-from cs336_systems.memory.measure import (
+from .estimate import MemoryEstimate, estimate_memory, find_max_by_prediction
+from .measure import (
     PhaseMemory,
     current_memory_bytes,
     pin_mmap_threshold,

@@ -10,8 +10,8 @@ import json
 
 from tabulate import tabulate
 
-from cs336_systems.argtypes import ArgumentParser, fail, positive_int
-from cs336_systems.cli import (
+from ..argtypes import ArgumentParser, fail, positive_int
+from ..cli import (
     ATTENTION_KINDS,
     PASS_TYPE_CHOICES,
     PRECISIONS,
@@ -19,9 +19,9 @@ from cs336_systems.cli import (
     add_shape_arguments,
     model_config_from_args,
 )
-from cs336_systems.memory.estimate import FIND_MAX_LIMIT, MemoryEstimate, estimate_memory, find_max_by_prediction
-from cs336_systems.models import ConfigError
-from cs336_systems.units import format_bytes, parse_bytes
+from ..models import ConfigError
+from ..units import format_bytes, parse_bytes
+from .estimate import FIND_MAX_LIMIT, MemoryEstimate, estimate_memory, find_max_by_prediction
 
 
 def format_estimate(estimate: MemoryEstimate, title: str) -> str:

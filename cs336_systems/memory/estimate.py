@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from cs336_systems.models import ModelConfig, formula_num_params
-from cs336_systems.precision import PRECISION_TABLE
-from cs336_systems.search import search_boundary
+from ..models import ModelConfig, formula_num_params
+from ..precision import PRECISION_TABLE
+from ..search import search_boundary
 
 FP32 = 4
 HALF = 2  # bytes of an autocast dtype (bf16, fp16: precision.PRECISION_TABLE)

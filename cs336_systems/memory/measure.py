@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import torch
 
-from cs336_systems.device import libc
+from ..device import libc
 
 # -- measured --------------------------------------------------------------------------
 

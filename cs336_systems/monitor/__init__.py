@@ -30,8 +30,8 @@ Modules: sampling (Sample, GpuProbe, ResourceMonitor), files (CSV, plot, the run
 record, `monitored`, the --monitor flags every command shares), cli.
 """
 
-from cs336_systems.monitor.cli import PROG, exit_status, main, run_monitored
-from cs336_systems.monitor.files import (
+from .cli import PROG, exit_status, main, run_monitored
+from .files import (
     MonitorPathError,
     MonitorReport,
     SampleCsvWriter,
@@ -45,7 +45,7 @@ from cs336_systems.monitor.files import (
     summary_table,
     write_report,
 )
-from cs336_systems.monitor.sampling import (
+from .sampling import (
     DEFAULT_INTERVAL_S,
     METRICS,
     PANELS,

@@ -1,5 +1,5 @@
 import sys
 
-from cs336_systems.monitor.cli import main
+from .cli import main
 
 sys.exit(main())

@@ -12,10 +12,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from cs336_systems.argtypes import ArgumentParser, fail, non_negative_int, positive_float
-from cs336_systems.lifetime import child_preexec
-from cs336_systems.monitor.files import MonitorPathError, SampleCsvWriter, check_monitor_path, report_text, write_report
-from cs336_systems.monitor.sampling import DEFAULT_INTERVAL_S, GpuProbe, ResourceMonitor
+from ..argtypes import ArgumentParser, fail, non_negative_int, positive_float
+from ..lifetime import child_preexec
+from .files import MonitorPathError, SampleCsvWriter, check_monitor_path, report_text, write_report
+from .sampling import DEFAULT_INTERVAL_S, GpuProbe, ResourceMonitor
 
 PROG = "python -m cs336_systems.monitor"
 

@@ -12,8 +12,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cs336_systems.argtypes import positive_float
-from cs336_systems.monitor.sampling import (
+from ..argtypes import positive_float
+from ..results.files import ResultFileError, check_output_path
+from ..results.records import Record, identity_field
+from .sampling import (
     DEFAULT_INTERVAL_S,
     METRIC_DIVISORS,
     METRICS,
@@ -22,15 +24,13 @@ from cs336_systems.monitor.sampling import (
     ResourceMonitor,
     Sample,
 )
-from cs336_systems.results.files import ResultFileError, check_output_path
-from cs336_systems.results.records import Record, identity_field
 
 # -- summaries and files -------------------------------------------------------------------
 
 
 def summarize_samples(samples: Sequence[Sample]) -> dict[str, dict[str, float] | None]:
     """{metric: {mean, p50, p90, max}} in the metric's own unit (bytes, %, bytes/s); None if empty."""
-    from cs336_systems.stats import summarize
+    from ..stats import summarize
 
     out: dict[str, dict[str, float] | None] = {}
     for name, _, _ in METRICS:
@@ -149,7 +149,7 @@ def write_report(monitor: ResourceMonitor, csv_path: Path, command: str, exit_st
     """PNG and JSON beside the CSV; returns the report (its summary is printed by the callers)."""
     import torch
 
-    from cs336_systems.results import collect_environment
+    from ..results import collect_environment
 
     summary = summarize_samples(monitor.samples)
     note = None if monitor.gpu.available else f"no GPU: {monitor.gpu.unavailable_reason}"

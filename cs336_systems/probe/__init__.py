@@ -20,10 +20,10 @@ window, so the host runs ahead of the GPU as in training (no synchronisation per
 A step runs from the previous probe.step() (or the first wait) to this one, so steps tile time.
 """
 
-from cs336_systems.loader_bench import verdict
-from cs336_systems.probe.advice import LoaderInfo, compute_advice, host_advice, input_advice
-from cs336_systems.probe.core import DEFAULT_WINDOW, StepProbe
-from cs336_systems.probe.record import HOST_BOUND_BUSY_PCT, PROBE_FIELDS, ProbeRecord, Step, bound, window_figures
+from ..loader_bench import verdict
+from .advice import LoaderInfo, compute_advice, host_advice, input_advice
+from .core import DEFAULT_WINDOW, StepProbe
+from .record import HOST_BOUND_BUSY_PCT, PROBE_FIELDS, ProbeRecord, Step, bound, window_figures
 
 __all__ = [
     "DEFAULT_WINDOW",

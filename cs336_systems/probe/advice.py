@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from cs336_systems.loader_bench import predicted_buffer_bytes, predicted_epoch_s
-from cs336_systems.memory import estimate_memory
-from cs336_systems.models import ModelConfig, TransformerLM
-from cs336_systems.probe.record import Step
-from cs336_systems.units import format_bytes
+from ..loader_bench import predicted_buffer_bytes, predicted_epoch_s
+from ..memory import estimate_memory
+from ..models import ModelConfig, TransformerLM
+from ..units import format_bytes
+from .record import Step
 
 DEFAULT_PREFETCH = 2  # torch's DataLoader default
 

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import torch
 
-from cs336_systems.device import resolve_device
-from cs336_systems.loader_bench import batch_nbytes, error_text, verdict
-from cs336_systems.probe.advice import LoaderInfo, compute_advice, host_advice, input_advice
-from cs336_systems.probe.record import (
+from ..device import resolve_device
+from ..loader_bench import batch_nbytes, error_text, verdict
+from ..results import Environment, ResultSink, check_output_paths, collect_environment, render_markdown
+from .advice import LoaderInfo, compute_advice, host_advice, input_advice
+from .record import (
     LABEL_COLUMNS,
     MARKDOWN_COLUMNS,
     ProbeRecord,
@@ -24,7 +25,6 @@ from cs336_systems.probe.record import (
     summary_line,
     window_figures,
 )
-from cs336_systems.results import Environment, ResultSink, check_output_paths, collect_environment, render_markdown
 
 DEFAULT_WINDOW = 50
 TIMERS = ("auto", "host", "cuda-events")

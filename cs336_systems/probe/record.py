@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from cs336_systems.loader_bench import NOT_INPUT_BOUND_PCT, verdict
-from cs336_systems.results import Record, samples_field
+from ..loader_bench import NOT_INPUT_BOUND_PCT, verdict
+from ..results import Record, samples_field
 
 # On a GPU, phases covering less of the wall time than this (with no data wait) leave the GPU
 # waiting on the host: Python, kernel launches, synchronising calls outside the phases.

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cs336_systems.results import row_warnings
-from cs336_systems.stats import is_noisy
-
+from ..results import row_warnings
+from ..stats import is_noisy
 from .document import FAILURE_MARK, NOISY_MARK, Section, Table, byte_unit, device_caption, missing, ms_cell, sig3, slug
 
 LABELS = ("implementation", "head_dim", "seq_len", "batch_size", "precision")

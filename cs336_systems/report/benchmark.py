@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cs336_systems.anomalies import flag_anomalies
-from cs336_systems.models import MODEL_SIZES, SIZE_TABLES
-from cs336_systems.results import LABEL_COLUMNS, row_label, row_warnings
-from cs336_systems.stats import HIGH_CV_PCT, is_noisy
-
+from ..anomalies import flag_anomalies
+from ..models import MODEL_SIZES, SIZE_TABLES
+from ..results import LABEL_COLUMNS, row_label, row_warnings
+from ..stats import HIGH_CV_PCT, is_noisy
 from .document import (
     FAILURE_MARK,
     IMPOSSIBLE_MFU_MARK,

@@ -8,9 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from cs336_systems.argtypes import ArgumentParser, fail
-from cs336_systems.results import ResultFileError, check_output_path
-
+from ..argtypes import ArgumentParser, fail
+from ..results import ResultFileError, check_output_path
 from .build import build_document
 from .latex import document_latex, table_latex
 from .load import TOOLS, load

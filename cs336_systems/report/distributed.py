@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cs336_systems.results import ENVIRONMENT_FIELDS, row_warnings
-
+from ..results import ENVIRONMENT_FIELDS, row_warnings
 from .document import (
     FAILURE_MARK,
     NOISY_MARK,

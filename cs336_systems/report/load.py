@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cs336_systems.results import ResultFileError, read_results
+from ..results import ResultFileError, read_results
 
 # Written by torch as text ("13.0") or an int (91900): read as text so pandas never makes 13.000 of them.
 VERSION_COLUMNS = ("cuda_version", "cudnn_version", "torch_version", "python_version", "git_commit")

@@ -6,7 +6,7 @@ markdown.py     drawing rows as Markdown / a console table
 files.py        ResultSink (one for every tool) and the readers
 """
 
-from cs336_systems.results.environment import (
+from .environment import (
     ENVIRONMENT_FIELDS,
     GIT_COMMIT_ENV,
     OUTPUT_DIRS,
@@ -16,7 +16,7 @@ from cs336_systems.results.environment import (
     harness_commit,
     utc_timestamp,
 )
-from cs336_systems.results.files import (
+from .files import (
     OUTPUT_SUFFIXES,
     CsvWriter,
     JsonlWriter,
@@ -31,7 +31,7 @@ from cs336_systems.results.files import (
     read_markdown,
     read_results,
 )
-from cs336_systems.results.markdown import (
+from .markdown import (
     MARKDOWN_ENVIRONMENT,
     STATS_CONVENTIONS,
     console_table,
@@ -44,7 +44,7 @@ from cs336_systems.results.markdown import (
     row_label,
     row_warnings,
 )
-from cs336_systems.results.records import (
+from .records import (
     BENCHMARK_FIELDS,
     CONFIG_FIELDS,
     LABEL_COLUMNS,

@@ -23,7 +23,7 @@ from typing import Protocol
 
 import pandas as pd
 
-from cs336_systems.results.records import BenchmarkRecord
+from .records import BenchmarkRecord
 
 OUTPUT_SUFFIXES = (".csv", ".md", ".jsonl")
 # Tests inject faults through this variable: "enospc@N" makes the Nth row write fail half

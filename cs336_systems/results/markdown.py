@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import pandas as pd
 from tabulate import tabulate
 
-from cs336_systems.anomalies import flag_anomalies
-from cs336_systems.stats import is_noisy
+from ..anomalies import flag_anomalies
+from ..stats import is_noisy
 
 STATS_CONVENTIONS = (
     "std is the sample standard deviation (ddof=1); cv_pct = 100*std/mean; p10/p90 interpolate linearly."

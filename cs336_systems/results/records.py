@@ -18,16 +18,16 @@ from typing import ClassVar
 
 import pandas as pd
 
-from cs336_systems.profiling import StepProfile
-from cs336_systems.results.environment import ENVIRONMENT_FIELDS, Environment, utc_timestamp
-from cs336_systems.results.markdown import (
+from ..profiling import StepProfile
+from ..stats import Summary, summarize
+from .environment import ENVIRONMENT_FIELDS, Environment, utc_timestamp
+from .markdown import (
     BENCHMARK_LABEL_COLUMNS,
     STATS_CONVENTIONS,
     console_table,
     render_document,
     row_label,
 )
-from cs336_systems.stats import Summary, summarize
 
 STATUSES = ("ok", "oom", "error", "unsupported", "timeout")
 # Summary fields in column order; cv_pct is a ratio, the rest are milliseconds.
