@@ -31,6 +31,7 @@ from .lifetime import child_preexec, temporary_directory
 from .models import count_parameters_for
 from .results import ENVIRONMENT_FIELDS, BenchmarkRecord, Environment, collect_environment
 from .runner import new_record
+from .tools import module_name
 
 
 def failed_record(
@@ -94,8 +95,8 @@ def run_in_child(config: BenchmarkConfig, limits: ChildLimits, env: Environment 
         num_params = None if config.model_factory else count_parameters_for(config.model)
         command = [sys.executable, "-m"]
         if limits.memory_limit_bytes is not None:
-            command += ["cs336_systems.memory_cap", str(limits.memory_limit_bytes)]
-        command += ["cs336_systems.benchmark", *config_to_args(config), "--output", str(output)]
+            command += [module_name("memory_cap"), str(limits.memory_limit_bytes)]
+        command += [module_name("benchmark"), *config_to_args(config), "--output", str(output)]
         # what the parent can import (a user's --model-factory module), the child can too
         variables = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         watchdog = None if limits.timeout_s is None else limits.timeout_s + WATCHDOG_GRACE_S
