@@ -72,7 +72,8 @@ def load_callable(spec: str, flag: str, error: type[Exception] = LoadError) -> C
         ) from exc
     for part in attribute.split("."):
         if not hasattr(target, part):
-            raise error(f"cannot load {flag} {spec}: {module_name!r} has no attribute {attribute!r}")
+            hint = namespace_hint(ImportError(name=module_name)) if module_name.startswith("cs336_systems") else ""
+            raise error(f"cannot load {flag} {spec}: {module_name!r} has no attribute {attribute!r}{hint}")
         target = getattr(target, part)
     if not callable(target):
         raise error(f"{flag} {spec} is not callable")
