@@ -63,7 +63,7 @@ def missing_adapter(strategy: str, adapters: Adapters) -> str | None:
     names = REQUIRED_ADAPTERS.get(strategy, ())
     if not names or any(adapters.has(name) for name in names):
         return None
-    return f"{adapters.spec} defines no {' or '.join(names)} (its names are the {adapters.edition} handout's)"
+    return f"{adapters.spec} defines no {' or '.join(names)} (the handout edition it follows has none)"
 
 
 @dataclass
