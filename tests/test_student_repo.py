@@ -211,3 +211,11 @@ def test_measured_sharding_believes_bytes_not_declarations():
     assert measured_sharding("adapter-sharded-optimizer", 100, 100, 50, (False, False, True)) == (False, False, True)
     assert measured_sharding("adapter-sharded-optimizer", 100, 100, 100, (False, False, True)) == (False, False, False)
     assert measured_sharding("fsdp2", 100, 100, 100, declared) == declared
+
+
+def test_after_cs336_bench_a_students_cs336_systems_wins_even_behind_ours_on_the_path(tmp_path):
+    probe = "import cs336_bench, cs336_systems; print(cs336_systems.__file__)"
+    for path, expected in (([REPO, STUDENT], STUDENT), ([REPO], REPO)):  # none of theirs: ours, as before
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path))}
+        result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert Path(result.stdout.strip()) == expected / "cs336_systems" / "__init__.py", result.stderr
