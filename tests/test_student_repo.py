@@ -215,7 +215,10 @@ def test_measured_sharding_believes_bytes_not_declarations():
 
 def test_after_cs336_bench_a_students_cs336_systems_wins_even_behind_ours_on_the_path(tmp_path):
     probe = "import cs336_bench, cs336_systems; print(cs336_systems.__file__)"
-    for path, expected in (([REPO, STUDENT], STUDENT), ([REPO], REPO)):  # none of theirs: ours, as before
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path))}
-        result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
-        assert Path(result.stdout.strip()) == expected / "cs336_systems" / "__init__.py", result.stderr
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(STUDENT)])}
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert Path(result.stdout.strip()) == STUDENT / "cs336_systems" / "__init__.py", result.stderr
+    # with no student package, `cs336_systems` still imports (ours, or another copy installed)
+    env["PYTHONPATH"] = str(REPO)
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0 and STUDENT not in Path(result.stdout.strip()).parents, result.stderr
