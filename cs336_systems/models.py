@@ -340,6 +340,8 @@ def _run_blocks(blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+# what ModelConfig.factory_kwargs gives a factory
+FACTORY_KEYWORDS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")
 # other spellings of a keyword in students' constructors (the handout's model says rope_theta)
 FACTORY_SYNONYMS = {"theta": "rope_theta", "rope_theta": "theta"}
 
@@ -371,8 +373,11 @@ def factory_keywords(factory: Callable, keywords: dict, spec: str) -> dict:
 
 
 def load_model_factory(spec: str) -> Callable[..., nn.Module]:
-    """Resolve 'package.module:callable' (the callable may be a dotted attribute path)."""
-    return load_callable(spec, "--model-factory", ModelFactoryError)
+    """Resolve 'package.module:callable' (the callable may be a dotted attribute path); a parameter
+    it has that no keyword fills is an error now, before any model is built."""
+    factory = load_callable(spec, "--model-factory", ModelFactoryError)
+    factory_keywords(factory, dict.fromkeys(FACTORY_KEYWORDS), spec)
+    return factory
 
 
 def build_model(
@@ -387,8 +392,9 @@ def build_model(
         if model_factory is None:
             return TransformerLM(config)
         factory = load_model_factory(model_factory)
+        keywords = factory_keywords(factory, config.factory_kwargs(), model_factory)
         try:
-            model = factory(**factory_keywords(factory, config.factory_kwargs(), model_factory))
+            model = factory(**keywords)
         except (torch.OutOfMemoryError, MemoryError):
             raise
         except Exception as exc:

@@ -21,9 +21,9 @@ from cs336_systems.attention_bench.implementations import heads_in_batch
 from cs336_systems.attention_bench.measure import _check_ignores_causal, _Phase
 from cs336_systems.ddp_bench.accounting import measured_sharding
 from cs336_systems.loading import repo_paths
-from cs336_systems.models import FACTORY_SYNONYMS, ModelFactoryError, factory_keywords
+from cs336_systems.models import FACTORY_KEYWORDS, FACTORY_SYNONYMS, ModelFactoryError, factory_keywords
 from cs336_systems.tools import discover
-from tests.conftest import FIXTURES, REPO, TINY_SHAPE
+from tests.conftest import FIXTURES, REPO, TINY_SHAPE, tiny_model_config
 
 STUDENT = FIXTURES / "student_repo"
 DDP_SHAPE = [*TINY_SHAPE, "--context-length", "16", "--batch-size", "2", "--warmup-steps", "1", "--measure-steps", "2"]
@@ -157,6 +157,7 @@ def test_factory_keywords_follow_the_signature_with_theta_as_rope_theta():
     assert factory_keywords(theta_model, given, "m:f") == {"vocab_size": 10, "d_model": 4, "theta": 10000.0}
     assert factory_keywords(lambda **kw: None, given, "m:f") == given
     assert FACTORY_SYNONYMS["theta"] == "rope_theta"
+    assert FACTORY_KEYWORDS == tuple(tiny_model_config().factory_kwargs())  # checked at load by these names
 
     def needs_more(vocab_size, n_embd):
         pass
