@@ -157,7 +157,7 @@ def test_factory_keywords_follow_the_signature_with_theta_as_rope_theta():
     assert factory_keywords(theta_model, given, "m:f") == {"vocab_size": 10, "d_model": 4, "theta": 10000.0}
     assert factory_keywords(lambda **kw: None, given, "m:f") == given
     assert FACTORY_SYNONYMS["theta"] == "rope_theta"
-    assert FACTORY_KEYWORDS == tuple(tiny_model_config().factory_kwargs())  # checked at load by these names
+    assert tuple(tiny_model_config().factory_kwargs()) == FACTORY_KEYWORDS  # checked at load by these names
 
     def needs_more(vocab_size, n_embd):
         pass
