@@ -22,6 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .loading import namespace_hint, put_first_on_path, repo_paths
 from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeError, UserCodeTimeout, guarded
 
 ADAPTERS_2026 = (
@@ -75,7 +76,9 @@ def _import(spec: str) -> ModuleType:
         if module_spec is None or module_spec.loader is None:
             raise AdapterError(f"--adapters {spec}: not a Python module")
         module = importlib.util.module_from_spec(module_spec)
-        # The student's file may import its siblings (`from .x import` aside), as it does under pytest.
+        # Their file imports what it imports under pytest: the repository root's packages (kept on
+        # the path, spawned ranks inherit it) and its siblings (for the import only).
+        put_first_on_path(*repo_paths(path))
         sys.path.insert(0, str(path.resolve().parent))
         sys.modules[name] = module
         try:
@@ -88,7 +91,7 @@ def _import(spec: str) -> ModuleType:
             sys.modules.pop(name, None)
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            raise AdapterError(f"--adapters {spec}: cannot import: {type(exc).__name__}: {exc}") from exc
+            raise AdapterError(f"--adapters {spec}: cannot import: {type(exc).__name__}: {exc}{namespace_hint(exc)}") from exc
         finally:
             sys.path.remove(str(path.resolve().parent))
         return module
@@ -98,7 +101,7 @@ def _import(spec: str) -> ModuleType:
     except (UserCodeError, UserCodeTimeout) as exc:
         raise AdapterError(f"--adapters {spec}: cannot import: {exc}") from None
     except Exception as exc:  # the user's module may fail in any way while importing
-        raise AdapterError(f"--adapters {spec}: cannot import: {type(exc).__name__}: {exc}") from exc
+        raise AdapterError(f"--adapters {spec}: cannot import: {type(exc).__name__}: {exc}{namespace_hint(exc)}") from exc
 
 
 @dataclass

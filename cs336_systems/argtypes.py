@@ -20,7 +20,8 @@ EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 EXIT_TERMINATED = 143  # SIGTERM (128 + SIGTERM), handled as Ctrl-C
 
 # Rows that ran or are an expected result of the configuration (an OOM is a measurement).
-EXPECTED_STATUSES = ("ok", "oom", "unsupported", "skipped")
+# not-sharded: a student's FSDP or sharded optimizer ran, right, but divided nothing (ddp_bench)
+EXPECTED_STATUSES = ("ok", "oom", "unsupported", "skipped", "not-sharded")
 FAILED_STATUSES = ("error", "timeout", "wrong")
 
 DEVICE_HELP = "auto (cuda when available), cpu, cuda or cuda:N"

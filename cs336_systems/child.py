@@ -30,6 +30,7 @@ from .config import BenchmarkConfig
 from .lifetime import child_preexec, temporary_directory
 from .models import count_parameters_for
 from .results import ENVIRONMENT_FIELDS, BenchmarkRecord, Environment, collect_environment
+from .tools import module_name
 from .usercode import timeout_seconds
 
 
@@ -76,8 +77,8 @@ def child_limits_from_args(args: argparse.Namespace, device: torch.device) -> Ch
 def benchmark_arguments(config: BenchmarkConfig, limits: ChildLimits) -> list[str]:
     """`python -m` arguments that run `config` alone (under the memory cap): the configuration
     is handed over as data (BenchmarkConfig.to_dict), not rebuilt from flags."""
-    cap = [] if limits.memory_limit_bytes is None else ["cs336_systems.memory_cap", str(limits.memory_limit_bytes)]
-    return [*cap, "cs336_systems.benchmark", "--config", json.dumps(config.to_dict())]
+    cap = [] if limits.memory_limit_bytes is None else [module_name("memory_cap"), str(limits.memory_limit_bytes)]
+    return [*cap, module_name("benchmark"), "--config", json.dumps(config.to_dict())]
 
 
 def benchmark_command(config: BenchmarkConfig, limits: ChildLimits) -> str:

@@ -7,13 +7,58 @@ callable may be a dotted attribute path (`pkg.mod:Class.create`).
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeError, UserCodeTimeout, guarded
+
+# what pytest takes for the root of a repository (its rootdir's usual markers)
+ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", "pytest.ini", "tox.ini", ".git")
 
 
 class LoadError(ValueError):
     """A spec that cannot be imported or is not a callable."""
+
+
+def repo_paths(file: Path) -> list[Path]:
+    """The directories pytest puts on sys.path for a test file, outermost first: the first
+    ancestor that is not a package (so `tests/` with an `__init__.py` is imported as `tests`),
+    and the repository root (the first ancestor holding pyproject.toml, setup.py, .git...)."""
+    file = file.resolve()
+    base = file.parent
+    while (base / "__init__.py").is_file() and base.parent != base:
+        base = base.parent
+    paths = [base]
+    for ancestor in file.parents:
+        if any((ancestor / marker).exists() for marker in ROOT_MARKERS):
+            if ancestor != base:
+                paths.insert(0, ancestor)
+            break
+    return paths
+
+
+def put_first_on_path(*directories: Path) -> None:
+    """Put `directories` at the front of sys.path (kept there: spawned ranks inherit sys.path)."""
+    for directory in reversed(directories):
+        entry = str(directory)
+        if entry in sys.path:
+            sys.path.remove(entry)
+        sys.path.insert(0, entry)
+
+
+def namespace_hint(exc: BaseException) -> str:
+    """A sentence for an import of `cs336_systems.X` that failed because `cs336_systems` is this
+    harness (started as python -m cs336_systems...), not the student's package; '' otherwise."""
+    ours = __name__.partition(".")[0]
+    name = getattr(exc, "name", None) or ""
+    mentions = name.startswith("cs336_systems") or "'cs336_systems" in str(exc)
+    if ours != "cs336_systems" or not isinstance(exc, ImportError) or not mentions:
+        return ""
+    return (
+        " (cs336_systems here is this benchmark harness, not your package: run the tool as "
+        "`cs336-bench TOOL ...` from your repository's root, which imports your cs336_systems beside ours)"
+    )
 
 
 def load_callable(
@@ -30,10 +75,13 @@ def load_callable(
     except (UserCodeError, UserCodeTimeout) as exc:
         raise error(f"cannot load {flag} {spec}: {exc}") from None
     except Exception as exc:  # the user's module may fail in any way while importing
-        raise error(f"cannot load {flag} {spec}: cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
+        raise error(
+            f"cannot load {flag} {spec}: cannot import {module_name!r}: {type(exc).__name__}: {exc}{namespace_hint(exc)}"
+        ) from exc
     for part in attribute.split("."):
         if not hasattr(target, part):
-            raise error(f"cannot load {flag} {spec}: {module_name!r} has no attribute {attribute!r}")
+            hint = namespace_hint(ImportError(name=module_name)) if module_name.startswith("cs336_systems") else ""
+            raise error(f"cannot load {flag} {spec}: {module_name!r} has no attribute {attribute!r}{hint}")
         target = getattr(target, part)
     if not callable(target):
         raise error(f"{flag} {spec} is not callable")

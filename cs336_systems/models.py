@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -417,9 +418,44 @@ def _run_blocks(blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+# what ModelConfig.factory_kwargs gives a factory
+FACTORY_KEYWORDS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")
+# other spellings of a keyword in students' constructors (the handout's model says rope_theta)
+FACTORY_SYNONYMS = {"theta": "rope_theta", "rope_theta": "theta"}
+
+
+def factory_keywords(factory: Callable, keywords: dict, spec: str) -> dict:
+    """`keywords` as the factory's signature names them: its own parameters only, a documented
+    synonym where it spells one differently (theta for rope_theta). A parameter without a default
+    that none of them fills is a ModelFactoryError naming it. All of them when the signature
+    takes **kwargs or cannot be read."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return keywords
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return keywords
+    given = {}
+    for name, parameter in parameters.items():
+        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.POSITIONAL_ONLY):
+            continue
+        source = name if name in keywords else FACTORY_SYNONYMS.get(name)
+        if source in keywords:
+            given[name] = keywords[source]
+        elif parameter.default is inspect.Parameter.empty:
+            raise ModelFactoryError(
+                f"--model-factory {spec}: cannot fill its parameter {name!r}; it is given "
+                f"{', '.join(keywords)} (theta = rope_theta); give {name!r} a default or wrap the callable"
+            )
+    return given
+
+
 def load_model_factory(spec: str, import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S) -> Callable[..., nn.Module]:
-    """Resolve 'package.module:callable' (the callable may be a dotted attribute path)."""
-    return load_callable(spec, "--model-factory", ModelFactoryError, import_timeout_s)
+    """Resolve 'package.module:callable' (the callable may be a dotted attribute path); a parameter
+    it has that no keyword fills is an error now, before any model is built."""
+    factory = load_callable(spec, "--model-factory", ModelFactoryError, import_timeout_s)
+    factory_keywords(factory, dict.fromkeys(FACTORY_KEYWORDS), spec)
+    return factory
 
 
 def build_model(
@@ -436,8 +472,9 @@ def build_model(
         if model_factory is None:
             return TransformerLM(config)
         factory = load_model_factory(model_factory)
+        keywords = factory_keywords(factory, config.factory_kwargs(), model_factory)
         try:
-            model = factory(**config.factory_kwargs())
+            model = factory(**keywords)
         except (torch.OutOfMemoryError, MemoryError, UserCodeTimeout):
             raise
         except Exception as exc:

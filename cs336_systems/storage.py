@@ -39,6 +39,7 @@ from pathlib import Path
 
 from .argtypes import ArgumentParser, byte_size, non_negative_float, non_negative_int
 from .lifetime import child_preexec
+from .tools import module_name
 
 STORAGE_KINDS = ("simulated", "local", "http")
 HOST = "127.0.0.1"
@@ -295,7 +296,7 @@ def server_arguments(model: LatencyModel) -> list[str]:
 @contextlib.contextmanager
 def http_server(root: str | Path, model: LatencyModel, start_timeout_s: float = 30.0) -> Iterator[str]:
     """Start `python -m cs336_systems.storage serve` in its own process; yield its URL."""
-    command = [sys.executable, "-m", "cs336_systems.storage", "serve", "--root", str(root), *server_arguments(model)]
+    command = [sys.executable, "-m", module_name("storage"), "serve", "--root", str(root), *server_arguments(model)]
     variables = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     # its own session: a terminal's Ctrl-C reaches the benchmark, which stops the server itself;
     # and it dies with this process, even a SIGKILLed one

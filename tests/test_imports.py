@@ -100,3 +100,31 @@ def test_only_the_benchmark_commands_import_the_engine():
     # (memory_cap maps it into memory before capping the address space, without calling it)
     importers = {name for name, targets in import_graph().items() if "cs336_systems.runner" in targets}
     assert importers == {"cs336_systems.benchmark", "cs336_systems.benchmark_direct", "cs336_systems.memory_cap"}
+
+
+def test_the_package_imports_itself_relatively_and_starts_children_by_its_running_name():
+    """The same files run as cs336_bench.* beside a student's cs336_systems (cs336_systems/tools.py):
+    an absolute `cs336_systems` import or a hard-coded `-m cs336_systems.x` child would load theirs."""
+    absolute, hard_coded = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] if node.level == 0 else []
+            else:
+                names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if any(name.split(".")[0] == "cs336_systems" for name in names):
+                absolute.append(f"{path.name}:{node.lineno}")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("cs336_systems."):
+                hard_coded.append(f"{path.name}:{node.lineno} {node.value!r}")
+    assert not absolute, f"absolute imports (run python scripts/dev/relative_imports.py): {absolute}"
+    assert not hard_coded, f"module names spelled out (use tools.module_name): {hard_coded}"
+
+
+def test_the_relative_import_script_is_idempotent_on_the_tree():
+    import subprocess
+    import sys
+
+    script = PACKAGE.parent / "scripts" / "dev" / "relative_imports.py"
+    result = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout

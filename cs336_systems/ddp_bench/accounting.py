@@ -34,6 +34,35 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer, seen: set[int]) -> list
     return found
 
 
+def _state_keys(optimizer: torch.optim.Optimizer, seen: set[int]) -> set[int]:
+    """ids of the tensors (parameters) `optimizer` and the optimizers it wraps keep state for."""
+    seen.add(id(optimizer))
+    keys = {id(key) for key, state in optimizer.state.items() if state}
+    for attribute in vars(optimizer).values():
+        if isinstance(attribute, torch.optim.Optimizer) and id(attribute) not in seen:
+            keys |= _state_keys(attribute, seen)
+    return keys
+
+
+def stateful_param_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of this rank's parameters the optimizer keeps state for: all of them unless the
+    optimizer is sharded (0 for a stateless one, such as SGD without momentum)."""
+    keys = _state_keys(optimizer, set())
+    return sum(local_bytes(p) for p in {id(p): p for p in model.parameters()}.values() if id(p) in keys)
+
+
+def measured_sharding(strategy: str, full_param_bytes: int, param_bytes: int, stateful_bytes: int,
+                      declared: tuple[bool, bool, bool]) -> tuple[bool, bool, bool]:  # fmt: skip
+    """What a student's strategy really divides, from the bytes a rank holds: parameters (and so
+    gradients) when it holds fewer parameter bytes than the model has; optimizer state when its
+    optimizer keeps state for fewer than all of them. Built-in strategies keep their declaration."""
+    if not strategy.startswith("adapter-"):
+        return declared
+    params = declared[0] and param_bytes < full_param_bytes
+    state = declared[2] and (params or 0 < stateful_bytes < param_bytes)
+    return (params, params, state)
+
+
 @dataclass(frozen=True)
 class HeldBytes:
     param_bytes: int
@@ -57,9 +86,9 @@ def predicted_peak_bytes(config: BenchmarkConfig, sharding: tuple[bool, bool, bo
     """The estimator's peak of one step (cs336_systems.memory.estimate, AdamW) with parameters,
     gradients and optimizer state replaced by the 1/N each rank keeps where the strategy shards
     them. Activations are unchanged; FSDP's one unsharded block at a time is left out. None for a
-    user's model (the estimator only knows ours)."""
-    if config.model_factory is not None:
-        return None
+    user's model or optimizer."""
+    if config.model_factory is not None or ":" in optimizer:
+        return None  # the estimator knows our model and torch's optimizers only
     estimate = estimate_memory(config.model, config.batch_size, config.context_length, "train-step",
                                config.precision, torch.device(config.device).type)  # fmt: skip
     optimizer_state = estimate.optimizer_state if optimizer == "adamw" else 0

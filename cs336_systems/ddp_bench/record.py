@@ -11,7 +11,7 @@ from ..config import ModelShape
 from ..distributed import GroupResult, max_over_ranks, mean_over_ranks, oversubscription_note
 from ..results import Environment, Record, Timing, fill_timing, identity_field, samples_field
 from ..stats import summarize
-from .accounting import predicted_peak_bytes
+from .accounting import measured_sharding, predicted_peak_bytes
 from .strategies import SHARDING
 from .trainer import DDP_DEFAULT_BUCKET_CAP_MB, NONFINITE_DIFF, DdpUnit
 
@@ -178,6 +178,7 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
         record.status, record.error = "wrong", "parameters are NaN or infinite after the timed steps; times not kept"
         return record
     _fill_memory(record, messages)
+    _check_sharding(record, unit, messages, world_size)
     record.num_params = messages[0]["num_params"]
     record.rank_step_ms = [message["step_ms"] for message in messages]
     record.step_ms = max_over_ranks(record.rank_step_ms)
@@ -205,6 +206,33 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
             record.comm_ms = summarize(record.comm_step_ms).mean
             record.comm_pct = 100 * record.comm_ms / summary.mean
     return record
+
+
+NOTHING_SHARDED_STATUS = "not-sharded"
+HANDOUT_MODEL = "cs336_basics.model:BasicsTransformerLM"
+
+
+def _check_sharding(record: DdpRecord, unit: DdpUnit, messages: list[dict], world_size: int) -> None:
+    """A student's FSDP or sharded optimizer that divided nothing on this model: a status of its own,
+    a note, and a prediction without the sharding it did not do (the bytes are each rank's own)."""
+    declared = SHARDING[unit.strategy]
+    if world_size < 2 or not unit.strategy.startswith("adapter-") or not any(declared):
+        return
+    biggest = max(messages, key=lambda message: message["param_bytes"])
+    measured = measured_sharding(unit.strategy, biggest["full_param_bytes"], biggest["param_bytes"],
+                                 max(message["stateful_param_bytes"] for message in messages), declared)  # fmt: skip
+    record.predicted_peak_bytes = predicted_peak_bytes(unit.config, measured, world_size, unit.optimizer)
+    if unit.strategy == "adapter-fsdp" and not measured[0]:
+        what = f"every rank holds all {biggest['full_param_bytes']:,} parameter bytes"
+    elif unit.strategy == "adapter-sharded-optimizer" and not measured[2] and biggest["stateful_param_bytes"]:
+        what = "every rank keeps optimizer state for every parameter"
+    else:
+        return
+    hint = "" if unit.config.model_factory else (
+        f"; an FSDP that shards the handout's own layer classes needs the handout's model: --model-factory {HANDOUT_MODEL}"
+    )
+    record.status = NOTHING_SHARDED_STATUS
+    record.notes = "; ".join(filter(None, [record.notes, f"nothing sharded: {what}{hint}"]))
 
 
 def _fill_memory(record: DdpRecord, messages: list[dict]) -> None:
@@ -237,7 +265,9 @@ def _is_number(value: object) -> bool:
 def describe(unit: DdpUnit, record: DdpRecord) -> str:
     """The progress line of one row."""
     label = f"n={record.world_size} {unit.strategy}"
-    if record.status != "ok":
+    if record.status == NOTHING_SHARDED_STATUS:
+        label += " (nothing sharded)"
+    elif record.status != "ok":
         return f"{label}: {record.status}: {record.error}"
     efficiency = f", efficiency {record.scaling_efficiency:.2f}" if record.scaling_efficiency is not None else ""
     return f"{label}: {record.mean_ms:.1f} ms/step, {record.samples_per_s:.1f} samples/s{efficiency}"

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..adapters import Adapters, load_adapters
+from ..adapters import Adapters, NotImplementedAdapter, load_adapters
 from ..distributed import all_reduce_mean
 
 BUILT_IN = ("ddp", "naive", "flat", "zero1", "fsdp2")
@@ -47,6 +47,23 @@ SHARDING = {
     "adapter-sharded-optimizer": (False, False, True),
     "adapter-fsdp": (True, True, True),
 }
+
+
+# the adapter functions each adapter-* strategy calls (any one of a tuple: 2026, then 2025 names)
+REQUIRED_ADAPTERS = {
+    "adapter-ddp": ("get_ddp", "get_ddp_individual_parameters"),
+    "adapter-ddp-bucketed": ("get_ddp_bucketed",),
+    "adapter-sharded-optimizer": ("get_sharded_optimizer",),
+    "adapter-fsdp": ("get_fsdp",),
+}
+
+
+def missing_adapter(strategy: str, adapters: Adapters) -> str | None:
+    """Why `strategy` cannot run with this adapters module (the other edition's file), or None."""
+    names = REQUIRED_ADAPTERS.get(strategy, ())
+    if not names or any(adapters.has(name) for name in names):
+        return None
+    return f"{adapters.spec} defines no {' or '.join(names)} (the handout edition it follows has none)"
 
 
 @dataclass
@@ -202,6 +219,12 @@ class Adapter(Strategy):
             raise ValueError(f"{self.name} needs --adapters MODULE")
         self.adapters: Adapters = load_adapters(setup.adapters)
 
+    def wrap(self, module):
+        missing = missing_adapter(self.name, self.adapters)
+        if missing:
+            raise NotImplementedAdapter(missing)
+        return module
+
     def first(self, *names: str) -> str:
         """The first of the handout's names (2026, then 2025) the module defines."""
         for name in names:
@@ -214,6 +237,7 @@ class AdapterDdp(Adapter):
     name, timed_comm = "adapter-ddp", True
 
     def wrap(self, module):
+        super().wrap(module)
         self.get = self.first("get_ddp", "get_ddp_individual_parameters")
         return self.adapters.call(self.get, module)
 
@@ -226,6 +250,7 @@ class AdapterDdpBucketed(Adapter):
     name, timed_comm = "adapter-ddp-bucketed", True
 
     def wrap(self, module):
+        super().wrap(module)
         return self.adapters.call("get_ddp_bucketed", module, self.setup.bucket_cap_mb or 25.0)
 
     def before_step(self, model, optimizer):
@@ -242,6 +267,7 @@ class AdapterShardedOptimizer(Adapter):
     name, timed_comm = "adapter-sharded-optimizer", True
 
     def wrap(self, module):
+        super().wrap(module)
         broadcast_parameters(module)
         return module
 
@@ -256,7 +282,9 @@ class AdapterFsdp(Adapter):
     name, timed_comm = "adapter-fsdp", True
 
     def wrap(self, module):
-        return self.adapters.call("get_fsdp", module, COMPUTE_DTYPES[self.setup.compute_dtype])
+        super().wrap(module)
+        # by keyword, as the handout's signature names it: get_fsdp(module, compute_dtype=None)
+        return self.adapters.call("get_fsdp", module, compute_dtype=COMPUTE_DTYPES[self.setup.compute_dtype])
 
     def after_backward(self, model, optimizer):
         self.adapters.call("fsdp_on_after_backward", model, optimizer)

@@ -17,10 +17,11 @@ from ..config import BenchmarkConfig
 from ..distributed import BarrierFirst, RankContext
 from ..memory import PhaseMemory, current_memory_bytes, pin_mmap_threshold, rss_high_water_mark_available
 from ..models import build_model
+from ..optimizer import load_optimizer_factory
 from ..precision import autocast, precision_mode
 from ..step import combine_phases, make_step
 from ..timing import HostTimer, StepTimes, device_synchronizer, time_steps
-from .accounting import held_bytes
+from .accounting import held_bytes, local_bytes, stateful_param_bytes
 from .strategies import Setup, Strategy, make_strategy
 
 OPTIMIZERS = ("adamw", "sgd")
@@ -47,6 +48,10 @@ class DdpUnit:
 
 
 def optimizer_class(name: str, device: torch.device) -> tuple[type, dict]:
+    """The optimizer class (or factory) and its extra keywords: a name of OPTIMIZERS or a user's
+    package.module:callable, called as cls(params, lr=...) (inside a sharded optimizer too)."""
+    if ":" in name:
+        return load_optimizer_factory(name), {}
     if name == "sgd":
         return torch.optim.SGD, {}
     # Fused AdamW (as optimizer.make_optimizer): one kernel for all parameters.
@@ -67,6 +72,9 @@ class Trainer:
         ))  # fmt: skip
         torch.manual_seed(config.seed)  # the same weights on every rank
         self.module = build_model(config.model, device, config.model_factory)
+        # counted before the wrap: a student's FSDP may replace the module's weights by shards
+        self.num_params = sum(p.numel() for p in self.module.parameters())
+        self.full_param_bytes = sum(local_bytes(p) for p in self.module.parameters())
         self.model = self.strategy.wrap(self.module)
         cls, kwargs = optimizer_class(optimizer or unit.optimizer, device)
         if unit.strategy == "fsdp2":
@@ -251,7 +259,9 @@ def ddp_worker(ctx: RankContext, unit: DdpUnit) -> dict | None:
         return {"skipped": str(exc)}
     return {
         **message,
-        "num_params": sum(p.numel() for p in trainer.module.parameters()),
+        "num_params": trainer.num_params,
+        "full_param_bytes": trainer.full_param_bytes,
+        "stateful_param_bytes": stateful_param_bytes(trainer.model, trainer.optimizer),
         "step_ms": list(synced.measured_ms),
         "warmup_ms": list(synced.warmup_ms),
         "no_sync_ms": list(no_sync.measured_ms) if no_sync else [],

@@ -1,0 +1,103 @@
+"""The tools of this package, found on disk, and `cs336-bench TOOL ARGS` (= python -m PACKAGE.TOOL ARGS).
+
+A tool is a module with a `__main__` guard or a subpackage with `__main__.py`; its one-line
+description is its docstring's first line. Nothing is imported to list them.
+
+The same files are importable under two top-level names: `cs336_systems` (python -m
+cs336_systems.TOOL) and `cs336_bench` (the `cs336-bench` command), whose `__path__` is this
+directory. Under `cs336_bench` a student's own package called `cs336_systems` can be imported
+beside ours, which is why every import inside the package is relative and every child process
+is started under `top_package()`.
+"""
+
+from __future__ import annotations
+
+import ast
+import runpy
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+INTERNAL = {"memory_cap", "storage"}  # started by the tools themselves, not by users
+COMMAND = "cs336-bench"
+
+
+def top_package() -> str:
+    """The name this copy of the package was imported under ('cs336_systems' or 'cs336_bench')."""
+    return __name__.partition(".")[0]
+
+
+def module_name(tool: str) -> str:
+    """The importable name of `tool` (e.g. 'benchmark') in this copy of the package."""
+    return f"{top_package()}.{tool}"
+
+
+def _description(tree: ast.Module) -> str:
+    docstring = (ast.get_docstring(tree) or "").strip()
+    first = docstring.splitlines()[0] if docstring else ""
+    head, sep, rest = first.partition(": ")
+    text = rest.strip() if sep and head.startswith("python -m ") else first
+    return text[:-1] + "..." if text.endswith(",") else text
+
+
+def _has_main_guard(tree: ast.Module) -> bool:
+    return any(
+        isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+        and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
+        for node in tree.body
+    )  # fmt: skip
+
+
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
+def discover(root: Path = HERE) -> dict[str, str]:
+    """{tool name: one-line description} for every tool in `root`, sorted by name."""
+    found = {}
+    for path in sorted(root.iterdir()):
+        if path.name.startswith("_") or path.stem in INTERNAL:
+            continue
+        if path.is_dir() and (path / "__main__.py").is_file():
+            init = path / "__init__.py"
+            found[path.name] = _description(_parse(init)) if init.is_file() else ""
+        elif path.suffix == ".py" and _has_main_guard(tree := _parse(path)):
+            found[path.stem] = _description(tree)
+    return found
+
+
+def usage(tools: dict[str, str]) -> str:
+    width = max(map(len, tools), default=0)
+    lines = [
+        f"usage: {COMMAND} TOOL [ARGS...]   (the same as python -m cs336_systems.TOOL ARGS)",
+        "",
+        "Runs this project's tool whatever the current directory holds: a student's own package named",
+        "cs336_systems (--adapters, --optimizer, --model-factory) is imported beside ours, not instead.",
+        f"`{COMMAND} TOOL --help` for a tool's flags.",
+        "",
+        "tools:",
+        *(f"  {name:<{width}}  {text}" for name, text in tools.items()),
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    tools = discover()
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(tools))
+        return 0 if argv else 2
+    tool, *args = argv
+    if tool not in tools:
+        print(f"{COMMAND}: unknown tool {tool!r}; one of: {', '.join(tools)}", file=sys.stderr)
+        return 2
+    # As `python -m` does: the current directory comes first, so the student's packages are theirs.
+    if "" not in sys.path and str(Path.cwd()) not in sys.path[:1]:
+        sys.path.insert(0, str(Path.cwd()))
+    sys.argv = [f"{COMMAND} {tool}", *args]
+    try:
+        runpy.run_module(module_name(tool), run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0

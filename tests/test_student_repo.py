@@ -1,0 +1,225 @@
+"""A student's repository as it is (tests/fixtures/student_repo): their own package named
+cs336_systems (with distributed/ and a benchmark.py of its own), cs336_basics beside it, and
+tests/adapters.py importing both. Every run goes through `cs336-bench` (python -m cs336_bench, what
+the console script calls) from the fixture's root with the fixture first on the path, as an
+installed student package would be; the ddp_bench runs check the spawned ranks too."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from cs336_systems.attention_bench import AttentionConfig
+from cs336_systems.attention_bench.implementations import heads_in_batch
+from cs336_systems.attention_bench.measure import _check_ignores_causal, _Phase
+from cs336_systems.ddp_bench.accounting import measured_sharding
+from cs336_systems.loading import repo_paths
+from cs336_systems.models import FACTORY_KEYWORDS, FACTORY_SYNONYMS, ModelFactoryError, factory_keywords
+from cs336_systems.tools import discover
+from tests.conftest import FIXTURES, REPO, TINY_SHAPE, tiny_model_config
+
+STUDENT = FIXTURES / "student_repo"
+DDP_SHAPE = [*TINY_SHAPE, "--context-length", "16", "--batch-size", "2", "--warmup-steps", "1", "--measure-steps", "2"]
+
+
+def run(*args: str, cwd: Path = STUDENT, module: str = "cs336_bench", timeout: int = 300):
+    """`cs336-bench ARGS` (or python -m MODULE ARGS) in a child, the student's root before ours."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STUDENT), str(REPO)]), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+
+
+def test_help_lists_the_tools_and_an_unknown_tool_is_one_line_and_exit_2():
+    shown = run("--help")
+    assert shown.returncode == 0
+    assert "benchmark " in shown.stdout and "ddp_bench " in shown.stdout and "attention_bench " in shown.stdout
+    assert "memory_cap" not in shown.stdout and "tools " not in shown.stdout  # internal modules are not tools
+    unknown = run("no_such_tool")
+    assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1
+    assert "unknown tool 'no_such_tool'" in unknown.stderr
+
+
+def test_tools_are_found_on_disk_with_their_first_docstring_line(tmp_path):
+    (tmp_path / "handout").mkdir()
+    (tmp_path / "handout" / "__init__.py").write_text('"""python -m cs336_systems.handout: the handout\'s runs."""\n')
+    (tmp_path / "handout" / "__main__.py").write_text("")
+    (tmp_path / "helper.py").write_text('"""not a tool: no main guard"""\n')
+    (tmp_path / "tool.py").write_text('"""python -m cs336_systems.tool: does a thing."""\nif __name__ == "__main__":\n    pass\n')
+    assert discover(tmp_path) == {"handout": "the handout's runs.", "tool": "does a thing."}
+
+
+def test_benchmark_runs_ours_with_the_students_optimizer(tmp_path):
+    # python -m finds the student's package first: their own benchmark.py runs (the reason for cs336-bench)
+    theirs = run("--help", module="cs336_systems.benchmark")
+    assert theirs.returncode == 3 and "the student's cs336_systems.benchmark ran" in theirs.stderr
+    out = tmp_path / "row.jsonl"
+    ours = run("benchmark", "--device", "cpu", *TINY_SHAPE, "--context-length", "16", "--batch-size", "2",
+               "--pass-type", "train-step", "--warmup-steps", "1", "--measure-steps", "2",
+               "--optimizer", "cs336_systems.optimizer:AdamW", "--output", str(out))  # fmt: skip
+    assert ours.returncode == 0, ours.stderr
+    row = json.loads(out.read_text().splitlines()[0])
+    assert row["status"] == "ok" and row["optimizer"] == "cs336_systems.optimizer.AdamW"  # theirs, not torch's
+
+
+def test_children_start_under_the_running_package_name():
+    probe = "from cs336_bench.tools import module_name; import cs336_bench.child as c; print(module_name('benchmark'), c.__name__)"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=STUDENT, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(STUDENT), str(REPO)])},
+    )  # fmt: skip
+    assert result.stdout.split() == ["cs336_bench.benchmark", "cs336_bench.child"], result.stderr
+
+
+def test_attention_bench_defaults_pass_a_3d_flash_that_ignores_is_causal(tmp_path):
+    out = tmp_path / "attention.csv"
+    result = run("attention_bench", "--adapters", "tests/adapters.py", "--device", "cpu", "--head-dims", "8",
+                 "--context-lengths", "32", "--batch-size", "2", "--num-heads", "2", "--precisions", "fp32",
+                 "--warmup-steps", "0", "--measure-steps", "1", "--output", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = pd.read_csv(out).set_index("implementation")
+    flash = rows.loc["flash-pytorch"]
+    assert flash["status"] == "ok" and flash["causal"] and flash["layout"] == "bhsd"
+    assert "ignores is_causal" in flash["notes"]
+    assert rows.loc["flash-triton", "status"] == "unsupported"  # Triton needs CUDA; not an error
+
+
+def test_adapters_from_outside_the_repo_find_their_repo_root_packages(tmp_path):
+    # from elsewhere, the loader puts the adapters' repository root on the path, as pytest would
+    result = run("attention_bench", "--adapters", str(STUDENT / "tests" / "adapters.py"), "--implementations",
+                 "flash-pytorch", "--device", "cpu", "--head-dims", "8", "--context-lengths", "16",
+                 "--warmup-steps", "0", "--measure-steps", "1", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    # python -m cs336_systems.X from elsewhere: their `cs336_systems.distributed.ddp` is looked up in ours
+    ours_only = {**os.environ, "PYTHONPATH": str(REPO)}
+    ours = subprocess.run([sys.executable, "-m", "cs336_systems.attention_bench", "--adapters",
+                           str(STUDENT / "tests" / "adapters.py"), "--device", "cpu"], cwd=tmp_path, env=ours_only,
+                          capture_output=True, text=True)  # fmt: skip
+    assert ours.returncode == 2 and len(ours.stderr.strip().splitlines()) == 1, ours.stderr
+    assert "cs336-bench" in ours.stderr and "cs336_systems.distributed.ddp" in ours.stderr
+
+
+def test_repo_paths_are_pytests_for_a_tests_package():
+    assert repo_paths(STUDENT / "tests" / "adapters.py") == [STUDENT]
+    assert repo_paths(FIXTURES / "adapters_student.py")[-1] == FIXTURES  # a plain file: its own directory
+
+
+@pytest.mark.slow
+def test_ddp_bench_runs_the_students_ddp_fsdp_and_optimizer_in_spawned_ranks(tmp_path):
+    out = tmp_path / "ddp.csv"
+    result = run("ddp_bench", "--device", "cpu", "--world-sizes", "2", "--adapters", "tests/adapters.py",
+                 "--strategies", "adapter-ddp", "adapter-fsdp", "adapter-sharded-optimizer",
+                 "--optimizer", "cs336_systems.optimizer:AdamW", *DDP_SHAPE, "--output", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = pd.read_csv(out).set_index("strategy")
+    assert rows.loc["adapter-ddp", "status"] == "ok" and rows.loc["adapter-ddp", "check_max_diff"] == 0
+    assert (rows["optimizer"] == "cs336_systems.optimizer:AdamW").all()
+    fsdp = rows.loc["adapter-fsdp"]
+    # their FSDP shards only cs336_basics' Linear: on the built-in model (nn.Linear) nothing
+    assert fsdp["status"] == "not-sharded" and fsdp["param_bytes_per_rank"] == rows.loc["single", "param_bytes_per_rank"]
+    assert "nothing sharded" in fsdp["notes"] and "--model-factory cs336_basics.model:BasicsTransformerLM" in fsdp["notes"]
+    assert rows.loc["adapter-sharded-optimizer", "status"] == "skipped"
+
+
+@pytest.mark.slow
+def test_ddp_bench_other_edition_is_skipped_once_and_the_handout_model_is_sharded(tmp_path):
+    out = tmp_path / "ddp.csv"
+    result = run("ddp_bench", "--device", "cpu", "--world-sizes", "1", "2", "--adapters", "tests/adapters_2025.py",
+                 "--strategies", "adapter-ddp", "adapter-fsdp", "--model-factory",
+                 "cs336_basics.model:BasicsTransformerLM", *DDP_SHAPE, "--output", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = pd.read_csv(out)
+    fsdp = rows[rows["strategy"] == "adapter-fsdp"]
+    assert len(fsdp) == 1 and fsdp["status"].item() == "skipped" and "defines no get_fsdp" in fsdp["error"].item()
+    assert (rows[rows["strategy"] == "adapter-ddp"]["status"] == "ok").all()  # their model says `theta`
+    sharded = tmp_path / "fsdp.csv"
+    result = run("ddp_bench", "--device", "cpu", "--world-sizes", "2", "--adapters", "tests/adapters.py",
+                 "--strategies", "adapter-fsdp", "--fsdp-compute-dtype", "bf16", "--model-factory",
+                 "cs336_basics.model:BasicsTransformerLM", *DDP_SHAPE, "--output", str(sharded))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = pd.read_csv(sharded).set_index("strategy")
+    assert rows.loc["adapter-fsdp", "status"] == "ok" and rows.loc["adapter-fsdp", "compute_dtype"] == "bf16"
+    assert rows.loc["adapter-fsdp", "param_bytes_per_rank"] < rows.loc["single", "param_bytes_per_rank"]
+
+
+def test_factory_keywords_follow_the_signature_with_theta_as_rope_theta():
+    given = dict(vocab_size=10, d_model=4, rope_theta=10000.0)
+
+    def theta_model(vocab_size, d_model, theta, dropout=0.0):
+        pass
+
+    assert factory_keywords(theta_model, given, "m:f") == {"vocab_size": 10, "d_model": 4, "theta": 10000.0}
+    assert factory_keywords(lambda **kw: None, given, "m:f") == given
+    assert FACTORY_SYNONYMS["theta"] == "rope_theta"
+    assert tuple(tiny_model_config().factory_kwargs()) == FACTORY_KEYWORDS  # checked at load by these names
+
+    def needs_more(vocab_size, n_embd):
+        pass
+
+    with pytest.raises(ModelFactoryError, match=r"^--model-factory m:f: cannot fill its parameter 'n_embd'"):
+        factory_keywords(needs_more, given, "m:f")
+
+
+def test_heads_are_folded_into_the_batch_for_adapters():
+    shapes = []
+
+    def three_d_only(q, k, v):
+        batch, seq, d = q.shape
+        shapes.append(tuple(q.shape))
+        return q + v
+
+    q = torch.randn(2, 3, 5, 4)
+    out = heads_in_batch(three_d_only)(q, q, q)
+    assert shapes == [(6, 5, 4)] and out.shape == q.shape and torch.equal(out, 2 * q)
+
+
+def _noncausal_check_inputs(implementation: str):
+    from types import SimpleNamespace
+
+    from cs336_systems.attention_bench.correctness import check, reference
+
+    config = AttentionConfig(implementation=implementation, head_dim=4, seq_len=8, adapters="a.py")
+    q, k, v, grad_out = (torch.randn(1, 8, 4, requires_grad=i < 3) for i in range(4))
+    out = torch.softmax(q @ k.transpose(-1, -2) / 2, dim=-1) @ v  # non-causal attention
+    out.backward(grad_out)
+    expected_out, expected_grads = reference(q, k, v, grad_out, True)
+    causal = check(out, (q.grad, k.grad, v.grad), expected_out, expected_grads, "fp32")
+    record = SimpleNamespace(status="ok", error=None, max_abs_err_out=None, max_abs_err_grad=None)
+    return config, record, (q, k, v, grad_out), out.detach(), causal
+
+
+@pytest.mark.parametrize("implementation, status", [("flash-pytorch", "ok"), ("flash-triton", "wrong")])
+def test_ignoring_is_causal_is_named_and_allowed_for_the_pytorch_version_only(implementation, status):
+    config, record, inputs, out, causal = _noncausal_check_inputs(implementation)
+    assert causal.wrong
+    phase = _Phase()
+    _check_ignores_causal(config, record, phase, inputs, out, causal)
+    assert record.status == status
+    said = record.error if status == "wrong" else phase.notes[0]
+    assert said.startswith("ignores is_causal")
+
+
+def test_measured_sharding_believes_bytes_not_declarations():
+    declared = (True, True, True)
+    assert measured_sharding("adapter-fsdp", 100, 100, 100, declared) == (False, False, False)
+    assert measured_sharding("adapter-fsdp", 100, 60, 60, declared) == (True, True, True)
+    assert measured_sharding("adapter-sharded-optimizer", 100, 100, 50, (False, False, True)) == (False, False, True)
+    assert measured_sharding("adapter-sharded-optimizer", 100, 100, 100, (False, False, True)) == (False, False, False)
+    assert measured_sharding("fsdp2", 100, 100, 100, declared) == declared
+
+
+def test_after_cs336_bench_a_students_cs336_systems_wins_even_behind_ours_on_the_path(tmp_path):
+    probe = "import cs336_bench, cs336_systems; print(cs336_systems.__file__)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(STUDENT)])}
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert Path(result.stdout.strip()) == STUDENT / "cs336_systems" / "__init__.py", result.stderr
+    # with no student package, `cs336_systems` still imports (ours, or another copy installed)
+    env["PYTHONPATH"] = str(REPO)
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0 and STUDENT not in Path(result.stdout.strip()).parents, result.stderr
