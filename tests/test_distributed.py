@@ -192,7 +192,7 @@ def test_dead_or_hung_rank_ends_the_run(module, mode, status, message, tmp_path,
     csv = tmp_path / "rows.csv"
     shape = TINY_DDP if module is ddp_bench else ["--sizes", "1MB", *FAST]
     start = time.monotonic()
-    code, _, _ = run_main(module, capsys, "--world-size", "2", *shape, "--timeout", "3", "--output", csv)
+    code, _, _ = run_main(module.main, capsys, "--world-size", "2", *shape, "--timeout", "3", "--output", csv)
     assert time.monotonic() - start < 30
     rows = read_results(csv).to_dict("records")
     assert code == 1 and rows and all(row["status"] == status for row in rows)
@@ -235,7 +235,7 @@ def test_allreduce_bench_under_torchrun(tmp_path):
 def test_bad_input_is_one_line_and_exit_2(module, args, message, capsys):
     if "nccl" in args and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    code, _, err = run_main(module, capsys, *args)
+    code, _, err = run_main(module.main, capsys, *args)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
@@ -276,7 +276,7 @@ def test_gloo_on_cuda_needs_a_gpu_and_says_so(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     for module in (allreduce_bench, ddp_bench):
-        code, _, err = run_main(module, capsys, "--backend", "gloo", "--device", "cuda")
+        code, _, err = run_main(module.main, capsys, "--backend", "gloo", "--device", "cuda")
         assert code == 2 and "--device cuda needs CUDA GPUs" in err and len(err.strip().splitlines()) == 1, err
 
 
@@ -298,7 +298,7 @@ def test_ctrl_c_exits_130(module, capsys, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(module.cli, "run_rows", interrupted)
-    code, _, err = run_main(module, capsys, "--world-sizes", "1", *(TINY_DDP if module is ddp_bench else FAST))
+    code, _, err = run_main(module.main, capsys, "--world-sizes", "1", *(TINY_DDP if module is ddp_bench else FAST))
     assert code == 130 and "interrupted" in err and "Traceback" not in err
 
 

@@ -79,14 +79,6 @@ def _check_loadable(args: argparse.Namespace) -> None:
         load_optimizer_factory(args.optimizer)
 
 
-def ddp_takes_optimizer_spec() -> bool:
-    """Whether this ddp_bench's --optimizer takes package.module:callable (not only its own names)."""
-    from ..ddp_bench.cli import build_parser as ddp_parser
-
-    action = ddp_parser()._option_string_actions.get("--optimizer")
-    return action is not None and action.choices is None
-
-
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from ..adapters import AdapterError
     from ..device import DeviceError
@@ -102,8 +94,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         budget_s = parse_duration(args.budget) if args.budget else None
         target, device = _target(args)
         _check_loadable(args)
-        options = Options(args.edition, SCALES[args.scale], device, args.adapters, args.model_factory, args.optimizer,
-                          ddp_takes_optimizer_spec())  # fmt: skip
+        options = Options(args.edition, SCALES[args.scale], device, args.adapters, args.model_factory, args.optimizer)
         steps = build_steps(options, target, problems)
         notes = fit_budget(steps, budget_s, target, args.model_factory is not None) if budget_s else []
         output_dir = args.output_dir or Path("results") / f"handout-{args.edition}-{target.label}"

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..models import SIZE_TABLES
+from ..tools import module_name
 from .plan import Step, fit_verdict, model_configs, predict, predicted_peak
 from .target import Target
 
@@ -70,7 +71,7 @@ class Scale:
     ddp_size: str = "xl"
     ddp_context: int = 512
     buckets: tuple[str, ...] = ("1", "10", "100", "1000")
-    sweep_tool: str = "cs336_systems.run_benchmarks"  # one child process per configuration
+    sweep_tool: str = module_name("run_benchmarks")  # one child process per configuration
 
 
 FULL = Scale("full", sizes=None)
@@ -80,7 +81,7 @@ SMALL = Scale(
     checkpoint_context=64, checkpoint_blocks=("0", "1", "all"), attention_batch=4, attention_head_dims=(16, 32),
     attention_contexts=(64, 128), attention_measure=10, flash_contexts=(64, 128), flash_head_dims=(16,),
     leaderboard=(2, 128, 16), allreduce_sizes=("1MB", "10MB"), allreduce_worlds=(2,), ddp_context=32,
-    buckets=("1", "10"), sweep_tool="cs336_systems.benchmark_direct",
+    buckets=("1", "10"), sweep_tool=module_name("benchmark_direct"),
 )  # fmt: skip
 SCALES = {"full": FULL, "small": SMALL}
 
@@ -95,7 +96,6 @@ class Options:
     adapters: str | None = None
     model_factory: str | None = None
     optimizer: str | None = None
-    ddp_takes_optimizer_spec: bool = False
 
 
 def build_steps(options: Options, target: Target, problems: list[str]) -> list[Step]:
@@ -227,7 +227,7 @@ def nsys_profile(options: Options, target: Target) -> list[Step]:
 
 def mixed_precision_accumulation(options: Options, target: Target) -> list[Step]:
     step = Step("mixed_precision_accumulation", "mixed_precision_accumulation",
-                "fp32/fp16 accumulation, and the toy model's dtypes under autocast", "cs336_systems.mixed_precision",
+                "fp32/fp16 accumulation, and the toy model's dtypes under autocast", module_name("mixed_precision"),
                 {"--device": options.device}, capture="mixed_precision_accumulation.txt", fixed_s=15)  # fmt: skip
     return [step]
 
@@ -255,7 +255,7 @@ def memory_profiling(options: Options, target: Target) -> list[Step]:
                  "--memory-snapshot": f"{name}.pickle"}  # fmt: skip
         flags["--model-size"] = flags.pop("--model-sizes")[0]
         step = Step(name, "memory_profiling", f"memory snapshot of one {pass_type} ({size}, context {contexts[0]}) "
-                    "for pytorch.org/memory_viz", "cs336_systems.benchmark", flags, kind="benchmark")  # fmt: skip
+                    "for pytorch.org/memory_viz", module_name("benchmark"), flags, kind="benchmark")  # fmt: skip
         if target.type != "cuda":
             step.skip("a memory snapshot records the CUDA caching allocator: needs a GPU")
         steps.append(step)
@@ -264,7 +264,7 @@ def memory_profiling(options: Options, target: Target) -> list[Step]:
                  "--device": options.device}  # fmt: skip
         flags["--model-size"] = flags.pop("--model-sizes")[0]
         step = Step("memory_profiling-residuals", "memory_profiling", f"what autograd saves per block ({size})",
-                    "cs336_systems.residuals", flags, capture="memory_profiling-residuals.txt", fixed_s=90)  # fmt: skip
+                    module_name("residuals"), flags, capture="memory_profiling-residuals.txt", fixed_s=90)  # fmt: skip
         if options.model_factory:
             flags.pop("--model-factory")
             step.reductions.append("residuals reads the built-in model's blocks (not your --model-factory)")
@@ -292,7 +292,7 @@ def gradient_checkpointing(options: Options, target: Target) -> list[Step]:
 def _attention_step(options: Options, target: Target, name: str, problem: str, part: str, flags: dict) -> Step:
     flags = {**flags, "--device": options.device, "--output": [f"{name}.csv", f"{name}.jsonl", f"{name}.md"],
              "--plot": f"{name}.png"}  # fmt: skip
-    return Step(name, problem, part, "cs336_systems.attention_bench", flags, kind="attention", reads=(f"{name}.csv",))
+    return Step(name, problem, part, module_name("attention_bench"), flags, kind="attention", reads=(f"{name}.csv",))
 
 
 def pytorch_attention(options: Options, target: Target) -> list[Step]:
@@ -370,7 +370,7 @@ def distributed_communication_single_node(options: Options, target: Target) -> l
                  "--sizes": list(scale.allreduce_sizes), "--warmup-steps": 5, "--measure-steps": 20,
                  "--output": [f"{name}.csv", f"{name}.jsonl", f"{name}.md"], "--plot": f"{name}.png"}  # fmt: skip
         step = Step(name, "distributed_communication_single_node", f"all-reduce, {backend} on {device}",
-                    "cs336_systems.allreduce_bench", flags, kind="allreduce", reads=(f"{name}.csv",))  # fmt: skip
+                    module_name("allreduce_bench"), flags, kind="allreduce", reads=(f"{name}.csv",))  # fmt: skip
         if backend == "nccl":
             usable = [w for w in worlds if w <= target.gpus]
             if not usable:
@@ -406,15 +406,12 @@ def _ddp(problem: str, options: Options, target: Target) -> list[Step]:
         flags["--bucket-cap-mb"] = list(scale.buckets)
     if adapter_strategy and options.adapters:
         flags["--adapters"] = options.adapters
-    step = Step(problem, problem, f"data parallel, {what}: {' '.join(strategies)}", "cs336_systems.ddp_bench",
+    step = Step(problem, problem, f"data parallel, {what}: {' '.join(strategies)}", module_name("ddp_bench"),
                 flags, kind="ddp", reads=(f"{problem}.csv",))  # fmt: skip
     if options.model_factory:
         flags["--model-factory"] = options.model_factory
     if options.optimizer:
-        if options.ddp_takes_optimizer_spec:
-            flags["--optimizer"] = options.optimizer
-        else:
-            step.reductions.append("ddp_bench here takes only its built-in optimizers (your --optimizer is not used)")
+        flags["--optimizer"] = options.optimizer  # ddp_bench steps it under each strategy
     if target.gpus >= 2:
         flags.update({"--backend": "nccl", "--device": "cuda", "--world-sizes": [2]})
     else:
