@@ -90,8 +90,11 @@ class _Watchdog:
         self.what, self.timeout_s = what, timeout_s
         self.deadline = time.monotonic() + timeout_s
         self.done = threading.Event()
-        self.thread = threading.Thread(target=self._watch, name="cs336-user-code-watchdog", daemon=True)
-        self.thread.start()
+        thread = threading.Thread(target=self._watch, name="cs336-user-code-watchdog", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # no room for a thread's stack (under --memory-limit after an OOM): the alarm alone guards
+            pass
 
     def _watch(self) -> None:
         while not self.done.wait(1.0):

@@ -184,7 +184,7 @@ def _noncausal_check_inputs(implementation: str):
 
     from cs336_systems.attention_bench.correctness import check, reference
 
-    config = AttentionConfig(implementation=implementation, head_dim=4, seq_len=8, adapters="a.py")
+    config = AttentionConfig(implementation=implementation, head_dim=4, context_length=8, adapters="a.py")
     q, k, v, grad_out = (torch.randn(1, 8, 4, requires_grad=i < 3) for i in range(4))
     out = torch.softmax(q @ k.transpose(-1, -2) / 2, dim=-1) @ v  # non-causal attention
     out.backward(grad_out)

@@ -71,6 +71,17 @@ def test_a_hang_times_out_and_each_rearm_restarts_the_clock():
         time.sleep(5)
 
 
+def test_with_no_room_for_the_watchdog_thread_the_alarm_still_guards(monkeypatch):
+    import threading
+
+    def no_thread(self):  # what an address-space cap does to a new thread's stack
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    with pytest.raises(UserCodeTimeout), guarded("my step", timeout_s=0.2):
+        time.sleep(5)
+
+
 def test_a_swallowed_timeout_is_raised_again():
     started = time.monotonic()
     with pytest.raises(UserCodeTimeout), guarded("my step", timeout_s=0.2):
