@@ -91,10 +91,9 @@ class _Watchdog:
         self.deadline = time.monotonic() + timeout_s
         self.done = threading.Event()
         thread = threading.Thread(target=self._watch, name="cs336-user-code-watchdog", daemon=True)
-        try:
+        # no room for a thread's stack (under --memory-limit after an OOM): the alarm alone guards
+        with contextlib.suppress(RuntimeError):
             thread.start()
-        except RuntimeError:  # no room for a thread's stack (under --memory-limit after an OOM): the alarm alone guards
-            pass
 
     def _watch(self) -> None:
         while not self.done.wait(1.0):
