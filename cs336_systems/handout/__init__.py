@@ -1,4 +1,4 @@
-"""`python -m cs336_systems.handout`: the CS336 assignment 2 (systems) handout in one command.
+"""python -m cs336_systems.handout: the CS336 assignment 2 (systems) handout in one command.
 
 problems.py maps each measurable problem of an edition to this project's tools with the handout's
 parameters; plan.py predicts each step's time and memory and fits the plan to the device and the

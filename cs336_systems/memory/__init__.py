@@ -1,4 +1,4 @@
-"""Memory: predicted before a run (estimate), measured per phase during it (measure).
+"""memory needed by a configuration: predicted before a run, measured per phase during it.
 
 The command line is cs336_systems.memory.cli (`python -m cs336_systems.memory`); it is
 not imported here, so importing the estimator never imports a CLI.

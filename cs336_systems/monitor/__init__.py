@@ -1,4 +1,4 @@
-"""Resource monitor: GPU, CPU, memory, network and disk of a run, sampled on one clock.
+"""GPU, CPU, memory, network and disk of a run, sampled on one clock.
 
   sampling.py  Sample, GpuProbe, ResourceMonitor
   files.py     CSV, plot, the run's JSON record, `monitored`, the --monitor flags every command shares
