@@ -257,14 +257,7 @@ def _first_jsonl_keys(path: Path) -> set[str] | None:
     if not path.exists() or path.stat().st_size == 0:
         return None
     with path.open() as handle:
-        line = handle.readline()
-    try:
-        first = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ResultFileError(f"{path}:1: not a JSON object ({exc.msg})") from None
-    if not isinstance(first, dict):
-        raise ResultFileError(f"{path}:1: not a JSON object")
-    return set(first)
+        return set(validate.jsonl_row(path, 1, handle.readline()))
 
 
 class MarkdownWriter:
