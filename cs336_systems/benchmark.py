@@ -26,19 +26,13 @@ from .benchmark_flags import (
 from .command import run_command
 from .config import COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
 from .device import DeviceError, resolve_device
-from .models import (
-    ATTENTION_KINDS,
-    SIZE_TABLES,
-    ConfigError,
-    ModelFactoryError,
-    count_parameters_for,
-    load_model_factory,
-)
+from .models import ATTENTION_KINDS, SIZE_TABLES, ConfigError, count_parameters_for
 from .monitor import MonitorPathError, add_monitor_arguments, check_monitor_arguments, monitored
 from .optimizer import OptimizerFactoryError, load_optimizer_factory
 from .precision import PRECISIONS
 from .results import BenchmarkRecord, ResultFileError, ResultSink, ResultWriteError, check_output_paths
 from .runner import run_benchmark
+from .user_model import ModelFactoryError, load_model_factory
 from .usercode import DEFAULT_TIMEOUT_S, timeout_seconds
 
 PROG = "python -m cs336_systems.benchmark"

@@ -19,9 +19,10 @@ import sys
 from .child import failed_record
 from .device import failure_status, release_memory, resolve_device
 from .memory import current_memory_bytes
-from .models import ModelFactoryError, build_model, check_model_output, count_parameters_for
+from .models import build_model, count_parameters_for
 from .runner import run_benchmark
 from .sweep import sweep_main
+from .user_model import ModelFactoryError, check_model_output
 from .usercode import UserCodeError, UserCodeTimeout, guarded
 
 PROG = "python -m cs336_systems.benchmark_direct"

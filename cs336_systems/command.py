@@ -42,7 +42,7 @@ def run_command(prog: str, run: Callable[[], int]) -> int:
               file=sys.stderr)  # fmt: skip
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except OSError as exc:
-        from .results.files import ResultWriteError  # pandas: only when a write failed
+        from .results.errors import ResultWriteError  # pandas: only when a write failed
 
         if not isinstance(exc, ResultWriteError):
             raise

@@ -31,7 +31,7 @@ from .benchmark import config_from_args
 from .child import add_child_arguments, child_limits_from_args, run_in_child
 from .config import BenchmarkConfig
 from .device import DeviceError, resolve_device
-from .models import ConfigError, ModelFactoryError, load_model_factory
+from .models import ConfigError
 from .monitor import check_monitor_arguments, monitored
 from .optimizer import load_optimizer_factory
 from .results import (
@@ -45,6 +45,7 @@ from .results import (
 )
 from .search import search_boundary
 from .sweep import StopRequest, describe
+from .user_model import ModelFactoryError, load_model_factory
 
 PROG = "python -m cs336_systems.find_max"
 DIMENSIONS = {"batch-size": "batch_size", "context-length": "context_length"}

@@ -1,4 +1,4 @@
-"""The CS336 Transformer LM, its table of named sizes, and loading a user's own model.
+"""The CS336 Transformer LM and its table of named sizes; `build_model` builds it or a user's own (user_model.py).
 
 Architecture (CS336 assignment 2): pre-norm blocks, RMSNorm computed in fp32,
 causal multi-head self-attention with RoPE, SwiGLU feed-forward, no biases,
@@ -7,11 +7,9 @@ untied embedding and LM head, final RMSNorm.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import inspect
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,8 +19,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from . import nvtx
-from .loading import load_callable
-from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeTimeout
+from .user_model import FACTORY_KEYWORDS, ModelFactoryError, build_user_model
+from .usercode import UserCodeTimeout
 
 ATTENTION_KINDS = ("naive", "sdpa")
 DEFAULT_VOCAB_SIZE = 10_000
@@ -63,10 +61,6 @@ MODEL_LIMITS = {"d_model": 2**20, "d_ff": 2**22, "num_layers": 2**14, "num_heads
 
 class ConfigError(ValueError):
     """A model shape or option the user asked for that cannot be built."""
-
-
-class ModelFactoryError(RuntimeError):
-    """A user's --model-factory that cannot be imported, called or used."""
 
 
 def size_table(edition: str) -> dict[str, dict[str, int]]:
@@ -171,15 +165,7 @@ class ModelConfig:
 
     def factory_kwargs(self) -> dict:
         """The keyword arguments a user's --model-factory callable receives."""
-        return dict(
-            vocab_size=self.vocab_size,
-            context_length=self.context_length,
-            d_model=self.d_model,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            d_ff=self.d_ff,
-            rope_theta=self.rope_theta,
-        )
+        return {name: getattr(self, name) for name in FACTORY_KEYWORDS}
 
     def check_context(self, requested: int, what: str | None = None) -> None:
         """Refuse a sequence longer than the model was built for (RoPE tables, masks)."""
@@ -392,70 +378,10 @@ class TransformerLM(nn.Module):
         return self.lm_head(self.ln_final(x))
 
 
-@contextlib.contextmanager
-def parameters_in(model: nn.Module, dtype: torch.dtype | None) -> Iterator[nn.Module]:
-    """The model's parameters (not its buffers: RoPE's tables stay fp32) in `dtype` for the
-    duration, float32 again afterwards (a reused model is left as it came). None: unchanged."""
-    if dtype is None:
-        yield model
-        return
-    params = list(model.parameters())
-    with torch.no_grad():
-        for p in params:
-            p.data = p.data.to(dtype)
-    try:
-        yield model
-    finally:
-        with torch.no_grad():
-            for p in params:
-                p.grad = None
-                p.data = p.data.float()
-
-
 def _run_blocks(blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
     for block in blocks:
         x = block(x)
     return x
-
-
-# what ModelConfig.factory_kwargs gives a factory
-FACTORY_KEYWORDS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")
-# other spellings of a keyword in students' constructors (the handout's model says rope_theta)
-FACTORY_SYNONYMS = {"theta": "rope_theta", "rope_theta": "theta"}
-
-
-def factory_keywords(factory: Callable, keywords: dict, spec: str) -> dict:
-    """`keywords` as the factory's signature names them: its own parameters only, a documented
-    synonym where it spells one differently (theta for rope_theta). A parameter without a default
-    that none of them fills is a ModelFactoryError naming it. All of them when the signature
-    takes **kwargs or cannot be read."""
-    try:
-        parameters = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return keywords
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return keywords
-    given = {}
-    for name, parameter in parameters.items():
-        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.POSITIONAL_ONLY):
-            continue
-        source = name if name in keywords else FACTORY_SYNONYMS.get(name)
-        if source in keywords:
-            given[name] = keywords[source]
-        elif parameter.default is inspect.Parameter.empty:
-            raise ModelFactoryError(
-                f"--model-factory {spec}: cannot fill its parameter {name!r}; it is given "
-                f"{', '.join(keywords)} (theta = rope_theta); give {name!r} a default or wrap the callable"
-            )
-    return given
-
-
-def load_model_factory(spec: str, import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S) -> Callable[..., nn.Module]:
-    """Resolve 'package.module:callable' (the callable may be a dotted attribute path); a parameter
-    it has that no keyword fills is an error now, before any model is built."""
-    factory = load_callable(spec, "--model-factory", ModelFactoryError, import_timeout_s)
-    factory_keywords(factory, dict.fromkeys(FACTORY_KEYWORDS), spec)
-    return factory
 
 
 def build_model(
@@ -468,22 +394,10 @@ def build_model(
         raise ModelFactoryError("--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model")
     if model_factory is not None and config.fused_projections:
         raise ModelFactoryError("--fused-projections changes the built-in model's projections; not a --model-factory model's")
-    with torch.device(device):
-        if model_factory is None:
+    if model_factory is None:
+        with torch.device(device):
             return TransformerLM(config)
-        factory = load_model_factory(model_factory)
-        keywords = factory_keywords(factory, config.factory_kwargs(), model_factory)
-        try:
-            model = factory(**keywords)
-        except (torch.OutOfMemoryError, MemoryError, UserCodeTimeout):
-            raise
-        except Exception as exc:
-            raise ModelFactoryError(f"--model-factory {model_factory} raised {type(exc).__name__}: {exc}") from exc
-    if not isinstance(model, nn.Module):
-        raise ModelFactoryError(
-            f"--model-factory {model_factory} returned {type(model).__name__}, expected a torch.nn.Module"
-        )
-    return model.to(device)
+    return build_user_model(model_factory, config.factory_kwargs(), device)
 
 
 def count_parameters_for(config: ModelConfig, model_factory: str | None = None) -> int | None:
@@ -499,23 +413,3 @@ def count_parameters_for(config: ModelConfig, model_factory: str | None = None) 
         raise
     except Exception:  # a user's model need not support the meta device
         return None
-
-
-def check_model_output(model: nn.Module, config: ModelConfig, device: torch.device | str, label: str) -> None:
-    """One tiny forward pass: the model must map int64 (B, T) tokens to (B, T, V) logits."""
-    seq_len = min(8, config.context_length)
-    tokens = torch.randint(0, config.vocab_size, (2, seq_len), device=device)
-    try:
-        with torch.inference_mode():
-            out = model(tokens)
-    except (torch.OutOfMemoryError, MemoryError, UserCodeTimeout):
-        raise
-    except Exception as exc:
-        raise ModelFactoryError(f"{label} failed on int64 tokens of shape (2, {seq_len}): {exc}") from exc
-    expected = (2, seq_len, config.vocab_size)
-    if not isinstance(out, torch.Tensor):
-        raise ModelFactoryError(f"{label} returned {type(out).__name__}, expected a logits tensor of shape {expected}")
-    if tuple(out.shape) != expected or not out.is_floating_point():
-        raise ModelFactoryError(
-            f"{label} returned {out.dtype} logits of shape {tuple(out.shape)}, expected floating (B, T, V) = {expected}"
-        )

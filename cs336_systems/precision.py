@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 
 @dataclass(frozen=True)
@@ -165,3 +166,23 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
 
 def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
     return torch.amp.GradScaler(device.type) if PRECISION_TABLE[precision].grad_scaler else None
+
+
+@contextlib.contextmanager
+def parameters_in(model: nn.Module, dtype: torch.dtype | None) -> Iterator[nn.Module]:
+    """The model's parameters (not its buffers: RoPE's tables stay fp32) in `dtype` for the
+    duration, float32 again afterwards (a reused model is left as it came). None: unchanged."""
+    if dtype is None:
+        yield model
+        return
+    params = list(model.parameters())
+    with torch.no_grad():
+        for p in params:
+            p.data = p.data.to(dtype)
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            for p in params:
+                p.grad = None
+                p.data = p.data.float()

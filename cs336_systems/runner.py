@@ -24,17 +24,11 @@ from .device import (
 )
 from .flops import flops_per_step, mfu, resolve_peak
 from .memory import PhaseMemory, current_memory_bytes, estimate_memory, step_peak
-from .models import (
-    ModelFactoryError,
-    build_model,
-    check_model_output,
-    count_parameters,
-    count_parameters_for,
-    parameters_in,
-)
+from .models import build_model, count_parameters, count_parameters_for
 from .optimizer import OptimizerFactoryError, make_optimizer, optimizer_name
 from .precision import (
     cpu_has_native,
+    parameters_in,
     precision_mode,
     unsupported_reason,
 )
@@ -51,6 +45,7 @@ from .timing import (
     make_timer,
     time_steps,
 )
+from .user_model import ModelFactoryError, check_model_output
 from .usercode import DEFAULT_TIMEOUT_S, UserCodeError, UserCodeTimeout, guarded
 
 OPTIMIZER_STATE_NOTE = "first measured step includes creating the AdamW state (no warmup step ran before it)"

@@ -17,8 +17,8 @@ from torch import nn
 
 from . import cuda_graphs
 from .config import PASS_TYPES, BenchmarkConfig
-from .models import ModelFactoryError
 from .precision import autocast, grad_scaler
+from .user_model import ModelFactoryError
 
 CUDA_GRAPH_NOTE = (
     f"CUDA graph replays, captured after {cuda_graphs.CAPTURE_WARMUP_ITERS} eager iterations; "

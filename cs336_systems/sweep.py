@@ -25,7 +25,7 @@ from .argtypes import EXIT_FAILED, EXIT_INTERRUPTED, ArgumentParser, exit_status
 from .child import add_child_arguments, child_limits_from_args
 from .config import COMPILE_CHOICES, COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
 from .device import DeviceError, resolve_device
-from .models import ATTENTION_KINDS, ConfigError, ModelFactoryError, load_model_factory
+from .models import ATTENTION_KINDS, ConfigError
 from .monitor import add_monitor_arguments, check_monitor_arguments, monitored
 from .optimizer import load_optimizer_factory
 from .precision import PRECISIONS
@@ -38,6 +38,7 @@ from .results import (
     collect_environment,
     read_results,
 )
+from .user_model import ModelFactoryError, load_model_factory
 
 
 def add_grid_arguments(parser: argparse.ArgumentParser) -> None:

@@ -29,7 +29,7 @@ from cs336_systems.argtypes import fail, non_negative_int  # noqa: E402
 from cs336_systems.benchmark import build_parser, config_from_args  # noqa: E402
 from cs336_systems.child import ChildLimits, run_in_child  # noqa: E402
 from cs336_systems.device import DeviceError, resolve_device  # noqa: E402
-from cs336_systems.models import ConfigError, ModelFactoryError, load_model_factory  # noqa: E402
+from cs336_systems.models import ConfigError  # noqa: E402
 from cs336_systems.results import (  # noqa: E402
     ResultFileError,
     ResultSink,
@@ -38,6 +38,7 @@ from cs336_systems.results import (  # noqa: E402
 from cs336_systems.results.markdown import environment_lines  # noqa: E402
 from cs336_systems.stats import summarize  # noqa: E402
 from cs336_systems.sweep import describe  # noqa: E402
+from cs336_systems.user_model import ModelFactoryError, load_model_factory  # noqa: E402
 
 PROG = "python scripts/warmup_study.py"
 RESULTS = Path(__file__).resolve().parent.parent / "results"

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _flag_tables():
-    spec = importlib.util.spec_from_file_location("flag_tables", ROOT / "scripts" / "flag_tables.py")
+    spec = importlib.util.spec_from_file_location("flag_tables", ROOT / "scripts" / "dev" / "flag_tables.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -13,8 +13,9 @@ from cs336_systems.config import IDENTITY_FIELDS, BenchmarkConfig
 from cs336_systems.flops import analytic_flops_per_step
 from cs336_systems.identity import row_key
 from cs336_systems.memory import estimate_memory
-from cs336_systems.models import ModelConfig, build_model, parameters_in
+from cs336_systems.models import ModelConfig, build_model
 from cs336_systems.optimizer import MasterWeights, make_optimizer
+from cs336_systems.precision import parameters_in
 from cs336_systems.results import BenchmarkRecord
 from cs336_systems.results.markdown import row_label
 from tests.conftest import TINY_SHAPE, run_main, tiny_benchmark_config, tiny_model_config

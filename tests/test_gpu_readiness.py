@@ -182,7 +182,7 @@ def test_nsys_missing_is_one_line(tmp_path):
 
 def test_gpu_selfcheck_runs_on_a_cpu_and_says_what_it_skipped(tmp_path):
     output = tmp_path / "check.md"
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_selfcheck.py"), "--device", "cpu",
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "checks" / "gpu_selfcheck.py"), "--device", "cpu",
                            "--no-compile", "--output", str(output)],
                           capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr

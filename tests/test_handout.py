@@ -9,8 +9,9 @@ import pandas as pd
 import pytest
 
 from cs336_systems.handout import cli, run
+from cs336_systems.handout.parameters import FULL, PROBLEMS, Options
 from cs336_systems.handout.plan import fit_budget, parse_duration, total_seconds
-from cs336_systems.handout.problems import FULL, PROBLEMS, Options, build_steps
+from cs336_systems.handout.problems import build_steps
 from cs336_systems.handout.target import assumed_target
 
 H100 = "H100 80GB"

@@ -5,17 +5,15 @@ from cs336_systems.models import (
     MODEL_SIZES,
     ConfigError,
     ModelConfig,
-    ModelFactoryError,
     TransformerLM,
     build_model,
-    check_model_output,
     count_parameters,
     count_parameters_for,
     formula_num_params,
-    load_model_factory,
     naive_causal_attention,
     sdpa_causal_attention,
 )
+from cs336_systems.user_model import ModelFactoryError, check_model_output, load_model_factory
 from tests.conftest import tiny_model_config
 
 # docs/reference.md section 1, V = 10,000

@@ -344,7 +344,7 @@ def test_train_with_probe_writes_its_outputs(tmp_path):
 
 def test_bench_probe_overhead_writes_its_outputs(tmp_path):
     csv, md = tmp_path / "o.csv", tmp_path / "o.md"
-    done = run_script("scripts/bench_probe_overhead.py", "--steps", "200", "--repeats", "1",
+    done = run_script("scripts/checks/bench_probe_overhead.py", "--steps", "200", "--repeats", "1",
                       "--output", str(csv), "--output", str(md))  # fmt: skip
     assert done.returncode in (0, 1), done.stderr  # 1: over the target on a loaded machine
     frame = read_results(csv)
@@ -353,8 +353,8 @@ def test_bench_probe_overhead_writes_its_outputs(tmp_path):
         list(frame["overhead_ms_per_step"]), abs=5e-4
     )
     assert (frame["passed"] == (frame["overhead_ms_per_step"] < 0.1)).all()
-    assert run_script("scripts/bench_probe_overhead.py", "--steps", "0").returncode == 2
-    refused = run_script("scripts/bench_probe_overhead.py", "--output", str(tmp_path / "o.txt"))
+    assert run_script("scripts/checks/bench_probe_overhead.py", "--steps", "0").returncode == 2
+    refused = run_script("scripts/checks/bench_probe_overhead.py", "--output", str(tmp_path / "o.txt"))
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "suffix" in refused.stderr
 
 

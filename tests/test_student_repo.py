@@ -21,8 +21,8 @@ from cs336_systems.attention_bench.implementations import heads_in_batch
 from cs336_systems.attention_bench.measure import _check_ignores_causal, _Phase
 from cs336_systems.ddp_bench.accounting import measured_sharding
 from cs336_systems.loading import repo_paths
-from cs336_systems.models import FACTORY_KEYWORDS, FACTORY_SYNONYMS, ModelFactoryError, factory_keywords
 from cs336_systems.tools import discover
+from cs336_systems.user_model import FACTORY_KEYWORDS, FACTORY_SYNONYMS, ModelFactoryError, factory_keywords
 from tests.conftest import FIXTURES, REPO, TINY_SHAPE, tiny_model_config
 
 STUDENT = FIXTURES / "student_repo"

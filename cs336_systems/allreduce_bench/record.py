@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from ..distributed import GroupResult, max_over_ranks, oversubscription_note
 from ..results import Environment, Record, Timing, fill_timing, identity_field, samples_field
+from ..results.records import MARKDOWN_TIMING
 from ..stats import summarize
 from .worker import BYTES_PER_ELEMENT, DTYPE, AllReduceUnit
 
@@ -40,12 +41,7 @@ class AllReduceRecord(Timing, Record):
         "size",
         "size_bytes",
         "status",
-        "mean_ms",
-        "std_ms",
-        "cv_pct",
-        "median_ms",
-        "p10_ms",
-        "p90_ms",
+        *MARKDOWN_TIMING,
         "algbw_gbps",
         "busbw_gbps",
         "threads_per_rank",

@@ -19,10 +19,11 @@ from ..command import add_argument_with_aliases, run_command
 from ..config import BenchmarkConfig
 from ..distributed import LaunchError
 from ..distributed.driver import add_launch_arguments, launch_from_args, run_rows
-from ..models import ATTENTION_KINDS, MODEL_SIZES, ConfigError, ModelFactoryError, load_model_factory
+from ..models import ATTENTION_KINDS, MODEL_SIZES, ConfigError
 from ..optimizer import OptimizerFactoryError, load_optimizer_factory
 from ..precision import PRECISIONS, unsupported_reason
 from ..results import ResultFileError, ResultSink, check_output_paths
+from ..user_model import ModelFactoryError, load_model_factory
 from .record import (
     DdpRecord,
     attach_baseline,

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from ..argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser, fail
 from ..command import run_command
+from .parameters import ALL_PROBLEMS, EDITIONS, PROBLEMS, SCALES, Options
 from .plan import fit_budget, format_seconds, parse_duration, total_seconds
-from .problems import ALL_PROBLEMS, EDITIONS, PROBLEMS, SCALES, Options, build_steps
+from .problems import build_steps
 from .run import LOGS, PLAN_FILE, execute, plan_table
 from .target import Target, TargetError, assumed_target, present_target
 
@@ -70,7 +71,7 @@ def _check_loadable(args: argparse.Namespace) -> None:
 
         load_adapters(args.adapters)
     if args.model_factory:
-        from ..models import load_model_factory
+        from ..user_model import load_model_factory
 
         load_model_factory(args.model_factory)
     if args.optimizer:
@@ -83,7 +84,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from ..adapters import AdapterError
     from ..device import DeviceError
     from ..loading import LoadError
-    from ..models import ConfigError, ModelFactoryError
+    from ..models import ConfigError
+    from ..user_model import ModelFactoryError
 
     try:
         problems = args.problems or list(PROBLEMS[args.edition])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..argtypes import EXIT_FAILED, ArgumentParser, fail, non_negative_int, positive_float
 from ..lifetime import child_preexec
-from ..results.files import ResultWriteError
+from ..results.errors import ResultWriteError
 from .files import MonitorPathError, SampleCsvWriter, check_monitor_path, report_text, write_report
 from .sampling import DEFAULT_INTERVAL_S, GpuProbe, ResourceMonitor
 

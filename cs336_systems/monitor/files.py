@@ -14,14 +14,9 @@ from pathlib import Path
 
 from ..argtypes import positive_float
 from ..identity import identity_field
-from ..results.files import (
-    ResultFileError,
-    ResultWriteError,
-    append_line,
-    check_distinct,
-    check_output_path,
-    write_whole,
-)
+from ..results.errors import ResultFileError, ResultWriteError
+from ..results.files import append_line, write_whole
+from ..results.paths import check_distinct, check_output_path
 from ..results.records import Record
 from .sampling import (
     DEFAULT_INTERVAL_S,

@@ -3,7 +3,8 @@
 environment.py  where a row was measured (device, versions, commit)
 records.py      the base Record, timing columns, BenchmarkRecord
 markdown.py     drawing rows as Markdown / a console table
-files.py        ResultSink (one for every tool): checked paths, locks, whole-line writes
+paths.py        output paths checked before any work starts
+files.py        ResultSink (one for every tool): locks, whole-line writes
 readers.py      reading result files back (old files read as today's rows)
 
 Here: what other packages use; the rest is imported from its module.
@@ -11,15 +12,9 @@ Here: what other packages use; the rest is imported from its module.
 
 from ..identity import identity_field
 from .environment import ENVIRONMENT_FIELDS, Environment, collect_environment
-from .files import (
-    ResultFileError,
-    ResultSink,
-    ResultWriteError,
-    check_distinct,
-    check_output_path,
-    check_output_paths,
-    write_whole,
-)
+from .errors import ResultFileError, ResultWriteError
+from .files import ResultSink, write_whole
+from .paths import check_distinct, check_output_path, check_output_paths
 from .readers import read_results
 from .records import BenchmarkRecord, Record, Timing, fill_timing, samples_field, timing_columns
 

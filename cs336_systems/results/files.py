@@ -2,7 +2,7 @@
 `write` of a complete line); a Markdown file is a rendering, rewritten whole after every row.
 One `ResultSink` writes every tool's records; the record type supplies the columns and the
 Markdown view. The sink holds an exclusive lock on each output for its whole life, so two
-runs never interleave rows or write a header twice.
+runs never interleave rows or write a header twice. The paths are checked first (paths.py).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Protocol
 
 from . import validate
 from .errors import ResultFileError, ResultWriteError
+from .paths import TEMP_SUFFIX, check_output_paths, lock_path
 from .records import BenchmarkRecord
 
-OUTPUT_SUFFIXES = (".csv", ".md", ".jsonl")
 # Tests inject faults through this variable: "enospc@N" makes the Nth row write fail half
 # written with ENOSPC; "kill@N" SIGKILLs the process right after the Nth row write.
 FAULT_ENV = "CS336_SYSTEMS_FAULT"
@@ -41,130 +41,6 @@ class ResultRecord(Protocol):
     def to_json(self) -> dict[str, object]:
         """The row plus raw samples: one JSONL line."""
         ...
-
-
-# -- checking paths before any work -------------------------------------------------------
-
-
-LOCK_PREFIX, LOCK_SUFFIX, TEMP_SUFFIX = ".", ".lock", ".tmp"  # .NAME.lock beside NAME; NAME.tmp for Markdown
-
-
-def lock_path(path: Path) -> Path:
-    """The lock sidecar of an output: resolved through the directory only, never through itself."""
-    return path.resolve().with_name(f"{LOCK_PREFIX}{path.name}{LOCK_SUFFIX}")
-
-
-def _refuse(flag: str, raw: object, why: str) -> ResultFileError:
-    return ResultFileError(f"{flag} {raw}: {why}")
-
-
-def _check_limits(path: Path, flag: str, raw: object) -> None:
-    """The name and the path fit the filesystem's limits with the sidecar's extra characters."""
-    extra = len(LOCK_PREFIX) + len(LOCK_SUFFIX)
-    name_max, path_max = 255, 4096  # POSIX's usual values, for a directory we cannot ask
-    for parent in path.absolute().parents:  # the nearest directory that exists knows its filesystem's limits
-        try:
-            name_max, path_max = os.pathconf(parent, "PC_NAME_MAX"), os.pathconf(parent, "PC_PATH_MAX")
-            break
-        except OSError:
-            continue
-    if len(os.fsencode(str(path.absolute()))) + extra >= path_max:
-        raise _refuse(flag, str(raw)[:60] + "...", f"path too long ({len(os.fsencode(str(path.absolute())))} bytes; "
-                      f"at most {path_max - extra - 1} here)")  # fmt: skip
-    for part in path.absolute().parent.parts:
-        if len(os.fsencode(part)) > name_max:
-            raise _refuse(flag, str(raw)[:60] + "...", f"a directory name is too long ({len(os.fsencode(part))} "
-                          f"bytes; at most {name_max})")  # fmt: skip
-    if len(os.fsencode(path.name)) + extra > name_max:
-        raise _refuse(flag, str(raw)[:60] + "...", f"file name too long ({len(os.fsencode(path.name))} bytes; at most "
-                      f"{name_max - extra} here, leaving room for its lock file)")  # fmt: skip
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "is a directory, give a file name"
-    if stat.S_ISFIFO(mode):
-        return "is a FIFO (named pipe), not a regular file: give a file name"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "is a device, not a regular file: give a file name"
-    return "is not a regular file: give a file name"
-
-
-def check_output_path(raw: str | Path, flag: str = "--output", suffixes: Sequence[str] | None = None) -> Path:
-    """A path we can write, checked before any work starts. Refused: a trailing slash, an
-    unknown suffix, a name or path past the filesystem's limits, a symbolic link (a planted
-    link would make us write through it into another file), a directory, a FIFO or device,
-    a parent that cannot be created, a directory we cannot write in (the lock file and the
-    Markdown temp file live there), a lock file that is not a regular file. Creates missing parents."""
-    if str(raw).endswith(("/", os.sep)):
-        raise _refuse(flag, raw, "ends in '/': give a file name, not a directory")
-    path = Path(raw)
-    if suffixes is not None and path.suffix not in suffixes:
-        raise _refuse(flag, raw, f"unknown suffix, use one of {', '.join(suffixes)}")
-    _check_limits(path, flag, raw)
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        mode = None
-    except OSError as exc:
-        raise _refuse(flag, raw, f"cannot write there ({exc.strerror})") from None
-    if mode is not None and stat.S_ISLNK(mode):
-        raise _refuse(flag, raw, f"is a symbolic link (to {os.readlink(path)}); give the file itself or a new name")
-    if mode is not None and not stat.S_ISREG(mode):
-        raise _refuse(flag, raw, _kind(mode))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise _refuse(flag, raw, f"cannot create its directory {path.parent} ({exc.strerror})") from None
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise _refuse(flag, raw, f"cannot write in its directory {path.parent} (its lock file goes there)")
-    try:
-        lock_mode = os.lstat(lock_path(path)).st_mode
-    except FileNotFoundError:
-        lock_mode = None
-    if lock_mode is not None and not stat.S_ISREG(lock_mode):
-        why = "a symbolic link" if stat.S_ISLNK(lock_mode) else "not a regular file"
-        raise _refuse(flag, raw, f"its lock file {lock_path(path).name} is {why}; remove it")
-    try:
-        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644))
-    except OSError as exc:
-        raise _refuse(flag, raw, f"cannot write there ({exc.strerror})") from None
-    if mode is None:
-        path.unlink()  # checked, not created: a failed run leaves no empty file behind
-    return path
-
-
-def same_file(a: Path, b: Path) -> bool:
-    """Two spellings of one file: the same resolved path, or hard links to one inode."""
-    if a.resolve() == b.resolve():
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def check_distinct(paths: Iterable[tuple[str, Path | None]]) -> None:
-    """Outputs of different flags (--output, --monitor, --summary) must be different files:
-    (flag, path) pairs, None paths skipped."""
-    items = [(flag, path) for flag, path in paths if path is not None]
-    for i, (flag, path) in enumerate(items):
-        for other_flag, other in items[i + 1 :]:
-            if same_file(path, other):
-                raise ResultFileError(f"{flag} {path} and {other_flag} {other} are the same file; give two files")
-
-
-def check_output_paths(paths: Iterable[str | Path], flag: str = "--output") -> list[Path]:
-    """Every result output checked (suffix, writable); a path given twice is used once; two
-    names of one file (hard links) are refused."""
-    checked: dict[Path, Path] = {}
-    for raw in paths:
-        path = check_output_path(raw, flag, OUTPUT_SUFFIXES)
-        for other in checked.values():
-            if path.resolve() != other.resolve() and same_file(path, other):
-                raise ResultFileError(f"{flag} {raw} and {flag} {other} are the same file (hard links); give two files")
-        checked.setdefault(path.resolve(), path)
-    return list(checked.values())
 
 
 # -- one writer per file ----------------------------------------------------------------
@@ -381,14 +257,7 @@ def _first_jsonl_keys(path: Path) -> set[str] | None:
     if not path.exists() or path.stat().st_size == 0:
         return None
     with path.open() as handle:
-        line = handle.readline()
-    try:
-        first = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ResultFileError(f"{path}:1: not a JSON object ({exc.msg})") from None
-    if not isinstance(first, dict):
-        raise ResultFileError(f"{path}:1: not a JSON object")
-    return set(first)
+        return set(validate.jsonl_row(path, 1, handle.readline()))
 
 
 class MarkdownWriter:

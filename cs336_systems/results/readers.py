@@ -11,7 +11,7 @@ import pandas as pd
 
 from . import validate
 from .errors import ResultFileError
-from .files import OUTPUT_SUFFIXES
+from .paths import OUTPUT_SUFFIXES
 
 
 def read_markdown(path: str | Path) -> pd.DataFrame:

@@ -47,6 +47,10 @@ def timing_names(prefix: str = "") -> tuple[str, ...]:
     return tuple(f"{prefix}{s}" if s == "cv_pct" else f"{prefix}{s}_ms" for s in TIMING_STATISTICS)
 
 
+# The statistics a Markdown table shows; min and max stay in the CSV and JSONL.
+MARKDOWN_TIMING = tuple(name for name in timing_names() if name not in ("min_ms", "max_ms"))
+
+
 def timing_columns(prefix: str = "") -> type:
     """A dataclass to mix into a record: the timing statistics' columns, named with `prefix`."""
     name = "".join(part.title() for part in prefix.split("_")) + "Timing"
@@ -204,12 +208,7 @@ class BenchmarkRecord(Timing, Record, BenchmarkIdentity):
         "attention",
         "device",
         "status",
-        "mean_ms",
-        "std_ms",
-        "cv_pct",
-        "median_ms",
-        "p10_ms",
-        "p90_ms",
+        *MARKDOWN_TIMING,
         "forward_ms",
         "backward_ms",
         "optimizer_ms",

@@ -101,18 +101,24 @@ def check_csv(path: Path, text: str) -> None:
         _check_numbers(path, number, dict(zip(header, cells, strict=True)))
 
 
+def jsonl_row(path: Path, number: int, line: str) -> dict:
+    """Line `number` of a JSONL file as the row it must be: a JSON object."""
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ResultFileError(f"{path}:{number}: damaged JSONL line ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise ResultFileError(f"{path}:{number}: a JSON {type(value).__name__}, not an object (a row)")
+    return value
+
+
 def check_jsonl(path: Path, text: str) -> None:
     """Every line is a JSON object with line 1's keys, numbers are numbers."""
     keys: set[str] | None = None
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ResultFileError(f"{path}:{number}: damaged JSONL line ({exc.msg})") from None
-        if not isinstance(value, dict):
-            raise ResultFileError(f"{path}:{number}: a JSON {type(value).__name__}, not an object (a row)")
+        value = jsonl_row(path, number, line)
         if keys is None:
             keys = set(value)
         elif set(value) != keys:

@@ -1,6 +1,6 @@
 """Do N processes compute N times as much as one? A CPU check behind ddp_bench's compute_slowdown.
 
-    python scripts/concurrent_matmul.py --processes 2 --trials 3
+    python scripts/checks/concurrent_matmul.py --processes 2 --trials 3
 
 Each trial: one process alone, then N processes at once, each running single-threaded
 float32 2048^3 matmuls for a fixed count; prints GFLOP/s per process. On a machine whose
@@ -47,7 +47,7 @@ def run(processes: int) -> list[float]:
 
 
 def main() -> None:
-    parser = ArgumentParser(prog="python scripts/concurrent_matmul.py", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python scripts/checks/concurrent_matmul.py", description=__doc__.split("\n")[0])
     parser.add_argument("--processes", type=positive_int, default=2)
     parser.add_argument("--trials", type=positive_int, default=3)
     args = parser.parse_args()

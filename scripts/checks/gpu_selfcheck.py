@@ -1,7 +1,7 @@
 """Is this machine ready for the GPU paths? About a minute on one GPU; on a CPU it runs what it can.
 
-    python scripts/gpu_selfcheck.py                       # writes results/gpu_selfcheck_<device>.md
-    python scripts/gpu_selfcheck.py --output check.md --no-compile
+    python scripts/checks/gpu_selfcheck.py                # writes results/checks/gpu_selfcheck_<device>.md
+    python scripts/checks/gpu_selfcheck.py --output check.md --no-compile
 
 Checks, each reported as ok, skipped (with why) or failed (with the error):
   versions           torch, CUDA, cuDNN, Triton, driver, nsys; the environment record of every row
@@ -40,7 +40,7 @@ from cs336_systems.results import collect_environment
 from cs336_systems.results.environment import ENVIRONMENT_FIELDS
 from cs336_systems.results.markdown import environment_lines
 
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "checks"  # the harness checking itself
 NSYS_PLACES = ("/usr/local/cuda/bin/nsys", "/opt/nvidia/nsight-systems", "/opt/nvidia/nsight-systems-cli")
 # The built-in model's head size at the handout's sizes (d_model / num_heads = 64 for all but 10B's 128).
 CHECK_MODEL = dict(d_model=256, d_ff=512, num_layers=2, num_heads=4, vocab_size=1000, context_length=128)
@@ -218,7 +218,7 @@ def run(device: torch.device, compile_too: bool) -> tuple[list[str], int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    parser.add_argument("--output", type=Path, help="Markdown file (default results/gpu_selfcheck_<device>.md)")
+    parser.add_argument("--output", type=Path, help="Markdown file (default results/checks/gpu_selfcheck_<device>.md)")
     parser.add_argument("--no-compile", dest="compile", action="store_false", help="skip the compiled region")
     args = parser.parse_args(argv)
     try:
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     output = args.output or RESULTS / f"gpu_selfcheck_{device.type}.md"
     lines, failures = run(device, args.compile)
-    command = " ".join(["python scripts/gpu_selfcheck.py", *(sys.argv[1:] if argv is None else argv)])
+    command = " ".join(["python scripts/checks/gpu_selfcheck.py", *(sys.argv[1:] if argv is None else argv)])
     header = [f"# GPU self-check ({device})", "", f"Command: `{command}`", ""]
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("\n".join(header + lines))

@@ -4,14 +4,14 @@
 # stage after another on a quiet machine (nothing else running: these are timings; the docs quote
 # them, so update the figures there after a run).
 #
-#   bash scripts/cpu_results.sh            # all stages, about an hour on 2 cores
-#   bash scripts/cpu_results.sh sweep ddp  # only the stages named
-#   bash scripts/cpu_results.sh --list     # the stages
+#   bash scripts/dev/cpu_results.sh            # all stages, about an hour on 2 cores
+#   bash scripts/dev/cpu_results.sh sweep ddp  # only the stages named
+#   bash scripts/dev/cpu_results.sh --list     # the stages
 #
 # Each stage removes its old files first (the tools never overwrite a result file).
-# Not here: results/gpu_sweep_h100.* and results/checks/*_cuda.* (scripts/gpu_session.sh on a GPU).
+# Not here: results/gpu_sweep_h100.* and results/checks/*_cuda.* (scripts/dev/gpu_session.sh on a GPU).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 py=${PYTHON:-python}
 r=results
 c=results/checks
@@ -39,13 +39,13 @@ stage() {
 
 run_stage() {
   case "$1" in
-    stability) stage stability $py scripts/cpu_stability.py --seconds 30 --output $c/cpu_stability.md ;;
-    timing) stage timing $py scripts/bench_timing.py --device cpu --output-dir $c ;;
-    model) stage model $py scripts/bench_model.py --device cpu --output-dir $c ;;
-    memory) stage memory $py scripts/memory_accuracy.py --device cpu --output-dir $c ;;
+    stability) stage stability $py scripts/checks/cpu_stability.py --seconds 30 --output $c/cpu_stability.md ;;
+    timing) stage timing $py scripts/checks/bench_timing.py --device cpu --output-dir $c ;;
+    model) stage model $py scripts/checks/bench_model.py --device cpu --output-dir $c ;;
+    memory) stage memory $py scripts/checks/memory_accuracy.py --device cpu --output-dir $c ;;
     probe_overhead)
       rm -f $c/probe_overhead_cpu.csv $c/probe_overhead_cpu.md
-      stage probe_overhead $py scripts/bench_probe_overhead.py --output $c/probe_overhead_cpu.csv --output $c/probe_overhead_cpu.md
+      stage probe_overhead $py scripts/checks/bench_probe_overhead.py --output $c/probe_overhead_cpu.csv --output $c/probe_overhead_cpu.md
       ;;
     bad_inputs) stage bad_inputs $py scripts/bad_inputs.py --output $c/bad_inputs.md ;;
     sweep)
@@ -85,7 +85,7 @@ run_stage() {
         --bucket-cap-mb 1 25 --d-model 256 --d-ff 1024 --num-layers 4 --num-heads 4 --context-length 128 \
         --batch-size 4 --output $r/ddp_gloo_cpu.csv --output $r/ddp_gloo_cpu.jsonl --output $r/ddp_gloo_cpu.md
       stage concurrent_matmul bash -o pipefail -c \
-        "$py scripts/concurrent_matmul.py --processes 2 --trials 3 | tee $c/concurrent_matmul_cpu.txt"
+        "$py scripts/checks/concurrent_matmul.py --processes 2 --trials 3 | tee $c/concurrent_matmul_cpu.txt"
       ;;
     ddp_strategies)
       rm -f $r/ddp_strategies_cpu.csv $r/ddp_strategies_cpu.jsonl $r/ddp_strategies_cpu.md
@@ -133,7 +133,7 @@ run_stage() {
         $r/probe_story_cpu.csv $r/monitor_captioning_cpu.csv $r/monitor_captioning_cpu.json \
         --output writeup/report.md --output writeup/report.pdf
       ;;
-    *) echo "scripts/cpu_results.sh: error: unknown stage '$1'" >&2; exit 2 ;;
+    *) echo "scripts/dev/cpu_results.sh: error: unknown stage '$1'" >&2; exit 2 ;;
   esac
 }
 
@@ -143,6 +143,6 @@ for name in "${stages[@]}"; do
   run_stage "$name"
 done
 if [ ${#failed[@]} -gt 0 ]; then
-  echo "scripts/cpu_results.sh: failed stages: ${failed[*]}" >&2
+  echo "scripts/dev/cpu_results.sh: failed stages: ${failed[*]}" >&2
   exit 1
 fi

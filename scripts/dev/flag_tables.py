@@ -5,7 +5,7 @@ it with one row per advertised flag (hidden aliases left out): spelling, default
 parser is caught where the tool's `main` hands it to `parse_args`, so every tool works however it
 builds its parser, and a flag added to a tool appears on the next `mkdocs build`.
 
-`python scripts/flag_tables.py cs336_systems.benchmark` prints one table.
+`python scripts/dev/flag_tables.py cs336_systems.benchmark` prints one table.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MARKER = re.compile(r"^<!-- flags: ([\w.]+) -->$", re.MULTILINE)
 
 

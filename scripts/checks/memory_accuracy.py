@@ -1,8 +1,8 @@
 """Predicted vs measured peak memory, and the 16 GiB laptop verdicts.
 
-    python scripts/memory_accuracy.py                 # CPU: results/checks/memory_accuracy_cpu.{csv,md}
-    python scripts/memory_accuracy.py --device cuda   # GPU: small..xl x context 128..1024
-    python scripts/memory_accuracy.py --fast-path     # CPU, the fast-path flags: results/checks/memory_accuracy_cpu_fast_path.*
+    python scripts/checks/memory_accuracy.py                 # CPU: results/checks/memory_accuracy_cpu.{csv,md}
+    python scripts/checks/memory_accuracy.py --device cuda   # GPU: small..xl x context 128..1024
+    python scripts/checks/memory_accuracy.py --fast-path     # CPU, the fast-path flags: results/checks/memory_accuracy_cpu_fast_path.*
 
 CPU: each configuration runs in a fresh process twice: with glibc returning freed memory
 (MALLOC_MMAP_THRESHOLD_ pinned, so RSS tracks live tensors: the accuracy figure) and with
@@ -34,7 +34,7 @@ from cs336_systems.results import collect_environment
 from cs336_systems.results.markdown import environment_lines
 from cs336_systems.runner import run_benchmark
 
-RESULTS = Path(__file__).resolve().parent.parent / "results" / "checks"  # the harness checking itself
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "checks"  # the harness checking itself
 GIB = 2**30
 CPU_CONFIGS = [
     # (label, model shape, batch, context, pass type, precision)
@@ -172,13 +172,13 @@ def main() -> int:
     device = resolve_device(args.device)
     if device.type == "cuda":
         rows = cuda_rows(device, args.sizes, args.contexts, args.pass_types, args.precision)
-        target, command = 10, f"python scripts/memory_accuracy.py --device {args.device}"
+        target, command = 10, f"python scripts/checks/memory_accuracy.py --device {args.device}"
     elif args.fast_path:
         rows = cpu_rows(FAST_PATH_CONFIGS, glibc_default=False)  # the accuracy figure only
-        target, command = 10, "python scripts/memory_accuracy.py --fast-path"
+        target, command = 10, "python scripts/checks/memory_accuracy.py --fast-path"
     else:
         rows = cpu_rows(CPU_CONFIGS)
-        target, command = 15, "python scripts/memory_accuracy.py"
+        target, command = 15, "python scripts/checks/memory_accuracy.py"
     frame = pd.DataFrame(rows)
     frame["within_target"] = frame["error_pct"].abs() <= target
     stem = args.output_dir / f"memory_accuracy_{device.type}{'_fast_path' if args.fast_path else ''}"

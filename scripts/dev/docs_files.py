@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mkdocs.structure.files import File, Files
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SERVED = ("results", "writeup")
 SUFFIXES = {".png", ".md", ".csv", ".jsonl", ".json", ".txt", ".pdf"}
 

@@ -1,7 +1,7 @@
 """Check the timing engine against known durations and torch.utils.benchmark.
 
-    python scripts/bench_timing.py                 # CPU, writes results/checks/bench_timing_cpu.{csv,md}
-    python scripts/bench_timing.py --device cuda   # also: synchronised vs unsynchronised vs CUDA events
+    python scripts/checks/bench_timing.py                 # CPU, writes results/checks/bench_timing_cpu.{csv,md}
+    python scripts/checks/bench_timing.py --device cuda   # also: synchronised vs unsynchronised vs CUDA events
 
 Checks, and the accuracy this harness promises for each:
   known-duration error  a sleep / spin of known length, timed by our loop: |median - true| / true < 2%
@@ -32,7 +32,7 @@ from cs336_systems.stats import summarize
 from cs336_systems.step import make_step
 from cs336_systems.timing import CudaEventTimer, HostTimer, device_synchronizer, time_steps
 
-RESULTS = Path(__file__).resolve().parent.parent / "results" / "checks"  # the harness checking itself
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "checks"  # the harness checking itself
 
 
 def spin(seconds: float) -> None:
@@ -197,7 +197,7 @@ def main() -> int:
         [
             f"# Timing engine self-benchmark ({device.type})",
             "",
-            f"Command: `python scripts/bench_timing.py --device {args.device}`",
+            f"Command: `python scripts/checks/bench_timing.py --device {args.device}`",
             "",
             table,
             "",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU checks run on a lent H100/H200 (device tool): bash scripts/gpu_session.sh PART
+# GPU checks run on a lent H100/H200 (device tool): bash scripts/dev/gpu_session.sh PART
 # Results go to $OUT (or results/ when $OUT is unset); each stage has its own time limit so
 # one slow stage cannot cost the others.
 set -u
@@ -15,8 +15,8 @@ case "${1:-}" in
     stage 330 $py -m cs336_systems.benchmark_direct --model-sizes small medium large xl 2.7B \
       --context-lengths 128 256 512 1024 --precisions fp32 bf16 --pass-types forward forward-backward \
       --output "$out/gpu_sweep_h100.csv" --output "$out/gpu_sweep_h100.md"
-    stage 150 $py scripts/memory_accuracy.py --device cuda --output-dir "$out/checks"
-    stage 60 $py scripts/bench_timing.py --device cuda --output-dir "$out/checks"
+    stage 150 $py scripts/checks/memory_accuracy.py --device cuda --output-dir "$out/checks"
+    stage 60 $py scripts/checks/bench_timing.py --device cuda --output-dir "$out/checks"
     stage 90 $py -m pytest -q tests/test_gpu.py 2>&1 | tail -25
     ;;
   extras)
@@ -32,7 +32,7 @@ for name, fn in [("memory_stats", lambda: torch.cuda.memory_stats()),
     for _ in range(1000): fn()
     print(f"{name}: {(time.perf_counter() - t) * 1e3:.1f} us per call")
 PY
-    stage 240 $py scripts/bench_model.py --device cuda --output-dir "$res"; pack
+    stage 240 $py scripts/checks/bench_model.py --device cuda --output-dir "$res"; pack
     stage 60 $py -m cs336_systems.benchmark_direct --model-sizes small medium --context-lengths 128 512 \
       --precisions bf16 --pass-types forward forward-backward --measure-steps 20 --output "$res/gpu_noise_host.jsonl"
     stage 60 $py -m cs336_systems.benchmark_direct --model-sizes small medium --context-lengths 128 512 \

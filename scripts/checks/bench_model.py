@@ -1,7 +1,7 @@
 """How fast is the built-in model? MFU against the machine, and time against HuggingFace Llama.
 
-    python scripts/bench_model.py                  # CPU: writes results/checks/bench_model_cpu.{csv,md}
-    python scripts/bench_model.py --device cuda    # GPU: + small..2.7B bf16 train-step, compiled
+    python scripts/checks/bench_model.py                  # CPU: writes results/checks/bench_model_cpu.{csv,md}
+    python scripts/checks/bench_model.py --device cuda    # GPU: + small..2.7B bf16 train-step, compiled
 
 CPU targets (this project's acceptance targets for the built-in model), forward-backward of d_model 1024, d_ff 2816, 4 layers, 16 heads,
 context 256, batch 4, fp32:
@@ -28,7 +28,7 @@ from cs336_systems.results.markdown import environment_lines
 from cs336_systems.runner import run_benchmark
 from cs336_systems.stats import summarize
 
-RESULTS = Path(__file__).resolve().parent.parent / "results" / "checks"  # the harness checking itself
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "checks"  # the harness checking itself
 HF_LLAMA = "cs336_systems.hf_models:llama"
 CPU_SHAPE = ModelConfig(d_model=1024, d_ff=2816, num_layers=4, num_heads=16, context_length=256)
 
@@ -144,7 +144,7 @@ def main() -> int:
         columns = ["check", "model", "num_params", "steps", "mean_ms", "cv_pct", "achieved_tflops", "mfu"]
         columns += ["peak_tflops", "peak_source", "target", "passed"]
         shape = "d_model 1024, d_ff 2816, 4 layers, 16 heads, context 256, batch 4, fp32, forward-backward"
-        lines += [f"Command: `python scripts/bench_model.py --rounds {args.rounds}`", "", f"Shape: {shape}.", ""]
+        lines += [f"Command: `python scripts/checks/bench_model.py --rounds {args.rounds}`", "", f"Shape: {shape}.", ""]
         lines.append(tabulate(frame[columns], headers="keys", tablefmt="github", showindex=False, floatfmt=".4g"))
         failed = bool(frame["passed"].eq(False).any())
     else:
@@ -153,7 +153,7 @@ def main() -> int:
         columns = ["model_size", "num_params", "compile", "status", "mean_ms", "cv_pct", "achieved_tflops", "mfu"]
         columns += ["peak_tflops", "peak_source", "compile_s"]
         lines += [
-            f"Command: `python scripts/bench_model.py --device {args.device} --compile-scope {args.compile_scope}`",
+            f"Command: `python scripts/checks/bench_model.py --device {args.device} --compile-scope {args.compile_scope}`",
             "",
             "bf16 autocast train-step (forward, backward, fused AdamW), context 512, batch 4, eager and "
             f"torch.compile (scope {args.compile_scope}).",

@@ -1,6 +1,6 @@
 """Is this machine steady enough to benchmark on? The same fixed matmul block, timed over and over.
 
-    python scripts/cpu_stability.py --seconds 60 --output results/checks/cpu_stability.md
+    python scripts/checks/cpu_stability.py --seconds 60 --output results/checks/cpu_stability.md
 
 A block is 20 fp32 1024^3 matmuls into a preallocated output: no allocation, no page
 faults, no I/O, so its time can only change if the CPU itself is taken away (other
@@ -47,7 +47,7 @@ def main() -> int:
     lines = [
         "# CPU stability",
         "",
-        f"Command: `python scripts/cpu_stability.py --seconds {args.seconds:g}`; {platform.node()}, "
+        f"Command: `python scripts/checks/cpu_stability.py --seconds {args.seconds:g}`; {platform.node()}, "
         f"{torch.get_num_threads()} threads, torch {torch.__version__}.",
         "",
         f"- blocks: {len(times)} of 20 fp32 1024^3 matmuls; {gflops(times.min()):.0f} GFLOP/s at the fastest block, "

@@ -1,6 +1,6 @@
 """The probe's own cost per step on a CPU (target: < 0.1 ms per step).
 
-    python scripts/bench_probe_overhead.py --output results/checks/probe_overhead_cpu.csv \\
+    python scripts/checks/bench_probe_overhead.py --output results/checks/probe_overhead_cpu.csv \\
         --output results/checks/probe_overhead_cpu.md
 
 An empty loop body, so whatever time the probed loop takes beyond the plain loop is the

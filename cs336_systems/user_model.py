@@ -1,0 +1,100 @@
+"""A user's own model behind --model-factory: loading the callable, fitting its keywords to the
+ones the harness gives, building it and checking what it returns."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from .loading import load_callable
+from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeTimeout
+
+
+class TokenShape(Protocol):
+    """What the output check reads of a ModelConfig (models.py imports this module, not the reverse)."""
+
+    vocab_size: int
+    context_length: int
+
+
+class ModelFactoryError(RuntimeError):
+    """A user's --model-factory that cannot be imported, called or used."""
+
+
+# what ModelConfig.factory_kwargs gives a factory
+FACTORY_KEYWORDS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")
+# other spellings of a keyword in students' constructors (the handout's model says rope_theta)
+FACTORY_SYNONYMS = {"theta": "rope_theta", "rope_theta": "theta"}
+
+
+def factory_keywords(factory: Callable, keywords: dict, spec: str) -> dict:
+    """`keywords` as the factory's signature names them: its own parameters only, a documented
+    synonym where it spells one differently (theta for rope_theta). A parameter without a default
+    that none of them fills is a ModelFactoryError naming it. All of them when the signature
+    takes **kwargs or cannot be read."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return keywords
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return keywords
+    given = {}
+    for name, parameter in parameters.items():
+        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.POSITIONAL_ONLY):
+            continue
+        source = name if name in keywords else FACTORY_SYNONYMS.get(name)
+        if source in keywords:
+            given[name] = keywords[source]
+        elif parameter.default is inspect.Parameter.empty:
+            raise ModelFactoryError(
+                f"--model-factory {spec}: cannot fill its parameter {name!r}; it is given "
+                f"{', '.join(keywords)} (theta = rope_theta); give {name!r} a default or wrap the callable"
+            )
+    return given
+
+
+def load_model_factory(spec: str, import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S) -> Callable[..., nn.Module]:
+    """Resolve 'package.module:callable' (the callable may be a dotted attribute path); a parameter
+    it has that no keyword fills is an error now, before any model is built."""
+    factory = load_callable(spec, "--model-factory", ModelFactoryError, import_timeout_s)
+    factory_keywords(factory, dict.fromkeys(FACTORY_KEYWORDS), spec)
+    return factory
+
+
+def build_user_model(spec: str, keywords: dict, device: torch.device | str) -> nn.Module:
+    """The factory `spec` called with the keywords its signature takes, on `device`."""
+    with torch.device(device):
+        factory = load_model_factory(spec)
+        try:
+            model = factory(**factory_keywords(factory, keywords, spec))
+        except (torch.OutOfMemoryError, MemoryError, UserCodeTimeout):
+            raise
+        except Exception as exc:
+            raise ModelFactoryError(f"--model-factory {spec} raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(model, nn.Module):
+        raise ModelFactoryError(f"--model-factory {spec} returned {type(model).__name__}, expected a torch.nn.Module")
+    return model.to(device)
+
+
+def check_model_output(model: nn.Module, config: TokenShape, device: torch.device | str, label: str) -> None:
+    """One tiny forward pass: the model must map int64 (B, T) tokens to (B, T, V) logits."""
+    seq_len = min(8, config.context_length)
+    tokens = torch.randint(0, config.vocab_size, (2, seq_len), device=device)
+    try:
+        with torch.inference_mode():
+            out = model(tokens)
+    except (torch.OutOfMemoryError, MemoryError, UserCodeTimeout):
+        raise
+    except Exception as exc:
+        raise ModelFactoryError(f"{label} failed on int64 tokens of shape (2, {seq_len}): {exc}") from exc
+    expected = (2, seq_len, config.vocab_size)
+    if not isinstance(out, torch.Tensor):
+        raise ModelFactoryError(f"{label} returned {type(out).__name__}, expected a logits tensor of shape {expected}")
+    if tuple(out.shape) != expected or not out.is_floating_point():
+        raise ModelFactoryError(
+            f"{label} returned {out.dtype} logits of shape {tuple(out.shape)}, expected floating (B, T, V) = {expected}"
+        )
