@@ -169,8 +169,8 @@ def _measure(
                 step()
             losses.append(step.loss.detach().clone())  # the replay's static output
         synchronize()
-        if losses and not torch.isfinite(losses[-1]).item():
-            notes.append(NONFINITE_LOSS_NOTE)
+        if losses and not torch.isfinite(losses[-1]).item():  # the model computes garbage: its row says so
+            record.status, record.error = "wrong", f"{NONFINITE_LOSS_NOTE} after the measured steps (times kept)"
         profile = None
         if config.profile_step:
             profile = profile_step(step, device, synchronize, step_ms=summarize(times.measured_ms).median, clock=clock)

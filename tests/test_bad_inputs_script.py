@@ -35,6 +35,17 @@ def test_a_stale_environment_must_be_named():
     assert not outcome(case, "prog: error: --backend gloo\n").passed
 
 
+
+def test_only_the_openmp_runtimes_own_warning_is_left_out_and_only_for_a_bad_omp_num_threads():
+    case = bad_inputs.Env([], {"OMP_NUM_THREADS": "lots"}, "OMP_NUM_THREADS")
+    ours = "prog: error: environment variable OMP_NUM_THREADS='lots' is not an integer\n"
+    warning = "\nlibgomp: Invalid value for environment variable OMP_NUM_THREADS\n"
+    assert outcome(case, warning + ours).passed
+    assert not outcome(case, warning + "prog: progress\n" + ours).passed  # a second line of ours still fails
+    stale = bad_inputs.Env([], {"RANK": "5", "WORLD_SIZE": "2"}, "RANK")
+    assert not outcome(stale, warning + "prog: error: RANK 5 is not below WORLD_SIZE 2\n").passed
+
+
 def test_a_hostile_code_case_passes_on_its_documented_row_or_a_refusal():
     case = bad_inputs.Row(["--model-factory", "hostile.models:exits"], ("error",))
     assert outcome(case, "1 error row\n", returncode=1, statuses=["error"]).passed

@@ -201,7 +201,8 @@ def test_cli_json(capsys):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--device-memory", "lots"], "not a size: 'lots'"),
+        (["--device-memory", "lots"], "argument --device-memory: not a size: 'lots'"),
+        (["--device-memory", "0.5"], "argument --device-memory: size must be at least one byte"),
         (["--find-max", "batch-size"], "--find-max needs --device-memory"),
         (["--model-size", "giant"], "unknown model size"),
         (["--context-length", "0"], "must be a positive integer"),

@@ -296,8 +296,10 @@ def test_sizes_under_one_byte_and_a_nan_timeout_are_refused(capsys):
     with pytest.raises(ValueError, match="at least one byte"):
         parse_bytes("0.5")
     assert parse_bytes("1") == 1
-    assert memory_main(["--device-memory", "0.5"]) == 2
-    assert "at least one byte" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        memory_main(["--device-memory", "0.5"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--device-memory: size must be at least one byte" in err and _one_line_error(err)
     for value in ("nan", "inf", "1e20"):
         with pytest.raises(SystemExit) as exit_info:
             run_benchmarks.main([*GRID, "--timeout", value])
@@ -330,7 +332,7 @@ def test_lock_file_holds_the_pid(tmp_path):
         assert (tmp_path / ".r.jsonl.lock").read_text().strip() == str(os.getpid())
 
 
-def test_a_nan_loss_gets_a_note_in_its_row():
+def test_a_nan_loss_makes_its_row_wrong():
     import torch
 
     from cs336_systems.models import build_model
@@ -340,8 +342,8 @@ def test_a_nan_loss_gets_a_note_in_its_row():
     with torch.no_grad():
         next(model.parameters()).fill_(float("nan"))
     record = run_benchmark(config, model=model)
-    assert record.status == "ok" and NONFINITE_LOSS_NOTE in record.notes
-    assert NONFINITE_LOSS_NOTE not in (run_benchmark(config).notes or "")
+    assert record.status == "wrong" and NONFINITE_LOSS_NOTE in record.error and record.median_ms is not None
+    assert run_benchmark(config).status == "ok"
 
 
 def test_a_full_disk_in_the_single_benchmark_is_one_line_exit_1(tmp_path, capsys, fault):

@@ -11,7 +11,7 @@ import json
 from tabulate import tabulate
 
 from ..anomalies import fast_path_flags
-from ..argtypes import ArgumentParser, fail, positive_int
+from ..argtypes import ArgumentParser, byte_size, fail, positive_int
 from ..benchmark_flags import (
     add_checkpoint_argument,
     add_shape_arguments,
@@ -20,7 +20,7 @@ from ..benchmark_flags import (
 from ..config import PARAM_DTYPES, PASS_TYPES
 from ..models import ATTENTION_KINDS, ConfigError
 from ..precision import PRECISIONS
-from ..units import format_bytes, parse_bytes
+from ..units import format_bytes
 from .estimate import FIND_MAX_LIMIT, MemoryEstimate, estimate_memory, find_max_by_prediction
 
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
     parser.add_argument("--device-type", "--device", choices=("cuda", "cpu"), default="cuda",
                         help="the device the estimate is for (cuda)")  # fmt: skip
-    parser.add_argument("--device-memory", help="e.g. 16GiB, 80GB: gives a fits / does not fit verdict")
+    parser.add_argument("--device-memory", type=byte_size, help="e.g. 16GiB, 80GB: gives a fits / does not fit verdict")
     parser.add_argument("--first-step", action="store_true", help="the first train-step (no optimizer state yet)")
     parser.add_argument("--grad-accum-steps", type=positive_int, default=1, metavar="K",
                         help="K micro-batches of --batch-size per optimizer step")  # fmt: skip
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     add_shape_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        device_memory = parse_bytes(args.device_memory) if args.device_memory else None
+        device_memory = args.device_memory
         if args.find_max and device_memory is None:
             raise ValueError("--find-max needs --device-memory")
         if args.model_factory:

@@ -33,7 +33,7 @@ from .markdown import (
 # Summary fields in column order; cv_pct is a ratio, the rest are milliseconds.
 TIMING_STATISTICS = ("mean", "std", "cv_pct", "median", "min", "max", "p10", "p90")
 
-# The note a row gets when its training loss came out NaN or inf (compare never ranks such a row).
+# A 'wrong' row's error when its loss came out NaN or inf (older files carried it as a note: compare never ranks those).
 NONFINITE_LOSS_NOTE = "loss is not finite (NaN/inf)"
 
 
