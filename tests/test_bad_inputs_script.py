@@ -1,4 +1,4 @@
-"""scripts/bad_inputs.py judges each case by its own reason: a refusal must name the case's flag,
+"""scripts/checks/bad_inputs.py judges each case by its own reason: a refusal must name the case's flag,
 variable or file (not a BASE flag every case of the command shares), a hostile-code case must
 leave its documented row status."""
 
@@ -8,7 +8,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bad_inputs.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "checks" / "bad_inputs.py"
 spec = importlib.util.spec_from_file_location("bad_inputs", SCRIPT)
 bad_inputs = importlib.util.module_from_spec(spec)
 sys.modules["bad_inputs"] = bad_inputs  # its dataclasses look their module up

@@ -221,7 +221,7 @@ def test_only_temp_dirs_of_dead_owners_are_removed(tmp_path):
 
 
 def _bad_inputs_script():
-    spec = importlib.util.spec_from_file_location("bad_inputs", REPO / "scripts" / "bad_inputs.py")
+    spec = importlib.util.spec_from_file_location("bad_inputs", REPO / "scripts" / "checks" / "bad_inputs.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("bad_inputs", module)  # dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -244,7 +244,7 @@ def test_bad_inputs_table_cases_are_one_line_and_exit_2(command, args, tmp_path,
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     monkeypatch.setattr(script, "CASE_TIMEOUT_S", 300.0)  # a loaded test machine imports torch slowly
     script.make_files(tmp_path)
-    outcome = script.run_case(command, args, tmp_path)
+    outcome = script.run_case(command, args, tmp_path, 0)
     assert outcome.passed, (outcome.returncode, outcome.stderr)
 
 
@@ -254,6 +254,8 @@ def test_bad_inputs_cover_every_command_at_least_ten_times_but_mixed_precision()
         path.parent.name for path in (REPO / "cs336_systems").glob("*/__main__.py")
     }
     tools = {"benchmark", "benchmark_direct", "run_benchmarks", "find_max", "memory", "report", "compare",
-             "attention_bench", "allreduce_bench", "ddp_bench", "loader_bench", "monitor", "mixed_precision"}  # fmt: skip
+             "attention_bench", "allreduce_bench", "ddp_bench", "loader_bench", "monitor", "mixed_precision", "residuals"}  # fmt: skip
     assert tools <= commands and set(table) == tools
-    assert all(len(cases) >= 10 for name, cases in table.items() if name != "mixed_precision")
+    few_flags = ("mixed_precision", "residuals")  # a handful of flags each
+    assert all(len(cases) >= 10 for name, cases in table.items() if name not in few_flags)
+    assert all(len(table[name]) >= 5 for name in few_flags)

@@ -47,7 +47,7 @@ run_stage() {
       rm -f $c/probe_overhead_cpu.csv $c/probe_overhead_cpu.md
       stage probe_overhead $py scripts/checks/bench_probe_overhead.py --output $c/probe_overhead_cpu.csv --output $c/probe_overhead_cpu.md
       ;;
-    bad_inputs) stage bad_inputs $py scripts/bad_inputs.py --output $c/bad_inputs.md ;;
+    bad_inputs) stage bad_inputs $py scripts/checks/bad_inputs.py --output $c/bad_inputs.md ;;
     sweep)
       # twice, one run after the other: cpu_sweep_earlier is the baseline of the docs' compare example
       for name in cpu_sweep_earlier cpu_sweep; do

@@ -1,7 +1,7 @@
 """Every command against a table of bad inputs: each must end as one line on stderr and exit 2,
 or, for hostile user code, as the documented row status.
 
-    PYTHONPATH=$PWD python scripts/bad_inputs.py [--jobs 2] [--output results/checks/bad_inputs.md]
+    PYTHONPATH=$PWD python scripts/checks/bad_inputs.py [--jobs 2] [--output results/checks/bad_inputs.md]
 
 A refused case passes when the command exits 2, prints exactly one line on stderr, no traceback,
 and that line names the case's own flag (or the file it gave), so a case never passes because
@@ -34,7 +34,7 @@ from pathlib import Path
 TINY = ["--d-model", "32", "--d-ff", "64", "--num-layers", "2", "--num-heads", "2", "--vocab-size", "97"]
 RUN = ["--device", "cpu", "--warmup-steps", "1", "--measure-steps", "1"]
 CASE_TIMEOUT_S = 40.0  # refusing takes an import of torch; more means work started
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"  # hostile/ holds user code that exits, hangs or lies
 HUGE = str(2**62)
 LONG_NAME = "n" * 250 + ".csv"  # fits NAME_MAX (255) alone, not as its lock file .NAME.lock
@@ -574,7 +574,7 @@ def markdown(outcomes: list[Outcome], seconds: float) -> str:
     lines = [
         "# Bad inputs: one line on stderr, exit status 2 (or the documented row status)",
         "",
-        f"`PYTHONPATH=$PWD python scripts/bad_inputs.py --output results/checks/bad_inputs.md`: "
+        f"`PYTHONPATH=$PWD python scripts/checks/bad_inputs.py --output results/checks/bad_inputs.md`: "
         f"**{passed} of {len(outcomes)}** bad inputs end as one line with exit 2 naming the case's own flag, "
         f"variable or file, or as the documented row status ({seconds:.0f} s on this machine). "
         "Each case also carries the command's tiny-model CPU flags (`BASE` in the script); `{tmp}` is a scratch "
