@@ -45,8 +45,6 @@ AWAITING_REGENERATION = {
     "attention_cpu.csv": "cpu_results.sh attention",
     "ddp_gloo_cpu.csv": "cpu_results.sh ddp",
     "gpu_sweep_h100.csv": "gpu_session.sh core (needs a GPU)",
-    "cpu_sweep_4gib.csv": "cpu_results.sh cap",  # before the fast-path columns
-    "ddp_strategies_cpu.csv": "cpu_results.sh ddp_strategies",  # before rope_theta joined the DDP rows
 }
 
 TOOL_FILES = sorted(RESULTS.glob("*.csv"))
