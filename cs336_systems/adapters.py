@@ -91,7 +91,9 @@ def _import(spec: str) -> ModuleType:
             sys.modules.pop(name, None)
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            raise AdapterError(f"--adapters {spec}: cannot import: {type(exc).__name__}: {exc}{namespace_hint(exc)}") from exc
+            raise AdapterError(
+                f"--adapters {spec}: cannot import: {type(exc).__name__}: {exc}{namespace_hint(exc)}"
+            ) from exc
         finally:
             sys.path.remove(str(path.resolve().parent))
         return module
@@ -101,7 +103,9 @@ def _import(spec: str) -> ModuleType:
     except (UserCodeError, UserCodeTimeout) as exc:
         raise AdapterError(f"--adapters {spec}: cannot import: {exc}") from None
     except Exception as exc:  # the user's module may fail in any way while importing
-        raise AdapterError(f"--adapters {spec}: cannot import: {type(exc).__name__}: {exc}{namespace_hint(exc)}") from exc
+        raise AdapterError(
+            f"--adapters {spec}: cannot import: {type(exc).__name__}: {exc}{namespace_hint(exc)}"
+        ) from exc
 
 
 @dataclass

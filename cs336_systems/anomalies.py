@@ -33,9 +33,11 @@ def fast_path_flags(row: dict) -> str | None:
         return None if value is None or (isinstance(value, float) and math.isnan(value)) or value == "" else value
 
     accum, dtype, fused = given("grad_accum_steps"), given("param_dtype"), given("fused_projections")
-    flags = [f"--grad-accum-steps {int(float(accum))}" if accum is not None and int(float(accum)) > 1 else "",
-             f"--param-dtype {dtype}" if dtype is not None and dtype != "fp32" else "",
-             "--fused-projections" if fused is not None and str(fused).lower() == "true" else ""]  # fmt: skip
+    flags = [
+        f"--grad-accum-steps {int(float(accum))}" if accum is not None and int(float(accum)) > 1 else "",
+        f"--param-dtype {dtype}" if dtype is not None and dtype != "fp32" else "",
+        "--fused-projections" if fused is not None and str(fused).lower() == "true" else "",
+    ]
     return " ".join(flag for flag in flags if flag) or None
 
 
@@ -67,8 +69,11 @@ def flag_anomalies(rows: Sequence[dict]) -> dict[int, str]:
         if achieved >= SLOW_FRACTION * best_achieved:
             continue
         why = f"{achieved / best_achieved:.0%} of the best comparable row's FLOP/s: {_cause(row, reference)}"
-        fast = [f"{which} {flags_used}" for which, flags_used in (("this row", fast_path_flags(row)),
-                ("the best row", fast_path_flags(reference))) if flags_used]  # fmt: skip
+        fast = [
+            f"{which} {flags_used}"
+            for which, flags_used in (("this row", fast_path_flags(row)), ("the best row", fast_path_flags(reference)))
+            if flags_used
+        ]
         flags[index] = why + (f" (fast path: {'; '.join(fast)})" if fast else "")
     return flags
 

@@ -40,7 +40,9 @@ PROG = "python -m cs336_systems.benchmark"
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
-    parser.add_argument("--model-size", default="small", help="a name in --size-table's table (--list-sizes shows it; default small)")
+    parser.add_argument(
+        "--model-size", default="small", help="a name in --size-table's table (--list-sizes shows it; default small)"
+    )
     parser.add_argument("--context-length", type=positive_int, default=512)
     parser.add_argument("--batch-size", type=positive_int, default=4)
     parser.add_argument("--pass-type", choices=PASS_TYPES, default="forward-backward")
@@ -107,7 +109,9 @@ def size_table(args) -> str:
 
 def check_checkpointing(model, model_factory: str | None) -> None:
     if model.checkpoint_group_size and model_factory:
-        raise ConfigError("--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model")
+        raise ConfigError(
+            "--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model"
+        )
 
 
 def read_config(text: str) -> BenchmarkConfig:
@@ -180,8 +184,13 @@ def main(argv: list[str] | None = None) -> int:
         sink = ResultSink(check_output_paths(args.output))
         check_monitor_arguments(args)
     except (
-        ConfigError, DeviceError, ModelFactoryError, OptimizerFactoryError, ResultFileError, MonitorPathError
-    ) as exc:  # fmt: skip
+        ConfigError,
+        DeviceError,
+        ModelFactoryError,
+        OptimizerFactoryError,
+        ResultFileError,
+        MonitorPathError,
+    ) as exc:
         return fail(PROG, str(exc))
 
     if args.nvtx and not nvtx.enable(blocks=args.nvtx == "blocks"):

@@ -39,11 +39,18 @@ CHECKPOINT_HELP = (
 
 def add_checkpoint_argument(parser: argparse.ArgumentParser, plural: bool = False) -> None:
     if plural:
-        parser.add_argument("--checkpoint-blocks", nargs="+", type=checkpoint_blocks, default=[None], metavar="K",
-                            help=CHECKPOINT_HELP + "; a list runs each")  # fmt: skip
+        parser.add_argument(
+            "--checkpoint-blocks",
+            nargs="+",
+            type=checkpoint_blocks,
+            default=[None],
+            metavar="K",
+            help=CHECKPOINT_HELP + "; a list runs each",
+        )
     else:
-        parser.add_argument("--checkpoint-blocks", type=checkpoint_blocks, default=None, metavar="K",
-                            help=CHECKPOINT_HELP)  # fmt: skip
+        parser.add_argument(
+            "--checkpoint-blocks", type=checkpoint_blocks, default=None, metavar="K", help=CHECKPOINT_HELP
+        )
 
 
 def add_optimizer_argument(parser: argparse.ArgumentParser) -> None:

@@ -58,8 +58,12 @@ class ChildLimits:
 
 def add_child_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("child processes")
-    group.add_argument("--timeout", type=timeout_seconds, metavar="SECONDS",
-                       help="per configuration; status 'timeout' (at most a week)")  # fmt: skip
+    group.add_argument(
+        "--timeout",
+        type=timeout_seconds,
+        metavar="SECONDS",
+        help="per configuration; status 'timeout' (at most a week)",
+    )
     add_memory_limit_argument(
         group,
         help="CPU only: each child may allocate this much beyond torch's own libraries (e.g. 8GiB), "
@@ -114,9 +118,14 @@ def run_in_child(config: BenchmarkConfig, limits: ChildLimits, env: Environment 
         # stay open (no end of file) for as long as that process lives
         with open(Path(tmp) / "stderr.txt", "w+") as stderr_file:
             process = subprocess.Popen(
-                command, stdout=subprocess.DEVNULL, stderr=stderr_file, text=True, env=variables,
-                start_new_session=True, preexec_fn=child_preexec(watchdog),
-            )  # fmt: skip
+                command,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr_file,
+                text=True,
+                env=variables,
+                start_new_session=True,
+                preexec_fn=child_preexec(watchdog),
+            )
             try:
                 process.wait(timeout=limits.timeout_s)
             except subprocess.TimeoutExpired:

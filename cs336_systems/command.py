@@ -38,8 +38,10 @@ def run_command(prog: str, run: Callable[[], int]) -> int:
             return status
     except KeyboardInterrupt as exc:
         terminated = isinstance(exc, Terminated)
-        print(f"{prog}: {'terminated' if terminated else 'interrupted'}; the rows finished so far are in the outputs",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{prog}: {'terminated' if terminated else 'interrupted'}; the rows finished so far are in the outputs",
+            file=sys.stderr,
+        )
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except OSError as exc:
         from .results.errors import ResultWriteError  # pandas: only when a write failed

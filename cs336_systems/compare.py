@@ -34,7 +34,9 @@ def _rows(path: str) -> dict[tuple, dict]:
         frame = read_results(path)
     except (OSError, ValueError) as exc:
         raise ResultFileError(f"{path}: {exc}") from None
-    missing = [name for name in (*BenchmarkRecord.identity_fields(), "status", "median_ms") if name not in frame.columns]
+    missing = [
+        name for name in (*BenchmarkRecord.identity_fields(), "status", "median_ms") if name not in frame.columns
+    ]
     if missing:
         raise ResultFileError(f"{path}: not a benchmark result file (missing {', '.join(missing[:3])})")
     rows = {}
@@ -87,8 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("base")
     parser.add_argument("new")
-    parser.add_argument("--fail-above", type=positive_float, metavar="PCT",
-                        help="exit 1 if any matched row is slower by more than PCT percent")  # fmt: skip
+    parser.add_argument(
+        "--fail-above",
+        type=positive_float,
+        metavar="PCT",
+        help="exit 1 if any matched row is slower by more than PCT percent",
+    )
     args = parser.parse_args(argv)
     try:
         base, new = _rows(args.base), _rows(args.new)
@@ -101,8 +107,15 @@ def main(argv: list[str] | None = None) -> int:
         ratio, text, regressed = verdict(base[key], new[key], band)
         regressions += regressed
         b, n = base[key], new[key]
-        table.append([*(n.get(name) for name in SHOWN), b.get("median_ms"), n.get("median_ms"),
-                      None if ratio is None else f"{ratio:.3f}", text])  # fmt: skip
+        table.append(
+            [
+                *(n.get(name) for name in SHOWN),
+                b.get("median_ms"),
+                n.get("median_ms"),
+                None if ratio is None else f"{ratio:.3f}",
+                text,
+            ]
+        )
     headers = [*SHOWN, "base_median_ms", "new_median_ms", "new/base", "verdict"]
     print(f"# {args.new} vs {args.base}\n")
     print(f"- base: {len(base)} rows; {environment_summary(base)}")

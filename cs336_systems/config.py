@@ -150,7 +150,9 @@ class BenchmarkConfig:
         """The configuration `to_dict` gave; ConfigError (one line) on anything else."""
         if not isinstance(data, Mapping) or not isinstance(data.get("model"), Mapping):
             raise ConfigError("a configuration is a JSON object holding a 'model' object")
-        unknown = sorted(set(data) - _names(cls)) + [f"model.{k}" for k in sorted(set(data["model"]) - _names(ModelConfig))]
+        unknown = sorted(set(data) - _names(cls)) + [
+            f"model.{k}" for k in sorted(set(data["model"]) - _names(ModelConfig))
+        ]
         if unknown:
             raise ConfigError(f"unknown configuration field(s): {', '.join(unknown)}")
         try:

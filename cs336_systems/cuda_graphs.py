@@ -34,7 +34,9 @@ CAPTURE_WARMUP_ITERS = 3  # eager iterations on a side stream before capture (Py
 GRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")  # these capture CUDA graphs themselves
 
 
-OPTIMIZER_REFUSAL = "--cuda-graphs captures torch's fused AdamW (capturable=True); it cannot capture --optimizer: drop one"
+OPTIMIZER_REFUSAL = (
+    "--cuda-graphs captures torch's fused AdamW (capturable=True); it cannot capture --optimizer: drop one"
+)
 
 
 def unsupported_reason(

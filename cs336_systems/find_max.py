@@ -88,9 +88,14 @@ def main(argv: list[str] | None = None) -> int:
         if summary:
             summary = check_output_path(summary, "--summary")  # checked now, not after every probe ran
             monitor = Path(args.monitor) if args.monitor else None
-            check_distinct([("--summary", summary), ("--monitor", monitor),
-                            ("--monitor (its .json)", monitor and monitor.with_suffix(".json")),
-                            *(("--output", path) for path in outputs)])  # fmt: skip
+            check_distinct(
+                [
+                    ("--summary", summary),
+                    ("--monitor", monitor),
+                    ("--monitor (its .json)", monitor and monitor.with_suffix(".json")),
+                    *(("--output", path) for path in outputs),
+                ]
+            )
         check_monitor_arguments(args)  # --monitor comes with the benchmark flags
     except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, ValueError) as exc:
         return fail(PROG, str(exc))
@@ -133,8 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             write_whole(summary, text + "\n")
         except ResultWriteError as exc:  # a full disk after all the work: the answer is printed above
-            print(f"{PROG}: error: {exc.strerror} (the answer is printed above; every probe's row is kept)",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"{PROG}: error: {exc.strerror} (the answer is printed above; every probe's row is kept)",
+                file=sys.stderr,
+            )
             return EXIT_FAILED
         print(f"wrote {summary}", file=sys.stderr)
     return EXIT_OK if result.complete else EXIT_FAILED

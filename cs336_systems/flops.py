@@ -161,8 +161,6 @@ def table_peak_tflops(device_name: str, precision: str) -> float | None:
     return None
 
 
-
-
 @functools.cache
 def measure_peak_tflops(device: torch.device, precision: str) -> float:
     """A short square-matmul probe in the precision's dtype: the best sustained rate.

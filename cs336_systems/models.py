@@ -55,8 +55,14 @@ CHECKPOINT_WORDS = ("sqrt", "all")  # --checkpoint-blocks besides a number of bl
 # Sane upper bounds, each tens of times the largest published model's (d_model 16384, d_ff 53248,
 # 126 layers, 128 heads, a 256k vocabulary, a 10M context): past them a shape is a typo, and torch's
 # size arithmetic overflows into a traceback instead of an honest out-of-memory row.
-MODEL_LIMITS = {"d_model": 2**20, "d_ff": 2**22, "num_layers": 2**14, "num_heads": 2**14, "vocab_size": 2**24,
-                "context_length": 2**28}  # fmt: skip
+MODEL_LIMITS = {
+    "d_model": 2**20,
+    "d_ff": 2**22,
+    "num_layers": 2**14,
+    "num_heads": 2**14,
+    "vocab_size": 2**24,
+    "context_length": 2**28,
+}
 
 
 class ConfigError(ValueError):
@@ -145,8 +151,10 @@ class ModelConfig:
             if getattr(self, field) <= 0:
                 raise ConfigError(f"{field} must be positive, got {getattr(self, field)}")
             if getattr(self, field) > MODEL_LIMITS[field]:
-                raise ConfigError(f"{field} must be at most {MODEL_LIMITS[field]} (far past any published model), "
-                                  f"got {getattr(self, field)}")  # fmt: skip
+                raise ConfigError(
+                    f"{field} must be at most {MODEL_LIMITS[field]} (far past any published model), "
+                    f"got {getattr(self, field)}"
+                )
         if self.rope_theta <= 0:
             raise ConfigError(f"rope_theta must be positive, got {self.rope_theta}")
         if self.d_model % self.num_heads:
@@ -391,9 +399,13 @@ def build_model(
 ) -> nn.Module:
     """Build the model directly on `device` (initialising 3B parameters on a GPU is fast)."""
     if model_factory is not None and config.checkpoint_group_size:
-        raise ModelFactoryError("--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model")
+        raise ModelFactoryError(
+            "--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model"
+        )
     if model_factory is not None and config.fused_projections:
-        raise ModelFactoryError("--fused-projections changes the built-in model's projections; not a --model-factory model's")
+        raise ModelFactoryError(
+            "--fused-projections changes the built-in model's projections; not a --model-factory model's"
+        )
     if model_factory is None:
         with torch.device(device):
             return TransformerLM(config)

@@ -84,7 +84,9 @@ def make_optimizer(
     except Exception as exc:
         raise OptimizerFactoryError(f"--optimizer {factory} raised {type(exc).__name__}: {exc}") from exc
     if not callable(getattr(optimizer, "step", None)) or not callable(getattr(optimizer, "zero_grad", None)):
-        raise OptimizerFactoryError(f"--optimizer {factory} returned {type(optimizer).__name__}, which has no step()/zero_grad()")
+        raise OptimizerFactoryError(
+            f"--optimizer {factory} returned {type(optimizer).__name__}, which has no step()/zero_grad()"
+        )
     return optimizer
 
 

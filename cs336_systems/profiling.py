@@ -108,7 +108,9 @@ def summarize_events(
         # the profiled step runs slower than the median it is divided by; busy cannot exceed the step
         busy_pct = min(100.0, 100.0 * busy_ms / step_ms) if step_ms > 0 else None
     else:
-        kernels = [e for e in events if e.device_type == DeviceType.CPU and not e.is_user_annotation and e.name != WINDOW]
+        kernels = [
+            e for e in events if e.device_type == DeviceType.CPU and not e.is_user_annotation and e.name != WINDOW
+        ]
         busy_ms = busy_pct = None
         durations = ((e.name, e.self_cpu_time_total) for e in kernels)
     return StepProfile(
@@ -138,8 +140,11 @@ def kineto_lines_dropped() -> Iterator[None]:
             os.dup2(saved, 2)
             os.close(saved)
             captured.seek(0)
-            kept = [line for line in captured.read().decode(errors="replace").splitlines(keepends=True)
-                    if not line.startswith(KINETO_LINE_PREFIXES)]  # fmt: skip
+            kept = [
+                line
+                for line in captured.read().decode(errors="replace").splitlines(keepends=True)
+                if not line.startswith(KINETO_LINE_PREFIXES)
+            ]
             if kept:
                 sys.stderr.write("".join(kept))
                 sys.stderr.flush()

@@ -133,10 +133,18 @@ def record_saved(
         component = {"weight copy": "autocast weight copies", "checkpoint input": "checkpointed group inputs"}.get(
             kind, COMPILED if compiled else component_of(modules[index], attention, tensor.requires_grad)
         )
-        rows.append(SavedTensor(
-            module=modules[index], op="checkpoint (inputs kept)" if checkpointed else ops.get(index, "?"), shape=tuple(tensor.shape), dtype=str(tensor.dtype).removeprefix("torch."),
-            bytes=storage.nbytes(), kind=kind, counted=counted, component=component,
-        ))  # fmt: skip
+        rows.append(
+            SavedTensor(
+                module=modules[index],
+                op="checkpoint (inputs kept)" if checkpointed else ops.get(index, "?"),
+                shape=tuple(tensor.shape),
+                dtype=str(tensor.dtype).removeprefix("torch."),
+                bytes=storage.nbytes(),
+                kind=kind,
+                counted=counted,
+                component=component,
+            )
+        )
     return rows
 
 
@@ -159,13 +167,22 @@ def _walk(node, current: list[str]) -> None:
 def _is_weight_cast(tensor: torch.Tensor) -> bool:
     """Autocast's cast of a parameter (or a view of one, as mm saves W.t()): a ToCopy of a leaf."""
     fn = (tensor._base if tensor._base is not None else tensor).grad_fn
-    return fn is not None and fn.name() == "ToCopyBackward0" and fn.next_functions[0][0].name() == "torch::autograd::AccumulateGrad"
+    return (
+        fn is not None
+        and fn.name() == "ToCopyBackward0"
+        and fn.next_functions[0][0].name() == "torch::autograd::AccumulateGrad"
+    )
 
 
 def block_residuals(
-    config: ModelConfig, batch: int, seq: int, precision: str, device: torch.device, compiled: bool = False,
+    config: ModelConfig,
+    batch: int,
+    seq: int,
+    precision: str,
+    device: torch.device,
+    compiled: bool = False,
     checkpointed: bool = False,
-) -> list[SavedTensor]:  # fmt: skip
+) -> list[SavedTensor]:
     """The saved tensors of one block's forward (input: a fresh fp32 residual stream)."""
     torch.manual_seed(0)
     with torch.device(device):
@@ -184,7 +201,9 @@ def block_residuals(
     return record_saved(block, run, config.attention, checkpointed, compiled)
 
 
-def model_residuals(config: ModelConfig, batch: int, seq: int, precision: str, device: torch.device) -> list[SavedTensor]:
+def model_residuals(
+    config: ModelConfig, batch: int, seq: int, precision: str, device: torch.device
+) -> list[SavedTensor]:
     """The saved tensors of the whole model's forward and loss (the step's residuals)."""
     torch.manual_seed(0)
     with torch.device(device):
@@ -210,10 +229,18 @@ def totals(rows: list[SavedTensor]) -> dict[str, int]:
 
 def block_table(rows: list[SavedTensor]) -> str:
     body = [
-        [r.module or "(input)", r.op, "x".join(map(str, r.shape)), r.dtype, r.bytes, r.kind, r.component,
-         "yes" if r.counted else (f"no ({r.kind})" if r.kind in ("parameter", "buffer") else "no (shared storage)")]
+        [
+            r.module or "(input)",
+            r.op,
+            "x".join(map(str, r.shape)),
+            r.dtype,
+            r.bytes,
+            r.kind,
+            r.component,
+            "yes" if r.counted else (f"no ({r.kind})" if r.kind in ("parameter", "buffer") else "no (shared storage)"),
+        ]
         for r in rows
-    ]  # fmt: skip
+    ]
     headers = ["module", "saved by", "shape", "dtype", "bytes", "kind", "component", "counted"]
     return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
 
@@ -247,8 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         status, error = failure_status(exc)
         if status != "oom":
             raise
-        print(f"{PROG}: oom: batch {args.batch_size} x context {args.context_length} of this model does not fit on "
-              f"{device}: {error}", file=sys.stderr)  # fmt: skip
+        print(
+            f"{PROG}: oom: batch {args.batch_size} x context {args.context_length} of this model does not fit on "
+            f"{device}: {error}",
+            file=sys.stderr,
+        )
         return exit_status([status])
 
 
@@ -256,16 +286,19 @@ def _report(args, config: ModelConfig, device: torch.device) -> int:
     batch, seq = args.batch_size, args.context_length
     rows = block_residuals(config, batch, seq, args.precision, device)
     estimate = block_saved_bytes(config, batch, seq, args.precision, device.type)
-    print(f"# Residuals of one block: {config.size_table} {config.size_name} d_model {config.d_model}, "
-          f"batch {batch}, context {seq}, {args.precision}, {args.attention}, {device}\n")  # fmt: skip
+    print(
+        f"# Residuals of one block: {config.size_table} {config.size_name} d_model {config.d_model}, "
+        f"batch {batch}, context {seq}, {args.precision}, {args.attention}, {device}\n"
+    )
     print(block_table(rows), "\n")
 
     variants = [("eager", False, False), ("eager, checkpointed", False, True)]
     compile_reason = compile_unsupported_reason(device)
     if not args.no_compile and compile_reason is None:
         variants += [("compiled", True, False), ("compiled, checkpointed", True, True)]
-    measured = {name: totals(block_residuals(config, batch, seq, args.precision, device, c, k))
-                for name, c, k in variants}  # fmt: skip
+    measured = {
+        name: totals(block_residuals(config, batch, seq, args.precision, device, c, k)) for name, c, k in variants
+    }
     measured["eager"] = totals(rows)
     measured["estimator"] = estimate
     measured["estimator, checkpointed"] = {"checkpointed group inputs": batch * seq * config.d_model * FP32}
@@ -274,15 +307,23 @@ def _report(args, config: ModelConfig, device: torch.device) -> int:
     body.append(["total", *(f"{sum(t.values()) / MIB:.3f}" for t in measured.values())])
     print("## Per block, MiB (each storage once; parameters left out)\n")
     print(tabulate(body, headers=["component", *measured, "estimator"], tablefmt="github", disable_numparse=True))
-    print(f"\nestimator: cs336_systems.memory.estimate.block_saved_bytes; a checkpointed block keeps only its "
-          f"input ({batch * seq * config.d_model * FP32 / MIB:.3f} MiB) and rebuilds the rest in backward.")  # fmt: skip
+    print(
+        f"\nestimator: cs336_systems.memory.estimate.block_saved_bytes; a checkpointed block keeps only its "
+        f"input ({batch * seq * config.d_model * FP32 / MIB:.3f} MiB) and rebuilds the rest in backward."
+    )
     if not args.no_compile and compile_reason is not None:
         print(f"(compiled block skipped: {compile_reason})")
     if not args.no_model:
         whole = totals(model_residuals(config, batch, seq, args.precision, device))
         print(f"\n## Whole model ({config.num_layers} blocks, forward + loss), MiB\n")
-        print(tabulate([[c, f"{v / MIB:.3f}"] for c, v in whole.items()] + [["total", f"{sum(whole.values()) / MIB:.3f}"]],
-                       headers=["component", "saved"], tablefmt="github", disable_numparse=True))  # fmt: skip
+        print(
+            tabulate(
+                [[c, f"{v / MIB:.3f}"] for c, v in whole.items()] + [["total", f"{sum(whole.values()) / MIB:.3f}"]],
+                headers=["component", "saved"],
+                tablefmt="github",
+                disable_numparse=True,
+            )
+        )
     return 0
 
 

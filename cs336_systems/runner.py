@@ -131,7 +131,11 @@ def _measure(
             # phases.phase innermost: memory instrumentation stays outside the phase times
             plain = make_step(config, runnable, device, optimizer, phase=combine_phases(nvtx.range, phases.phase))
             traced = make_step(
-                config, runnable, device, optimizer, phase=combine_phases(memory.phase, nvtx.range, phases.phase),
+                config,
+                runnable,
+                device,
+                optimizer,
+                phase=combine_phases(memory.phase, nvtx.range, phases.phase),
                 losses=losses,
             )
             steps_run = []
@@ -183,10 +187,14 @@ PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # config.PARAM_DTYPES -> 
 def fast_path_unsupported_reason(config: BenchmarkConfig) -> str | None:
     """Why --grad-accum-steps / --param-dtype cannot run this configuration (one line), or None."""
     if config.param_dtype != "fp32" and config.precision != config.param_dtype:
-        return (f"--param-dtype {config.param_dtype} runs under --precision {config.param_dtype} "
-                f"(autocast keeps softmax and the loss in fp32); got --precision {config.precision}")  # fmt: skip
+        return (
+            f"--param-dtype {config.param_dtype} runs under --precision {config.param_dtype} "
+            f"(autocast keeps softmax and the loss in fp32); got --precision {config.precision}"
+        )
     if config.cuda_graphs and (config.grad_accum_steps > 1 or config.param_dtype != "fp32"):
-        return "--cuda-graphs captures a one-batch step of fp32 parameters: not with --grad-accum-steps or --param-dtype"
+        return (
+            "--cuda-graphs captures a one-batch step of fp32 parameters: not with --grad-accum-steps or --param-dtype"
+        )
     return None
 
 
@@ -242,18 +250,29 @@ def run_benchmark(
     """
     device = resolve_device(config.device)
     env = environment or collect_environment(device)
-    user_code = " or ".join(
-        f"{flag} {spec}" for flag, spec in (("--model-factory", config.model_factory), ("--optimizer", config.optimizer_factory)) if spec
-    ) or "the step"  # fmt: skip
+    user_code = (
+        " or ".join(
+            f"{flag} {spec}"
+            for flag, spec in (("--model-factory", config.model_factory), ("--optimizer", config.optimizer_factory))
+            if spec
+        )
+        or "the step"
+    )
     try:
         with guarded(user_code, timeout_s):  # a user's factory is built on the meta device here
             num_params = (
-                count_parameters(model) if model is not None else count_parameters_for(config.model, config.model_factory)
+                count_parameters(model)
+                if model is not None
+                else count_parameters_for(config.model, config.model_factory)
             )
             step_flops = flops_per_step(  # K micro-batches of B sequences: the work of one batch of K * B
-                config.model, config.batch_size * config.grad_accum_steps, config.context_length, config.pass_type,
-                config.model_factory, device,
-            )  # fmt: skip
+                config.model,
+                config.batch_size * config.grad_accum_steps,
+                config.context_length,
+                config.pass_type,
+                config.model_factory,
+                device,
+            )
     except (UserCodeError, UserCodeTimeout) as exc:
         record = BenchmarkRecord.for_config(config, device, env, None)
         record.status, record.error = failure_status(exc)
@@ -267,9 +286,15 @@ def run_benchmark(
         model_flops = None
     if config.model_factory is None:
         record.predicted_memory_bytes = estimate_memory(
-            config.model, config.batch_size, config.context_length, config.pass_type, config.precision, device.type,
-            grad_accum_steps=config.grad_accum_steps, param_dtype=config.param_dtype,
-        ).peak_bytes  # fmt: skip
+            config.model,
+            config.batch_size,
+            config.context_length,
+            config.pass_type,
+            config.precision,
+            device.type,
+            grad_accum_steps=config.grad_accum_steps,
+            param_dtype=config.param_dtype,
+        ).peak_bytes
 
     reason = unsupported_reason(config.precision, device) or fast_path_unsupported_reason(config)
     if reason is None and config.compile:

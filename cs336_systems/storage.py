@@ -285,9 +285,18 @@ class _ItemHandler(BaseHTTPRequestHandler):
 
 
 def server_arguments(model: LatencyModel) -> list[str]:
-    args = ["--latency-ms", repr(model.latency_ms), "--jitter-ms", repr(model.jitter_ms),
-            "--warm-latency-ms", repr(model.warm_latency_ms), "--seed", str(model.seed),
-            "--cache-hit-rates", *(repr(rate) for rate in model.cache_hit_rates)]  # fmt: skip
+    args = [
+        "--latency-ms",
+        repr(model.latency_ms),
+        "--jitter-ms",
+        repr(model.jitter_ms),
+        "--warm-latency-ms",
+        repr(model.warm_latency_ms),
+        "--seed",
+        str(model.seed),
+        "--cache-hit-rates",
+        *(repr(rate) for rate in model.cache_hit_rates),
+    ]
     if model.bandwidth_bytes_per_s is not None:
         args += ["--bandwidth", str(int(model.bandwidth_bytes_per_s))]
     return args
@@ -301,9 +310,14 @@ def http_server(root: str | Path, model: LatencyModel, start_timeout_s: float = 
     # its own session: a terminal's Ctrl-C reaches the benchmark, which stops the server itself;
     # and it dies with this process, even a SIGKILLed one
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=variables,
-        start_new_session=True, preexec_fn=child_preexec(),
-    )  # fmt: skip
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=variables,
+        start_new_session=True,
+        preexec_fn=child_preexec(),
+    )
     try:
         with selectors.DefaultSelector() as selector:
             selector.register(process.stdout, selectors.EVENT_READ)
@@ -347,11 +361,16 @@ def build_parser() -> ArgumentParser:
     serve.add_argument("--root", type=Path, required=True)
     serve.add_argument("--port", type=non_negative_int, default=0, help="0: any free port (the URL is printed)")
     serve.add_argument("--latency-ms", type=non_negative_float, default=0.0)
-    serve.add_argument("--bandwidth", type=byte_size, metavar="SIZE",
-                       help="bytes per second per request, e.g. 20MB (default unlimited)")  # fmt: skip
+    serve.add_argument(
+        "--bandwidth",
+        type=byte_size,
+        metavar="SIZE",
+        help="bytes per second per request, e.g. 20MB (default unlimited)",
+    )
     serve.add_argument("--jitter-ms", type=non_negative_float, default=0.0)
-    serve.add_argument("--cache-hit-rates", "--cache-hit-rate", type=non_negative_float, nargs="+", default=[0.0],
-                       metavar="RATE")  # fmt: skip
+    serve.add_argument(
+        "--cache-hit-rates", "--cache-hit-rate", type=non_negative_float, nargs="+", default=[0.0], metavar="RATE"
+    )
     serve.add_argument("--warm-latency-ms", type=non_negative_float, default=0.0)
     serve.add_argument("--seed", type=int, default=0)
     return parser

@@ -54,8 +54,9 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_argument("--pass-types", "--pass-type", nargs="+", choices=PASS_TYPES, default=["forward-backward"])
     benchmark_flags.add_checkpoint_argument(grid, plural=True)
     parser.add_argument("--resume", action="store_true", help="skip configurations already in the output file")
-    parser.add_argument("--wait-lock", action="store_true",
-                        help="if another run is writing an output, wait for it instead of exiting")  # fmt: skip
+    parser.add_argument(
+        "--wait-lock", action="store_true", help="if another run is writing an output, wait for it instead of exiting"
+    )
     benchmark_flags.add_optimizer_argument(parser)
     benchmark_flags.add_shape_arguments(parser)
     benchmark_flags.add_execution_arguments(parser)
@@ -66,13 +67,21 @@ def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[Bench
     longest = max(args.context_lengths)
     configs = []
     for size, attention, checkpoint, precision, compiled, context, batch, pass_type in itertools.product(
-        args.model_sizes, args.attentions, args.checkpoint_blocks, args.precisions, COMPILE_CHOICES[args.compile],
-        args.context_lengths, args.batch_sizes, args.pass_types,
-    ):  # fmt: skip
+        args.model_sizes,
+        args.attentions,
+        args.checkpoint_blocks,
+        args.precisions,
+        COMPILE_CHOICES[args.compile],
+        args.context_lengths,
+        args.batch_sizes,
+        args.pass_types,
+    ):
         model = benchmark_flags.model_config_from_args(args, size, longest, attention, checkpoint)
         model.check_context(longest, f"--context-lengths up to {longest}")
         if model.checkpoint_group_size and args.model_factory:
-            raise ConfigError("--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model")
+            raise ConfigError(
+                "--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model"
+            )
         configs.append(
             benchmark_flags.benchmark_config_from_args(
                 args,
@@ -83,7 +92,7 @@ def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[Bench
                 precision=precision,
                 compile=compiled,
                 device=str(device),
-            )  # fmt: skip
+            )
         )
     return list(dict.fromkeys(configs))  # a value given twice runs once
 
@@ -127,7 +136,9 @@ def pending_configs(
     holds rows is refused: a configuration is never run twice by accident."""
     for path, rows in held.items():
         if rows and not resume:
-            raise ResultFileError(f"{path} already has {len(rows)} rows: pass --resume to continue it, or use a new file")
+            raise ResultFileError(
+                f"{path} already has {len(rows)} rows: pass --resume to continue it, or use a new file"
+            )
     keys = [{BenchmarkRecord.row_key(row) for row in rows} for rows in held.values()]
     done = set.intersection(*keys) if keys else set()
     return [config for config in configs if config.key() not in done]
@@ -235,7 +246,6 @@ class Writer:
         self.bar.update(1)
         self.bar.set_postfix_str(f"last: {record.status} {_short_time(record)}")
 
-
     def log(self, line: str) -> None:
         """A line on stderr that does not break the progress bar."""
         self.bar.write(line, file=sys.stderr)
@@ -290,8 +300,10 @@ def sweep_main(
 
     # Children record their own environment; the parent of CUDA children stays off the GPU.
     env = None if child_processes else collect_environment(device)
-    print(f"{len(configs)} configurations, {len(configs) - len(pending)} already done, {len(pending)} to run",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"{len(configs)} configurations, {len(configs) - len(pending)} already done, {len(pending)} to run",
+        file=sys.stderr,
+    )
     stop = StopRequest()
     with monitored(args.monitor, args.monitor_interval), stop.installed(), progress(len(pending), prog) as bar:
         writer = Writer(sink, bar, stop)
@@ -301,8 +313,11 @@ def sweep_main(
             stop.requested = True
         except ResultWriteError as exc:
             print(f"{prog}: error: {exc.strerror}", file=sys.stderr)
-            print(f"{len(writer.written)} of {len(pending)} configurations saved. Free space, then resume with:\n"
-                  f"  {resume_command(prog, argv)}", file=sys.stderr)  # fmt: skip
+            print(
+                f"{len(writer.written)} of {len(pending)} configurations saved. Free space, then resume with:\n"
+                f"  {resume_command(prog, argv)}",
+                file=sys.stderr,
+            )
             return EXIT_FAILED
         finally:
             sink.close()

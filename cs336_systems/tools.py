@@ -42,10 +42,12 @@ def _description(tree: ast.Module) -> str:
 
 def _has_main_guard(tree: ast.Module) -> bool:
     return any(
-        isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
-        and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
+        isinstance(node, ast.If)
+        and isinstance(node.test, ast.Compare)
+        and isinstance(node.test.left, ast.Name)
+        and node.test.left.id == "__name__"
         for node in tree.body
-    )  # fmt: skip
+    )
 
 
 def _parse(path: Path) -> ast.Module:

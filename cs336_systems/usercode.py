@@ -101,8 +101,9 @@ class _Watchdog:
                 print(
                     f"error: {self.what} did not return within {self.timeout_s:g} s and cannot be interrupted "
                     "(stuck inside one native call); ending the process",
-                    file=sys.stderr, flush=True,
-                )  # fmt: skip
+                    file=sys.stderr,
+                    flush=True,
+                )
                 _real_os_exit(1)
 
     def stop(self) -> None:

@@ -38,18 +38,30 @@ CPU_SHAPE = dict(d_model=256, d_ff=704, num_layers=8, num_heads=4, vocab_size=51
 
 
 def measure(model: ModelConfig, context: int, batch: int, pass_type: str, precision: str, device) -> dict:
-    config = BenchmarkConfig(model=model.replace(context_length=context), context_length=context, batch_size=batch,
-                             pass_type=pass_type, precision=precision, warmup_steps=1, measure_steps=2,
-                             device=str(device), peak_tflops=1.0)  # fmt: skip
+    config = BenchmarkConfig(
+        model=model.replace(context_length=context),
+        context_length=context,
+        batch_size=batch,
+        pass_type=pass_type,
+        precision=precision,
+        warmup_steps=1,
+        measure_steps=2,
+        device=str(device),
+        peak_tflops=1.0,
+    )
     record = run_benchmark(config)
     ok = record.status == "ok"
     return dict(
-        context_length=context, pass_type=pass_type, precision=precision,
-        checkpoint_blocks=model.checkpoint_blocks or 0, checkpoint_group_size=model.checkpoint_group_size,
-        status=record.status, peak_mib=record.peak_memory_bytes / MIB if ok else None,
+        context_length=context,
+        pass_type=pass_type,
+        precision=precision,
+        checkpoint_blocks=model.checkpoint_blocks or 0,
+        checkpoint_group_size=model.checkpoint_group_size,
+        status=record.status,
+        peak_mib=record.peak_memory_bytes / MIB if ok else None,
         predicted_mib=record.predicted_memory_bytes / MIB if record.predicted_memory_bytes else None,
         mean_ms=record.mean_ms if ok else None,
-    )  # fmt: skip
+    )
 
 
 def main() -> int:
@@ -74,11 +86,17 @@ def main() -> int:
         model = ModelConfig(**CPU_SHAPE, context_length=max(args.context_lengths))
         label = "custom " + " ".join(f"{k}={v}" for k, v in CPU_SHAPE.items())
 
-    profiling = [measure(model, t, args.batch_size, p, precision, device)
-                 for precision in args.precisions for t in args.context_lengths for p in ("forward", "train-step")]  # fmt: skip
+    profiling = [
+        measure(model, t, args.batch_size, p, precision, device)
+        for precision in args.precisions
+        for t in args.context_lengths
+        for p in ("forward", "train-step")
+    ]
     context = args.checkpoint_context or max(args.context_lengths)
-    checkpointing = [measure(model.replace(checkpoint_blocks=k), context, args.batch_size, "train-step", "fp32", device)
-                     for k in args.checkpoint_blocks]  # fmt: skip
+    checkpointing = [
+        measure(model.replace(checkpoint_blocks=k), context, args.batch_size, "train-step", "fp32", device)
+        for k in args.checkpoint_blocks
+    ]
 
     stem = args.output_dir / f"checkpoint_tables_{device.type}"
     args.output_dir.mkdir(parents=True, exist_ok=True)
@@ -86,23 +104,44 @@ def main() -> int:
     frame.insert(0, "table", ["memory_profiling"] * len(profiling) + ["gradient_checkpointing"] * len(checkpointing))
     frame.insert(1, "model", label)
     frame.to_csv(stem.with_suffix(".csv"), index=False)
-    wide = pd.DataFrame(profiling).pivot_table(index="context_length", columns=["precision", "pass_type"],
-                                               values="peak_mib")  # fmt: skip
+    wide = pd.DataFrame(profiling).pivot_table(
+        index="context_length", columns=["precision", "pass_type"], values="peak_mib"
+    )
     wide.columns = [f"{precision} {pass_type} peak MiB" for precision, pass_type in wide.columns]
     command = "python " + " ".join(["scripts/checkpoint_tables.py", *sys.argv[1:]])
     env = collect_environment(device)
-    text = "\n".join([
-        f"# Memory per context and per checkpoint block size ({device.type})", "", f"Command: `{command}`", "",
-        f"Model: {label}, batch {args.batch_size}, {model.num_layers} layers.", "",
-        "## memory_profiling: forward vs training step, peak per context", "",
-        tabulate(wide.reset_index(), headers="keys", tablefmt="github", showindex=False, floatfmt=".1f"), "",
-        f"## gradient_checkpointing: training step peak per --checkpoint-blocks (fp32, context {context})", "",
-        tabulate(pd.DataFrame(checkpointing)[["checkpoint_blocks", "checkpoint_group_size", "status", "peak_mib",
-                                              "predicted_mib", "mean_ms"]],
-                 headers="keys", tablefmt="github", showindex=False, floatfmt=".1f"), "",
-        "checkpoint_blocks 0 is off; the step time includes the recomputed forward of every block.", "",
-        "Environment:", "", *environment_lines([env.__dict__]), "",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            f"# Memory per context and per checkpoint block size ({device.type})",
+            "",
+            f"Command: `{command}`",
+            "",
+            f"Model: {label}, batch {args.batch_size}, {model.num_layers} layers.",
+            "",
+            "## memory_profiling: forward vs training step, peak per context",
+            "",
+            tabulate(wide.reset_index(), headers="keys", tablefmt="github", showindex=False, floatfmt=".1f"),
+            "",
+            f"## gradient_checkpointing: training step peak per --checkpoint-blocks (fp32, context {context})",
+            "",
+            tabulate(
+                pd.DataFrame(checkpointing)[
+                    ["checkpoint_blocks", "checkpoint_group_size", "status", "peak_mib", "predicted_mib", "mean_ms"]
+                ],
+                headers="keys",
+                tablefmt="github",
+                showindex=False,
+                floatfmt=".1f",
+            ),
+            "",
+            "checkpoint_blocks 0 is off; the step time includes the recomputed forward of every block.",
+            "",
+            "Environment:",
+            "",
+            *environment_lines([env.__dict__]),
+            "",
+        ]
+    )
     stem.with_suffix(".md").write_text(text)
     print(text)
     return 0

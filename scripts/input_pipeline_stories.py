@@ -52,34 +52,123 @@ STORIES = (
     Story(
         "captioning",
         "remote HTTP archive, ~500 KB images fetched one by one: 3 processes gave 3.1x one process",
-        ("--storage", "http", "--item-bytes", "500KB", "--latency-ms", "100", "--bandwidth", "20MB",
-         "--num-items", "36", "--batch-size", "1", "--compute-ms", "10", "--epochs", "1",
-         "--num-workers", "0", "--processes", "1", "3"),
+        (
+            "--storage",
+            "http",
+            "--item-bytes",
+            "500KB",
+            "--latency-ms",
+            "100",
+            "--bandwidth",
+            "20MB",
+            "--num-items",
+            "36",
+            "--batch-size",
+            "1",
+            "--compute-ms",
+            "10",
+            "--epochs",
+            "1",
+            "--num-workers",
+            "0",
+            "--processes",
+            "1",
+            "3",
+        ),
     ),
     Story(
         "volumetric",
         "batch 1, 1 worker, prefetch 1: 18 s per step of which 1-2 s compute; plan: 4-6 workers, "
         "prefetch 2, persistent workers",
-        ("--storage", "simulated", "--item-bytes", "8MiB", "--latency-ms", "150", "--bandwidth", "100MB",
-         "--num-items", "32", "--batch-size", "1", "--compute-ms", "20", "--epochs", "2",
-         "--num-workers", "1", "2", "4", "6", "--prefetch-factor", "1", "2", "--persistent-workers", "true",
-         "--ram-budget", "64MiB"),
+        (
+            "--storage",
+            "simulated",
+            "--item-bytes",
+            "8MiB",
+            "--latency-ms",
+            "150",
+            "--bandwidth",
+            "100MB",
+            "--num-items",
+            "32",
+            "--batch-size",
+            "1",
+            "--compute-ms",
+            "20",
+            "--epochs",
+            "2",
+            "--num-workers",
+            "1",
+            "2",
+            "4",
+            "6",
+            "--prefetch-factor",
+            "1",
+            "2",
+            "--persistent-workers",
+            "true",
+            "--ram-budget",
+            "64MiB",
+        ),
     ),
     Story(
         "cold_cache",
         "ResNet-50 on S3 through FUSE: epoch 0 0.43 it/s (cold cache), epoch 1 1.42, epoch 2 1.60",
-        ("--storage", "simulated", "--item-bytes", "100KB", "--latency-ms", "40", "--warm-latency-ms", "2",
-         "--cache-hit-rates", "0", "0.75", "0.85", "--num-items", "256", "--batch-size", "8",
-         "--compute-ms", "30", "--epochs", "3", "--num-workers", "4", "--persistent-workers", "true"),
+        (
+            "--storage",
+            "simulated",
+            "--item-bytes",
+            "100KB",
+            "--latency-ms",
+            "40",
+            "--warm-latency-ms",
+            "2",
+            "--cache-hit-rates",
+            "0",
+            "0.75",
+            "0.85",
+            "--num-items",
+            "256",
+            "--batch-size",
+            "8",
+            "--compute-ms",
+            "30",
+            "--epochs",
+            "3",
+            "--num-workers",
+            "4",
+            "--persistent-workers",
+            "true",
+        ),
     ),
     Story(
         "enough_workers",
         "TensorFlow's bands: < 5% of the step waiting for input is not input-bound",
-        ("--storage", "simulated", "--item-bytes", "64KiB", "--latency-ms", "30", "--num-items", "320",
-         "--batch-size", "4", "--compute-ms", "100", "--epochs", "2", "--num-workers", "0", "1", "2", "4",
-         "--persistent-workers", "true"),
+        (
+            "--storage",
+            "simulated",
+            "--item-bytes",
+            "64KiB",
+            "--latency-ms",
+            "30",
+            "--num-items",
+            "320",
+            "--batch-size",
+            "4",
+            "--compute-ms",
+            "100",
+            "--epochs",
+            "2",
+            "--num-workers",
+            "0",
+            "1",
+            "2",
+            "4",
+            "--persistent-workers",
+            "true",
+        ),
     ),
-)  # fmt: skip
+)
 
 
 def run_story(story: Story, device: torch.device, output_dir: Path) -> pd.DataFrame:
@@ -111,27 +200,73 @@ def checks(frames: dict[str, pd.DataFrame]) -> list[dict]:
     rows = []
     cap = frames["captioning"]
     one, three = rate(cap, processes=1), rate(cap, processes=3)
-    rows.append(dict(story="captioning", check="3 processes / 1 process, samples/s", measured=three / one,
-                     target=">= 2.5", passed=three / one >= 2.5, reference="3.1x"))  # fmt: skip
+    rows.append(
+        dict(
+            story="captioning",
+            check="3 processes / 1 process, samples/s",
+            measured=three / one,
+            target=">= 2.5",
+            passed=three / one >= 2.5,
+            reference="3.1x",
+        )
+    )
     vol = frames["volumetric"]
     w1, w4 = rate(vol, 1, num_workers=1, prefetch_factor=1), rate(vol, 1, num_workers=4, prefetch_factor=1)
-    rows.append(dict(story="volumetric", check="4 workers / 1 worker (prefetch 1, epoch 1), samples/s",
-                     measured=w4 / w1, target=">= 3", passed=w4 / w1 >= 3, reference="plan: 4-6 workers"))  # fmt: skip
+    rows.append(
+        dict(
+            story="volumetric",
+            check="4 workers / 1 worker (prefetch 1, epoch 1), samples/s",
+            measured=w4 / w1,
+            target=">= 3",
+            passed=w4 / w1 >= 3,
+            reference="plan: 4-6 workers",
+        )
+    )
     cold = frames["cold_cache"]
     e0, e1, e2 = (rate(cold, epoch) for epoch in range(3))
-    rows.append(dict(story="cold_cache", check="epoch 1 / epoch 0 (cold), samples/s", measured=e1 / e0,
-                     target="> 1", passed=e1 > e0, reference="1.42 / 0.43 = 3.3x"))  # fmt: skip
-    rows.append(dict(story="cold_cache", check="epoch 2 / epoch 0, samples/s", measured=e2 / e0, target="> 1",
-                     passed=e2 > e0, reference="1.60 / 0.43 = 3.7x"))  # fmt: skip
+    rows.append(
+        dict(
+            story="cold_cache",
+            check="epoch 1 / epoch 0 (cold), samples/s",
+            measured=e1 / e0,
+            target="> 1",
+            passed=e1 > e0,
+            reference="1.42 / 0.43 = 3.3x",
+        )
+    )
+    rows.append(
+        dict(
+            story="cold_cache",
+            check="epoch 2 / epoch 0, samples/s",
+            measured=e2 / e0,
+            target="> 1",
+            passed=e2 > e0,
+            reference="1.60 / 0.43 = 3.7x",
+        )
+    )
     enough = frames["enough_workers"]
     steady = enough[enough["epoch"] == 1].set_index("num_workers")
     first_ok = next((int(w) for w, r in steady.iterrows() if r["data_wait_pct"] < 5), None)
-    rows.append(dict(story="enough_workers", check="data wait % without workers (epoch 1)",
-                     measured=float(steady.loc[0, "data_wait_pct"]), target="> 20 (input-bound)",
-                     passed=steady.loc[0, "data_wait_pct"] > 20, reference=""))  # fmt: skip
-    rows.append(dict(story="enough_workers", check=f"data wait % with {first_ok} workers, the fewest under 5%",
-                     measured=float(steady.loc[first_ok, "data_wait_pct"]) if first_ok is not None else float("nan"),
-                     target="< 5", passed=first_ok is not None, reference="< 5% not input-bound"))  # fmt: skip
+    rows.append(
+        dict(
+            story="enough_workers",
+            check="data wait % without workers (epoch 1)",
+            measured=float(steady.loc[0, "data_wait_pct"]),
+            target="> 20 (input-bound)",
+            passed=steady.loc[0, "data_wait_pct"] > 20,
+            reference="",
+        )
+    )
+    rows.append(
+        dict(
+            story="enough_workers",
+            check=f"data wait % with {first_ok} workers, the fewest under 5%",
+            measured=float(steady.loc[first_ok, "data_wait_pct"]) if first_ok is not None else float("nan"),
+            target="< 5",
+            passed=first_ok is not None,
+            reference="< 5% not input-bound",
+        )
+    )
     return rows
 
 
@@ -158,8 +293,9 @@ def plot(frames: dict[str, pd.DataFrame], path: Path) -> None:
     ax = axes[0, 0]
     cap = frames["captioning"]
     ax.bar([str(p) for p in cap["processes"]], cap["samples_per_s"], color="tab:blue", label="measured")
-    ax.plot([str(p) for p in cap["processes"]], cap["predicted_samples_per_s"], "k_", markersize=30,
-            label="closed form")  # fmt: skip
+    ax.plot(
+        [str(p) for p in cap["processes"]], cap["predicted_samples_per_s"], "k_", markersize=30, label="closed form"
+    )
     ax.set(title="Captioning: items one by one over HTTP (100 ms each)", xlabel="processes", ylabel="samples/s")
     ax.legend(fontsize=8)
 
@@ -168,14 +304,16 @@ def plot(frames: dict[str, pd.DataFrame], path: Path) -> None:
     for prefetch, group in vol[vol["epoch"] == 1].groupby("prefetch_factor"):
         ax.plot(group["num_workers"], group["samples_per_s"], "o-", label=f"prefetch {prefetch:g}: measured")
         ax.plot(group["num_workers"], group["predicted_samples_per_s"], "--", color="gray", linewidth=1)
-    ax.set(title="Volumetric: batch 1, 8 MiB items, 234 ms each (epoch 1)", xlabel="num_workers",
-           ylabel="samples/s")  # fmt: skip
+    ax.set(title="Volumetric: batch 1, 8 MiB items, 234 ms each (epoch 1)", xlabel="num_workers", ylabel="samples/s")
     ax.legend(fontsize=8, title="dashed: closed form", title_fontsize=8)
 
     ax = axes[1, 0]
     cold = frames["cold_cache"]
-    bars = ax.bar([f"epoch {e}\nhit rate {h:g}" for e, h in zip(cold["epoch"], cold["cache_hit_rate"])],
-                  cold["samples_per_s"] / cold["batch_size"], color=["tab:red", "tab:orange", "tab:green"])  # fmt: skip
+    bars = ax.bar(
+        [f"epoch {e}\nhit rate {h:g}" for e, h in zip(cold["epoch"], cold["cache_hit_rate"])],
+        cold["samples_per_s"] / cold["batch_size"],
+        color=["tab:red", "tab:orange", "tab:green"],
+    )
     ax.bar_label(bars, fmt="%.1f it/s", fontsize=8)
     ax.set(title="Cold cache: epoch 0 slower (S3/FUSE story)", ylabel="iterations/s")
 
@@ -186,10 +324,16 @@ def plot(frames: dict[str, pd.DataFrame], path: Path) -> None:
     ax.axhspan(0, 5, color="tab:green", alpha=0.15, label="< 5%: not input-bound")
     ax.axhspan(5, 20, color="tab:orange", alpha=0.15, label="5-20%: moderately")
     ax.axhspan(20, 100, color="tab:red", alpha=0.08, label="> 20%: input-bound")
-    ax.set(title="Data wait vs workers (120 ms fetch per batch, 100 ms step)", xlabel="num_workers",
-           ylabel="data wait (% of wall time)", ylim=(0, 80))  # fmt: skip
+    ax.set(
+        title="Data wait vs workers (120 ms fetch per batch, 100 ms step)",
+        xlabel="num_workers",
+        ylabel="data wait (% of wall time)",
+        ylim=(0, 80),
+    )
     ax.legend(fontsize=7)
-    fig.suptitle("Input-pipeline stories (docs/reference.md section 5), reproduced with latency-bound stores", fontsize=10)
+    fig.suptitle(
+        "Input-pipeline stories (docs/reference.md section 5), reproduced with latency-bound stores", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -39,8 +39,13 @@ def train(num_workers: int, args, outputs: list[Path], lines: list[str]) -> Step
     config = ModelConfig(d_model=64, d_ff=256, num_layers=2, num_heads=4, vocab_size=256, context_length=context)
     model = TransformerLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    bench = BenchConfig(storage="simulated", num_items=args.steps * args.batch_size, item_bytes=context + 1,
-                        batch_size=args.batch_size, model=LatencyModel(latency_ms=args.latency_ms, seed=args.seed))  # fmt: skip
+    bench = BenchConfig(
+        storage="simulated",
+        num_items=args.steps * args.batch_size,
+        item_bytes=context + 1,
+        batch_size=args.batch_size,
+        model=LatencyModel(latency_ms=args.latency_ms, seed=args.seed),
+    )
     sampler = EpochSampler(range(bench.num_items), args.seed, tag_epoch=True)
     prefetch = 2 if num_workers else None
     loader = make_loader(StoreDataset(bench), sampler, bench, LoaderConfig(num_workers, prefetch), pin=False)
@@ -50,8 +55,14 @@ def train(num_workers: int, args, outputs: list[Path], lines: list[str]) -> Step
         lines.append(line)
 
     # -- the user's loop; the probe's lines are marked --
-    probe = StepProbe(device="cpu", outputs=outputs, window=args.window, label=f"num_workers={num_workers}",
-                      model=model, print_fn=report)  # probe  # fmt: skip
+    probe = StepProbe(
+        device="cpu",
+        outputs=outputs,
+        window=args.window,
+        label=f"num_workers={num_workers}",
+        model=model,
+        print_fn=report,
+    )  # probe
     with probe:  # probe
         for batch in probe.loader(loader):  # probe
             tokens = batch.long()
@@ -105,18 +116,39 @@ def main(argv: list[str] | None = None) -> int:
         without = next(p for w, p, _ in runs if w == 0)
         most, enough = max((w, p) for w, p, _ in runs)
         wait0, wait_n = wait_pct(without, skip_first=True), wait_pct(enough, skip_first=True)
-        checks = [("data wait % with 0 workers (steps 2-)", wait0, f"> {INPUT_BOUND_TARGET_PCT:g}",
-                   wait0 > INPUT_BOUND_TARGET_PCT),
-                  (f"data wait % with {most} workers (steps 2-)", wait_n, f"< {NOT_INPUT_BOUND_TARGET_PCT:g}",
-                   wait_n < NOT_INPUT_BOUND_TARGET_PCT)]  # fmt: skip
+        checks = [
+            (
+                "data wait % with 0 workers (steps 2-)",
+                wait0,
+                f"> {INPUT_BOUND_TARGET_PCT:g}",
+                wait0 > INPUT_BOUND_TARGET_PCT,
+            ),
+            (
+                f"data wait % with {most} workers (steps 2-)",
+                wait_n,
+                f"< {NOT_INPUT_BOUND_TARGET_PCT:g}",
+                wait_n < NOT_INPUT_BOUND_TARGET_PCT,
+            ),
+        ]
     command = f"PYTHONPATH=$PWD {PROG} {shlex.join(argv)}".rstrip()
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
-    parts = ["# The probe in a real training loop (CPU)", "", "```bash", command, "```", "",
-             f"Load average when it finished (1, 5, 15 min; {os.cpu_count()} cores): {load}.", "",
-             "Data wait over each run after its first step (the first waits for worker start-up and a whole "
-             "fetch; whole run: " + ", ".join(f"{w} workers {wait_pct(p, False):.1f}%" for w, p, _ in runs) + "):", "",
-             "| check | measured | target | passed |", "|---|---|---|---|",
-             *(f"| {name} | {value:.1f} | {target} | {str(ok).lower()} |" for name, value, target, ok in checks), ""]  # fmt: skip
+    parts = [
+        "# The probe in a real training loop (CPU)",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        f"Load average when it finished (1, 5, 15 min; {os.cpu_count()} cores): {load}.",
+        "",
+        "Data wait over each run after its first step (the first waits for worker start-up and a whole "
+        "fetch; whole run: " + ", ".join(f"{w} workers {wait_pct(p, False):.1f}%" for w, p, _ in runs) + "):",
+        "",
+        "| check | measured | target | passed |",
+        "|---|---|---|---|",
+        *(f"| {name} | {value:.1f} | {target} | {str(ok).lower()} |" for name, value, target, ok in checks),
+        "",
+    ]
     for workers, probe, lines in runs:
         parts += [f"## num_workers={workers}", "", "```", *lines, "```", "", probe.markdown().split("\n", 2)[2]]
     prefix.with_suffix(".md").write_text("\n".join(parts))

@@ -74,10 +74,18 @@ def main(argv: list[str] | None = None) -> int:
         for index, ms in enumerate(times):
             steps.append(dict(warmup_steps=warmup, step_index=index, measured=index >= warmup, step_ms=ms))
         stats = summarize(record.step_ms)
-        summary.append(dict(warmup_steps=warmup, mean_ms=stats.mean, std_ms=stats.std, cv_pct=stats.cv_pct,
-                            median_ms=stats.median, first_measured_ms=record.step_ms[0],
-                            first_over_median=record.step_ms[0] / stats.median,
-                            max_over_median=stats.max / stats.median))  # fmt: skip
+        summary.append(
+            dict(
+                warmup_steps=warmup,
+                mean_ms=stats.mean,
+                std_ms=stats.std,
+                cv_pct=stats.cv_pct,
+                median_ms=stats.median,
+                first_measured_ms=record.step_ms[0],
+                first_over_median=record.step_ms[0] / stats.median,
+                max_over_median=stats.max / stats.median,
+            )
+        )
         print(summary[-1], file=sys.stderr, flush=True)
 
     args.output_dir.mkdir(parents=True, exist_ok=True)
@@ -99,14 +107,25 @@ def main(argv: list[str] | None = None) -> int:
     plt.close(fig)
 
     command = f"{PROG} {shlex.join(sys.argv[1:] if argv is None else argv)}".strip()
-    text = "\n".join([
-        f"# Warmup study ({device.type})", "", f"Command: `{command}`", "",
-        f"{describe(base)} (warmup varied); each warmup count in a fresh process; statistics over the "
-        f"{args.measure_steps} measured steps; `first_over_median` = first measured step / median.", "",
-        tabulate(summary, headers="keys", tablefmt="github", floatfmt=".2f"), "",
-        f"![step time by index]({stem.with_suffix('.png').name})", "",
-        "Environment:", "", *environment_lines(records), "",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            f"# Warmup study ({device.type})",
+            "",
+            f"Command: `{command}`",
+            "",
+            f"{describe(base)} (warmup varied); each warmup count in a fresh process; statistics over the "
+            f"{args.measure_steps} measured steps; `first_over_median` = first measured step / median.",
+            "",
+            tabulate(summary, headers="keys", tablefmt="github", floatfmt=".2f"),
+            "",
+            f"![step time by index]({stem.with_suffix('.png').name})",
+            "",
+            "Environment:",
+            "",
+            *environment_lines(records),
+            "",
+        ]
+    )
     stem.with_suffix(".md").write_text(text)
     print(text)
     return 0

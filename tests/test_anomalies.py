@@ -14,11 +14,20 @@ def laptop_row(size: str, mean_ms: float, **changes) -> dict:
     model = ModelConfig.from_size(size, context_length=512, attention="naive")
     flops = analytic_flops_per_step(model, 4, 512, "forward-backward")
     row = dict(
-        model_size=size, num_layers=model.num_layers, context_length=512, batch_size=4, pass_type="forward-backward",
-        precision="fp32", device_name=LAPTOP, status="ok", mean_ms=mean_ms, flops_per_step=flops,
-        achieved_tflops=flops / (mean_ms / 1e3) / 1e12, device_memory_bytes=16 * 2**30,
+        model_size=size,
+        num_layers=model.num_layers,
+        context_length=512,
+        batch_size=4,
+        pass_type="forward-backward",
+        precision="fp32",
+        device_name=LAPTOP,
+        status="ok",
+        mean_ms=mean_ms,
+        flops_per_step=flops,
+        achieved_tflops=flops / (mean_ms / 1e3) / 1e12,
+        device_memory_bytes=16 * 2**30,
         predicted_memory_bytes=estimate_memory(model, 4, 512, "forward-backward", "fp32", "cuda").peak_bytes,
-    )  # fmt: skip
+    )
     row.update(changes)
     return row
 
@@ -34,8 +43,14 @@ def test_laptop_large_is_flagged_as_memory_oversubscription():
 def test_small_work_is_flagged_as_launch_bound():
     big = laptop_row("medium", 928.0, predicted_memory_bytes=1)
     tiny_flops = big["flops_per_step"] / 1000
-    tiny = dict(big, model_size="tiny", num_layers=2, flops_per_step=tiny_flops, mean_ms=50.0,
-                achieved_tflops=tiny_flops / 0.05 / 1e12)  # fmt: skip
+    tiny = dict(
+        big,
+        model_size="tiny",
+        num_layers=2,
+        flops_per_step=tiny_flops,
+        mean_ms=50.0,
+        achieved_tflops=tiny_flops / 0.05 / 1e12,
+    )
     flags = flag_anomalies([big, tiny])
     assert list(flags) == [1] and "launch-bound" in flags[1]
 
@@ -58,8 +73,16 @@ def test_failed_rows_are_not_compared(status):
 def test_measured_busy_figure_replaces_the_launch_bound_heuristic():
     big = laptop_row("medium", 928.0, predicted_memory_bytes=1)
     tiny_flops = big["flops_per_step"] / 1000
-    tiny = dict(big, model_size="tiny", num_layers=2, flops_per_step=tiny_flops, mean_ms=50.0,
-                achieved_tflops=tiny_flops / 0.05 / 1e12, device_busy_pct=38.0, kernels_per_step=4800)  # fmt: skip
+    tiny = dict(
+        big,
+        model_size="tiny",
+        num_layers=2,
+        flops_per_step=tiny_flops,
+        mean_ms=50.0,
+        achieved_tflops=tiny_flops / 0.05 / 1e12,
+        device_busy_pct=38.0,
+        kernels_per_step=4800,
+    )
     flags = flag_anomalies([big, tiny])
     assert list(flags) == [1]
     assert "host-bound: GPU idle 62% of the step, 4,800 kernels" in flags[1]
@@ -69,8 +92,16 @@ def test_measured_busy_figure_replaces_the_launch_bound_heuristic():
 def test_measured_busy_device_says_device_bound_even_where_the_heuristic_guessed_launches():
     big = laptop_row("medium", 928.0, predicted_memory_bytes=1)
     tiny_flops = big["flops_per_step"] / 1000
-    tiny = dict(big, model_size="tiny", num_layers=2, flops_per_step=tiny_flops, mean_ms=50.0,
-                achieved_tflops=tiny_flops / 0.05 / 1e12, device_busy_pct=97.0, kernels_per_step=120)  # fmt: skip
+    tiny = dict(
+        big,
+        model_size="tiny",
+        num_layers=2,
+        flops_per_step=tiny_flops,
+        mean_ms=50.0,
+        achieved_tflops=tiny_flops / 0.05 / 1e12,
+        device_busy_pct=97.0,
+        kernels_per_step=120,
+    )
     assert "device-bound: GPU busy 97% of the step, 120 kernels" in flag_anomalies([big, tiny])[1]
     unmeasured = dict(tiny, device_busy_pct=float("nan"), kernels_per_step=None)  # CSV round-trip of a CPU row
     assert "launch-bound" in flag_anomalies([big, unmeasured])[1]

@@ -19,7 +19,9 @@ PROG = "python -m cs336_systems.attention_bench"
 
 
 def tiny(implementation="naive", **changes) -> AttentionConfig:
-    base = dict(implementation=implementation, head_dim=8, context_length=32, batch_size=2, warmup_steps=1, measure_steps=3)
+    base = dict(
+        implementation=implementation, head_dim=8, context_length=32, batch_size=2, warmup_steps=1, measure_steps=3
+    )
     base.update(changes)
     return AttentionConfig(**base)
 
@@ -175,16 +177,29 @@ def test_cli_writes_every_format_and_a_plot(tmp_path, capsys, saved_figures):
     forward_d8 = {line.get_label(): list(line.get_ydata()) for line in figure.axes[0].get_lines()}
     for implementation in ("naive", "sdpa"):
         expected = frame[(frame["implementation"] == implementation) & (frame["head_dim"] == 8)]
-        assert forward_d8[implementation] == pytest.approx(list(expected.sort_values("context_length")["forward_mean_ms"]))
+        assert forward_d8[implementation] == pytest.approx(
+            list(expected.sort_values("context_length")["forward_mean_ms"])
+        )
     assert "wrote" in err and "naive fp32 head_dim=8 context_length=16: forward" in err
 
 
 def test_plot_marks_oom_points(tmp_path):
     rows = [
-        dict(implementation=i, head_dim=d, context_length=t, batch_size=8, precision="fp32", status="ok",
-             forward_mean_ms=t / 100, backward_mean_ms=t / 50, device_name="cpu")
-        for i in ("naive", "sdpa") for d in (16, 64) for t in (256, 1024)
-    ]  # fmt: skip
+        dict(
+            implementation=i,
+            head_dim=d,
+            context_length=t,
+            batch_size=8,
+            precision="fp32",
+            status="ok",
+            forward_mean_ms=t / 100,
+            backward_mean_ms=t / 50,
+            device_name="cpu",
+        )
+        for i in ("naive", "sdpa")
+        for d in (16, 64)
+        for t in (256, 1024)
+    ]
     rows.append(dict(rows[0], context_length=4096, status="oom", forward_mean_ms=math.nan, backward_mean_ms=math.nan))
     path = attention_bench.plot(rows, tmp_path / "p.png")
     assert path.stat().st_size > 10_000
@@ -238,8 +253,23 @@ def test_ctrl_c_keeps_the_finished_rows_and_exits_130(tmp_path, capsys, monkeypa
 
     monkeypatch.setattr(attention_bench.cli, "run_attention", interrupted_second)
     csv = tmp_path / "a.csv"
-    code = attention_bench.main(["--device", "cpu", "--head-dims", "8", "--context-lengths", "16", "32",
-                                 "--measure-steps", "2", "--implementations", "naive", "--output", str(csv)])  # fmt: skip
+    code = attention_bench.main(
+        [
+            "--device",
+            "cpu",
+            "--head-dims",
+            "8",
+            "--context-lengths",
+            "16",
+            "32",
+            "--measure-steps",
+            "2",
+            "--implementations",
+            "naive",
+            "--output",
+            str(csv),
+        ]
+    )
     _, err = capsys.readouterr()
     assert code == 130 and "interrupted" in err and "Traceback" not in err
     assert list(pd.read_csv(csv)["context_length"]) == [16]

@@ -23,7 +23,9 @@ WRONG = str(FIXTURES / "adapters_wrong.py")
 
 
 def tiny(implementation="naive", **changes) -> AttentionConfig:
-    base = dict(implementation=implementation, head_dim=8, context_length=40, batch_size=2, warmup_steps=1, measure_steps=2)
+    base = dict(
+        implementation=implementation, head_dim=8, context_length=40, batch_size=2, warmup_steps=1, measure_steps=2
+    )
     base.update(changes)
     return AttentionConfig(**base)
 
@@ -193,7 +195,9 @@ def test_do_bench_samples_and_cleared_gradients_are_recorded(monkeypatch):
     )
     record = run_attention(tiny("naive", timer="do-bench", measure_steps=100))
     assert record.status == "ok" and record.timer_used == "triton.do_bench"
-    assert record.forward_samples_ms == record.backward_samples_ms == record.end_to_end_samples_ms == [1.0, 2.0, 3.0, 4.0]
+    assert (
+        record.forward_samples_ms == record.backward_samples_ms == record.end_to_end_samples_ms == [1.0, 2.0, 3.0, 4.0]
+    )
     assert record.forward_mean_ms == 2.5 and record.end_to_end_steps == 4
     assert record.notes is None or "of 100 steps" not in record.notes  # do_bench picks its own count
     # forward leaves no gradients; backward and end-to-end do, and do_bench is told to clear them

@@ -13,8 +13,15 @@ MiB = 2**20
 
 
 def cuda_config(implementation, **changes):
-    base = dict(implementation=implementation, head_dim=64, context_length=1024, batch_size=8, device="cuda",
-                warmup_steps=2, measure_steps=5)  # fmt: skip
+    base = dict(
+        implementation=implementation,
+        head_dim=64,
+        context_length=1024,
+        batch_size=8,
+        device="cuda",
+        warmup_steps=2,
+        measure_steps=5,
+    )
     base.update(changes)
     return AttentionConfig(**base)
 
@@ -58,8 +65,9 @@ def test_nvtx_with_real_cuda_runs_outside_a_profiler():
     try:
         device = torch.device("cuda")
         a = torch.randn(512, 512, device=device)
-        times = time_steps(lambda: a @ a, warmup_steps=1, measure_steps=3,
-                           timer=HostTimer(synchronize=device_synchronizer(device)))  # fmt: skip
+        times = time_steps(
+            lambda: a @ a, warmup_steps=1, measure_steps=3, timer=HostTimer(synchronize=device_synchronizer(device))
+        )
         assert len(times.measured_ms) == 3
     finally:
         nvtx.disable()
@@ -77,8 +85,14 @@ def test_autocast_dtypes_on_cuda(dtype):
 def test_the_students_flash_attention_on_do_bench():
     from tests.conftest import FIXTURES
 
-    config = cuda_config("flash-pytorch", context_length=256, batch_size=1, timer="do-bench", precision="bf16",
-                         adapters=str(FIXTURES / "adapters_student.py"))  # fmt: skip
+    config = cuda_config(
+        "flash-pytorch",
+        context_length=256,
+        batch_size=1,
+        timer="do-bench",
+        precision="bf16",
+        adapters=str(FIXTURES / "adapters_student.py"),
+    )
     record = run_attention(config)
     assert record.status == "ok", record.error
     assert record.timer_used in ("triton.do_bench", "cuda-event") and record.end_to_end_mean_ms > 0

@@ -35,7 +35,6 @@ def test_a_stale_environment_must_be_named():
     assert not outcome(case, "prog: error: --backend gloo\n").passed
 
 
-
 def test_only_the_openmp_runtimes_own_warning_is_left_out_and_only_for_a_bad_omp_num_threads():
     case = bad_inputs.Env([], {"OMP_NUM_THREADS": "lots"}, "OMP_NUM_THREADS")
     ours = "prog: error: environment variable OMP_NUM_THREADS='lots' is not an integer\n"
@@ -61,4 +60,7 @@ def test_update_replaces_only_the_rerun_commands_rows_and_recounts():
     text = bad_inputs.updated(old, new, ["compare"])
     assert "**3 of 3**" in text
     assert [line for line in text.splitlines() if line.startswith("| ") and "command" not in line] == [
-        "| report | a |", "| compare | b2 |", "| monitor | c |"]  # fmt: skip
+        "| report | a |",
+        "| compare | b2 |",
+        "| monitor | c |",
+    ]

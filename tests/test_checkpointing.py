@@ -47,7 +47,9 @@ def test_every_size_built_has_the_formula_count(edition):
 
 
 def test_size_not_in_the_table_is_refused():
-    with pytest.raises(ConfigError, match=r"unknown model size '10B'; .* \(10B is in the 2026 table: --size-table 2026\)"):
+    with pytest.raises(
+        ConfigError, match=r"unknown model size '10B'; .* \(10B is in the 2026 table: --size-table 2026\)"
+    ):
         ModelConfig.from_size("10B")
 
 
@@ -80,7 +82,10 @@ def test_cli_errors(capsys, args, message):
 
 @pytest.mark.parametrize(("blocks", "group"), [(None, 0), (1, 1), (2, 2), ("sqrt", 3), ("all", 9)])
 def test_group_size(blocks, group):
-    assert ModelConfig(d_model=8, d_ff=8, num_layers=9, num_heads=2, checkpoint_blocks=blocks).checkpoint_group_size == group
+    assert (
+        ModelConfig(d_model=8, d_ff=8, num_layers=9, num_heads=2, checkpoint_blocks=blocks).checkpoint_group_size
+        == group
+    )
 
 
 @pytest.mark.parametrize("blocks", [1, 2, "sqrt", "all"])
@@ -110,8 +115,10 @@ def test_checkpointing_saves_only_group_inputs():
 
 def test_estimator_peak_falls_with_checkpointing_and_flops_count_the_recompute():
     m = ModelConfig.from_size("xl", "2026", context_length=512)
-    peaks = {k: estimate_memory(m.replace(checkpoint_blocks=k), 4, 512, "train-step", "bf16").peak_bytes
-             for k in (None, 1, "sqrt")}  # fmt: skip
+    peaks = {
+        k: estimate_memory(m.replace(checkpoint_blocks=k), 4, 512, "train-step", "bf16").peak_bytes
+        for k in (None, 1, "sqrt")
+    }
     assert peaks[1] < peaks[None] and peaks["sqrt"] < peaks[None]
     step = flops_per_step(m.replace(checkpoint_blocks="sqrt"), 4, 512, "train-step")
     model_flops = analytic_flops_per_step(m, 4, 512, "train-step")
@@ -141,8 +148,9 @@ print(json.dumps(run_benchmark(config).to_row(), default=str))
 def test_checkpointing_lowers_the_measured_peak_as_predicted():
     rows = {}
     for blocks in (None, 1):
-        result = subprocess.run([PYTHON, "-c", CHILD, json.dumps(blocks)], capture_output=True, text=True,
-                                env=child_env(), timeout=600)  # fmt: skip
+        result = subprocess.run(
+            [PYTHON, "-c", CHILD, json.dumps(blocks)], capture_output=True, text=True, env=child_env(), timeout=600
+        )
         assert result.returncode == 0, result.stderr
         rows[blocks] = json.loads(result.stdout.strip().splitlines()[-1])
         assert rows[blocks]["status"] == "ok", rows[blocks]["error"]
@@ -154,10 +162,13 @@ def test_checkpointing_lowers_the_measured_peak_as_predicted():
 # -- residuals -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("attention", "precision"), [("sdpa", "fp32"), ("naive", "fp32"), ("sdpa", "bf16"), ("naive", "bf16")])
+@pytest.mark.parametrize(
+    ("attention", "precision"), [("sdpa", "fp32"), ("naive", "fp32"), ("sdpa", "bf16"), ("naive", "bf16")]
+)
 def test_residual_totals_per_component_match_the_estimator(attention, precision):
-    config = ModelConfig(d_model=32, d_ff=80, num_layers=2, num_heads=2, vocab_size=97, context_length=12,
-                         attention=attention)  # fmt: skip
+    config = ModelConfig(
+        d_model=32, d_ff=80, num_layers=2, num_heads=2, vocab_size=97, context_length=12, attention=attention
+    )
     rows = residuals.block_residuals(config, 2, 12, precision, torch.device("cpu"))
     assert residuals.totals(rows) == block_saved_bytes(config, 2, 12, precision, "cpu")
     parameters = {r.shape for r in rows if r.kind == "parameter"}
@@ -167,8 +178,9 @@ def test_residual_totals_per_component_match_the_estimator(attention, precision)
 
 
 def test_residuals_command(capsys):
-    code, out, _ = run_main(residuals.main, capsys, *TINY_SHAPE, "--context-length", "8", "--batch-size", "2",
-                           "--no-compile")  # fmt: skip
+    code, out, _ = run_main(
+        residuals.main, capsys, *TINY_SHAPE, "--context-length", "8", "--batch-size", "2", "--no-compile"
+    )
     assert code == 0
     for part in ("saved by", "MmBackward0", "eager, checkpointed", "estimator", "Whole model (2 blocks"):
         assert part in out
@@ -210,7 +222,9 @@ def test_user_optimizer_runs_and_is_recorded():
 
 
 def test_optimizer_that_fails_is_an_error_row():
-    record = run_benchmark(tiny_benchmark_config(pass_type="train-step", optimizer_factory="tests.test_checkpointing:make_model"))
+    record = run_benchmark(
+        tiny_benchmark_config(pass_type="train-step", optimizer_factory="tests.test_checkpointing:make_model")
+    )
     assert record.status == "error" and "--optimizer" in record.error
 
 

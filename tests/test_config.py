@@ -77,11 +77,21 @@ def test_config_is_frozen():
 
 # A value other than the default for each text setting (numbers and flags are changed by type).
 OTHER_TEXT = {
-    "pass_type": "train-step", "precision": "bf16", "compile_scope": "blocks", "compile_mode": "max-autotune",
-    "device": "cuda:1", "timer": "cuda-event", "peak": "measure", "model_factory": "pkg.mod:make",
-    "optimizer_factory": "pkg.mod:sgd", "attention": "naive", "size_name": "small", "size_table": "2026",
-    "checkpoint_blocks": "sqrt", "param_dtype": "bf16",
-}  # fmt: skip
+    "pass_type": "train-step",
+    "precision": "bf16",
+    "compile_scope": "blocks",
+    "compile_mode": "max-autotune",
+    "device": "cuda:1",
+    "timer": "cuda-event",
+    "peak": "measure",
+    "model_factory": "pkg.mod:make",
+    "optimizer_factory": "pkg.mod:sgd",
+    "attention": "naive",
+    "size_name": "small",
+    "size_table": "2026",
+    "checkpoint_blocks": "sqrt",
+    "param_dtype": "bf16",
+}
 
 
 def _other(field: dataclasses.Field, value: object) -> object:
@@ -98,7 +108,9 @@ def _other(field: dataclasses.Field, value: object) -> object:
 
 def _every_field_changed() -> BenchmarkConfig:
     base = tiny_benchmark_config()
-    model = base.model.replace(**{f.name: _other(f, getattr(base.model, f.name)) for f in dataclasses.fields(base.model)})
+    model = base.model.replace(
+        **{f.name: _other(f, getattr(base.model, f.name)) for f in dataclasses.fields(base.model)}
+    )
     changes = {f.name: _other(f, getattr(base, f.name)) for f in dataclasses.fields(base) if f.name != "model"}
     return base.replace(model=model, **changes)
 
@@ -111,7 +123,10 @@ def test_every_setting_reaches_a_child_process_as_data():
     assert BenchmarkConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     # what a sweep's child runs: `benchmark --config JSON` (and a file holding it)
     # (checkpointing cannot wrap a --model-factory model: one of the two at a time)
-    for runnable in (config.replace(model_factory=None), config.replace(model=config.model.replace(checkpoint_blocks=None))):
+    for runnable in (
+        config.replace(model_factory=None),
+        config.replace(model=config.model.replace(checkpoint_blocks=None)),
+    ):
         arguments = benchmark_arguments(runnable, ChildLimits())
         assert arguments[:2] == ["cs336_systems.benchmark", "--config"]
         assert benchmark.config_from_args(benchmark.build_parser().parse_args(arguments[1:])) == runnable
@@ -130,7 +145,9 @@ def test_every_setting_is_identity_or_said_not_to_be_and_every_identity_column_i
         owner = base if hasattr(base, name) else base.model
         field = next(f for f in dataclasses.fields(owner) if f.name == name)
         value = _other(field, getattr(owner, name))
-        changed = base.replace(**{name: value}) if owner is base else base.replace(model=base.model.replace(**{name: value}))
+        changed = (
+            base.replace(**{name: value}) if owner is base else base.replace(model=base.model.replace(**{name: value}))
+        )
         assert changed.key() != base.key(), name
 
 

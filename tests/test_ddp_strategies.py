@@ -20,8 +20,17 @@ pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs torc
 STUDENT = str(REPO / "tests" / "fixtures" / "adapters_student.py")
 WRONG = str(REPO / "tests" / "fixtures" / "adapters_ddp_wrong.py")
 SKELETON = str(REPO / "tests" / "fixtures" / "adapters_skeleton.py")
-EVERY = ["ddp", "naive", "flat", "zero1", "fsdp2", "adapter-ddp", "adapter-ddp-bucketed", "adapter-sharded-optimizer",
-         "adapter-fsdp"]  # fmt: skip
+EVERY = [
+    "ddp",
+    "naive",
+    "flat",
+    "zero1",
+    "fsdp2",
+    "adapter-ddp",
+    "adapter-ddp-bucketed",
+    "adapter-sharded-optimizer",
+    "adapter-fsdp",
+]
 
 
 def full_parameters_after_one_step(ctx, unit):
@@ -43,15 +52,31 @@ def test_every_strategy_steps_as_one_process_on_the_global_batch():
         for rank, params in enumerate(result.messages):
             assert set(params) == set(expected), unit.strategy
             for name, value in params.items():
-                torch.testing.assert_close(torch.from_numpy(value), expected[name],
-                                           msg=f"{unit.strategy} rank {rank} {name}")  # fmt: skip
+                torch.testing.assert_close(
+                    torch.from_numpy(value), expected[name], msg=f"{unit.strategy} rank {rank} {name}"
+                )
     assert max((expected[name] - initial[name]).abs().max().item() for name in expected) > 1e-3
 
 
 def test_every_strategy_row_is_checked_timed_and_measured(tmp_path, capsys):
     csv = tmp_path / "ddp.csv"
-    code, out, err = run_main(ddp_bench.main, capsys, "--world-size", "2", "--strategies", *EVERY, "--adapters", STUDENT,
-                              *TINY_DDP, "--warmup-steps", "0", "--measure-steps", "2", "--output", csv)  # fmt: skip
+    code, out, err = run_main(
+        ddp_bench.main,
+        capsys,
+        "--world-size",
+        "2",
+        "--strategies",
+        *EVERY,
+        "--adapters",
+        STUDENT,
+        *TINY_DDP,
+        "--warmup-steps",
+        "0",
+        "--measure-steps",
+        "2",
+        "--output",
+        csv,
+    )
     assert code == 0, err
     rows = read_results(csv).set_index("strategy")
     assert list(rows.index) == ["single", *EVERY] and set(rows["status"]) == {"ok"}
@@ -82,8 +107,19 @@ def test_every_strategy_row_is_checked_timed_and_measured(tmp_path, capsys):
 
 def test_a_strategy_that_diverges_is_wrong_and_not_timed(tmp_path, capsys):
     csv = tmp_path / "wrong.csv"
-    code, _, err = run_main(ddp_bench.main, capsys, "--world-size", "2", "--strategies", "adapter-ddp", "--adapters", WRONG,
-                            *TINY_DDP, "--output", csv)  # fmt: skip
+    code, _, err = run_main(
+        ddp_bench.main,
+        capsys,
+        "--world-size",
+        "2",
+        "--strategies",
+        "adapter-ddp",
+        "--adapters",
+        WRONG,
+        *TINY_DDP,
+        "--output",
+        csv,
+    )
     assert code == 1
     row = read_results(csv).set_index("strategy").loc["adapter-ddp"]
     assert row["status"] == "wrong" and "not timed" in row["error"]
@@ -92,8 +128,21 @@ def test_a_strategy_that_diverges_is_wrong_and_not_timed(tmp_path, capsys):
 
 def test_an_unimplemented_adapter_is_skipped(tmp_path, capsys):
     csv = tmp_path / "skipped.csv"
-    code, _, err = run_main(ddp_bench.main, capsys, "--world-size", "2", "--strategies", "adapter-ddp", "adapter-fsdp",
-                            "adapter-sharded-optimizer", "--adapters", SKELETON, *TINY_DDP, "--output", csv)  # fmt: skip
+    code, _, err = run_main(
+        ddp_bench.main,
+        capsys,
+        "--world-size",
+        "2",
+        "--strategies",
+        "adapter-ddp",
+        "adapter-fsdp",
+        "adapter-sharded-optimizer",
+        "--adapters",
+        SKELETON,
+        *TINY_DDP,
+        "--output",
+        csv,
+    )
     assert code == 0, err
     rows = read_results(csv).set_index("strategy")
     for strategy in ("adapter-ddp", "adapter-fsdp", "adapter-sharded-optimizer"):
@@ -127,11 +176,34 @@ def test_two_torchrun_nodes_on_one_machine(tmp_path):
     outputs = [tmp_path / f"node{node}.csv" for node in (0, 1)]
     processes = [
         subprocess.Popen(
-            [PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
-             "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "cs336_systems.ddp_bench",
-             "--strategies", "ddp", "fsdp2", *TINY_DDP, "--output", str(outputs[node])],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-        )  # fmt: skip
+            [
+                PYTHON,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                str(node),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "-m",
+                "cs336_systems.ddp_bench",
+                "--strategies",
+                "ddp",
+                "fsdp2",
+                *TINY_DDP,
+                "--output",
+                str(outputs[node]),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
         for node in (0, 1)
     ]
     try:

@@ -110,8 +110,22 @@ def test_one_ddp_step_equals_a_single_process_step_on_the_global_batch():
 
 def test_allreduce_bench_rows_files_and_plot(tmp_path, capsys, saved_figures):
     outputs = [tmp_path / "ar.csv", tmp_path / "ar.md", tmp_path / "ar.jsonl"]
-    code, out, _ = run_main(allreduce_bench.main, capsys, "--backend", "gloo", "--world-sizes", "1", "2", "--sizes", "1MB",
-                            "64KiB", *FAST, *(x for p in outputs for x in ("--output", p)), "--plot", tmp_path / "ar.png")  # fmt: skip
+    code, out, _ = run_main(
+        allreduce_bench.main,
+        capsys,
+        "--backend",
+        "gloo",
+        "--world-sizes",
+        "1",
+        "2",
+        "--sizes",
+        "1MB",
+        "64KiB",
+        *FAST,
+        *(x for p in outputs for x in ("--output", p)),
+        "--plot",
+        tmp_path / "ar.png",
+    )
     assert code == 0, out
     rows = read_results(outputs[0])
     assert list(rows["status"]) == ["ok"] * 4
@@ -137,8 +151,20 @@ def test_allreduce_bench_rows_files_and_plot(tmp_path, capsys, saved_figures):
 
 def test_allreduce_bench_out_of_memory_is_a_row(tmp_path, capsys):
     csv = tmp_path / "oom.csv"
-    code, _, _ = run_main(allreduce_bench.main, capsys, "--world-sizes", "2", "--sizes", "4GB", "1MB", "--memory-limit",
-                          "512MiB", *FAST, "--output", csv)  # fmt: skip
+    code, _, _ = run_main(
+        allreduce_bench.main,
+        capsys,
+        "--world-sizes",
+        "2",
+        "--sizes",
+        "4GB",
+        "1MB",
+        "--memory-limit",
+        "512MiB",
+        *FAST,
+        "--output",
+        csv,
+    )
     rows = read_results(csv)
     assert code == 0 and list(rows["status"]) == ["oom", "ok"]
     assert "can't allocate memory" in rows["error"][0]
@@ -146,8 +172,24 @@ def test_allreduce_bench_out_of_memory_is_a_row(tmp_path, capsys):
 
 def test_ddp_bench_rows(tmp_path, capsys):
     csv, md = tmp_path / "ddp.csv", tmp_path / "ddp.md"
-    code, out, _ = run_main(ddp_bench.main, capsys, "--world-size", "2", "--strategy", "ddp", "naive", "--bucket-cap-mb",
-                            "1", *TINY_DDP, "--base-lr", "1e-4", "--output", csv, "--output", md)  # fmt: skip
+    code, out, _ = run_main(
+        ddp_bench.main,
+        capsys,
+        "--world-size",
+        "2",
+        "--strategy",
+        "ddp",
+        "naive",
+        "--bucket-cap-mb",
+        "1",
+        *TINY_DDP,
+        "--base-lr",
+        "1e-4",
+        "--output",
+        csv,
+        "--output",
+        md,
+    )
     assert code == 0, out
     rows = read_results(csv).set_index("strategy")
     assert list(rows.index) == ["single", "ddp", "naive"] and set(rows["status"]) == {"ok"}
@@ -171,8 +213,24 @@ def test_failing_rank_gives_an_error_row_and_a_prompt_exit(tmp_path):
     csv = tmp_path / "fail.csv"
     env = {**child_env(), INJECT_FAILURE_ENV: "1:raise"}
     start = time.monotonic()
-    process = subprocess.run([PYTHON, "-m", "cs336_systems.allreduce_bench", "--world-sizes", "2", "--sizes", "1MB",
-                              *FAST, "--output", str(csv)], capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    process = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "cs336_systems.allreduce_bench",
+            "--world-sizes",
+            "2",
+            "--sizes",
+            "1MB",
+            *FAST,
+            "--output",
+            str(csv),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert time.monotonic() - start < 30
     assert process.returncode == 1, process.stderr
     [row] = read_results(csv).to_dict("records")
@@ -205,8 +263,23 @@ def test_dead_or_hung_rank_ends_the_run(module, mode, status, message, tmp_path,
 
 def test_allreduce_bench_under_torchrun(tmp_path):
     csv = tmp_path / "torchrun.csv"
-    command = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-               "cs336_systems.allreduce_bench", "--backend", "gloo", "--sizes", "1MB", *FAST, "--output", str(csv)]  # fmt: skip
+    command = [
+        PYTHON,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "cs336_systems.allreduce_bench",
+        "--backend",
+        "gloo",
+        "--sizes",
+        "1MB",
+        *FAST,
+        "--output",
+        str(csv),
+    ]
     process = subprocess.run(command, capture_output=True, text=True, env=child_env(), timeout=120)
     assert process.returncode == 0, process.stderr[-2000:]
     [row] = read_results(csv).to_dict("records")
@@ -228,8 +301,11 @@ def test_allreduce_bench_under_torchrun(tmp_path):
         # nccl cannot all-reduce CPU tensors: refused before anything starts, CUDA or not
         (allreduce_bench, ["--backend", "nccl", "--device", "cpu"], "--device cpu does not fit"),
         (ddp_bench, ["--backend", "nccl", "--device", "cpu"], "--device cpu does not fit"),
-        (allreduce_bench, ["--world-sizes", "2", "--device", "cpu", "--memory-limit", "1GB", "--output", "r.xlsx"],
-         "unknown suffix"),
+        (
+            allreduce_bench,
+            ["--world-sizes", "2", "--device", "cpu", "--memory-limit", "1GB", "--output", "r.xlsx"],
+            "unknown suffix",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(module, args, message, capsys):
@@ -245,13 +321,37 @@ def test_bad_input_is_one_line_and_exit_2(module, args, message, capsys):
 @pytest.mark.skipif(not torch.cuda.is_available() or not dist.is_nccl_available(), reason="needs CUDA and NCCL")
 def test_nccl_world_size_one_on_a_gpu(tmp_path, capsys):
     ar, ddp = tmp_path / "ar.csv", tmp_path / "ddp.csv"
-    code, out, _ = run_main(allreduce_bench.main, capsys, "--backend", "nccl", "--world-sizes", "1", "--sizes", "1MB",
-                            "64MB", *FAST, "--output", ar)  # fmt: skip
+    code, out, _ = run_main(
+        allreduce_bench.main,
+        capsys,
+        "--backend",
+        "nccl",
+        "--world-sizes",
+        "1",
+        "--sizes",
+        "1MB",
+        "64MB",
+        *FAST,
+        "--output",
+        ar,
+    )
     assert code == 0, out
     rows = read_results(ar)
     assert set(rows["status"]) == {"ok"} and set(rows["device"]) == {"cuda"} and set(rows["busbw_gbps"]) == {0.0}
-    code, out, _ = run_main(ddp_bench.main, capsys, "--backend", "nccl", "--world-size", "1", "--strategy", "ddp", "naive",
-                            *TINY_DDP, "--output", ddp)  # fmt: skip
+    code, out, _ = run_main(
+        ddp_bench.main,
+        capsys,
+        "--backend",
+        "nccl",
+        "--world-size",
+        "1",
+        "--strategy",
+        "ddp",
+        "naive",
+        *TINY_DDP,
+        "--output",
+        ddp,
+    )
     assert code == 0, out
     rows = read_results(ddp)
     assert list(rows["strategy"]) == ["single", "ddp", "naive"] and set(rows["status"]) == {"ok"}
@@ -268,8 +368,9 @@ def test_one_ddp_step_on_a_gpu_equals_the_single_process_step():
         assert result.status == "ok", result.error
         for name, value in result.messages[0].items():
             # batch 2 per rank vs the global batch: other kernels, other rounding (TF32 is off)
-            torch.testing.assert_close(torch.from_numpy(value), expected[name], rtol=1e-4, atol=1e-4,
-                                       msg=f"{unit.strategy} {name}")  # fmt: skip
+            torch.testing.assert_close(
+                torch.from_numpy(value), expected[name], rtol=1e-4, atol=1e-4, msg=f"{unit.strategy} {name}"
+            )
 
 
 def test_gloo_on_cuda_needs_a_gpu_and_says_so(capsys):
@@ -282,10 +383,15 @@ def test_gloo_on_cuda_needs_a_gpu_and_says_so(capsys):
 
 def test_old_and_singular_spellings_are_aliases():
     parse = allreduce_bench.build_parser().parse_args
-    assert vars(parse(["--world-size", "2", "3", "--size", "1MB"])) == vars(parse(["--world-sizes", "2", "3", "--sizes", "1MB"]))
+    assert vars(parse(["--world-size", "2", "3", "--size", "1MB"])) == vars(
+        parse(["--world-sizes", "2", "3", "--sizes", "1MB"])
+    )
     assert parse(["--world-size", "2", "--size", "1MB"]).sizes == [("1MB", 10**6)]
     parse = ddp_bench.build_parser().parse_args
-    old, new = parse(["--world-size", "1", "2", "--strategy", "naive"]), parse(["--world-sizes", "1", "2", "--strategies", "naive"])
+    old, new = (
+        parse(["--world-size", "1", "2", "--strategy", "naive"]),
+        parse(["--world-sizes", "1", "2", "--strategies", "naive"]),
+    )
     assert vars(old) == vars(new) and (new.world_sizes, new.strategies) == ([1, 2], ["naive"])
     for module in (allreduce_bench, ddp_bench):
         help_text = module.build_parser().format_help()

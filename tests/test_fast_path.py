@@ -145,29 +145,71 @@ def test_fast_path_flags_are_part_of_the_identity_and_round_trip():
     config = tiny_benchmark_config(pass_type="train-step", precision="bf16", grad_accum_steps=4, param_dtype="bf16")
     config = config.replace(model=config.model.replace(fused_projections=True))
     assert BenchmarkConfig.from_dict(config.to_dict()) == config  # what a sweep's child gets
-    flags = ["--pass-type", "train-step", "--precision", "bf16", "--grad-accum-steps", "4", "--param-dtype", "bf16",
-             "--fused-projections", *TINY_SHAPE, "--context-length", "16", "--batch-size", "2", "--device", "cpu"]  # fmt: skip
+    flags = [
+        "--pass-type",
+        "train-step",
+        "--precision",
+        "bf16",
+        "--grad-accum-steps",
+        "4",
+        "--param-dtype",
+        "bf16",
+        "--fused-projections",
+        *TINY_SHAPE,
+        "--context-length",
+        "16",
+        "--batch-size",
+        "2",
+        "--device",
+        "cpu",
+    ]
     parsed = config_from_args(build_parser().parse_args(flags))
     assert (parsed.grad_accum_steps, parsed.param_dtype, parsed.model.fused_projections) == (4, "bf16", True)
     plain = tiny_benchmark_config(pass_type="train-step", precision="bf16")
-    keys = {plain.key(), config.key(), config.replace(grad_accum_steps=2).key(), config.replace(param_dtype="fp32").key()}
+    keys = {
+        plain.key(),
+        config.key(),
+        config.replace(grad_accum_steps=2).key(),
+        config.replace(param_dtype="fp32").key(),
+    }
     assert len(keys) == 4
     # off is None: a row written before these columns existed keeps its key
     row = BenchmarkRecord.for_config(plain, CPU, None, 1).to_row()
-    old = {name: value for name, value in row.items() if name not in ("grad_accum_steps", "param_dtype", "fused_projections")}
+    old = {
+        name: value
+        for name, value in row.items()
+        if name not in ("grad_accum_steps", "param_dtype", "fused_projections")
+    }
     assert row_key(old, IDENTITY_FIELDS) == plain.key()
     assert config.fast_path() == "--grad-accum-steps 4 --param-dtype bf16 --fused-projections"
 
 
 def test_fused_projections_refuse_a_model_factory_in_one_line(capsys):
-    code, _, err = run_main(benchmark.main, capsys, *TINY_SHAPE, "--context-length", "8", "--fused-projections",
-                           "--model-factory", "torch.nn:Linear")  # fmt: skip
+    code, _, err = run_main(
+        benchmark.main,
+        capsys,
+        *TINY_SHAPE,
+        "--context-length",
+        "8",
+        "--fused-projections",
+        "--model-factory",
+        "torch.nn:Linear",
+    )
     assert code == 2 and err.count("\n") == 1 and "--fused-projections" in err
 
 
 def test_anomaly_text_and_labels_name_the_fast_path():
-    base = dict(status="ok", device_name="H100", precision="bf16", pass_type="train-step", model_size="xl",
-                context_length=512, batch_size=4, num_layers=32, flops_per_step=1e12)  # fmt: skip
+    base = dict(
+        status="ok",
+        device_name="H100",
+        precision="bf16",
+        pass_type="train-step",
+        model_size="xl",
+        context_length=512,
+        batch_size=4,
+        num_layers=32,
+        flops_per_step=1e12,
+    )
     rows = [
         {**base, "achieved_tflops": 600.0, "grad_accum_steps": 4, "param_dtype": "bf16", "fused_projections": True},
         {**base, "achieved_tflops": 100.0, "grad_accum_steps": None, "param_dtype": float("nan")},

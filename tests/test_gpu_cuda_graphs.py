@@ -22,10 +22,12 @@ def test_replayed_steps_match_eager_steps(pass_type):
     graphed_model = copy.deepcopy(eager_model)
     generator = torch.Generator(device=device).manual_seed(0)
     batches = [
-        (torch.randint(0, config.vocab_size, (2, 16), device=device, generator=generator),
-         torch.randint(0, config.vocab_size, (2, 16), device=device, generator=generator))
+        (
+            torch.randint(0, config.vocab_size, (2, 16), device=device, generator=generator),
+            torch.randint(0, config.vocab_size, (2, 16), device=device, generator=generator),
+        )
         for _ in range(cuda_graphs.CAPTURE_WARMUP_ITERS + 4)
-    ]  # fmt: skip
+    ]
     training = pass_type == "train-step"
     eager_opt = cuda_graphs.make_optimizer(eager_model) if training else None
     graphed_opt = cuda_graphs.make_optimizer(graphed_model) if training else None
@@ -57,8 +59,9 @@ def test_cuda_graph_benchmark_row():
     from cs336_systems.runner import run_benchmark
     from tests.conftest import tiny_benchmark_config
 
-    record = run_benchmark(tiny_benchmark_config(device="cuda", pass_type="train-step", cuda_graphs=True,
-                                                 measure_steps=5, peak_tflops=1.0))  # fmt: skip
+    record = run_benchmark(
+        tiny_benchmark_config(device="cuda", pass_type="train-step", cuda_graphs=True, measure_steps=5, peak_tflops=1.0)
+    )
     assert record.status == "ok", record.error
     assert record.cuda_graphs is True and len(record.step_ms) == 5
     assert record.forward_ms is None  # one replay: no phases

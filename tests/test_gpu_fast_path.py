@@ -11,8 +11,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def test_fast_path_row_on_a_gpu():
-    config = tiny_benchmark_config(device="cuda", pass_type="train-step", precision="bf16", grad_accum_steps=2,
-                                   param_dtype="bf16", peak_tflops=1.0)  # fmt: skip
+    config = tiny_benchmark_config(
+        device="cuda", pass_type="train-step", precision="bf16", grad_accum_steps=2, param_dtype="bf16", peak_tflops=1.0
+    )
     record = run_benchmark(config.replace(model=config.model.replace(fused_projections=True)))
     assert record.status == "ok", record.error
     assert record.optimizer.endswith("over fp32 master weights")
@@ -20,8 +21,9 @@ def test_fast_path_row_on_a_gpu():
 
 
 def test_graph_rows_refuse_the_fast_path():
-    record = run_benchmark(tiny_benchmark_config(device="cuda", pass_type="train-step", cuda_graphs=True,
-                                                 grad_accum_steps=2))  # fmt: skip
+    record = run_benchmark(
+        tiny_benchmark_config(device="cuda", pass_type="train-step", cuda_graphs=True, grad_accum_steps=2)
+    )
     assert record.status == "unsupported" and "--grad-accum-steps" in record.error
 
 

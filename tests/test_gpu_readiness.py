@@ -72,8 +72,18 @@ def test_capture_starts_from_an_emptied_cache(monkeypatch):
         yield
 
     cuda_graphs.CapturedStep(body, model, warmup_iters=2, phase=phase, cuda=FakeCuda(log))
-    assert log == ["phase eager", "body", "body", "gc.collect", "synchronize", "empty_cache", "phase capture",
-                   "CUDAGraph", "capture begins", "body"]  # fmt: skip
+    assert log == [
+        "phase eager",
+        "body",
+        "body",
+        "gc.collect",
+        "synchronize",
+        "empty_cache",
+        "phase capture",
+        "CUDAGraph",
+        "capture begins",
+        "body",
+    ]
 
 
 def test_graph_row_peak_is_the_capture_peak():
@@ -114,8 +124,9 @@ def test_graph_row_names_its_optimizer_and_checks_the_loss(monkeypatch):
 
 
 def test_graphs_refuse_a_user_optimizer_in_one_line(capsys):
-    code, out, err = run_main(benchmark.main, capsys, *TINY, "--cuda-graphs", "--pass-type", "train-step",
-                             "--optimizer", "torch.optim:SGD")  # fmt: skip
+    code, out, err = run_main(
+        benchmark.main, capsys, *TINY, "--cuda-graphs", "--pass-type", "train-step", "--optimizer", "torch.optim:SGD"
+    )
     assert code == 2 and err.count("\n") == 1 and "cannot capture --optimizer" in err
     cuda = torch.device("cuda", 0)
     assert "cannot capture --optimizer" in cuda_graphs.unsupported_reason(cuda, "bf16", None, "torch.optim:SGD")
@@ -157,8 +168,14 @@ def nsys_run(tmp_path: Path, *flags: str, path: str) -> tuple[subprocess.Complet
     fake.chmod(0o755)
     env = {**os.environ, "PATH": path.replace("FAKE", str(fake.parent)), "PYTHON": sys.executable}
     env.pop("NSYS", None)
-    done = subprocess.run(["bash", str(REPO / "scripts" / "nsys_profile.sh"), str(tmp_path / "out"), *flags],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "nsys_profile.sh"), str(tmp_path / "out"), *flags],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=60,
+    )
     return done, (log.read_text().splitlines() if log.exists() else [])
 
 
@@ -181,9 +198,22 @@ def test_nsys_missing_is_one_line(tmp_path):
 
 def test_gpu_selfcheck_runs_on_a_cpu_and_says_what_it_skipped(tmp_path):
     output = tmp_path / "check.md"
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "checks" / "gpu_selfcheck.py"), "--device", "cpu",
-                           "--no-compile", "--output", str(output)],
-                          capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "checks" / "gpu_selfcheck.py"),
+            "--device",
+            "cpu",
+            "--no-compile",
+            "--output",
+            str(output),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=child_env(),
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     text = output.read_text()
     assert "## Versions (ok" in text and f"torch {torch.__version__}" in text and "- git_commit:" in text

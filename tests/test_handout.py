@@ -115,15 +115,19 @@ def test_a_small_run_writes_the_write_up_and_a_stopped_run_continues_without_rep
     monkeypatch.setattr(run, "run_step", stop_at_the_second_step)
     assert cli.main(argv) == 130
     plan = pd.read_csv(out / run.PLAN_FILE)
-    assert plan.set_index("step")["outcome"].to_dict() == {"mixed_precision_accumulation": "ok",
-                                                           "pytorch_attention": "interrupted"}  # fmt: skip
+    assert plan.set_index("step")["outcome"].to_dict() == {
+        "mixed_precision_accumulation": "ok",
+        "pytorch_attention": "interrupted",
+    }
     marker = json.loads((out / ".handout" / "mixed_precision_accumulation.json").read_text())
     assert marker["exit_status"] == 0
     printed = (out / "mixed_precision_accumulation.txt").read_text()
     assert "fp16" in printed
 
     ran.clear()
-    monkeypatch.setattr(run, "run_step", lambda step, output_dir: (ran.append(step.id), real_run_step(step, output_dir))[1])
+    monkeypatch.setattr(
+        run, "run_step", lambda step, output_dir: (ran.append(step.id), real_run_step(step, output_dir))[1]
+    )
     assert cli.main(argv) == 0
     assert ran == ["pytorch_attention"]  # the finished step is not run again
     assert (out / "mixed_precision_accumulation.txt").read_text() == printed
@@ -145,8 +149,7 @@ def test_a_small_run_writes_the_write_up_and_a_stopped_run_continues_without_rep
 def test_an_unfinished_sweep_continues_with_its_own_resume_and_any_other_step_starts_from_empty_outputs(tmp_path):
     from cs336_systems.handout.plan import Step
 
-    sweep = Step("sweep", "p", "a sweep", "cs336_systems.benchmark_direct", {"--output": ["sweep.csv"]},
-                 resumable=True)  # fmt: skip
+    sweep = Step("sweep", "p", "a sweep", "cs336_systems.benchmark_direct", {"--output": ["sweep.csv"]}, resumable=True)
     other = Step("other", "p", "attention", "cs336_systems.attention_bench", {"--output": ["other.csv"]})
     for name in ("sweep.csv", "other.csv"):
         (tmp_path / name).write_text("partial rows\n")
@@ -168,17 +171,52 @@ def test_a_done_marker_counts_only_for_the_same_command(tmp_path):
 def test_report_opens_with_the_plan_and_shows_printed_output_as_written(tmp_path):
     from cs336_systems.report.cli import main as report_main
 
-    plan = pd.DataFrame([
-        dict(order=1, edition="2026", scale="full", problem="mixed_precision_accumulation", step="mixed_precision_accumulation",
-             part="accumulation", tool="cs336_systems.mixed_precision", plan_status="run", outcome="ok", reason="",
-             reductions="", predicted_peak_bytes=None, device_memory_bytes=2**30, predicted_s=15.0, elapsed_s=4.2,
-             command="python -m cs336_systems.mixed_precision --device cpu", text_output="printed.txt",
-             device_name="AMD EPYC", device_assumed=False),
-        dict(order=2, edition="2026", scale="full", problem="nsys_profile", step="nsys_profile-small-128", part="nsys",
-             tool="nsys_profile.sh", plan_status="skipped", outcome="skipped", reason="nsys profiles CUDA kernels: needs a GPU",
-             reductions="", predicted_peak_bytes=None, device_memory_bytes=2**30, predicted_s=None, elapsed_s=None,
-             command="", text_output="", device_name="AMD EPYC", device_assumed=False),
-    ])  # fmt: skip
+    plan = pd.DataFrame(
+        [
+            dict(
+                order=1,
+                edition="2026",
+                scale="full",
+                problem="mixed_precision_accumulation",
+                step="mixed_precision_accumulation",
+                part="accumulation",
+                tool="cs336_systems.mixed_precision",
+                plan_status="run",
+                outcome="ok",
+                reason="",
+                reductions="",
+                predicted_peak_bytes=None,
+                device_memory_bytes=2**30,
+                predicted_s=15.0,
+                elapsed_s=4.2,
+                command="python -m cs336_systems.mixed_precision --device cpu",
+                text_output="printed.txt",
+                device_name="AMD EPYC",
+                device_assumed=False,
+            ),
+            dict(
+                order=2,
+                edition="2026",
+                scale="full",
+                problem="nsys_profile",
+                step="nsys_profile-small-128",
+                part="nsys",
+                tool="nsys_profile.sh",
+                plan_status="skipped",
+                outcome="skipped",
+                reason="nsys profiles CUDA kernels: needs a GPU",
+                reductions="",
+                predicted_peak_bytes=None,
+                device_memory_bytes=2**30,
+                predicted_s=None,
+                elapsed_s=None,
+                command="",
+                text_output="",
+                device_name="AMD EPYC",
+                device_assumed=False,
+            ),
+        ]
+    )
     plan.to_csv(tmp_path / "handout_plan.csv", index=False)
     (tmp_path / "printed.txt").write_text("| accumulator | result |\n|---|---|\n| fp16 | 9.95 #_*$ |\n")
     outputs = [tmp_path / f"writeup.{ext}" for ext in ("md", "typ", "tex")]

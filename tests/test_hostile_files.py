@@ -74,10 +74,13 @@ def test_a_symlink_to_dev_full_is_refused_before_any_work(tmp_path):
         check_output_path(tmp_path / "full.csv")
 
 
-@pytest.mark.parametrize("make, why", [
-    (lambda p: os.mkfifo(p), "FIFO"),
-    (lambda p: p.mkdir(), "is a directory"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "make, why",
+    [
+        (lambda p: os.mkfifo(p), "FIFO"),
+        (lambda p: p.mkdir(), "is a directory"),
+    ],
+)
 def test_fifos_and_directories_are_refused_without_blocking(tmp_path, make, why):
     target = tmp_path / "out.csv"
     make(target)
@@ -172,12 +175,15 @@ def test_a_writable_file_in_an_unwritable_directory_is_refused_before_any_work()
 def test_the_lock_message_names_only_flags_the_tool_has(tmp_path):
     first = sink([tmp_path / "r.csv"])
     try:
-        script = ("from cs336_systems.results import ResultSink\n"
-                  "class Row:\n    row_fields = classmethod(lambda cls: ('name', 'mean_ms'))\n"
-                  "    markdown = classmethod(lambda cls, rows: '')\n"
-                  f"ResultSink([{str(tmp_path / 'r.csv')!r}], Row)")  # fmt: skip
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+        script = (
+            "from cs336_systems.results import ResultSink\n"
+            "class Row:\n    row_fields = classmethod(lambda cls: ('name', 'mean_ms'))\n"
+            "    markdown = classmethod(lambda cls, rows: '')\n"
+            f"ResultSink([{str(tmp_path / 'r.csv')!r}], Row)"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}
+        )
         assert "is being written by process" in done.stderr and "--wait-lock" not in done.stderr
     finally:
         first.close()
@@ -231,11 +237,39 @@ def test_resume_refuses_a_damaged_output_naming_its_line(tmp_path):
     out = tmp_path / "r.csv"
     header = ",".join(BenchmarkRecord.row_fields())
     out.write_text(f"{header}\n{header}\n")  # the tool's own columns, a file joined to another
-    done = subprocess.run([sys.executable, "-m", "cs336_systems.benchmark_direct", "--device", "cpu",
-                           "--d-model", "16", "--d-ff", "32", "--num-layers", "1", "--num-heads", "2",
-                           "--vocab-size", "31", "--context-lengths", "4", "--batch-sizes", "1",
-                           "--warmup-steps", "0", "--measure-steps", "1", "--output", str(out), "--resume"],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cs336_systems.benchmark_direct",
+            "--device",
+            "cpu",
+            "--d-model",
+            "16",
+            "--d-ff",
+            "32",
+            "--num-layers",
+            "1",
+            "--num-heads",
+            "2",
+            "--vocab-size",
+            "31",
+            "--context-lengths",
+            "4",
+            "--batch-sizes",
+            "1",
+            "--warmup-steps",
+            "0",
+            "--measure-steps",
+            "1",
+            "--output",
+            str(out),
+            "--resume",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "r.csv:2: the header line again" in done.stderr
 
@@ -320,8 +354,11 @@ def test_compare_prints_to_a_terminal_that_cannot_show_plus_minus(tmp_path, env)
     with ResultSink([path]) as out:
         out.write(run_benchmark(tiny_benchmark_config(pass_type="forward")))
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG", "PYTHONIO", "PYTHONUTF"))}
-    done = subprocess.run([sys.executable, "-m", "cs336_systems.compare", str(path), str(path)], capture_output=True,
-                          env={**clean, **env, "PYTHONPATH": str(REPO)})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "cs336_systems.compare", str(path), str(path)],
+        capture_output=True,
+        env={**clean, **env, "PYTHONPATH": str(REPO)},
+    )
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     assert b"+/-5%" in done.stdout and done.stdout.isascii()
 
@@ -369,6 +406,14 @@ def test_a_markdown_results_file_is_refused_as_input_to_report_and_compare(tmp_p
 def test_the_attention_figure_of_a_run_whose_every_row_failed_is_drawn(tmp_path):
     from cs336_systems.attention_bench.figure import plot
 
-    row = {"implementation": "user:exits", "head_dim": 8, "context_length": 16, "status": "error", "batch_size": 1,
-           "precision": "fp32", "forward_mean_ms": None, "backward_mean_ms": None}  # fmt: skip
+    row = {
+        "implementation": "user:exits",
+        "head_dim": 8,
+        "context_length": 16,
+        "status": "error",
+        "batch_size": 1,
+        "precision": "fp32",
+        "forward_mean_ms": None,
+        "backward_mean_ms": None,
+    }
     assert plot([row], tmp_path / "p.png").stat().st_size > 0

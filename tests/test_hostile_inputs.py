@@ -20,8 +20,9 @@ TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR
 def run_tool(module: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120):
     variables = {k: v for k, v in child_env().items() if k not in TORCHRUN}
     variables.update(env or {})
-    return subprocess.run([PYTHON, "-m", module, *args], capture_output=True, text=True, cwd=REPO, env=variables,
-                          timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [PYTHON, "-m", module, *args], capture_output=True, text=True, cwd=REPO, env=variables, timeout=timeout
+    )
 
 
 def one_line_exit_2(result: subprocess.CompletedProcess, *words: str) -> None:
@@ -83,11 +84,27 @@ def test_ddp_bench_refuses_a_flag_no_chosen_strategy_uses(capsys, flags, flag):
 def test_ddp_nan_gradients_are_wrong_not_ok(tmp_path, check):
     output = tmp_path / "ddp.jsonl"
     result = run_tool(
-        "cs336_systems.ddp_bench", "--world-sizes", "2", "--strategies", "adapter-ddp",
-        "--adapters", str(HOSTILE / "adapters_nan.py"), *TINY_SHAPE, "--context-length", "8", "--batch-size", "2",
-        "--warmup-steps", "1", "--measure-steps", "2", "--output", str(output), *([] if check else ["--no-check"]),
+        "cs336_systems.ddp_bench",
+        "--world-sizes",
+        "2",
+        "--strategies",
+        "adapter-ddp",
+        "--adapters",
+        str(HOSTILE / "adapters_nan.py"),
+        *TINY_SHAPE,
+        "--context-length",
+        "8",
+        "--batch-size",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--measure-steps",
+        "2",
+        "--output",
+        str(output),
+        *([] if check else ["--no-check"]),
         timeout=240,
-    )  # fmt: skip
+    )
     rows = {row["strategy"]: row for row in map(json.loads, output.read_text().splitlines())}
     assert result.returncode == 1, result.stderr
     assert rows["single"]["status"] == "ok"
@@ -95,8 +112,20 @@ def test_ddp_nan_gradients_are_wrong_not_ok(tmp_path, check):
     assert rows["adapter-ddp"]["mean_ms"] is None
 
 
-RESIDUALS = ["--no-compile", "--no-model", "--d-model", "16", "--num-layers", "1", "--num-heads", "2", "--d-ff", "32",
-             "--vocab-size", "50"]  # fmt: skip
+RESIDUALS = [
+    "--no-compile",
+    "--no-model",
+    "--d-model",
+    "16",
+    "--num-layers",
+    "1",
+    "--num-heads",
+    "2",
+    "--d-ff",
+    "32",
+    "--vocab-size",
+    "50",
+]
 
 
 def test_residuals_context_past_the_models_maximum_is_one_line(capsys):
@@ -138,7 +167,9 @@ def test_monitor_plot_title_shows_a_command_with_dollars_as_text(tmp_path, capsy
     assert csv.with_suffix(".png").stat().st_size > 0 and csv.with_suffix(".json").exists()
 
 
-IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(120)"
+IGNORES_SIGTERM = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(120)"
+)
 
 
 def test_monitor_under_sigterm_kills_a_command_that_ignores_it(tmp_path):
@@ -149,10 +180,25 @@ def test_monitor_under_sigterm_kills_a_command_that_ignores_it(tmp_path):
 
     csv = tmp_path / "run.csv"
     monitor = subprocess.Popen(
-        [PYTHON, "-m", "cs336_systems.monitor", "--monitor-interval", "0.1", "--output", str(csv), "--",
-         PYTHON, "-c", IGNORES_SIGTERM],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=child_env(),
-    )  # fmt: skip
+        [
+            PYTHON,
+            "-m",
+            "cs336_systems.monitor",
+            "--monitor-interval",
+            "0.1",
+            "--output",
+            str(csv),
+            "--",
+            PYTHON,
+            "-c",
+            IGNORES_SIGTERM,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=child_env(),
+    )
     try:
         assert monitor.stdout.readline().strip() == "ready"
         command_pid = int(subprocess.check_output(["pgrep", "-P", str(monitor.pid)], text=True).split()[0])
@@ -188,11 +234,27 @@ def _gone(pid: int, within_s: float = 10.0) -> bool:
 def test_run_benchmarks_ends_a_helper_process_the_users_model_started(tmp_path):
     pidfile, output = tmp_path / "helpers.txt", tmp_path / "rows.jsonl"
     result = run_tool(
-        "cs336_systems.run_benchmarks", *TINY_SHAPE, "--context-lengths", "8", "--batch-sizes", "2",
-        "--warmup-steps", "1", "--measure-steps", "2", "--device", "cpu", "--pass-types", "forward",
-        "--model-factory", "tests.fixtures.hostile.models:starts_helper", "--output", str(output),
-        env={"HOSTILE_HELPER_PIDFILE": str(pidfile)}, timeout=180,
-    )  # fmt: skip
+        "cs336_systems.run_benchmarks",
+        *TINY_SHAPE,
+        "--context-lengths",
+        "8",
+        "--batch-sizes",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--measure-steps",
+        "2",
+        "--device",
+        "cpu",
+        "--pass-types",
+        "forward",
+        "--model-factory",
+        "tests.fixtures.hostile.models:starts_helper",
+        "--output",
+        str(output),
+        env={"HOSTILE_HELPER_PIDFILE": str(pidfile)},
+        timeout=180,
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(output.read_text().splitlines()[-1])["status"] == "ok"
     helpers = [int(line) for line in pidfile.read_text().split()]
@@ -205,8 +267,15 @@ def test_run_benchmarks_ends_a_helper_process_the_users_model_started(tmp_path):
 def _probe(tmp_path, lines, **kwargs):
     from cs336_systems.probe import StepProbe
 
-    return StepProbe("cpu", output=tmp_path / "probe.csv", outputs=[tmp_path / "probe.md"], window=2,
-                     print_fn=lines.append, environment=None, **kwargs)  # fmt: skip
+    return StepProbe(
+        "cpu",
+        output=tmp_path / "probe.csv",
+        outputs=[tmp_path / "probe.md"],
+        window=2,
+        print_fn=lines.append,
+        environment=None,
+        **kwargs,
+    )
 
 
 def _full_disk(*args, **kwargs):

@@ -69,8 +69,11 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_find_cycle_on_hand_made_graphs():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
     assert find_cycle({"cli": {"runner"}, "runner": {"memory"}, "memory": {"cli"}}) == [
-        "cli", "runner", "memory", "cli",
-    ]  # fmt: skip
+        "cli",
+        "runner",
+        "memory",
+        "cli",
+    ]
     assert find_cycle({"a": {"a"}}) == ["a", "a"]
 
 
@@ -115,7 +118,11 @@ def test_the_package_imports_itself_relatively_and_starts_children_by_its_runnin
                 names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
             if any(name.split(".")[0] == "cs336_systems" for name in names):
                 absolute.append(f"{path.name}:{node.lineno}")
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("cs336_systems."):
+            elif (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value.startswith("cs336_systems.")
+            ):
                 hard_coded.append(f"{path.name}:{node.lineno} {node.value!r}")
     assert not absolute, f"absolute imports (run python scripts/dev/relative_imports.py): {absolute}"
     assert not hard_coded, f"module names spelled out (use tools.module_name): {hard_coded}"

@@ -26,7 +26,6 @@ from tests.conftest import PYTHON, REPO, TINY_SHAPE, TINY_SWEEP, child_env
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 
 
-
 def _gone(pid: int) -> bool:
     """Not running: no such process, or a zombie waiting to be reaped."""
     try:
@@ -62,9 +61,13 @@ def _kill(pids) -> None:
 def _start(args, tmp_path, **env) -> subprocess.Popen:
     """A command in its own session (as from a terminal), temp files in tmp_path."""
     return subprocess.Popen(
-        [PYTHON, "-m", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**child_env(), "TMPDIR": str(tmp_path), **env}, start_new_session=True,
-    )  # fmt: skip
+        [PYTHON, "-m", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**child_env(), "TMPDIR": str(tmp_path), **env},
+        start_new_session=True,
+    )
 
 
 def _rows(path: Path) -> int:
@@ -79,8 +82,20 @@ def _rows(path: Path) -> int:
 
 def test_sweep_child_dies_with_its_sigkilled_parent_and_the_next_run_removes_its_temp_dir(tmp_path):
     pids = tmp_path / "pids"
-    process = _start(["cs336_systems.run_benchmarks", *TINY_SWEEP, "--model-factory", "user_models:hangs_with_a_child",
-                      "--context-lengths", "8", "--timeout", "600"], tmp_path, CS336_TEST_PIDS=str(pids))  # fmt: skip
+    process = _start(
+        [
+            "cs336_systems.run_benchmarks",
+            *TINY_SWEEP,
+            "--model-factory",
+            "user_models:hangs_with_a_child",
+            "--context-lengths",
+            "8",
+            "--timeout",
+            "600",
+        ],
+        tmp_path,
+        CS336_TEST_PIDS=str(pids),
+    )
     child, grandchild = _wait_for(lambda: pids.exists() and [int(p) for p in pids.read_text().split()], process)
     leftover = list(tmp_path.glob(f"cs336-child-{process.pid}-*"))
     assert len(leftover) == 1  # the child's row directory, named after its owner
@@ -97,8 +112,21 @@ def test_sweep_child_dies_with_its_sigkilled_parent_and_the_next_run_removes_its
 
 def test_spawned_ranks_die_with_their_sigkilled_parent(tmp_path):
     # rank 1 hangs at its first unit, rank 0 waits for it in the all-reduce: both have joined the group
-    process = _start(["cs336_systems.allreduce_bench", "--device", "cpu", "--world-sizes", "2", "--sizes", "4KB",
-                      "--timeout", "600"], tmp_path, CS336_SYSTEMS_INJECT_FAILURE="1:hang")  # fmt: skip
+    process = _start(
+        [
+            "cs336_systems.allreduce_bench",
+            "--device",
+            "cpu",
+            "--world-sizes",
+            "2",
+            "--sizes",
+            "4KB",
+            "--timeout",
+            "600",
+        ],
+        tmp_path,
+        CS336_SYSTEMS_INJECT_FAILURE="1:hang",
+    )
     parent = psutil.Process(process.pid)
 
     def joined():
@@ -145,9 +173,23 @@ def test_a_child_outliving_its_parent_is_ended_by_its_own_alarm():
 
 def test_sigterm_on_a_sweep_keeps_the_finished_rows_and_exits_143(tmp_path):
     out, pids = tmp_path / "rows.csv", tmp_path / "pids"
-    process = _start(["cs336_systems.run_benchmarks", *TINY_SWEEP, "--model-factory", "user_models:hangs_at_batch_4",
-                      "--context-lengths", "8", "--batch-sizes", "1", "4", "--output", str(out)],
-                     tmp_path, CS336_TEST_PIDS=str(pids))  # fmt: skip
+    process = _start(
+        [
+            "cs336_systems.run_benchmarks",
+            *TINY_SWEEP,
+            "--model-factory",
+            "user_models:hangs_at_batch_4",
+            "--context-lengths",
+            "8",
+            "--batch-sizes",
+            "1",
+            "4",
+            "--output",
+            str(out),
+        ],
+        tmp_path,
+        CS336_TEST_PIDS=str(pids),
+    )
     (child,) = _wait_for(lambda: pids.exists() and [int(p) for p in pids.read_text().split()], process)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
@@ -159,13 +201,60 @@ def test_sigterm_on_a_sweep_keeps_the_finished_rows_and_exits_143(tmp_path):
 
 
 CTRL_C_CASES = {
-    "allreduce_bench": ["--device", "cpu", "--world-sizes", "2", "--sizes", "1KB", "2KB", "4KB", "8KB", "16KB", "32KB",
-                        "--warmup-steps", "1", "--measure-steps", "400"],
-    "ddp_bench": [*TINY_SHAPE, "--device", "cpu", "--world-sizes", "2", "--strategies", "ddp", "naive",
-                  "--context-length", "8", "--batch-size", "2", "--warmup-steps", "1", "--measure-steps", "300"],
-    "loader_bench": ["--num-items", "64", "--item-bytes", "64", "--batch-size", "4", "--epochs", "3",
-                     "--compute-ms", "50", "--num-workers", "0", "1", "2", "--device", "cpu"],
-}  # fmt: skip
+    "allreduce_bench": [
+        "--device",
+        "cpu",
+        "--world-sizes",
+        "2",
+        "--sizes",
+        "1KB",
+        "2KB",
+        "4KB",
+        "8KB",
+        "16KB",
+        "32KB",
+        "--warmup-steps",
+        "1",
+        "--measure-steps",
+        "400",
+    ],
+    "ddp_bench": [
+        *TINY_SHAPE,
+        "--device",
+        "cpu",
+        "--world-sizes",
+        "2",
+        "--strategies",
+        "ddp",
+        "naive",
+        "--context-length",
+        "8",
+        "--batch-size",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--measure-steps",
+        "300",
+    ],
+    "loader_bench": [
+        "--num-items",
+        "64",
+        "--item-bytes",
+        "64",
+        "--batch-size",
+        "4",
+        "--epochs",
+        "3",
+        "--compute-ms",
+        "50",
+        "--num-workers",
+        "0",
+        "1",
+        "2",
+        "--device",
+        "cpu",
+    ],
+}
 
 
 @pytest.mark.parametrize(
@@ -253,8 +342,22 @@ def test_bad_inputs_cover_every_command_at_least_ten_times_but_mixed_precision()
     commands = {path.stem for path in (REPO / "cs336_systems").glob("*.py")} | {
         path.parent.name for path in (REPO / "cs336_systems").glob("*/__main__.py")
     }
-    tools = {"benchmark", "benchmark_direct", "run_benchmarks", "find_max", "memory", "report", "compare",
-             "attention_bench", "allreduce_bench", "ddp_bench", "loader_bench", "monitor", "mixed_precision", "residuals"}  # fmt: skip
+    tools = {
+        "benchmark",
+        "benchmark_direct",
+        "run_benchmarks",
+        "find_max",
+        "memory",
+        "report",
+        "compare",
+        "attention_bench",
+        "allreduce_bench",
+        "ddp_bench",
+        "loader_bench",
+        "monitor",
+        "mixed_precision",
+        "residuals",
+    }
     assert tools <= commands and set(table) == tools
     few_flags = ("mixed_precision", "residuals")  # a handful of flags each
     assert all(len(cases) >= 10 for name, cases in table.items() if name not in few_flags)

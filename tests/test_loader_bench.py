@@ -75,10 +75,20 @@ def test_grid_collapses_flags_that_mean_nothing_without_workers():
 
 def fake_epoch(epoch, wall_s, waits_ms, compute_ms, start=100.0):
     return EpochMeasurement(
-        epoch=epoch, start_s=start, end_s=start + wall_s, steps=len(waits_ms), samples=4 * len(waits_ms),
-        wait_ms=waits_ms, h2d_ms=None, compute_ms=compute_ms, final_wait_ms=0.0, batch_bytes=4096,
-        worker_rss_bytes=10, worker_uss_bytes=5, shm_bytes=1,
-    )  # fmt: skip
+        epoch=epoch,
+        start_s=start,
+        end_s=start + wall_s,
+        steps=len(waits_ms),
+        samples=4 * len(waits_ms),
+        wait_ms=waits_ms,
+        h2d_ms=None,
+        compute_ms=compute_ms,
+        final_wait_ms=0.0,
+        batch_bytes=4096,
+        worker_rss_bytes=10,
+        worker_uss_bytes=5,
+        shm_bytes=1,
+    )
 
 
 def test_epoch_record_arithmetic():
@@ -100,9 +110,18 @@ def test_epoch_record_arithmetic():
 
 def test_recommendation_respects_the_ram_budget(tmp_path):
     def row(workers, samples_per_s, buffer):
-        return dict(status="ok", processes=1, num_workers=workers, prefetch_factor=2, pin_memory=False,
-                    persistent_workers=False, samples=int(samples_per_s), wall_s=1.0,
-                    predicted_buffer_bytes=buffer, worker_rss_bytes=7)  # fmt: skip
+        return dict(
+            status="ok",
+            processes=1,
+            num_workers=workers,
+            prefetch_factor=2,
+            pin_memory=False,
+            persistent_workers=False,
+            samples=int(samples_per_s),
+            wall_s=1.0,
+            predicted_buffer_bytes=buffer,
+            worker_rss_bytes=7,
+        )
 
     rows = [row(1, 100, 10), row(4, 300, 1000), row(8, 320, 5000), dict(row(16, 999, 1), status="error")]
     best = recommend(rows, ram_budget_bytes=2000)
@@ -116,9 +135,13 @@ def test_persistent_workers_see_each_epoch_and_the_cold_epoch_is_slower():
     """Story: a cold first epoch is slower than the second (here: every item a cache hit).
     The epoch reaches persistent workers through the sampler, not the Dataset."""
     bench = BenchConfig(
-        num_items=48, item_bytes=256, batch_size=4, epochs=2, compute_ms=1,
+        num_items=48,
+        item_bytes=256,
+        batch_size=4,
+        epochs=2,
+        compute_ms=1,
         model=LatencyModel(latency_ms=20, cache_hit_rates=(0.0, 1.0)),
-    )  # fmt: skip
+    )
     loader = LoaderConfig(num_workers=2, prefetch_factor=2, persistent_workers=True)
     (epochs,) = run_configuration(bench, loader)
     records = [epoch_record(bench, loader, [m], None, "c", None) for m in epochs]
@@ -133,8 +156,9 @@ def test_four_workers_give_3x_one_worker_when_latency_bound():
     """Story: data-bound (each item waits 50 ms), 4 workers >= 3x one worker. Steady state:
     persistent workers, epoch 1 (epoch 0 also pays for starting the worker processes).
     A per-step overhead o (IPC, a loaded machine) gives (100 + o) / (25 + o): >= 3 up to 12 ms."""
-    bench = BenchConfig(num_items=32, item_bytes=256, batch_size=2, epochs=2, compute_ms=1,
-                        model=LatencyModel(latency_ms=50))  # fmt: skip
+    bench = BenchConfig(
+        num_items=32, item_bytes=256, batch_size=2, epochs=2, compute_ms=1, model=LatencyModel(latency_ms=50)
+    )
     rates = {}
     for workers in (1, 4):
         loader = LoaderConfig(num_workers=workers, prefetch_factor=2, persistent_workers=True)
@@ -147,8 +171,9 @@ def test_data_wait_drops_under_5_percent_with_enough_workers():
     """Story: input-bound without workers, not input-bound (< 5% waiting) with 4. Fetching a
     batch takes 40 ms, a step 100 ms: 4 workers keep up with 10x headroom, and the one wait
     left, the epoch's first batch (40 ms even with persistent workers), is 1.3% of the epoch."""
-    bench = BenchConfig(num_items=60, item_bytes=256, batch_size=2, epochs=2, compute_ms=100,
-                        model=LatencyModel(latency_ms=20))  # fmt: skip
+    bench = BenchConfig(
+        num_items=60, item_bytes=256, batch_size=2, epochs=2, compute_ms=100, model=LatencyModel(latency_ms=20)
+    )
     none = LoaderConfig(num_workers=0)
     (epochs,) = run_configuration(dataclasses.replace(bench, epochs=1, num_items=20), none)
     assert epoch_record(bench, none, [epochs[0]], None, "c", None).verdict == "input-bound"  # 40 of 140 ms
@@ -162,11 +187,31 @@ def test_three_processes_give_2_5x_one_when_fetching_is_latency_bound(capsys, tm
     """Story (the captioning report): items fetched one by one from a slow HTTP server,
     1 process vs 3 independent processes each fetching and computing its share."""
     out = tmp_path / "procs.csv"
-    code = loader_bench.main([
-        "--storage", "http", "--latency-ms", "100", "--item-bytes", "20KB", "--num-items", "18",
-        "--batch-size", "1", "--compute-ms", "2", "--epochs", "1", "--num-workers", "0",
-        "--processes", "1", "3", "--output", str(out),
-    ])  # fmt: skip
+    code = loader_bench.main(
+        [
+            "--storage",
+            "http",
+            "--latency-ms",
+            "100",
+            "--item-bytes",
+            "20KB",
+            "--num-items",
+            "18",
+            "--batch-size",
+            "1",
+            "--compute-ms",
+            "2",
+            "--epochs",
+            "1",
+            "--num-workers",
+            "0",
+            "--processes",
+            "1",
+            "3",
+            "--output",
+            str(out),
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     rows = pd.read_csv(out)
@@ -178,11 +223,30 @@ def test_three_processes_give_2_5x_one_when_fetching_is_latency_bound(capsys, tm
 
 def test_cli_end_to_end_writes_every_format(capsys, tmp_path):
     outputs = [tmp_path / "l.csv", tmp_path / "l.md", tmp_path / "l.jsonl"]
-    code = loader_bench.main([
-        *SLOW_STORE, "--latency-ms", "2", "--num-items", "32", "--batch-size", "4", "--num-workers", "0", "2",
-        "--prefetch-factor", "3", "--pin-memory", "false", "true", "--persistent-workers", "true",
-        "--ram-budget", "1MiB", *sum((["--output", str(p)] for p in outputs), []),
-    ])  # fmt: skip
+    code = loader_bench.main(
+        [
+            *SLOW_STORE,
+            "--latency-ms",
+            "2",
+            "--num-items",
+            "32",
+            "--batch-size",
+            "4",
+            "--num-workers",
+            "0",
+            "2",
+            "--prefetch-factor",
+            "3",
+            "--pin-memory",
+            "false",
+            "true",
+            "--persistent-workers",
+            "true",
+            "--ram-budget",
+            "1MiB",
+            *sum((["--output", str(p)] for p in outputs), []),
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     frame = read_results(outputs[0])
@@ -204,10 +268,28 @@ def test_cli_end_to_end_writes_every_format(capsys, tmp_path):
 
 def test_local_storage_and_a_real_training_step(capsys, tmp_path):
     out = tmp_path / "local.csv"
-    code = loader_bench.main([
-        "--storage", "local", "--model", "tiny", "--item-bytes", "64", "--num-items", "16", "--batch-size", "4",
-        "--epochs", "1", "--num-workers", "1", "--data-dir", str(tmp_path / "items"), "--output", str(out),
-    ])  # fmt: skip
+    code = loader_bench.main(
+        [
+            "--storage",
+            "local",
+            "--model",
+            "tiny",
+            "--item-bytes",
+            "64",
+            "--num-items",
+            "16",
+            "--batch-size",
+            "4",
+            "--epochs",
+            "1",
+            "--num-workers",
+            "1",
+            "--data-dir",
+            str(tmp_path / "items"),
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     row = pd.read_csv(out).iloc[0]
     assert row["storage"] == "local" and row["compute"].startswith("tiny-model") and row["compute_s"] > 0
@@ -216,10 +298,23 @@ def test_local_storage_and_a_real_training_step(capsys, tmp_path):
 
 def test_user_dataset(capsys, tmp_path, fixtures_on_path):
     out = tmp_path / "user.csv"
-    code = loader_bench.main([
-        "--dataset", "user_datasets:make_pairs", "--batch-size", "4", "--compute-ms", "1", "--epochs", "1",
-        "--num-workers", "0", "2", "--output", str(out),
-    ])  # fmt: skip
+    code = loader_bench.main(
+        [
+            "--dataset",
+            "user_datasets:make_pairs",
+            "--batch-size",
+            "4",
+            "--compute-ms",
+            "1",
+            "--epochs",
+            "1",
+            "--num-workers",
+            "0",
+            "2",
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     rows = pd.read_csv(out)
     assert (rows["storage"] == "dataset").all() and (rows["samples"] == 32).all()
@@ -229,10 +324,23 @@ def test_user_dataset(capsys, tmp_path, fixtures_on_path):
 
 def test_a_failing_dataset_is_a_row_not_a_traceback(capsys, tmp_path, fixtures_on_path):
     out = tmp_path / "broken.csv"
-    code = loader_bench.main([
-        "--dataset", "user_datasets:make_broken", "--batch-size", "4", "--compute-ms", "1", "--epochs", "1",
-        "--num-workers", "0", "1", "--output", str(out),
-    ])  # fmt: skip
+    code = loader_bench.main(
+        [
+            "--dataset",
+            "user_datasets:make_broken",
+            "--batch-size",
+            "4",
+            "--compute-ms",
+            "1",
+            "--epochs",
+            "1",
+            "--num-workers",
+            "0",
+            "1",
+            "--output",
+            str(out),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err
     rows = pd.read_csv(out)
@@ -290,8 +398,15 @@ def test_rows_round_trip_through_the_result_writers(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_copy_and_compute_are_timed_with_events():
-    bench = BenchConfig(num_items=64, item_bytes=1 << 20, batch_size=8, epochs=1, compute_ms=5, device="cuda",
-                        model=LatencyModel(latency_ms=0))  # fmt: skip
+    bench = BenchConfig(
+        num_items=64,
+        item_bytes=1 << 20,
+        batch_size=8,
+        epochs=1,
+        compute_ms=5,
+        device="cuda",
+        model=LatencyModel(latency_ms=0),
+    )
     loader = LoaderConfig(num_workers=2, prefetch_factor=2, pin_memory=True)
     (epochs,) = run_configuration(bench, loader)
     record = epoch_record(bench, loader, epochs, None, "c", None)
@@ -301,10 +416,12 @@ def test_gpu_copy_and_compute_are_timed_with_events():
 
 
 def test_processes_mode_with_workers_inside():
-    bench = BenchConfig(num_items=16, item_bytes=128, batch_size=2, epochs=1, compute_ms=1,
-                        model=LatencyModel(latency_ms=1))  # fmt: skip
-    per_process = run_configuration(bench, LoaderConfig(num_workers=1, prefetch_factor=2, processes=2,
-                                                         child_processes=True))  # fmt: skip
+    bench = BenchConfig(
+        num_items=16, item_bytes=128, batch_size=2, epochs=1, compute_ms=1, model=LatencyModel(latency_ms=1)
+    )
+    per_process = run_configuration(
+        bench, LoaderConfig(num_workers=1, prefetch_factor=2, processes=2, child_processes=True)
+    )
     assert len(per_process) == 2 and all(p[0].samples == 8 for p in per_process)
     assert all(p[0].worker_rss_bytes > 0 for p in per_process)
 
@@ -321,10 +438,16 @@ def test_plural_flags_and_their_old_singular_spellings_build_the_same_grid():
 def test_loader_rows_carry_their_identity_through_a_file(tmp_path):
     bench = BenchConfig(batch_size=4, item_bytes=1024, compute_ms=20)
     records = [
-        epoch_record(bench, LoaderConfig(num_workers=w, prefetch_factor=2), [fake_epoch(0, 1.0, [1.0] * 4, [200.0] * 4)],
-                     None, "c", 10**9)
+        epoch_record(
+            bench,
+            LoaderConfig(num_workers=w, prefetch_factor=2),
+            [fake_epoch(0, 1.0, [1.0] * 4, [200.0] * 4)],
+            None,
+            "c",
+            10**9,
+        )
         for w in (1, 2)
-    ]  # fmt: skip
+    ]
     assert records[0].key() != records[1].key()
     assert "num_workers" in loader_bench.LoaderRecord.identity_fields()
     assert "samples_per_s" not in loader_bench.LoaderRecord.identity_fields()

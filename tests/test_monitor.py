@@ -66,9 +66,16 @@ def test_cpu_of_the_tree_adds_up_to_the_childs_cpu_time(capsys, tmp_path):
 
 def test_killed_command_reports_128_plus_signal(capsys, tmp_path):
     code, _, _ = run(
-        capsys, "--interval", "0.1", "--output", str(tmp_path / "k.csv"), "--", PYTHON, "-c",
+        capsys,
+        "--interval",
+        "0.1",
+        "--output",
+        str(tmp_path / "k.csv"),
+        "--",
+        PYTHON,
+        "-c",
         "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
-    )  # fmt: skip
+    )
     assert code == 128 + 9
 
 
@@ -170,9 +177,30 @@ def test_without_nvml_the_gpu_columns_are_empty_and_say_why(monkeypatch):
 
 def test_benchmark_accepts_monitor(capsys, tmp_path):
     path = tmp_path / "bench_monitor.csv"
-    tiny = ["--d-model", "32", "--d-ff", "64", "--num-layers", "2", "--num-heads", "2", "--vocab-size", "97",
-            "--context-length", "16", "--batch-size", "2", "--warmup-steps", "1", "--measure-steps", "2",
-            "--device", "cpu", "--peak-tflops", "1"]  # fmt: skip
+    tiny = [
+        "--d-model",
+        "32",
+        "--d-ff",
+        "64",
+        "--num-layers",
+        "2",
+        "--num-heads",
+        "2",
+        "--vocab-size",
+        "97",
+        "--context-length",
+        "16",
+        "--batch-size",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--measure-steps",
+        "2",
+        "--device",
+        "cpu",
+        "--peak-tflops",
+        "1",
+    ]
     assert benchmark.main([*tiny, "--monitor", str(path), "--monitor-interval", "0.05"]) == 0
     assert len(pd.read_csv(path)) >= 1 and path.with_suffix(".png").exists()
     assert "monitor:" in capsys.readouterr().err

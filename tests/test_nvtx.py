@@ -66,12 +66,21 @@ def test_time_steps_marks_warmup_steps_and_the_capture_region(fake_cuda):
     nvtx.enable()
     time_steps(lambda: fake_cuda.append("work"), warmup_steps=1, measure_steps=2, timer=HostTimer())
     assert fake_cuda == [
-        "push warmup", "work", "pop",
-        "profiler start", "push measured",
-        "push step", "work", "pop",
-        "push step", "work", "pop",
-        "pop", "synchronize", "profiler stop",
-    ]  # fmt: skip
+        "push warmup",
+        "work",
+        "pop",
+        "profiler start",
+        "push measured",
+        "push step",
+        "work",
+        "pop",
+        "push step",
+        "work",
+        "pop",
+        "pop",
+        "synchronize",
+        "profiler stop",
+    ]
 
 
 def test_phase_callback_wraps_forward_backward_optimizer(fake_cuda):
@@ -79,8 +88,7 @@ def test_phase_callback_wraps_forward_backward_optimizer(fake_cuda):
     nvtx.enable()
     config = tiny_benchmark_config(pass_type="train-step")
     model = build_model(config.model, "cpu")
-    step = make_step(config, model, torch.device("cpu"), make_optimizer(model, torch.device("cpu")),
-                            phase=nvtx.range)  # fmt: skip
+    step = make_step(config, model, torch.device("cpu"), make_optimizer(model, torch.device("cpu")), phase=nvtx.range)
     step()
     assert fake_cuda == ["push forward", "pop", "push backward", "pop", "push optimizer", "pop"]
 
@@ -140,9 +148,30 @@ def test_enabled_ranges_stay_out_of_a_compiled_graph(recorded_ranges):
 def test_benchmark_cli_nvtx_without_cuda_is_a_note(capsys):
     from cs336_systems import benchmark
 
-    tiny = ["--d-model", "32", "--d-ff", "64", "--num-layers", "1", "--num-heads", "2", "--vocab-size", "50",
-            "--context-length", "8", "--batch-size", "1", "--warmup-steps", "0", "--measure-steps", "1",
-            "--device", "cpu", "--pass-type", "forward"]  # fmt: skip
+    tiny = [
+        "--d-model",
+        "32",
+        "--d-ff",
+        "64",
+        "--num-layers",
+        "1",
+        "--num-heads",
+        "2",
+        "--vocab-size",
+        "50",
+        "--context-length",
+        "8",
+        "--batch-size",
+        "1",
+        "--warmup-steps",
+        "0",
+        "--measure-steps",
+        "1",
+        "--device",
+        "cpu",
+        "--pass-type",
+        "forward",
+    ]
     try:
         assert benchmark.main(["--nvtx", *tiny]) == 0
     finally:
@@ -222,7 +251,9 @@ def test_nsys_script_profiles_the_measured_steps_of_benchmark(tmp_path):
     profile = log.read_text().splitlines()[0]
     assert "--capture-range=cudaProfilerApi --capture-range-end=stop" in profile
     assert "--trace=cuda,nvtx,osrt" in profile
-    assert profile.endswith("python -m cs336_systems.benchmark --nvtx --no-profile-step --model-size small --attention naive")
+    assert profile.endswith(
+        "python -m cs336_systems.benchmark --nvtx --no-profile-step --model-size small --attention naive"
+    )
     assert "=== nvtx_sum" in result.stdout and "=== cuda_gpu_kern_sum" in result.stdout
     assert "=== nvtxgpuproj" in result.stdout  # an older nsys: the report's old name
     assert "=== cuda_api_sum: not available in this nsys" in result.stdout  # named, not fatal
@@ -242,17 +273,25 @@ def test_nsys_script_without_nsys_is_one_line_and_exit_2(tmp_path):
 def _run_script(tmp_path, *args, **env_changes):
     log = tmp_path / "log"
     env = dict(os.environ, NSYS=_fake_nsys(tmp_path), FAKE_NSYS_LOG=str(log), PYTHON="python", **env_changes)
-    result = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), *args], capture_output=True, text=True,
-                            env=env, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        ["bash", str(SCRIPT), str(tmp_path / "out"), *args], capture_output=True, text=True, env=env, timeout=60
+    )
     return result, (log.read_text().splitlines()[0] if log.exists() else None)
 
 
 def test_nsys_script_passes_extra_profile_options_through(tmp_path):
     result, profile = _run_script(
-        tmp_path, "--nsys-args", "--pytorch=functions-trace,autograd-shapes-nvtx", "--cuda-memory-usage=true", "--",
-        "--model-size", "small", "--nvtx", "blocks",
+        tmp_path,
+        "--nsys-args",
+        "--pytorch=functions-trace,autograd-shapes-nvtx",
+        "--cuda-memory-usage=true",
+        "--",
+        "--model-size",
+        "small",
+        "--nvtx",
+        "blocks",
         NSYS_ARGS="--gpu-metrics-devices=all",
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     defaults, _, command = profile.partition(" python -m ")
     assert defaults.endswith(

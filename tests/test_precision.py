@@ -76,7 +76,9 @@ def test_precision_table_is_the_one_description():
             assert state.matmul_precision == mode.matmul_precision
             assert state.cudnn_allow_tf32 == mode.tf32
             assert state.grad_scaler == mode.grad_scaler == (grad_scaler(name, torch.device("cpu")) is not None)
-            assert state.autocast_dtype == (str(mode.autocast_dtype).removeprefix("torch.") if mode.autocast_dtype else None)
+            assert state.autocast_dtype == (
+                str(mode.autocast_dtype).removeprefix("torch.") if mode.autocast_dtype else None
+            )
     # fp16 reads the bf16 column: the same tensor-core peak on these GPUs
     assert table_peak_tflops("NVIDIA H100 80GB HBM3", "fp16") == table_peak_tflops("NVIDIA H100 80GB HBM3", "bf16")
 

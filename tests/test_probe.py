@@ -95,8 +95,10 @@ def test_summary_line():
     clock, lines = FakeClock(), []
     probe = fake_probe(clock, batch_size=4, window=2, print_fn=lines.append)
     run_loop(probe, clock, 2, wait_ms=30, phases={"to device": 10, "forward": 60})
-    assert lines == ["probe train steps 1-2: step 100.0 ms, 40.0 samples/s, data wait 30.0% (input-bound), "
-                     "to device 10.0 ms, forward 60.0 ms"]  # fmt: skip
+    assert lines == [
+        "probe train steps 1-2: step 100.0 ms, 40.0 samples/s, data wait 30.0% (input-bound), "
+        "to device 10.0 ms, forward 60.0 ms"
+    ]
 
 
 def test_windows_are_written_as_they_close(tmp_path):
@@ -213,8 +215,9 @@ def test_cuda_event_path_synchronizes_once_per_window():
         FakeEvent.synchronized = True
 
     FakeEvent.synchronized = False
-    probe = fake_probe(clock, timer="cuda-events", window=4, event_factory=lambda: FakeEvent(clock),
-                       synchronize=synchronize)  # fmt: skip
+    probe = fake_probe(
+        clock, timer="cuda-events", window=4, event_factory=lambda: FakeEvent(clock), synchronize=synchronize
+    )
     for i, _ in enumerate(probe.loader(SlowBatches(clock, 8, 1))):
         for name in ("forward", "backward", "optimizer"):
             with probe.phase(name):
@@ -241,8 +244,9 @@ def test_refusals():
 
 def test_input_advice_predicts_workers_and_their_buffer():
     steps = [Step(wall_ms=50.0, wait_ms=40.0, phase_ms={}, samples=4)] * 10
-    info = LoaderInfo(num_workers=0, prefetch_factor=None, pin_memory=False, persistent_workers=False,
-                      batch_size=4, num_items=400)  # fmt: skip
+    info = LoaderInfo(
+        num_workers=0, prefetch_factor=None, pin_memory=False, persistent_workers=False, batch_size=4, num_items=400
+    )
     text = "\n".join(input_advice(steps, info, batch_bytes=4 * 2**20, pinned=False))
     assert "try num_workers=5 (prefetch_factor=2): loader_bench's closed form needs 4" in text
     # closed form with 5 workers: 40 + 9 * max(10, 40/5) + 10 = 140 ms over 10 steps
@@ -331,9 +335,23 @@ def run_script(*args, timeout=300):
 
 def test_train_with_probe_writes_its_outputs(tmp_path):
     prefix = tmp_path / "story"
-    done = run_script("scripts/train_with_probe.py", "--num-workers", "0", "--steps", "3", "--window", "2",
-                      "--batch-size", "2", "--context-length", "8", "--latency-ms", "0",
-                      "--output-prefix", str(prefix))  # fmt: skip
+    done = run_script(
+        "scripts/train_with_probe.py",
+        "--num-workers",
+        "0",
+        "--steps",
+        "3",
+        "--window",
+        "2",
+        "--batch-size",
+        "2",
+        "--context-length",
+        "8",
+        "--latency-ms",
+        "0",
+        "--output-prefix",
+        str(prefix),
+    )
     assert done.returncode == 0, done.stderr
     assert list(read_results(prefix.with_suffix(".csv"))["steps"]) == [2, 1]
     assert len(prefix.with_suffix(".jsonl").read_text().splitlines()) == 2
@@ -344,8 +362,17 @@ def test_train_with_probe_writes_its_outputs(tmp_path):
 
 def test_bench_probe_overhead_writes_its_outputs(tmp_path):
     csv, md = tmp_path / "o.csv", tmp_path / "o.md"
-    done = run_script("scripts/checks/bench_probe_overhead.py", "--steps", "200", "--repeats", "1",
-                      "--output", str(csv), "--output", str(md))  # fmt: skip
+    done = run_script(
+        "scripts/checks/bench_probe_overhead.py",
+        "--steps",
+        "200",
+        "--repeats",
+        "1",
+        "--output",
+        str(csv),
+        "--output",
+        str(md),
+    )
     assert done.returncode in (0, 1), done.stderr  # 1: over the target on a loaded machine
     frame = read_results(csv)
     assert len(frame) == 4

@@ -32,8 +32,13 @@ def test_union_length(intervals, covered):
 
 
 def event(name, start_us, end_us, device=DeviceType.CUDA, self_us=0.0, annotation=False):
-    return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start_us, end=end_us),
-                           self_cpu_time_total=self_us, is_user_annotation=annotation)  # fmt: skip
+    return SimpleNamespace(
+        name=name,
+        device_type=device,
+        time_range=SimpleNamespace(start=start_us, end=end_us),
+        self_cpu_time_total=self_us,
+        is_user_annotation=annotation,
+    )
 
 
 def test_cuda_summary_uses_the_union_of_kernel_intervals_over_the_step():
@@ -86,8 +91,11 @@ def test_cuda_profile_without_kernel_events_reports_nothing_rather_than_an_idle_
 
 
 def test_cpu_summary_counts_ops_and_has_no_busy_figure():
-    events = [event("aten::mm", 0, 10, DeviceType.CPU, 8.0), event("aten::add", 10, 12, DeviceType.CPU, 2.0),
-              event("my_region", 0, 12, DeviceType.CPU, 2.0, annotation=True)]  # fmt: skip
+    events = [
+        event("aten::mm", 0, 10, DeviceType.CPU, 8.0),
+        event("aten::add", 10, 12, DeviceType.CPU, 2.0),
+        event("my_region", 0, 12, DeviceType.CPU, 2.0, annotation=True),
+    ]
     profile = summarize_events(events, "cpu", step_ms=1.0, top=1)
     assert profile.kernels_per_step == 2 and profile.device_busy_pct is None and profile.device_busy_ms is None
     assert profile.top_kernels == ({"name": "aten::mm", "calls": 1, "total_ms": pytest.approx(0.008)},)
@@ -108,15 +116,30 @@ def test_profiled_real_cpu_step(pass_type):
     assert profile.kernels_per_step > (200 if pass_type == "train-step" else 30)
     names = [kernel["name"] for kernel in profile.top_kernels]
     assert 0 < len(names) <= 10 and any(name.startswith("aten::") for name in names)
-    assert [k["total_ms"] for k in profile.top_kernels] == sorted((k["total_ms"] for k in profile.top_kernels),
-                                                                 reverse=True)  # fmt: skip
+    assert [k["total_ms"] for k in profile.top_kernels] == sorted(
+        (k["total_ms"] for k in profile.top_kernels), reverse=True
+    )
     assert len(syncs) == 2
 
 
 def test_the_benchmark_prints_no_kineto_lines():
     # Kineto writes `USDT: ... profiler_start` to fd 2 at every profiler start and stop.
-    command = [PYTHON, "-m", "cs336_systems.benchmark", *TINY_SHAPE, "--context-length", "8", "--batch-size", "1",
-               "--warmup-steps", "0", "--measure-steps", "1", "--pass-type", "train-step"]  # fmt: skip
+    command = [
+        PYTHON,
+        "-m",
+        "cs336_systems.benchmark",
+        *TINY_SHAPE,
+        "--context-length",
+        "8",
+        "--batch-size",
+        "1",
+        "--warmup-steps",
+        "0",
+        "--measure-steps",
+        "1",
+        "--pass-type",
+        "train-step",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=300)
     assert done.returncode == 0, done.stderr
     assert "USDT" not in done.stderr and "profiler_start" not in done.stderr

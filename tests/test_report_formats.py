@@ -35,14 +35,17 @@ def files(tmp_path):
     attention = _read("attention_cpu.csv")
     flash = attention[attention["implementation"] == "sdpa"].assign(implementation="flash-triton")
     return {
-        "benchmark": [_subset(tmp_path, "cpu.csv", _read("cpu_sweep.csv").head(6)),
-                      _subset(tmp_path, "cap.csv", _read("cpu_sweep_4gib.csv")), _subset(tmp_path, "gpu.csv", gpu)],
+        "benchmark": [
+            _subset(tmp_path, "cpu.csv", _read("cpu_sweep.csv").head(6)),
+            _subset(tmp_path, "cap.csv", _read("cpu_sweep_4gib.csv")),
+            _subset(tmp_path, "gpu.csv", gpu),
+        ],
         "attention": [_subset(tmp_path, "attention.csv", pd.concat([attention, flash]))],
         "allreduce": [_subset(tmp_path, "allreduce.csv", _read("allreduce_gloo_cpu.csv"))],
         "ddp": [_subset(tmp_path, "ddp.csv", _read("ddp_gloo_cpu.csv"))],
         "loader": [_subset(tmp_path, "loader.csv", _read("input_pipeline_enough_workers_cpu.csv"))],
         "warmup": [_subset(tmp_path, "warmup.csv", _read("warmup_study_cpu.csv"))],
-    }  # fmt: skip
+    }
 
 
 def _all(files) -> list[str]:
@@ -75,12 +78,31 @@ def test_every_format_holds_every_table_row(files, tmp_path):
     assert "\\usepackage{booktabs,graphicx}" in tex and "\\toprule" in tex and "\\includegraphics" in tex
     for png in ("report_time_vs_context.png", "report_allreduce.png", "report_warmup.png"):
         assert (tmp_path / "out" / png).stat().st_size > 1000 and png in md and png in tex and png in typ
-    for problem in ("benchmarking_script", "benchmarking_mixed_precision", "memory_profiling", "pytorch_attention",
-                    "torch_compile", "flash_benchmarking", "distributed_communication_single_node",
-                    "naive_ddp_benchmarking"):  # fmt: skip
+    for problem in (
+        "benchmarking_script",
+        "benchmarking_mixed_precision",
+        "memory_profiling",
+        "pytorch_attention",
+        "torch_compile",
+        "flash_benchmarking",
+        "distributed_communication_single_node",
+        "naive_ddp_benchmarking",
+    ):
         assert f"`{problem}`" in md
-    order = [md.index(f"## {title}") for title in ("Environment", "End-to-end benchmarking", "Mixed precision",
-             "Memory", "Attention", "FlashAttention", "All-reduce", "Data-parallel training", "Input pipeline")]  # fmt: skip
+    order = [
+        md.index(f"## {title}")
+        for title in (
+            "Environment",
+            "End-to-end benchmarking",
+            "Mixed precision",
+            "Memory",
+            "Attention",
+            "FlashAttention",
+            "All-reduce",
+            "Data-parallel training",
+            "Input pipeline",
+        )
+    ]
     assert order == sorted(order)  # the handout's order
     assert "Device: NVIDIA H100 80GB HBM3." in md and "Device: AMD EPYC." in md  # every caption names its device
 
@@ -112,8 +134,17 @@ def test_sections_appear_only_with_their_data(files, tmp_path):
     assert report.main([_subset(tmp_path, "fp32.csv", fp32), "--output", str(output)]) == 0
     text = output.read_text()
     assert "## End-to-end benchmarking" in text and "## Memory" in text
-    for absent in ("## Mixed precision", "## Attention", "## All-reduce", "## Data-parallel", "## Warmup",
-                   "## Input pipeline", "## torch.compile", "Phases", "ckpt"):  # fmt: skip
+    for absent in (
+        "## Mixed precision",
+        "## Attention",
+        "## All-reduce",
+        "## Data-parallel",
+        "## Warmup",
+        "## Input pipeline",
+        "## torch.compile",
+        "Phases",
+        "ckpt",
+    ):
         assert absent not in text
     assert report.main([*files["attention"], "--output", str(output)]) == 0
     text = output.read_text()
@@ -127,8 +158,9 @@ def test_sections_appear_only_with_their_data(files, tmp_path):
 
 def test_per_phase_columns_and_checkpointing_are_shown_when_present(tmp_path):
     rows = _read("cpu_sweep.csv").query("precision == 'fp32' and pass_type == 'forward-backward'")
-    rows = rows.assign(forward_ms=rows["mean_ms"] / 3, backward_ms=rows["mean_ms"] * 2 / 3, optimizer_ms=None,
-                       checkpoint_blocks=2)  # fmt: skip
+    rows = rows.assign(
+        forward_ms=rows["mean_ms"] / 3, backward_ms=rows["mean_ms"] * 2 / 3, optimizer_ms=None, checkpoint_blocks=2
+    )
     output = tmp_path / "report.md"
     assert report.main([_subset(tmp_path, "phases.csv", rows), "--output", str(output)]) == 0
     text = output.read_text()
@@ -206,8 +238,12 @@ def test_warmup_study_alone_is_a_report(files, tmp_path):
 
 
 def test_monitor_probe_and_find_max_outputs_are_reported(tmp_path):
-    outputs = [RESULTS / "monitor_captioning_cpu.csv", RESULTS / "monitor_captioning_cpu.json",
-               RESULTS / "probe_story_cpu.csv", RESULTS / "find_max_cpu_4gib.json"]  # fmt: skip
+    outputs = [
+        RESULTS / "monitor_captioning_cpu.csv",
+        RESULTS / "monitor_captioning_cpu.json",
+        RESULTS / "probe_story_cpu.csv",
+        RESULTS / "find_max_cpu_4gib.json",
+    ]
     output = tmp_path / "report.md"
     assert report.main([*map(str, outputs), "--output", str(output)]) == 0
     text = output.read_text()
@@ -216,7 +252,9 @@ def test_monitor_probe_and_find_max_outputs_are_reported(tmp_path):
     assert "python -m cs336_systems.loader_bench" in text  # the command, from the run record
     assert "Your training loop" in text and "num_workers=8" in text
     answer = pd.read_json(outputs[3], typ="series")
-    assert "Largest that fits" in text and re.search(rf"\|\s*{answer['largest_ok']}\s*\|\s*{answer['smallest_oom']}\s*\|", text)
+    assert "Largest that fits" in text and re.search(
+        rf"\|\s*{answer['largest_ok']}\s*\|\s*{answer['smallest_oom']}\s*\|", text
+    )
 
 
 def test_tex_compiles_with_pdflatex(files, tmp_path):
@@ -228,8 +266,13 @@ def test_tex_compiles_with_pdflatex(files, tmp_path):
         pytest.skip("pdflatex is not installed")
     output = tmp_path / "report.tex"
     assert report.main([*_all(files), "--output", str(output)]) == 0
-    done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", output.name], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", output.name],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:]
     assert (tmp_path / "report.pdf").read_bytes().startswith(b"%PDF")
 

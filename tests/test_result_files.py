@@ -245,8 +245,9 @@ time.sleep(float(sys.argv[2]))
 
 
 def _holder(path, seconds):
-    process = subprocess.Popen([PYTHON, "-c", HOLD, str(path), str(seconds)], stdout=subprocess.PIPE, text=True,
-                               env=child_env())  # fmt: skip
+    process = subprocess.Popen(
+        [PYTHON, "-c", HOLD, str(path), str(seconds)], stdout=subprocess.PIPE, text=True, env=child_env()
+    )
     assert process.stdout.readline().strip() == "locked"
     return process
 
@@ -299,7 +300,9 @@ def test_sizes_under_one_byte_and_a_nan_timeout_are_refused(capsys):
     with pytest.raises(SystemExit) as exit_info:
         memory_main(["--device-memory", "0.5"])
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and "--device-memory: size must be at least one byte" in err and _one_line_error(err)
+    assert (
+        exit_info.value.code == 2 and "--device-memory: size must be at least one byte" in err and _one_line_error(err)
+    )
     for value in ("nan", "inf", "1e20"):
         with pytest.raises(SystemExit) as exit_info:
             run_benchmarks.main([*GRID, "--timeout", value])

@@ -239,7 +239,9 @@ def test_console_view_is_compact_and_keeps_the_notes(records):
     for name in ("median_ms", "cv_pct", "tokens_per_s", "mfu", "peak_memory_gib", "status"):
         assert name in header
     assert "std_ms" not in header and "p90_ms" not in header
-    assert len(BenchmarkRecord.console_columns) < len(BenchmarkRecord.markdown_columns) < len(BenchmarkRecord.row_fields())
+    assert (
+        len(BenchmarkRecord.console_columns) < len(BenchmarkRecord.markdown_columns) < len(BenchmarkRecord.row_fields())
+    )
     assert "status unsupported" in text
 
 

@@ -13,9 +13,12 @@ from tests.conftest import TINY, run_main, tiny_benchmark_config
 
 @pytest.mark.parametrize(
     ("pass_type", "phases"),
-    [("forward", ["forward"]), ("forward-backward", ["forward", "backward"]),
-     ("train-step", ["forward", "backward", "optimizer"])],
-)  # fmt: skip
+    [
+        ("forward", ["forward"]),
+        ("forward-backward", ["forward", "backward"]),
+        ("train-step", ["forward", "backward", "optimizer"]),
+    ],
+)
 def test_every_row_has_its_phases_from_the_measured_steps(pass_type, phases):
     record = runner.run_benchmark(tiny_benchmark_config(pass_type=pass_type, measure_steps=4, profile_step=False))
     assert record.status == "ok", record.error
@@ -56,7 +59,12 @@ def test_profiled_step_runs_after_the_timed_steps(monkeypatch):
 def test_cli_writes_the_new_columns_and_no_profile_step_turns_the_step_off(capsys, tmp_path):
     on, off = tmp_path / "on.jsonl", tmp_path / "off.jsonl"
     assert run_main(benchmark.main, capsys, *TINY, "--pass-type", "train-step", "--output", str(on))[0] == 0
-    assert run_main(benchmark.main, capsys, *TINY, "--pass-type", "train-step", "--no-profile-step", "--output", str(off))[0] == 0
+    assert (
+        run_main(benchmark.main, capsys, *TINY, "--pass-type", "train-step", "--no-profile-step", "--output", str(off))[
+            0
+        ]
+        == 0
+    )
     row_on, row_off = (json.loads(path.read_text()) for path in (on, off))
     assert row_on["kernels_per_step"] > 100 and row_on["top_kernels"] and row_on["device_busy_pct"] is None
     assert row_off["kernels_per_step"] is None and row_off["top_kernels"] == []
@@ -74,7 +82,9 @@ def test_compile_mode_reaches_torch_compile_and_is_recorded(capsys, tmp_path, mo
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     out = tmp_path / "rows.jsonl"
-    code, _, err = run_main(benchmark.main, capsys, *TINY, "--compile-mode", mode, "--compile-scope", "blocks", "--output", str(out))
+    code, _, err = run_main(
+        benchmark.main, capsys, *TINY, "--compile-mode", mode, "--compile-scope", "blocks", "--output", str(out)
+    )
     assert code == 0, err
     row = json.loads(out.read_text())
     assert row["compile"] is True and row["compile_mode"] == mode and row["compile_scope"] == "blocks"

@@ -32,8 +32,9 @@ DDP_SHAPE = [*TINY_SHAPE, "--context-length", "16", "--batch-size", "2", "--warm
 def run(*args: str, cwd: Path = STUDENT, module: str = "cs336_bench", timeout: int = 300):
     """`cs336-bench ARGS` (or python -m MODULE ARGS) in a child, the student's root before ours."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STUDENT), str(REPO)]), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_help_lists_the_tools_and_an_unknown_tool_is_one_line_and_exit_2():
@@ -51,7 +52,9 @@ def test_tools_are_found_on_disk_with_their_first_docstring_line(tmp_path):
     (tmp_path / "handout" / "__init__.py").write_text('"""python -m cs336_systems.handout: the handout\'s runs."""\n')
     (tmp_path / "handout" / "__main__.py").write_text("")
     (tmp_path / "helper.py").write_text('"""not a tool: no main guard"""\n')
-    (tmp_path / "tool.py").write_text('"""python -m cs336_systems.tool: does a thing."""\nif __name__ == "__main__":\n    pass\n')
+    (tmp_path / "tool.py").write_text(
+        '"""python -m cs336_systems.tool: does a thing."""\nif __name__ == "__main__":\n    pass\n'
+    )
     assert discover(tmp_path) == {"handout": "the handout's runs.", "tool": "does a thing."}
 
 
@@ -60,9 +63,26 @@ def test_benchmark_runs_ours_with_the_students_optimizer(tmp_path):
     theirs = run("--help", module="cs336_systems.benchmark")
     assert theirs.returncode == 3 and "the student's cs336_systems.benchmark ran" in theirs.stderr
     out = tmp_path / "row.jsonl"
-    ours = run("benchmark", "--device", "cpu", *TINY_SHAPE, "--context-length", "16", "--batch-size", "2",
-               "--pass-type", "train-step", "--warmup-steps", "1", "--measure-steps", "2",
-               "--optimizer", "cs336_systems.optimizer:AdamW", "--output", str(out))  # fmt: skip
+    ours = run(
+        "benchmark",
+        "--device",
+        "cpu",
+        *TINY_SHAPE,
+        "--context-length",
+        "16",
+        "--batch-size",
+        "2",
+        "--pass-type",
+        "train-step",
+        "--warmup-steps",
+        "1",
+        "--measure-steps",
+        "2",
+        "--optimizer",
+        "cs336_systems.optimizer:AdamW",
+        "--output",
+        str(out),
+    )
     assert ours.returncode == 0, ours.stderr
     row = json.loads(out.read_text().splitlines()[0])
     assert row["status"] == "ok" and row["optimizer"] == "cs336_systems.optimizer.AdamW"  # theirs, not torch's
@@ -71,17 +91,40 @@ def test_benchmark_runs_ours_with_the_students_optimizer(tmp_path):
 def test_children_start_under_the_running_package_name():
     probe = "from cs336_bench.tools import module_name; import cs336_bench.child as c; print(module_name('benchmark'), c.__name__)"
     result = subprocess.run(
-        [sys.executable, "-c", probe], cwd=STUDENT, capture_output=True, text=True,
+        [sys.executable, "-c", probe],
+        cwd=STUDENT,
+        capture_output=True,
+        text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(STUDENT), str(REPO)])},
-    )  # fmt: skip
+    )
     assert result.stdout.split() == ["cs336_bench.benchmark", "cs336_bench.child"], result.stderr
 
 
 def test_attention_bench_defaults_pass_a_3d_flash_that_ignores_is_causal(tmp_path):
     out = tmp_path / "attention.csv"
-    result = run("attention_bench", "--adapters", "tests/adapters.py", "--device", "cpu", "--head-dims", "8",
-                 "--context-lengths", "32", "--batch-size", "2", "--num-heads", "2", "--precisions", "fp32",
-                 "--warmup-steps", "0", "--measure-steps", "1", "--output", str(out))  # fmt: skip
+    result = run(
+        "attention_bench",
+        "--adapters",
+        "tests/adapters.py",
+        "--device",
+        "cpu",
+        "--head-dims",
+        "8",
+        "--context-lengths",
+        "32",
+        "--batch-size",
+        "2",
+        "--num-heads",
+        "2",
+        "--precisions",
+        "fp32",
+        "--warmup-steps",
+        "0",
+        "--measure-steps",
+        "1",
+        "--output",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     rows = pd.read_csv(out).set_index("implementation")
     flash = rows.loc["flash-pytorch"]
@@ -92,15 +135,42 @@ def test_attention_bench_defaults_pass_a_3d_flash_that_ignores_is_causal(tmp_pat
 
 def test_adapters_from_outside_the_repo_find_their_repo_root_packages(tmp_path):
     # from elsewhere, the loader puts the adapters' repository root on the path, as pytest would
-    result = run("attention_bench", "--adapters", str(STUDENT / "tests" / "adapters.py"), "--implementations",
-                 "flash-pytorch", "--device", "cpu", "--head-dims", "8", "--context-lengths", "16",
-                 "--warmup-steps", "0", "--measure-steps", "1", cwd=tmp_path)  # fmt: skip
+    result = run(
+        "attention_bench",
+        "--adapters",
+        str(STUDENT / "tests" / "adapters.py"),
+        "--implementations",
+        "flash-pytorch",
+        "--device",
+        "cpu",
+        "--head-dims",
+        "8",
+        "--context-lengths",
+        "16",
+        "--warmup-steps",
+        "0",
+        "--measure-steps",
+        "1",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     # python -m cs336_systems.X from elsewhere: their `cs336_systems.distributed.ddp` is looked up in ours
     ours_only = {**os.environ, "PYTHONPATH": str(REPO)}
-    ours = subprocess.run([sys.executable, "-m", "cs336_systems.attention_bench", "--adapters",
-                           str(STUDENT / "tests" / "adapters.py"), "--device", "cpu"], cwd=tmp_path, env=ours_only,
-                          capture_output=True, text=True)  # fmt: skip
+    ours = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cs336_systems.attention_bench",
+            "--adapters",
+            str(STUDENT / "tests" / "adapters.py"),
+            "--device",
+            "cpu",
+        ],
+        cwd=tmp_path,
+        env=ours_only,
+        capture_output=True,
+        text=True,
+    )
     assert ours.returncode == 2 and len(ours.stderr.strip().splitlines()) == 1, ours.stderr
     assert "cs336-bench" in ours.stderr and "cs336_systems.distributed.ddp" in ours.stderr
 
@@ -113,35 +183,84 @@ def test_repo_paths_are_pytests_for_a_tests_package():
 @pytest.mark.slow
 def test_ddp_bench_runs_the_students_ddp_fsdp_and_optimizer_in_spawned_ranks(tmp_path):
     out = tmp_path / "ddp.csv"
-    result = run("ddp_bench", "--device", "cpu", "--world-sizes", "2", "--adapters", "tests/adapters.py",
-                 "--strategies", "adapter-ddp", "adapter-fsdp", "adapter-sharded-optimizer",
-                 "--optimizer", "cs336_systems.optimizer:AdamW", *DDP_SHAPE, "--output", str(out))  # fmt: skip
+    result = run(
+        "ddp_bench",
+        "--device",
+        "cpu",
+        "--world-sizes",
+        "2",
+        "--adapters",
+        "tests/adapters.py",
+        "--strategies",
+        "adapter-ddp",
+        "adapter-fsdp",
+        "adapter-sharded-optimizer",
+        "--optimizer",
+        "cs336_systems.optimizer:AdamW",
+        *DDP_SHAPE,
+        "--output",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     rows = pd.read_csv(out).set_index("strategy")
     assert rows.loc["adapter-ddp", "status"] == "ok" and rows.loc["adapter-ddp", "check_max_diff"] == 0
     assert (rows["optimizer"] == "cs336_systems.optimizer:AdamW").all()
     fsdp = rows.loc["adapter-fsdp"]
     # their FSDP shards only cs336_basics' Linear: on the built-in model (nn.Linear) nothing
-    assert fsdp["status"] == "not-sharded" and fsdp["param_bytes_per_rank"] == rows.loc["single", "param_bytes_per_rank"]
-    assert "nothing sharded" in fsdp["notes"] and "--model-factory cs336_basics.model:BasicsTransformerLM" in fsdp["notes"]
+    assert (
+        fsdp["status"] == "not-sharded" and fsdp["param_bytes_per_rank"] == rows.loc["single", "param_bytes_per_rank"]
+    )
+    assert (
+        "nothing sharded" in fsdp["notes"] and "--model-factory cs336_basics.model:BasicsTransformerLM" in fsdp["notes"]
+    )
     assert rows.loc["adapter-sharded-optimizer", "status"] == "skipped"
 
 
 @pytest.mark.slow
 def test_ddp_bench_other_edition_is_skipped_once_and_the_handout_model_is_sharded(tmp_path):
     out = tmp_path / "ddp.csv"
-    result = run("ddp_bench", "--device", "cpu", "--world-sizes", "1", "2", "--adapters", "tests/adapters_2025.py",
-                 "--strategies", "adapter-ddp", "adapter-fsdp", "--model-factory",
-                 "cs336_basics.model:BasicsTransformerLM", *DDP_SHAPE, "--output", str(out))  # fmt: skip
+    result = run(
+        "ddp_bench",
+        "--device",
+        "cpu",
+        "--world-sizes",
+        "1",
+        "2",
+        "--adapters",
+        "tests/adapters_2025.py",
+        "--strategies",
+        "adapter-ddp",
+        "adapter-fsdp",
+        "--model-factory",
+        "cs336_basics.model:BasicsTransformerLM",
+        *DDP_SHAPE,
+        "--output",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     rows = pd.read_csv(out)
     fsdp = rows[rows["strategy"] == "adapter-fsdp"]
     assert len(fsdp) == 1 and fsdp["status"].item() == "skipped" and "defines no get_fsdp" in fsdp["error"].item()
     assert (rows[rows["strategy"] == "adapter-ddp"]["status"] == "ok").all()  # their model says `theta`
     sharded = tmp_path / "fsdp.csv"
-    result = run("ddp_bench", "--device", "cpu", "--world-sizes", "2", "--adapters", "tests/adapters.py",
-                 "--strategies", "adapter-fsdp", "--fsdp-compute-dtype", "bf16", "--model-factory",
-                 "cs336_basics.model:BasicsTransformerLM", *DDP_SHAPE, "--output", str(sharded))  # fmt: skip
+    result = run(
+        "ddp_bench",
+        "--device",
+        "cpu",
+        "--world-sizes",
+        "2",
+        "--adapters",
+        "tests/adapters.py",
+        "--strategies",
+        "adapter-fsdp",
+        "--fsdp-compute-dtype",
+        "bf16",
+        "--model-factory",
+        "cs336_basics.model:BasicsTransformerLM",
+        *DDP_SHAPE,
+        "--output",
+        str(sharded),
+    )
     assert result.returncode == 0, result.stderr
     rows = pd.read_csv(sharded).set_index("strategy")
     assert rows.loc["adapter-fsdp", "status"] == "ok" and rows.loc["adapter-fsdp", "compute_dtype"] == "bf16"

@@ -46,9 +46,22 @@ def test_grid_order_and_each_configuration_once():
     parser = ArgumentParser(prog="test")
     add_grid_arguments(parser)
     args = parser.parse_args(
-        [*TINY_SWEEP, "--model-sizes", "small", "--precisions", "fp32", "bf16", "--context-lengths", "32", "16", "32",
-         "--pass-types", "forward", "forward-backward"]
-    )  # fmt: skip
+        [
+            *TINY_SWEEP,
+            "--model-sizes",
+            "small",
+            "--precisions",
+            "fp32",
+            "bf16",
+            "--context-lengths",
+            "32",
+            "16",
+            "32",
+            "--pass-types",
+            "forward",
+            "forward-backward",
+        ]
+    )
     configs = grid_from_args(args, torch.device("cpu"))
     assert [(c.precision, c.context_length, c.pass_type) for c in configs] == [
         (precision, context, pass_type)
@@ -101,9 +114,18 @@ def test_a_hanging_configuration_hits_the_timeout_and_its_processes_die(tmp_path
     monkeypatch.setenv("CS336_TEST_PIDS", str(pids))
     start = time.monotonic()
     code = run_benchmarks.main(
-        [*TINY_SWEEP, "--model-factory", "user_models:hangs_with_a_child", "--context-lengths", "8", "--timeout", "6",
-         "--output", str(out)]
-    )  # fmt: skip
+        [
+            *TINY_SWEEP,
+            "--model-factory",
+            "user_models:hangs_with_a_child",
+            "--context-lengths",
+            "8",
+            "--timeout",
+            "6",
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 1 and time.monotonic() - start < 60  # a timeout row exits 1 (argtypes.exit_status)
     row = json.loads(out.read_text())
     assert row["status"] == "timeout" and "--timeout 6" in row["error"]
@@ -115,10 +137,23 @@ def test_a_hanging_configuration_hits_the_timeout_and_its_processes_die(tmp_path
 def test_sigterm_kills_the_running_child_and_says_how_to_resume(tmp_path):
     out, pids = tmp_path / "term.csv", tmp_path / "pids"
     process = subprocess.Popen(
-        [PYTHON, "-m", "cs336_systems.run_benchmarks", *TINY_SWEEP, "--model-factory", "user_models:hangs_with_a_child",
-         "--context-lengths", "8", "--output", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**child_env(), "CS336_TEST_PIDS": str(pids)},
-    )  # fmt: skip
+        [
+            PYTHON,
+            "-m",
+            "cs336_systems.run_benchmarks",
+            *TINY_SWEEP,
+            "--model-factory",
+            "user_models:hangs_with_a_child",
+            "--context-lengths",
+            "8",
+            "--output",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**child_env(), "CS336_TEST_PIDS": str(pids)},
+    )
     child, grandchild = _wait_for_pids(pids, process)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
@@ -208,7 +243,11 @@ def test_interrupted_then_resumed_has_every_row_once_in_grid_order(tmp_path, mod
     rows = pd.read_csv(out)
     assert list(rows["context_length"]) == [8, 16, 24, 32]
     assert len({BenchmarkRecord.row_key(row) for row in rows.to_dict("records")}) == 4
-    assert rows[list(BenchmarkRecord.identity_fields())].iloc[: len(done)].equals(done[list(BenchmarkRecord.identity_fields())])
+    assert (
+        rows[list(BenchmarkRecord.identity_fields())]
+        .iloc[: len(done)]
+        .equals(done[list(BenchmarkRecord.identity_fields())])
+    )
     assert md.read_text().count("| custom ") == 4  # the Markdown rendering has all rows too
 
 
@@ -244,9 +283,19 @@ def test_find_max_finds_the_boundary_under_a_memory_cap(tmp_path):
 def test_direct_sweep_of_error_rows_exits_1_and_aliases_work(tmp_path, fixtures_on_path):
     out = tmp_path / "wrong.csv"
     code = benchmark_direct.main(
-        [*TINY_SWEEP, "--model-factory", "user_models:wrong_shape", "--context-length", "8", "--batch-size", "2", "3",
-         "--output", str(out)]
-    )  # fmt: skip
+        [
+            *TINY_SWEEP,
+            "--model-factory",
+            "user_models:wrong_shape",
+            "--context-length",
+            "8",
+            "--batch-size",
+            "2",
+            "3",
+            "--output",
+            str(out),
+        ]
+    )
     rows = pd.read_csv(out)
     assert code == 1 and list(rows["status"]) == ["error", "error"] and list(rows["batch_size"]) == [2, 3]
 

@@ -153,8 +153,9 @@ def test_host_phases_add_up_to_the_step_with_no_extra_sync():
     clock, syncs = FakeClock(), []
     phases = HostPhases(clock)
     step = _phased_step(clock, phases, {"forward": 0.010, "backward": 0.020, "optimizer": 0.005})
-    times = time_steps(step, warmup_steps=2, measure_steps=3, timer=HostTimer(clock, lambda: syncs.append(1)),
-                       phases=phases)  # fmt: skip
+    times = time_steps(
+        step, warmup_steps=2, measure_steps=3, timer=HostTimer(clock, lambda: syncs.append(1)), phases=phases
+    )
     assert list(times.phase_ms) == ["forward", "backward", "optimizer"]
     assert times.phase_ms["forward"] == pytest.approx((10.0,) * 3)
     assert times.phase_ms["backward"] == pytest.approx((20.0,) * 3)
@@ -222,8 +223,9 @@ def test_phases_of_a_real_cpu_train_step_add_up_to_the_step():
     from cs336_systems.timing import HostPhases
     from tests.conftest import tiny_benchmark_config, tiny_model_config
 
-    config = tiny_benchmark_config(pass_type="train-step", context_length=64, batch_size=4,
-                                   model=tiny_model_config(context_length=64))  # fmt: skip
+    config = tiny_benchmark_config(
+        pass_type="train-step", context_length=64, batch_size=4, model=tiny_model_config(context_length=64)
+    )
     device = torch.device("cpu")
     model = build_model(config.model, device)
     phases = HostPhases()

@@ -65,8 +65,9 @@ def test_a_hang_times_out_and_each_rearm_restarts_the_clock():
         for _ in range(4):  # 0.8 s in all, each step well under the limit
             rearm()
             time.sleep(0.2)
-    with pytest.raises(UserCodeTimeout, match=r"my step did not return within --timeout 0.3 s"), guarded(
-        "my step", timeout_s=0.3
+    with (
+        pytest.raises(UserCodeTimeout, match=r"my step did not return within --timeout 0.3 s"),
+        guarded("my step", timeout_s=0.3),
     ):
         time.sleep(5)
 
@@ -113,9 +114,21 @@ def test_absurd_timeouts_are_refused(value):
 
 
 BENCH = [
-    PYTHON, "-m", "cs336_systems.benchmark", *TINY_SHAPE, "--context-length", "8", "--batch-size", "2",
-    "--warmup-steps", "1", "--measure-steps", "2", "--device", "cpu",
-]  # fmt: skip
+    PYTHON,
+    "-m",
+    "cs336_systems.benchmark",
+    *TINY_SHAPE,
+    "--context-length",
+    "8",
+    "--batch-size",
+    "2",
+    "--warmup-steps",
+    "1",
+    "--measure-steps",
+    "2",
+    "--device",
+    "cpu",
+]
 # an honest build may import torch._dynamo (seconds on a loaded machine): hangs are given this long
 TIMEOUT = ["--timeout", "15"]
 
@@ -128,12 +141,16 @@ def run_benchmark_cli(*args: str, timeout: float = 120) -> subprocess.CompletedP
     "flags, status, message",
     [
         ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:exits"], 1, r"models:exits called sys.exit\(0\)"),
-        ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:os_exits_in_forward"], 1, r"called os._exit\(0\)"),
+        (
+            [*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:os_exits_in_forward"],
+            1,
+            r"called os._exit\(0\)",
+        ),
         ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:interrupts"], 1, "KeyboardInterrupt itself"),
         ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:hangs_in_forward"], 1, "within --timeout 15 s"),
         ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.exit3_at_import:make"], 2, r"called sys.exit\(3\)"),
     ],
-)  # fmt: skip
+)
 def test_benchmark_rows_for_user_code_that_exits_or_hangs(tmp_path, flags, status, message):
     output = tmp_path / "row.jsonl"
     result = run_benchmark_cli(*flags, "--output", str(output))
@@ -167,7 +184,9 @@ def test_benchmark_refuses_an_absurd_timeout():
 def test_attention_rows_for_hostile_implementations(name, status, message):
     from cs336_systems.attention_bench import AttentionConfig, run_attention
 
-    config = AttentionConfig(f"tests.fixtures.hostile.attention:{name}", head_dim=8, context_length=16, warmup_steps=1, measure_steps=2)
+    config = AttentionConfig(
+        f"tests.fixtures.hostile.attention:{name}", head_dim=8, context_length=16, warmup_steps=1, measure_steps=2
+    )
     record = run_attention(config, timeout_s=1 if name == "hangs" else 120)
     assert record.status == status, record.error
     if message:
@@ -178,19 +197,39 @@ def test_attention_flash_getter_that_exits_is_an_error_row():
     from cs336_systems.attention_bench import AttentionConfig, run_attention
 
     adapters = str(REPO / "tests/fixtures/hostile/adapters_exit.py")
-    record = run_attention(AttentionConfig("flash-pytorch", head_dim=8, context_length=16, measure_steps=2, adapters=adapters))
+    record = run_attention(
+        AttentionConfig("flash-pytorch", head_dim=8, context_length=16, measure_steps=2, adapters=adapters)
+    )
     assert (record.status, record.error) == ("error", "setup: flash-pytorch called sys.exit(0)")
 
 
-@pytest.mark.parametrize("factory, message", [("exits", r"called sys.exit\(0\)"), ("interrupts", "KeyboardInterrupt itself")])
+@pytest.mark.parametrize(
+    "factory, message", [("exits", r"called sys.exit\(0\)"), ("interrupts", "KeyboardInterrupt itself")]
+)
 def test_benchmark_direct_sweep_gets_an_error_row_not_our_exit(tmp_path, factory, message):
     from cs336_systems import benchmark_direct
 
     output = tmp_path / "rows.jsonl"
-    code = benchmark_direct.main([
-        *TINY_SHAPE, "--context-lengths", "8", "--batch-sizes", "2", "--warmup-steps", "1", "--measure-steps", "2",
-        "--device", "cpu", "--pass-types", "forward", "--model-factory", f"tests.fixtures.hostile.models:{factory}",
-        "--output", str(output),
-    ])  # fmt: skip
+    code = benchmark_direct.main(
+        [
+            *TINY_SHAPE,
+            "--context-lengths",
+            "8",
+            "--batch-sizes",
+            "2",
+            "--warmup-steps",
+            "1",
+            "--measure-steps",
+            "2",
+            "--device",
+            "cpu",
+            "--pass-types",
+            "forward",
+            "--model-factory",
+            f"tests.fixtures.hostile.models:{factory}",
+            "--output",
+            str(output),
+        ]
+    )
     row = json.loads(output.read_text().splitlines()[-1])
     assert code == 1 and row["status"] == "error" and re.search(message, row["error"])

@@ -9,10 +9,27 @@ from tests.conftest import PYTHON, REPO, TINY_BATCH, TINY_CPU, TINY_SHAPE, child
 
 def test_warmup_study_keeps_every_step_and_writes_table_and_plot(tmp_path):
     result = subprocess.run(
-        [PYTHON, str(REPO / "scripts" / "warmup_study.py"), *TINY_SHAPE, *TINY_BATCH, *TINY_CPU, "--warmups", "0", "2", "--measure-steps", "3",
-         "--output-dir", str(tmp_path), "--output", str(tmp_path / "runs.jsonl")],
-        capture_output=True, text=True, env=child_env(), timeout=120,
-    )  # fmt: skip
+        [
+            PYTHON,
+            str(REPO / "scripts" / "warmup_study.py"),
+            *TINY_SHAPE,
+            *TINY_BATCH,
+            *TINY_CPU,
+            "--warmups",
+            "0",
+            "2",
+            "--measure-steps",
+            "3",
+            "--output-dir",
+            str(tmp_path),
+            "--output",
+            str(tmp_path / "runs.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     steps = pd.read_csv(tmp_path / "warmup_study_cpu.csv")
     assert steps.groupby("warmup_steps").size().to_dict() == {0: 3, 2: 5}  # warmup + measured, every one
@@ -31,6 +48,9 @@ def test_warmup_study_keeps_every_step_and_writes_table_and_plot(tmp_path):
 def test_warmup_study_refuses_warmup_steps():
     result = subprocess.run(
         [PYTHON, str(REPO / "scripts" / "warmup_study.py"), "--warmup-steps", "3"],
-        capture_output=True, text=True, env=child_env(), timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
     assert result.returncode == 2 and "use --warmups" in result.stderr and "Traceback" not in result.stderr

@@ -40,8 +40,11 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument("--warmup-steps", type=non_negative_int, default=5, help="untimed-for-statistics all-reduces")
     parser.add_argument("--measure-steps", type=positive_int, default=20, help="measured all-reduces")
-    add_memory_limit_argument(parser, help="CPU only: address space each rank may still map after joining the group "
-                              "(e.g. 512MiB); emulates a smaller machine, so a size that does not fit is an 'oom' row")
+    add_memory_limit_argument(
+        parser,
+        help="CPU only: address space each rank may still map after joining the group "
+        "(e.g. 512MiB); emulates a smaller machine, so a size that does not fit is an 'oom' row",
+    )
     parser.add_argument("--plot", metavar="PATH.png", help="bandwidth against size, a line per world size")
     return parser
 
@@ -62,8 +65,10 @@ def _run(args: argparse.Namespace) -> int:
     except (LaunchError, ResultFileError, ValueError) as exc:
         return fail(PROG, str(exc))
 
-    units = [AllReduceUnit(size, size_bytes, args.warmup_steps, args.measure_steps, args.memory_limit)
-             for size, size_bytes in args.sizes]  # fmt: skip
+    units = [
+        AllReduceUnit(size, size_bytes, args.warmup_steps, args.measure_steps, args.memory_limit)
+        for size, size_bytes in args.sizes
+    ]
     records = run_rows(launch, allreduce_worker, lambda world_size, first: units, record_for, sink.write, describe)
     if not records:  # a torchrun rank other than 0
         return 0

@@ -15,12 +15,19 @@ def plot_bandwidth(rows: Sequence[dict], path: str) -> None:
     ok = [row for row in rows if row.get("status") == "ok"]
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for world_size in sorted({row["world_size"] for row in ok}):
-        points = sorted((row["size_bytes"], row["busbw_gbps"], row["algbw_gbps"]) for row in ok
-                        if row["world_size"] == world_size)  # fmt: skip
+        points = sorted(
+            (row["size_bytes"], row["busbw_gbps"], row["algbw_gbps"]) for row in ok if row["world_size"] == world_size
+        )
         sizes = [p[0] for p in points]
         line = axis.plot(sizes, [p[1] for p in points], marker="o", label=f"n={world_size} busbw")[0]
-        axis.plot(sizes, [p[2] for p in points], linestyle="--", color=line.get_color(), alpha=0.6,
-                  label=f"n={world_size} algbw")  # fmt: skip
+        axis.plot(
+            sizes,
+            [p[2] for p in points],
+            linestyle="--",
+            color=line.get_color(),
+            alpha=0.6,
+            label=f"n={world_size} algbw",
+        )
     backends = ", ".join(sorted({row["backend"] for row in ok}))
     devices = ", ".join(sorted({str(row.get("device_name")) for row in ok}))
     axis.set_xscale("log")

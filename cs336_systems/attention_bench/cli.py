@@ -53,11 +53,19 @@ PROG = "python -m cs336_systems.attention_bench"
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description="attention alone, forward and backward, per shape")
     add_device_argument(parser)
-    add_argument_with_aliases(parser, "--head-dims", "--head-dim", type=positive_int, nargs="+",
-                              default=[16, 32, 64, 128])  # fmt: skip
-    add_argument_with_aliases(parser, "--context-lengths", "--context-length", "--seq-lens", type=positive_int,
-                              nargs="+", default=[256, 1024, 4096, 8192, 16384],
-                              help="sequence lengths (the rows' context_length)")  # fmt: skip
+    add_argument_with_aliases(
+        parser, "--head-dims", "--head-dim", type=positive_int, nargs="+", default=[16, 32, 64, 128]
+    )
+    add_argument_with_aliases(
+        parser,
+        "--context-lengths",
+        "--context-length",
+        "--seq-lens",
+        type=positive_int,
+        nargs="+",
+        default=[256, 1024, 4096, 8192, 16384],
+        help="sequence lengths (the rows' context_length)",
+    )
     parser.add_argument("--batch-size", type=positive_int, default=1)
     parser.add_argument("--num-heads", type=positive_int, default=1, help="heads of (batch, heads, seq, d) inputs (1)")
     parser.add_argument(
@@ -67,22 +75,36 @@ def build_parser() -> ArgumentParser:
         help="bhsd: (batch, heads, seq, d); bsd: (batch, seq, d), as the official tests call the adapters (bhsd)",
     )
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True, help="causal mask (on)")
-    add_argument_with_aliases(parser, "--implementations", "--implementation", nargs="+", type=implementation_name,
-                              metavar="IMPL", help=f"{', '.join(IMPLEMENTATIONS)} or package.module:callable "
-                              "(called f(q, k, v, is_causal); an autograd.Function class as Fn.apply(q, k, v, "
-                              "is_causal)) (naive sdpa compiled, and flash-pytorch flash-triton with --adapters)")  # fmt: skip
+    add_argument_with_aliases(
+        parser,
+        "--implementations",
+        "--implementation",
+        nargs="+",
+        type=implementation_name,
+        metavar="IMPL",
+        help=f"{', '.join(IMPLEMENTATIONS)} or package.module:callable "
+        "(called f(q, k, v, is_causal); an autograd.Function class as Fn.apply(q, k, v, "
+        "is_causal)) (naive sdpa compiled, and flash-pytorch flash-triton with --adapters)",
+    )
     parser.add_argument(
         "--adapters",
         metavar="MODULE",
         help="the student's adapters module (dotted name or path to a .py file): flash-pytorch and flash-triton "
         "are its get_flashattention_autograd_function_{pytorch,triton}()",
     )
-    add_argument_with_aliases(parser, "--precisions", "--precision", nargs="+", choices=PRECISIONS, default=["fp32"],
-                              help="dtype of q, k, v: fp32, tf32 (fp32 tensors, TF32 matmuls), bf16 or fp16 "
-                              "(no autocast) (fp32)")  # fmt: skip
+    add_argument_with_aliases(
+        parser,
+        "--precisions",
+        "--precision",
+        nargs="+",
+        choices=PRECISIONS,
+        default=["fp32"],
+        help="dtype of q, k, v: fp32, tf32 (fp32 tensors, TF32 matmuls), bf16 or fp16 (no autocast) (fp32)",
+    )
     parser.add_argument("--warmup-steps", type=non_negative_int, default=5)
-    add_argument_with_aliases(parser, "--measure-steps", "--steps", type=positive_int, default=100,
-                              help="measured steps per pass (100)")  # fmt: skip
+    add_argument_with_aliases(
+        parser, "--measure-steps", "--steps", type=positive_int, default=100, help="measured steps per pass (100)"
+    )
     parser.add_argument(
         "--timeout",
         type=timeout_seconds,
@@ -172,7 +194,9 @@ def check_implementations(args) -> Adapters | None:
 
 
 def _progress(record: AttentionRecord) -> str:
-    label = f"{record.implementation} {record.precision} head_dim={record.head_dim} context_length={record.context_length}"
+    label = (
+        f"{record.implementation} {record.precision} head_dim={record.head_dim} context_length={record.context_length}"
+    )
     if record.forward_mean_ms is None or record.backward_mean_ms is None:
         return f"{label}: {record.status}: {record.error}"
     text = (

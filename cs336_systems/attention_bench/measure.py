@@ -186,7 +186,9 @@ def _measure(
         _keep(record, "end_to_end", end_to_end, [])
     else:
         timer = make_timer(record.timer_used, device, clock)
-        budget = dict(warmup_steps=config.warmup_steps, measure_steps=config.measure_steps, budget_s=config.max_seconds or None)
+        budget = dict(
+            warmup_steps=config.warmup_steps, measure_steps=config.measure_steps, budget_s=config.max_seconds or None
+        )
         phase.name = "forward"
         held = {}  # each output is freed before the next step starts, outside the clock
         forward = time_steps(
@@ -237,7 +239,9 @@ def _notes(config: AttentionConfig, record: AttentionRecord, device: torch.devic
     for name in PASSES:
         measured = getattr(record, f"{name}_steps")
         if measured is not None and measured < config.measure_steps and record.timer_used != TRITON:
-            notes.append(f"{name}: {measured} of {config.measure_steps} steps (the {config.max_seconds:g} s budget ran out)")
+            notes.append(
+                f"{name}: {measured} of {config.measure_steps} steps (the {config.max_seconds:g} s budget ran out)"
+            )
         cv = getattr(record, f"{name}_cv_pct")
         if is_noisy(None if cv is None or math.isnan(cv) else cv):
             notes.append(f"{name} CV {cv:.1f}% > 10%: treat its mean with care")

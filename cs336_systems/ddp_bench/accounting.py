@@ -51,8 +51,9 @@ def stateful_param_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     return sum(local_bytes(p) for p in {id(p): p for p in model.parameters()}.values() if id(p) in keys)
 
 
-def measured_sharding(strategy: str, full_param_bytes: int, param_bytes: int, stateful_bytes: int,
-                      declared: tuple[bool, bool, bool]) -> tuple[bool, bool, bool]:  # fmt: skip
+def measured_sharding(
+    strategy: str, full_param_bytes: int, param_bytes: int, stateful_bytes: int, declared: tuple[bool, bool, bool]
+) -> tuple[bool, bool, bool]:
     """What a student's strategy really divides, from the bytes a rank holds: parameters (and so
     gradients) when it holds fewer parameter bytes than the model has; optimizer state when its
     optimizer keeps state for fewer than all of them. Built-in strategies keep their declaration."""
@@ -81,16 +82,23 @@ def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> HeldBytes:
     )
 
 
-def predicted_peak_bytes(config: BenchmarkConfig, sharding: tuple[bool, bool, bool], world_size: int,
-                         optimizer: str) -> int | None:  # fmt: skip
+def predicted_peak_bytes(
+    config: BenchmarkConfig, sharding: tuple[bool, bool, bool], world_size: int, optimizer: str
+) -> int | None:
     """The estimator's peak of one step (cs336_systems.memory.estimate, AdamW) with parameters,
     gradients and optimizer state replaced by the 1/N each rank keeps where the strategy shards
     them. Activations are unchanged; FSDP's one unsharded block at a time is left out. None for a
     user's model or optimizer."""
     if config.model_factory is not None or ":" in optimizer:
         return None  # the estimator knows our model and torch's optimizers only
-    estimate = estimate_memory(config.model, config.batch_size, config.context_length, "train-step",
-                               config.precision, torch.device(config.device).type)  # fmt: skip
+    estimate = estimate_memory(
+        config.model,
+        config.batch_size,
+        config.context_length,
+        "train-step",
+        config.precision,
+        torch.device(config.device).type,
+    )
     optimizer_state = estimate.optimizer_state if optimizer == "adamw" else 0
     peak = estimate.peak_bytes - (estimate.optimizer_state - optimizer_state)
     for sharded, held in zip(sharding, (estimate.parameters, estimate.gradients, optimizer_state), strict=True):

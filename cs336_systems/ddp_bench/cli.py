@@ -40,16 +40,38 @@ PROG = "python -m cs336_systems.ddp_bench"
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description="our training step under data parallelism, and what it scales to")
     add_launch_arguments(parser, default_timeout_s=600.0)
-    add_argument_with_aliases(parser, "--strategies", "--strategy", nargs="+", choices=STRATEGIES, default=["ddp"],
-                              help="ddp, naive, flat, zero1, fsdp2; adapter-* need --adapters (default ddp)")  # fmt: skip
-    parser.add_argument("--bucket-cap-mb", nargs="+", type=positive_float, metavar="MB",
-                        help=f"DDP / zero1 / adapter-ddp-bucketed bucket sizes to try (default {DDP_DEFAULT_BUCKET_CAP_MB:g})")  # fmt: skip
-    parser.add_argument("--adapters", metavar="MODULE",
-                        help="a student's adapters (tests/adapters.py or a dotted name) for the adapter-* strategies")  # fmt: skip
-    parser.add_argument("--fsdp-compute-dtype", choices=tuple(COMPUTE_DTYPES),
-                        help="fsdp2 / adapter-fsdp: forward and backward in this dtype (MixedPrecisionPolicy; fp32)")  # fmt: skip
-    parser.add_argument("--no-check", dest="check", action="store_false",
-                        help="skip comparing one step of each strategy with a single process")
+    add_argument_with_aliases(
+        parser,
+        "--strategies",
+        "--strategy",
+        nargs="+",
+        choices=STRATEGIES,
+        default=["ddp"],
+        help="ddp, naive, flat, zero1, fsdp2; adapter-* need --adapters (default ddp)",
+    )
+    parser.add_argument(
+        "--bucket-cap-mb",
+        nargs="+",
+        type=positive_float,
+        metavar="MB",
+        help=f"DDP / zero1 / adapter-ddp-bucketed bucket sizes to try (default {DDP_DEFAULT_BUCKET_CAP_MB:g})",
+    )
+    parser.add_argument(
+        "--adapters",
+        metavar="MODULE",
+        help="a student's adapters (tests/adapters.py or a dotted name) for the adapter-* strategies",
+    )
+    parser.add_argument(
+        "--fsdp-compute-dtype",
+        choices=tuple(COMPUTE_DTYPES),
+        help="fsdp2 / adapter-fsdp: forward and backward in this dtype (MixedPrecisionPolicy; fp32)",
+    )
+    parser.add_argument(
+        "--no-check",
+        dest="check",
+        action="store_false",
+        help="skip comparing one step of each strategy with a single process",
+    )
     parser.add_argument("--model-size", default="small", help=f"one of {', '.join(MODEL_SIZES)} (default small)")
     parser.add_argument("--context-length", type=positive_int, default=512)
     parser.add_argument("--batch-size", type=positive_int, default=4, help="per device (rank); global = N x this")
@@ -57,9 +79,14 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
     add_shape_arguments(parser)
     group = parser.add_argument_group("training")
-    group.add_argument("--optimizer", type=optimizer_spec, default="adamw", metavar="OPTIMIZER",
-                       help=f"{' or '.join(OPTIMIZERS)}, or your own as package.module:callable, called as "
-                            "callable(params, lr=...) (default adamw)")  # fmt: skip
+    group.add_argument(
+        "--optimizer",
+        type=optimizer_spec,
+        default="adamw",
+        metavar="OPTIMIZER",
+        help=f"{' or '.join(OPTIMIZERS)}, or your own as package.module:callable, called as "
+        "callable(params, lr=...) (default adamw)",
+    )
     group.add_argument("--base-lr", type=positive_float, default=1e-4, help="learning rate tuned at --base-batch-size")
     group.add_argument(
         "--base-batch-size", type=positive_int, help="batch --base-lr was tuned at (default: per-device)"
@@ -88,9 +115,19 @@ def units_for(args: argparse.Namespace, config: BenchmarkConfig, world_size: int
         if not first and loaded and missing_adapter(strategy, loaded):
             continue  # the other edition's strategy: its one skipped row is the first group's
         for bucket in (args.bucket_cap_mb or [None]) if strategy in BUCKETED else [None]:
-            units.append(DdpUnit(strategy, config, ranks=world_size, optimizer=args.optimizer, lr=lr,
-                                 bucket_cap_mb=bucket, compute_dtype=args.fsdp_compute_dtype or "fp32",
-                                 adapters=args.adapters, check=args.check))  # fmt: skip
+            units.append(
+                DdpUnit(
+                    strategy,
+                    config,
+                    ranks=world_size,
+                    optimizer=args.optimizer,
+                    lr=lr,
+                    bucket_cap_mb=bucket,
+                    compute_dtype=args.fsdp_compute_dtype or "fp32",
+                    adapters=args.adapters,
+                    check=args.check,
+                )
+            )
     return units
 
 
@@ -101,10 +138,17 @@ def config_from_args(args: argparse.Namespace, device_type: str) -> BenchmarkCon
     model = model_config_from_args(args, args.model_size, args.context_length, args.attention)
     model.check_context(args.context_length)
     return BenchmarkConfig(
-        model=model, context_length=args.context_length, batch_size=args.batch_size, pass_type="train-step",
-        precision=args.precision, device=device_type, warmup_steps=args.warmup_steps,
-        measure_steps=args.measure_steps, seed=args.seed, model_factory=args.model_factory,
-    )  # fmt: skip
+        model=model,
+        context_length=args.context_length,
+        batch_size=args.batch_size,
+        pass_type="train-step",
+        precision=args.precision,
+        device=device_type,
+        warmup_steps=args.warmup_steps,
+        measure_steps=args.measure_steps,
+        seed=args.seed,
+        model_factory=args.model_factory,
+    )
 
 
 BUCKETED = ("ddp", "zero1", "adapter-ddp-bucketed")  # the strategies --bucket-cap-mb applies to
@@ -113,8 +157,10 @@ FSDP = ("fsdp2", "adapter-fsdp")  # the strategies --fsdp-compute-dtype applies 
 
 def check_flags_apply(args: argparse.Namespace) -> None:
     """A flag none of the chosen strategies uses is refused, not silently ignored."""
-    for flag, given, applies in (("--bucket-cap-mb", args.bucket_cap_mb, BUCKETED),
-                                 ("--fsdp-compute-dtype", args.fsdp_compute_dtype, FSDP)):  # fmt: skip
+    for flag, given, applies in (
+        ("--bucket-cap-mb", args.bucket_cap_mb, BUCKETED),
+        ("--fsdp-compute-dtype", args.fsdp_compute_dtype, FSDP),
+    ):
         if given is not None and not any(strategy in applies for strategy in args.strategies):
             raise ConfigError(
                 f"{flag} applies only to --strategies {', '.join(applies)}; none of {' '.join(args.strategies)} uses it"
@@ -160,8 +206,14 @@ def _run(args: argparse.Namespace) -> int:
         attach_baseline(record, baseline[0] if baseline else None)
         return record
 
-    records = run_rows(launch, ddp_worker, lambda world_size, first: units_for(args, config, world_size, first), row,
-                       sink.write, describe)  # fmt: skip
+    records = run_rows(
+        launch,
+        ddp_worker,
+        lambda world_size, first: units_for(args, config, world_size, first),
+        row,
+        sink.write,
+        describe,
+    )
     if not records:  # a torchrun rank other than 0
         return 0
     print(DdpRecord.markdown([record.to_row() for record in records]))

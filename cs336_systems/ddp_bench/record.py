@@ -147,14 +147,24 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
     record = DdpRecord(
         **{**base, "world_size": world_size},
         strategy=unit.strategy,
-        **config.shape(), context_length=config.context_length, batch_size=config.batch_size, global_batch=global_batch,
-        precision=config.precision, optimizer=unit.optimizer,
+        **config.shape(),
+        context_length=config.context_length,
+        batch_size=config.batch_size,
+        global_batch=global_batch,
+        precision=config.precision,
+        optimizer=unit.optimizer,
         bucket_cap_mb=(unit.bucket_cap_mb or DDP_DEFAULT_BUCKET_CAP_MB) if uses_buckets else None,
-        compute_dtype=unit.compute_dtype, adapters=unit.adapters,
-        warmup_steps=config.warmup_steps, measure_steps=config.measure_steps, seed=config.seed,
-        lr_linear=lr_linear, lr_sqrt=lr_sqrt,
-        status=result.status, error=result.error, environment=result.environment or environment,
-    )  # fmt: skip
+        compute_dtype=unit.compute_dtype,
+        adapters=unit.adapters,
+        warmup_steps=config.warmup_steps,
+        measure_steps=config.measure_steps,
+        seed=config.seed,
+        lr_linear=lr_linear,
+        lr_sqrt=lr_sqrt,
+        status=result.status,
+        error=result.error,
+        environment=result.environment or environment,
+    )
     note = oversubscription_note(record.backend, world_size, record.threads_per_rank)
     record.notes = note
     record.predicted_peak_bytes = predicted_peak_bytes(config, SHARDING[unit.strategy], world_size, unit.optimizer)
@@ -171,8 +181,10 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
         if record.check_max_diff >= NONFINITE_DIFF:
             record.error = "after one SGD step a parameter is NaN, infinite, missing or misshapen; not timed"
         else:
-            record.error = (f"after one SGD step a parameter differs from the single-process step by "
-                            f"{record.check_max_diff:.3g} (tolerance {record.check_tolerance:g}); not timed")  # fmt: skip
+            record.error = (
+                f"after one SGD step a parameter differs from the single-process step by "
+                f"{record.check_max_diff:.3g} (tolerance {record.check_tolerance:g}); not timed"
+            )
         return record
     if any(message.get("nonfinite") for message in messages):
         record.status, record.error = "wrong", "parameters are NaN or infinite after the timed steps; times not kept"
@@ -219,8 +231,13 @@ def _check_sharding(record: DdpRecord, unit: DdpUnit, messages: list[dict], worl
     if world_size < 2 or not unit.strategy.startswith("adapter-") or not any(declared):
         return
     biggest = max(messages, key=lambda message: message["param_bytes"])
-    measured = measured_sharding(unit.strategy, biggest["full_param_bytes"], biggest["param_bytes"],
-                                 max(message["stateful_param_bytes"] for message in messages), declared)  # fmt: skip
+    measured = measured_sharding(
+        unit.strategy,
+        biggest["full_param_bytes"],
+        biggest["param_bytes"],
+        max(message["stateful_param_bytes"] for message in messages),
+        declared,
+    )
     record.predicted_peak_bytes = predicted_peak_bytes(unit.config, measured, world_size, unit.optimizer)
     if unit.strategy == "adapter-fsdp" and not measured[0]:
         what = f"every rank holds all {biggest['full_param_bytes']:,} parameter bytes"
@@ -228,8 +245,12 @@ def _check_sharding(record: DdpRecord, unit: DdpUnit, messages: list[dict], worl
         what = "every rank keeps optimizer state for every parameter"
     else:
         return
-    hint = "" if unit.config.model_factory else (
-        f"; an FSDP that shards the handout's own layer classes needs the handout's model: --model-factory {HANDOUT_MODEL}"
+    hint = (
+        ""
+        if unit.config.model_factory
+        else (
+            f"; an FSDP that shards the handout's own layer classes needs the handout's model: --model-factory {HANDOUT_MODEL}"
+        )
     )
     record.status = NOTHING_SHARDED_STATUS
     record.notes = "; ".join(filter(None, [record.notes, f"nothing sharded: {what}{hint}"]))
@@ -237,11 +258,15 @@ def _check_sharding(record: DdpRecord, unit: DdpUnit, messages: list[dict], worl
 
 def _fill_memory(record: DdpRecord, messages: list[dict]) -> None:
     """Each memory column is the max over ranks (the rank that needs the most sets the limit)."""
-    for column, key in (("param_bytes_per_rank", "param_bytes"), ("grad_bytes_per_rank", "grad_bytes"),
-                        ("optimizer_state_bytes_per_rank", "optimizer_state_bytes"),
-                        ("memory_baseline_bytes", "memory_baseline_bytes"), ("peak_model_bytes", "peak_model_bytes"),
-                        ("peak_before_optimizer_bytes", "peak_before_optimizer_bytes"),
-                        ("peak_optimizer_bytes", "peak_optimizer_bytes")):  # fmt: skip
+    for column, key in (
+        ("param_bytes_per_rank", "param_bytes"),
+        ("grad_bytes_per_rank", "grad_bytes"),
+        ("optimizer_state_bytes_per_rank", "optimizer_state_bytes"),
+        ("memory_baseline_bytes", "memory_baseline_bytes"),
+        ("peak_model_bytes", "peak_model_bytes"),
+        ("peak_before_optimizer_bytes", "peak_before_optimizer_bytes"),
+        ("peak_optimizer_bytes", "peak_optimizer_bytes"),
+    ):
         values = [message[key] for message in messages if message[key] is not None]
         setattr(record, column, max(values) if values else None)
     record.memory_source = messages[0]["memory_source"]

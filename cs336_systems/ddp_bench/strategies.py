@@ -290,14 +290,26 @@ class AdapterFsdp(Adapter):
         self.adapters.call("fsdp_on_after_backward", model, optimizer)
 
     def full_parameters(self, model, module):
-        return {name: full_tensor(t.detach()) for name, t in self.adapters.call("fsdp_gather_full_params", model).items()}
+        return {
+            name: full_tensor(t.detach()) for name, t in self.adapters.call("fsdp_gather_full_params", model).items()
+        }
 
 
 STRATEGY_CLASSES: dict[str, Callable[[Setup], Strategy]] = {
     cls.name: cls
-    for cls in (Strategy, Naive, Flat, Ddp, Zero1, Fsdp2, AdapterDdp, AdapterDdpBucketed, AdapterShardedOptimizer,
-                AdapterFsdp)
-}  # fmt: skip
+    for cls in (
+        Strategy,
+        Naive,
+        Flat,
+        Ddp,
+        Zero1,
+        Fsdp2,
+        AdapterDdp,
+        AdapterDdpBucketed,
+        AdapterShardedOptimizer,
+        AdapterFsdp,
+    )
+}
 
 
 def make_strategy(name: str, setup: Setup) -> Strategy:

@@ -61,15 +61,22 @@ def optimizer_class(name: str, device: torch.device) -> tuple[type, dict]:
 class Trainer:
     """This rank's model, optimizer and training step for `unit.strategy`."""
 
-    def __init__(self, ctx: RankContext, unit: DdpUnit, optimizer: str | None = None, lr: float | None = None,
-                 phase=None):  # fmt: skip
+    def __init__(
+        self, ctx: RankContext, unit: DdpUnit, optimizer: str | None = None, lr: float | None = None, phase=None
+    ):
         self.ctx, self.unit = ctx, unit
         device = ctx.device
         config = unit.config.replace(device=str(device), pass_type="train-step")
-        self.strategy: Strategy = make_strategy(unit.strategy, Setup(
-            device=device, bucket_cap_mb=unit.bucket_cap_mb, compute_dtype=unit.compute_dtype,
-            sync_buffers=config.model_factory is not None, adapters=unit.adapters,
-        ))  # fmt: skip
+        self.strategy: Strategy = make_strategy(
+            unit.strategy,
+            Setup(
+                device=device,
+                bucket_cap_mb=unit.bucket_cap_mb,
+                compute_dtype=unit.compute_dtype,
+                sync_buffers=config.model_factory is not None,
+                adapters=unit.adapters,
+            ),
+        )
         torch.manual_seed(config.seed)  # the same weights on every rank
         self.module = build_model(config.model, device, config.model_factory)
         # counted before the wrap: a student's FSDP may replace the module's weights by shards
@@ -83,9 +90,12 @@ class Trainer:
         self.comm_ms: list[float] = []
         self._sync = True
         self._comm_timer = HostTimer(synchronize=device_synchronizer(device))
-        phases = self._phase if phase is None else combine_phases(phase, self._phase)  # the optimizer peak includes the sync
-        self._step = make_step(config.replace(seed=config.seed + ctx.rank), self.model, device, self.optimizer,
-                               phase=phases)  # fmt: skip
+        phases = (
+            self._phase if phase is None else combine_phases(phase, self._phase)
+        )  # the optimizer peak includes the sync
+        self._step = make_step(
+            config.replace(seed=config.seed + ctx.rank), self.model, device, self.optimizer, phase=phases
+        )
 
     @contextlib.contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -247,8 +257,9 @@ def ddp_worker(ctx: RankContext, unit: DdpUnit) -> dict | None:
             if trainer.strategy.skip_sync:
                 synced, no_sync = time_interleaved(trainer, config.warmup_steps, config.measure_steps, timer)
             else:
-                synced = time_steps(trainer.step, warmup_steps=config.warmup_steps,
-                                    measure_steps=config.measure_steps, timer=timer)  # fmt: skip
+                synced = time_steps(
+                    trainer.step, warmup_steps=config.warmup_steps, measure_steps=config.measure_steps, timer=timer
+                )
                 no_sync = None
             if not _finite(ctx, unit, trainer.module):  # with --no-check, or broken after the first step
                 return {**message, "nonfinite": True}

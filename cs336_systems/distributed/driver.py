@@ -46,7 +46,9 @@ from .torchrun import (
 
 def add_launch_arguments(parser: argparse.ArgumentParser, *, default_timeout_s: float) -> None:
     """The flags every distributed tool shares, spelled as every other tool spells them."""
-    parser.add_argument("--backend", choices=BACKENDS, default="gloo", help="gloo (CPU, or CUDA tensors) or nccl (CUDA)")
+    parser.add_argument(
+        "--backend", choices=BACKENDS, default="gloo", help="gloo (CPU, or CUDA tensors) or nccl (CUDA)"
+    )
     add_argument_with_aliases(
         parser,
         "--world-sizes",
@@ -59,12 +61,23 @@ def add_launch_arguments(parser: argparse.ArgumentParser, *, default_timeout_s: 
     add_device_argument(
         parser, help="auto (cuda for nccl, cpu for gloo), cpu, cuda or cuda:N (rank r on cuda:N+r); nccl refuses cpu"
     )
-    parser.add_argument("--threads-per-rank", type=positive_int,
-                        help="CPU threads per rank (default: cores / the largest world size)")  # fmt: skip
-    parser.add_argument("--timeout", type=timeout_seconds, default=default_timeout_s, metavar="SECONDS",
-                        help=f"per unit: status 'timeout' after this long ({default_timeout_s:g})")  # fmt: skip
-    parser.add_argument("--init-timeout", type=timeout_seconds, default=DEFAULT_INIT_TIMEOUT_S, metavar="SECONDS",
-                        help=f"for starting the ranks and joining the group ({DEFAULT_INIT_TIMEOUT_S:g})")  # fmt: skip
+    parser.add_argument(
+        "--threads-per-rank", type=positive_int, help="CPU threads per rank (default: cores / the largest world size)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=timeout_seconds,
+        default=default_timeout_s,
+        metavar="SECONDS",
+        help=f"per unit: status 'timeout' after this long ({default_timeout_s:g})",
+    )
+    parser.add_argument(
+        "--init-timeout",
+        type=timeout_seconds,
+        default=DEFAULT_INIT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"for starting the ranks and joining the group ({DEFAULT_INIT_TIMEOUT_S:g})",
+    )
     parser.add_argument("--output", action="append", default=[], metavar="PATH", help=".csv, .md or .jsonl; repeatable")
 
 
@@ -90,13 +103,24 @@ class Launch:
         return device_for(self.backend, 0, self.device)
 
     def spec(self, world_size: int) -> LaunchSpec:
-        return LaunchSpec(self.backend, world_size, self.threads_per_rank, init_timeout_s=self.init_timeout_s,
-                          collective_timeout_s=self.timeout_s + self.init_timeout_s, device=self.device)  # fmt: skip
+        return LaunchSpec(
+            self.backend,
+            world_size,
+            self.threads_per_rank,
+            init_timeout_s=self.init_timeout_s,
+            collective_timeout_s=self.timeout_s + self.init_timeout_s,
+            device=self.device,
+        )
 
     def base_fields(self, world_size: int) -> dict[str, Any]:
         """The launch columns every distributed record carries."""
-        return dict(backend=self.backend, device=self.first_device.type, world_size=world_size,
-                    launcher="torchrun" if self.torchrun else "spawn", threads_per_rank=self.threads_per_rank)  # fmt: skip
+        return dict(
+            backend=self.backend,
+            device=self.first_device.type,
+            world_size=world_size,
+            launcher="torchrun" if self.torchrun else "spawn",
+            threads_per_rank=self.threads_per_rank,
+        )
 
     def run(self, worker: Worker, units: Sequence[Any], world_size: int) -> Iterator[tuple[Any, GroupResult]]:
         spec = self.spec(world_size)
@@ -116,8 +140,10 @@ def resolve_world_sizes(asked: list[int] | None, backend: str, device: str, torc
         return [size]
     if asked:
         if max(asked) > MAX_SPAWNED_WORLD_SIZE:  # each rank is a process holding torch and a model
-            raise LaunchError(f"--world-sizes {max(asked)}: at most {MAX_SPAWNED_WORLD_SIZE} ranks are started on "
-                              "one machine; launch more with torchrun across machines")  # fmt: skip
+            raise LaunchError(
+                f"--world-sizes {max(asked)}: at most {MAX_SPAWNED_WORLD_SIZE} ranks are started on "
+                "one machine; launch more with torchrun across machines"
+            )
         return list(asked)
     if parse_rank_device(device, backend)[0] == "cuda" and torch.cuda.is_available():
         return [torch.cuda.device_count()]
@@ -163,4 +189,3 @@ def run_rows(
             records.append(record)
             print(describe(unit, record), file=sys.stderr, flush=True)
     return records
-

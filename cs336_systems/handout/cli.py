@@ -34,15 +34,26 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--edition", choices=EDITIONS, default="2026", help="which handout (2026)")
     parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]", help="where the steps run (auto)")
-    parser.add_argument("--assume-device", metavar="'NAME SIZE'",
-                        help="plan for a GPU you do not have, e.g. 'H100 80GB' (implies --dry-run)")  # fmt: skip
-    parser.add_argument("--scale", choices=tuple(SCALES), default="full",
-                        help="full: the handout's shapes; small: the same plan at small shapes (minutes on a CPU)")  # fmt: skip
-    parser.add_argument("--problems", nargs="+", metavar="NAME", help="only these problems (default: all of the edition)")
+    parser.add_argument(
+        "--assume-device",
+        metavar="'NAME SIZE'",
+        help="plan for a GPU you do not have, e.g. 'H100 80GB' (implies --dry-run)",
+    )
+    parser.add_argument(
+        "--scale",
+        choices=tuple(SCALES),
+        default="full",
+        help="full: the handout's shapes; small: the same plan at small shapes (minutes on a CPU)",
+    )
+    parser.add_argument(
+        "--problems", nargs="+", metavar="NAME", help="only these problems (default: all of the edition)"
+    )
     parser.add_argument("--adapters", metavar="MODULE", help="your tests/adapters.py: FlashAttention-2, DDP, FSDP")
     parser.add_argument("--model-factory", metavar="package.module:callable", help="your model instead of the built-in")
     parser.add_argument("--optimizer", metavar="package.module:callable", help="your optimizer for training steps")
-    parser.add_argument("--budget", metavar="DURATION", help="e.g. 45m: shrink the plan to fit (recorded in the report)")
+    parser.add_argument(
+        "--budget", metavar="DURATION", help="e.g. 45m: shrink the plan to fit (recorded in the report)"
+    )
     parser.add_argument("--output-dir", type=Path, help="default results/handout-EDITION-DEVICE")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and its commands; run nothing")
     parser.add_argument("--no-report", action="store_true", help="run the steps but write no write-up")
@@ -92,7 +103,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         unknown = [p for p in problems if p not in PROBLEMS[args.edition]]
         if unknown:
             where = "" if unknown[0] not in ALL_PROBLEMS else f" (a problem of the other edition, not {args.edition})"
-            raise ValueError(f"--problems {unknown[0]}: unknown{where}; choose from {', '.join(PROBLEMS[args.edition])}")
+            raise ValueError(
+                f"--problems {unknown[0]}: unknown{where}; choose from {', '.join(PROBLEMS[args.edition])}"
+            )
         budget_s = parse_duration(args.budget) if args.budget else None
         target, device = _target(args)
         _check_loadable(args)
@@ -105,9 +118,11 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     except (TargetError, DeviceError, AdapterError, LoadError, ConfigError, ModelFactoryError, ValueError) as exc:
         return fail(PROG, str(exc))
 
-    header = (f"Plan for the {args.edition} handout, {args.scale} scale, on {target.describe()}: "
-              f"{sum(s.status == 'run' for s in steps)} steps to run, {sum(s.status != 'run' for s in steps)} skipped, "
-              f"predicted {format_seconds(total_seconds(steps))} (rough: FLOPs at a fixed share of peak, plus start-up)")  # fmt: skip
+    header = (
+        f"Plan for the {args.edition} handout, {args.scale} scale, on {target.describe()}: "
+        f"{sum(s.status == 'run' for s in steps)} steps to run, {sum(s.status != 'run' for s in steps)} skipped, "
+        f"predicted {format_seconds(total_seconds(steps))} (rough: FLOPs at a fixed share of peak, plus start-up)"
+    )
     if notes:
         header += f"; to fit --budget {args.budget}: {', '.join(notes)}"
     if args.dry_run or args.assume_device:
@@ -123,13 +138,18 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         outcomes = execute(steps, target, output_dir, args.edition, args.scale)
     except KeyboardInterrupt:
-        print(f"{PROG}: stopped; finished steps are kept in {output_dir}. Continue with the same command:\n"
-              f"  {PROG} {shlex.join(argv)}", file=sys.stderr)  # fmt: skip
+        print(
+            f"{PROG}: stopped; finished steps are kept in {output_dir}. Continue with the same command:\n"
+            f"  {PROG} {shlex.join(argv)}",
+            file=sys.stderr,
+        )
         raise
     failed = [step_id for step_id, outcome in outcomes.items() if outcome.get("outcome") != "ok"]
     for step_id in failed:
-        print(f"{PROG}: {step_id}: {outcomes[step_id]['outcome']} (see {output_dir / LOGS / (step_id + '.log')})",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{PROG}: {step_id}: {outcomes[step_id]['outcome']} (see {output_dir / LOGS / (step_id + '.log')})",
+            file=sys.stderr,
+        )
     if not args.no_report:
         write_report(steps, output_dir, args, notes)
     return EXIT_FAILED if failed else EXIT_OK
@@ -149,12 +169,18 @@ def write_report(steps, output_dir: Path, args: argparse.Namespace, budget_notes
     if importlib.util.find_spec("typst") is not None:
         formats.append(".pdf")
     else:
-        print(f'{PROG}: no PDF: the typst package is not installed (pip install -e ".[pdf]"); writing .md, .tex, .typ',
-              file=sys.stderr)  # fmt: skip
+        print(
+            f'{PROG}: no PDF: the typst package is not installed (pip install -e ".[pdf]"); writing .md, .tex, .typ',
+            file=sys.stderr,
+        )
     # no quotes or backticks: the note is also quoted inside the report's "Generated by" command
     note = f"The CS336 assignment 2 (systems) handout, {args.edition} edition, run by {PROG} at the {args.scale} scale"
-    note += (": small shapes so a CPU runs the whole plan in minutes; the numbers test the pipeline and are not "
-             "answers to the handout." if args.scale == "small" else ".")  # fmt: skip
+    note += (
+        ": small shapes so a CPU runs the whole plan in minutes; the numbers test the pipeline and are not "
+        "answers to the handout."
+        if args.scale == "small"
+        else "."
+    )
     if budget_notes:
         note += f" To fit --budget {args.budget} the plan was shrunk ({', '.join(budget_notes)}); see the plan section."
     outputs = [x for suffix in formats for x in ("--output", str(output_dir / f"{WRITEUP}{suffix}"))]

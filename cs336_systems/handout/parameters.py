@@ -22,20 +22,42 @@ from ..tools import module_name
 EDITIONS = ("2025", "2026")
 PROBLEMS = {
     "2025": (
-        "benchmarking_script", "nsys_profile", "mixed_precision_accumulation", "benchmarking_mixed_precision",
-        "memory_profiling", "pytorch_attention", "torch_compile", "flash_benchmarking",
-        "distributed_communication_single_node", "naive_ddp_benchmarking", "minimal_ddp_flat_benchmarking",
-        "ddp_overlap_individual_parameters_benchmarking", "ddp_bucketed_benchmarking",
-        "optimizer_state_sharding_accounting", "leaderboard",
+        "benchmarking_script",
+        "nsys_profile",
+        "mixed_precision_accumulation",
+        "benchmarking_mixed_precision",
+        "memory_profiling",
+        "pytorch_attention",
+        "torch_compile",
+        "flash_benchmarking",
+        "distributed_communication_single_node",
+        "naive_ddp_benchmarking",
+        "minimal_ddp_flat_benchmarking",
+        "ddp_overlap_individual_parameters_benchmarking",
+        "ddp_bucketed_benchmarking",
+        "optimizer_state_sharding_accounting",
+        "leaderboard",
     ),
     "2026": (
-        "benchmarking_script", "nsys_profile", "mixed_precision_accumulation", "benchmarking_mixed_precision",
-        "memory_profiling", "gradient_checkpointing", "pytorch_attention", "torch_compile", "flash_benchmarking",
-        "distributed_communication_single_node", "naive_ddp_benchmarking", "minimal_ddp_flat_benchmarking",
-        "ddp_overlap_individual_parameters_benchmarking", "ddp_bucketed_benchmarking",
-        "optimizer_state_sharding_accounting", "fsdp", "leaderboard",
+        "benchmarking_script",
+        "nsys_profile",
+        "mixed_precision_accumulation",
+        "benchmarking_mixed_precision",
+        "memory_profiling",
+        "gradient_checkpointing",
+        "pytorch_attention",
+        "torch_compile",
+        "flash_benchmarking",
+        "distributed_communication_single_node",
+        "naive_ddp_benchmarking",
+        "minimal_ddp_flat_benchmarking",
+        "ddp_overlap_individual_parameters_benchmarking",
+        "ddp_bucketed_benchmarking",
+        "optimizer_state_sharding_accounting",
+        "fsdp",
+        "leaderboard",
     ),
-}  # fmt: skip
+}
 ALL_PROBLEMS = tuple(dict.fromkeys(itertools.chain(*PROBLEMS.values())))
 SMALL_SHAPE = {"--d-model": 64, "--d-ff": 176, "--num-layers": 2, "--num-heads": 2, "--vocab-size": 512}
 DDP_CPU_SHAPE = {"--d-model": 128, "--d-ff": 352, "--num-layers": 2, "--num-heads": 4, "--vocab-size": 1000}
@@ -72,13 +94,31 @@ class Scale:
 
 FULL = Scale("full", sizes=None)
 SMALL = Scale(
-    "small", sizes=("small",), shape=SMALL_SHAPE, contexts=(32, 64), timing_context=64, batch=2, warmup=2, measure=5,
-    memory_size={"2025": "small", "2026": "small"}, memory_contexts={"2025": (32, 64), "2026": (32, 128)},
-    checkpoint_context=64, checkpoint_blocks=("0", "1", "all"), attention_batch=4, attention_head_dims=(16, 32),
-    attention_contexts=(64, 128), attention_measure=10, flash_contexts=(64, 128), flash_head_dims=(16,),
-    leaderboard=(2, 128, 16), allreduce_sizes=("1MB", "10MB"), allreduce_worlds=(2,), ddp_context=32,
-    buckets=("1", "10"), sweep_tool=module_name("benchmark_direct"),
-)  # fmt: skip
+    "small",
+    sizes=("small",),
+    shape=SMALL_SHAPE,
+    contexts=(32, 64),
+    timing_context=64,
+    batch=2,
+    warmup=2,
+    measure=5,
+    memory_size={"2025": "small", "2026": "small"},
+    memory_contexts={"2025": (32, 64), "2026": (32, 128)},
+    checkpoint_context=64,
+    checkpoint_blocks=("0", "1", "all"),
+    attention_batch=4,
+    attention_head_dims=(16, 32),
+    attention_contexts=(64, 128),
+    attention_measure=10,
+    flash_contexts=(64, 128),
+    flash_head_dims=(16,),
+    leaderboard=(2, 128, 16),
+    allreduce_sizes=("1MB", "10MB"),
+    allreduce_worlds=(2,),
+    ddp_context=32,
+    buckets=("1", "10"),
+    sweep_tool=module_name("benchmark_direct"),
+)
 SCALES = {"full": FULL, "small": SMALL}
 
 

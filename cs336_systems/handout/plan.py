@@ -118,14 +118,16 @@ def model_configs(flags: dict) -> list[tuple[ModelConfig, int, int, str, str, bo
         _list(flags, "--model-sizes", _list(flags, "--model-size", ["small"])),
         [checkpoint_blocks(str(k)) for k in _list(flags, "--checkpoint-blocks", ["0"])],
         _list(flags, "--precisions", _list(flags, "--precision", ["fp32"])),
-        compiled, contexts,
+        compiled,
+        contexts,
         [int(b) for b in _list(flags, "--batch-sizes", _list(flags, "--batch-size", [4]))],
         _list(flags, "--pass-types", _list(flags, "--pass-type", ["forward-backward"])),
-    )  # fmt: skip
+    )
     configs = []
     for size, blocks, precision, compile_on, context, batch, pass_type in grid:
-        model = ModelConfig.from_size(size, str(flags.get("--size-table", "2025")), context_length=max(contexts),
-                                      **overrides).replace(checkpoint_blocks=blocks)  # fmt: skip
+        model = ModelConfig.from_size(
+            size, str(flags.get("--size-table", "2025")), context_length=max(contexts), **overrides
+        ).replace(checkpoint_blocks=blocks)
         configs.append((model, context, batch, pass_type, precision, compile_on))
     return configs
 
@@ -195,9 +197,11 @@ def _attention(flags: dict, target: Target) -> tuple[float, int]:
     implementations = _list(flags, "--implementations", ["naive"])
     seconds += COMPILE_S[target.type] * sum(1 for i in implementations if i == "compiled") * 0.5
     for precision, d, T, implementation in itertools.product(
-        _list(flags, "--precisions", ["fp32"]), _list(flags, "--head-dims", [64]),
-        _list(flags, "--context-lengths", [256]), implementations,
-    ):  # fmt: skip
+        _list(flags, "--precisions", ["fp32"]),
+        _list(flags, "--head-dims", [64]),
+        _list(flags, "--context-lengths", [256]),
+        implementations,
+    ):
         d, T = int(d), int(T)
         element = TENSOR_DTYPES[precision].itemsize
         flops = 4 * batch * heads * T * T * d * 3.5  # forward, then backward (2.5x forward)

@@ -44,23 +44,39 @@ def read_marker(output_dir: Path, step: Step) -> dict | None:
     return marker if marker.get("command") == step.shell(output_dir) else None
 
 
-def plan_rows(steps: list[Step], target: Target, output_dir: Path, outcomes: dict[str, dict], edition: str,
-              scale: str) -> list[dict]:  # fmt: skip
+def plan_rows(
+    steps: list[Step], target: Target, output_dir: Path, outcomes: dict[str, dict], edition: str, scale: str
+) -> list[dict]:
     rows = []
     for order, step in enumerate(steps, 1):
         done = outcomes.get(step.id, {})
         plan_status = "skipped" if step.status == "skipped" else "reduced" if step.reductions else "run"
-        rows.append(dict(
-            order=order, edition=edition, scale=scale, problem=step.problem, step=step.id, part=step.part,
-            tool=Path(step.tool).name if step.tool.endswith((".py", ".sh")) else step.tool,
-            plan_status=plan_status, outcome=done.get("outcome", "skipped" if step.status == "skipped" else "pending"),
-            reason=step.reason, reductions="; ".join(step.reductions), fits=fit_verdict(step.predicted_peak_bytes, target)[0],
-            predicted_peak_bytes=step.predicted_peak_bytes, device_memory_bytes=target.memory_bytes,
-            predicted_s=None if step.predicted_s is None else round(step.predicted_s, 1),
-            elapsed_s=done.get("elapsed_s"), exit_status=done.get("exit_status"),
-            command="" if step.status == "skipped" else step.shell(output_dir), outputs=" ".join(step.outputs()),
-            text_output=step.capture or "", device_name=target.name, device_assumed=target.assumed,
-        ))  # fmt: skip
+        rows.append(
+            dict(
+                order=order,
+                edition=edition,
+                scale=scale,
+                problem=step.problem,
+                step=step.id,
+                part=step.part,
+                tool=Path(step.tool).name if step.tool.endswith((".py", ".sh")) else step.tool,
+                plan_status=plan_status,
+                outcome=done.get("outcome", "skipped" if step.status == "skipped" else "pending"),
+                reason=step.reason,
+                reductions="; ".join(step.reductions),
+                fits=fit_verdict(step.predicted_peak_bytes, target)[0],
+                predicted_peak_bytes=step.predicted_peak_bytes,
+                device_memory_bytes=target.memory_bytes,
+                predicted_s=None if step.predicted_s is None else round(step.predicted_s, 1),
+                elapsed_s=done.get("elapsed_s"),
+                exit_status=done.get("exit_status"),
+                command="" if step.status == "skipped" else step.shell(output_dir),
+                outputs=" ".join(step.outputs()),
+                text_output=step.capture or "",
+                device_name=target.name,
+                device_assumed=target.assumed,
+            )
+        )
     return rows
 
 
@@ -98,11 +114,15 @@ def run_step(step: Step, output_dir: Path) -> tuple[int, float]:
     # what this process can import (the user's adapters, model, optimizer), the child can too
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     start = time.perf_counter()
-    with open(log, "w") as err, open(output_dir / step.capture, "w") if step.capture else contextlib.nullcontext(err) as out:
+    with (
+        open(log, "w") as err,
+        open(output_dir / step.capture, "w") if step.capture else contextlib.nullcontext(err) as out,
+    ):
         err.write(f"$ {step.shell(output_dir)}\n")
         err.flush()
-        process = subprocess.Popen(command, stdout=out, stderr=err, env=env, start_new_session=True,
-                                   preexec_fn=child_preexec())  # fmt: skip
+        process = subprocess.Popen(
+            command, stdout=out, stderr=err, env=env, start_new_session=True, preexec_fn=child_preexec()
+        )
         try:
             status = process.wait()
         except BaseException:
@@ -145,8 +165,12 @@ def execute(steps: list[Step], target: Target, output_dir: Path, edition: str, s
                 outcomes[step.id] = {"outcome": "interrupted"}
                 write_plan(plan_path, plan_rows(steps, target, output_dir, outcomes, edition, scale))
                 raise
-            outcome = {"command": step.shell(output_dir), "exit_status": status, "elapsed_s": round(elapsed, 1),
-                       "outcome": outcome_of(status)}  # fmt: skip
+            outcome = {
+                "command": step.shell(output_dir),
+                "exit_status": status,
+                "elapsed_s": round(elapsed, 1),
+                "outcome": outcome_of(status),
+            }
             if status in (130, 143):  # the child itself was interrupted: not done
                 outcomes[step.id] = {"outcome": "interrupted"}
                 write_plan(plan_path, plan_rows(steps, target, output_dir, outcomes, edition, scale))
@@ -171,7 +195,16 @@ def plan_table(steps: list[Step], target: Target) -> str:
     for step in steps:
         fits = fit_verdict(step.predicted_peak_bytes, target)[0] if step.status == "run" else "-"
         why = step.reason + ("; " + "; ".join(step.reductions) if step.reductions else "")
-        body.append([step.problem, step.part, step.status, format_bytes(step.predicted_peak_bytes) or "?",
-                     format_seconds(step.predicted_s) if step.status == "run" else "", fits, why])  # fmt: skip
+        body.append(
+            [
+                step.problem,
+                step.part,
+                step.status,
+                format_bytes(step.predicted_peak_bytes) or "?",
+                format_seconds(step.predicted_s) if step.status == "run" else "",
+                fits,
+                why,
+            ]
+        )
     headers = ["problem", "what runs", "plan", "predicted peak", "predicted time", "fits", "why"]
     return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)

@@ -72,8 +72,7 @@ def assumed_target(text: str) -> Target:
             f"--assume-device {text!r}: {name!r} is not in the peak FLOP/s table "
             f"(known: {', '.join(known_gpu_names())})"
         )
-    return Target(name=name, type="cuda", memory_bytes=memory, gpus=gpus, assumed=True, nsys=False,
-                  triton=True)  # fmt: skip
+    return Target(name=name, type="cuda", memory_bytes=memory, gpus=gpus, assumed=True, nsys=False, triton=True)
 
 
 def present_target(device, measure_cpu_peak: bool = True) -> Target:

@@ -65,8 +65,11 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=DESCRIPTION)
     data = parser.add_argument_group("data")
     data.add_argument("--storage", choices=STORAGE_KINDS, default="simulated")
-    data.add_argument("--dataset", metavar="package.module:callable",
-                      help="your own map-style Dataset (called with no arguments); replaces --storage")  # fmt: skip
+    data.add_argument(
+        "--dataset",
+        metavar="package.module:callable",
+        help="your own map-style Dataset (called with no arguments); replaces --storage",
+    )
     data.add_argument("--num-items", type=positive_int, default=256)
     data.add_argument("--item-bytes", type=byte_size, default=64 * 1024, metavar="SIZE", help="e.g. 500KB (64KiB)")
     data.add_argument("--batch-size", type=positive_int, default=8)
@@ -80,9 +83,16 @@ def build_parser() -> ArgumentParser:
         "--bandwidth", type=byte_size, metavar="SIZE", help="bytes per second per item, e.g. 20MB (unlimited)"
     )
     store.add_argument("--jitter-ms", type=non_negative_float, default=0.0, help="uniform +- on the latency (0)")
-    store.add_argument("--cache-hit-rates", "--cache-hit-rate", type=non_negative_float, nargs="+", default=[0.0], metavar="RATE",
-                       help="fraction of items served from a warm cache in epoch 0, 1, ... (last repeats); "
-                       "'0 0.9' is a cold first epoch (0)")  # fmt: skip
+    store.add_argument(
+        "--cache-hit-rates",
+        "--cache-hit-rate",
+        type=non_negative_float,
+        nargs="+",
+        default=[0.0],
+        metavar="RATE",
+        help="fraction of items served from a warm cache in epoch 0, 1, ... (last repeats); "
+        "'0 0.9' is a cold first epoch (0)",
+    )
     store.add_argument("--warm-latency-ms", type=non_negative_float, default=0.0, help="time of a cache hit (0)")
     step = parser.add_argument_group("the training step")
     step.add_argument("--compute-ms", type=positive_float, help="stand-in step of this many ms (20)")
@@ -91,14 +101,31 @@ def build_parser() -> ArgumentParser:
     step.add_argument("--seed", type=int, default=0)
     sweep = parser.add_argument_group("loader flags (lists: every combination runs)")
     sweep.add_argument("--num-workers", type=non_negative_int, nargs="+", default=[0], metavar="N")
-    sweep.add_argument("--prefetch-factors", "--prefetch-factor", dest="prefetch_factor", type=positive_int, nargs="+", default=[2], metavar="N")
+    sweep.add_argument(
+        "--prefetch-factors",
+        "--prefetch-factor",
+        dest="prefetch_factor",
+        type=positive_int,
+        nargs="+",
+        default=[2],
+        metavar="N",
+    )
     sweep.add_argument("--pin-memory", type=boolean, nargs="+", default=[False], metavar="BOOL")
     sweep.add_argument("--persistent-workers", type=boolean, nargs="+", default=[False], metavar="BOOL")
-    sweep.add_argument("--processes", type=positive_int, nargs="+", metavar="N",
-                       help="run N independent processes, each fetching and computing its share (the items "
-                       "i with i mod N = rank); one row per N with the aggregate samples/s")  # fmt: skip
-    sweep.add_argument("--ram-budget", type=byte_size, metavar="SIZE",
-                       help="host RAM the loader's buffer may use (default: RAM available now)")  # fmt: skip
+    sweep.add_argument(
+        "--processes",
+        type=positive_int,
+        nargs="+",
+        metavar="N",
+        help="run N independent processes, each fetching and computing its share (the items "
+        "i with i mod N = rank); one row per N with the aggregate samples/s",
+    )
+    sweep.add_argument(
+        "--ram-budget",
+        type=byte_size,
+        metavar="SIZE",
+        help="host RAM the loader's buffer may use (default: RAM available now)",
+    )
     parser.add_argument("--output", action="append", default=[], metavar="PATH", help=".csv, .md or .jsonl; repeatable")
     add_monitor_arguments(parser)
     return parser
@@ -186,8 +213,10 @@ def _run(args, argv: list[str], bench: BenchConfig, device, sink: ResultSink) ->
     compute_desc = compute_description(bench, device)
     label = f"{PROG} {shlex.join(argv)}"
     with monitored(args.monitor, args.monitor_interval, label), prepared_storage(bench, args.data_dir) as bench:
-        print(f"{len(grid)} configurations x {bench.epochs} epochs, {bench.storage} storage, {compute_desc}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{len(grid)} configurations x {bench.epochs} epochs, {bench.storage} storage, {compute_desc}",
+            file=sys.stderr,
+        )
         for loader in grid:
             location_note = None
             if bench.data_dir is not None:

@@ -36,11 +36,18 @@ def format_estimate(estimate: MemoryEstimate, title: str, param_dtype: str = "fp
     ]
     body = [(name, format_bytes(value), value) for name, value in rows if value]
     body += [
-        (f"peak of the step timeline (at: {estimate.peak_phase})", format_bytes(estimate.peak_bytes), estimate.peak_bytes),
-        ("workspace margin (context, workspaces, fragmentation)", format_bytes(estimate.workspace_margin),
-         estimate.workspace_margin),
+        (
+            f"peak of the step timeline (at: {estimate.peak_phase})",
+            format_bytes(estimate.peak_bytes),
+            estimate.peak_bytes,
+        ),
+        (
+            "workspace margin (context, workspaces, fragmentation)",
+            format_bytes(estimate.workspace_margin),
+            estimate.workspace_margin,
+        ),
         ("total", format_bytes(estimate.total_bytes), estimate.total_bytes),
-    ]  # fmt: skip
+    ]
     table = tabulate(body, headers=["component", "size", "bytes"], tablefmt="github", disable_numparse=True)
     lines = [f"# Memory estimate: {title}", "", table, ""]
     lines.append(
@@ -65,14 +72,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pass-type", choices=PASS_TYPES, default="forward-backward")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
-    parser.add_argument("--device-type", "--device", choices=("cuda", "cpu"), default="cuda",
-                        help="the device the estimate is for (cuda)")  # fmt: skip
+    parser.add_argument(
+        "--device-type",
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="the device the estimate is for (cuda)",
+    )
     parser.add_argument("--device-memory", type=byte_size, help="e.g. 16GiB, 80GB: gives a fits / does not fit verdict")
     parser.add_argument("--first-step", action="store_true", help="the first train-step (no optimizer state yet)")
-    parser.add_argument("--grad-accum-steps", type=positive_int, default=1, metavar="K",
-                        help="K micro-batches of --batch-size per optimizer step")  # fmt: skip
-    parser.add_argument("--param-dtype", choices=PARAM_DTYPES, default="fp32",
-                        help="bf16: parameters and gradients in bf16, fp32 master weights in the optimizer")  # fmt: skip
+    parser.add_argument(
+        "--grad-accum-steps",
+        type=positive_int,
+        default=1,
+        metavar="K",
+        help="K micro-batches of --batch-size per optimizer step",
+    )
+    parser.add_argument(
+        "--param-dtype",
+        choices=PARAM_DTYPES,
+        default="fp32",
+        help="bf16: parameters and gradients in bf16, fp32 master weights in the optimizer",
+    )
     parser.add_argument("--find-max", choices=("batch-size", "context-length"))
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     add_checkpoint_argument(parser)
@@ -89,9 +110,17 @@ def main(argv: list[str] | None = None) -> int:
             model = model_config_from_args(args, args.model_size, context, args.attention)
             model.check_context(context)
             return estimate_memory(
-                model, batch, context, args.pass_type, args.precision, args.device_type, device_memory,
-                first_step=args.first_step, grad_accum_steps=args.grad_accum_steps, param_dtype=args.param_dtype,
-            )  # fmt: skip
+                model,
+                batch,
+                context,
+                args.pass_type,
+                args.precision,
+                args.device_type,
+                device_memory,
+                first_step=args.first_step,
+                grad_accum_steps=args.grad_accum_steps,
+                param_dtype=args.param_dtype,
+            )
 
         estimate = estimate_for(args.batch_size, args.context_length)
     except (ConfigError, ValueError) as exc:
@@ -99,19 +128,25 @@ def main(argv: list[str] | None = None) -> int:
 
     largest = None
     if args.find_max == "batch-size":
-        largest = find_max_by_prediction(lambda b: estimate_for(b, args.context_length), "batch-size",
-                                         args.batch_size, device_memory)  # fmt: skip
+        largest = find_max_by_prediction(
+            lambda b: estimate_for(b, args.context_length), "batch-size", args.batch_size, device_memory
+        )
     elif args.find_max == "context-length":
         args.max_context_length = None
-        largest = find_max_by_prediction(lambda t: estimate_for(args.batch_size, t), "context-length",
-                                         args.context_length, device_memory)  # fmt: skip
+        largest = find_max_by_prediction(
+            lambda t: estimate_for(args.batch_size, t), "context-length", args.context_length, device_memory
+        )
     other = "naive" if args.attention == "sdpa" else "sdpa"
     args.attention, chosen = other, args.attention
     alternative = estimate_for(args.batch_size, args.context_length)
     args.attention = chosen
     checkpointing = f" checkpoint-blocks {args.checkpoint_blocks}" if args.checkpoint_blocks else ""
     fast = fast_path_flags(
-        dict(grad_accum_steps=args.grad_accum_steps, param_dtype=args.param_dtype, fused_projections=args.fused_projections)
+        dict(
+            grad_accum_steps=args.grad_accum_steps,
+            param_dtype=args.param_dtype,
+            fused_projections=args.fused_projections,
+        )
     )
     title = (
         f"{args.size_table} {args.model_size}{checkpointing} context {args.context_length} batch {args.batch_size} {args.pass_type} "

@@ -173,8 +173,22 @@ def estimate_memory(
     groups = _checkpoint_groups(m)
     for micro_batch in range(min(grad_accum_steps, 2)):  # the second and later ones start with gradients held
         held = micro_batch > 0
-        _forward_backward(timeline, base + (gradients if held else 0), held, m, N, layer, groups, saved,
-                          head_copy, final_saved, logits, log_probs, autocast, param)  # fmt: skip
+        _forward_backward(
+            timeline,
+            base + (gradients if held else 0),
+            held,
+            m,
+            N,
+            layer,
+            groups,
+            saved,
+            head_copy,
+            final_saved,
+            logits,
+            log_probs,
+            autocast,
+            param,
+        )
     if pass_type == "train-step":
         # the optimizer step; bf16 parameters: their gradients cast to fp32 copies for it
         timeline.append(("optimizer step", weights + gradients + optimizer + masters))
@@ -188,13 +202,21 @@ def estimate_memory(
     activations["final norm and LM-head input"] = final_saved
     weight_copies = layer.weight_copies * m.num_layers + head_copy
     return _estimate(
-        weights, gradients, optimizer, activations, weight_copies, logits + log_probs, timeline, device_type,
+        weights,
+        gradients,
+        optimizer,
+        activations,
+        weight_copies,
+        logits + log_probs,
+        timeline,
+        device_type,
         device_memory_bytes,
-    )  # fmt: skip
+    )
 
 
-def _forward_backward(timeline, mem, held, m, N, layer, groups, saved, head_copy, final_saved, logits, log_probs,
-                      autocast, param) -> int:  # fmt: skip
+def _forward_backward(
+    timeline, mem, held, m, N, layer, groups, saved, head_copy, final_saved, logits, log_probs, autocast, param
+) -> int:
     """One micro-batch's forward and backward onto `timeline`, from `mem` in use; `held`: the
     gradients exist already (each new one is a transient added into them). Returns mem after."""
     d, V = m.d_model, m.vocab_size
@@ -222,7 +244,9 @@ def _forward_backward(timeline, mem, held, m, N, layer, groups, saved, head_copy
     for size in reversed(groups or [1] * m.num_layers):
         if groups:
             # the group's forward runs again, saving its blocks' residuals (and weight casts)
-            timeline.append(("backward (recompute)", mem + size * (saved + layer.weight_copies) + layer.forward_transient))
+            timeline.append(
+                ("backward (recompute)", mem + size * (saved + layer.weight_copies) + layer.forward_transient)
+            )
             mem += size * (saved + layer.weight_copies)
         for _ in range(size):
             timeline.append(("backward (blocks)", mem + layer.backward_transient + layer.gradients))

@@ -23,7 +23,6 @@ from .sampling import DEFAULT_INTERVAL_S, GpuProbe, ResourceMonitor
 PROG = "python -m cs336_systems.monitor"
 
 
-
 def _wait_without_reaping(process: subprocess.Popen) -> None:
     """Block until the child exits but leave it a zombie, so its CPU times can still be read."""
     if hasattr(os, "waitid"):
@@ -114,12 +113,26 @@ def main(argv: list[str] | None = None) -> int:
         description="Run a command and sample GPU, CPU, memory, network and disk on one clock.",
         usage=f"{PROG} [--monitor-interval S] [--output PATH.csv] [--gpus I ...] -- COMMAND [ARGS...]",
     )
-    parser.add_argument("--monitor-interval", "--interval", dest="interval", type=positive_float,
-                        default=DEFAULT_INTERVAL_S, metavar="SECONDS", help="seconds between samples")  # fmt: skip
+    parser.add_argument(
+        "--monitor-interval",
+        "--interval",
+        dest="interval",
+        type=positive_float,
+        default=DEFAULT_INTERVAL_S,
+        metavar="SECONDS",
+        help="seconds between samples",
+    )
     parser.add_argument(
         "--output", help="time series CSV (default monitor-YYYYmmdd-HHMMSS.csv); .png and .json beside it"
     )
-    parser.add_argument("--gpus", "--gpu", type=non_negative_int, nargs="+", metavar="I", help="NVML indices (default: those in CUDA_VISIBLE_DEVICES, else the current device, 0)")
+    parser.add_argument(
+        "--gpus",
+        "--gpu",
+        type=non_negative_int,
+        nargs="+",
+        metavar="I",
+        help="NVML indices (default: those in CUDA_VISIBLE_DEVICES, else the current device, 0)",
+    )
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
@@ -135,4 +148,3 @@ def main(argv: list[str] | None = None) -> int:
         return run_monitored(command, csv_path, args.interval, args.gpus)
     except (MonitorPathError, ValueError) as exc:
         return fail(PROG, str(exc))
-

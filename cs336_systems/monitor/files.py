@@ -125,8 +125,15 @@ def plot_samples(samples: Sequence[Sample], path: Path, title: str, gpu_note: st
             ax.plot(t, ys, marker=".", markersize=3, linewidth=1, label=name)
             drawn = True
         if not drawn:
-            ax.text(0.5, 0.5, gpu_note if names[0].startswith("gpu") and gpu_note else "no data", ha="center",
-                    va="center", transform=ax.transAxes, color="gray")  # fmt: skip
+            ax.text(
+                0.5,
+                0.5,
+                gpu_note if names[0].startswith("gpu") and gpu_note else "no data",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                color="gray",
+            )
             ax.set_yticks([])
         elif len(names) > 1:
             ax.legend(loc="best", fontsize=7)
@@ -243,8 +250,13 @@ def add_monitor_arguments(parser) -> None:
         metavar="PATH.csv",
         help="sample GPU/CPU/memory/network/disk during the run into PATH.csv (+ .png, .json beside it)",
     )
-    group.add_argument("--monitor-interval", type=positive_float, default=DEFAULT_INTERVAL_S, metavar="SECONDS",
-                       help=f"seconds between samples ({DEFAULT_INTERVAL_S:g})")  # fmt: skip
+    group.add_argument(
+        "--monitor-interval",
+        type=positive_float,
+        default=DEFAULT_INTERVAL_S,
+        metavar="SECONDS",
+        help=f"seconds between samples ({DEFAULT_INTERVAL_S:g})",
+    )
 
 
 def check_monitor_arguments(args) -> None:
@@ -255,7 +267,13 @@ def check_monitor_arguments(args) -> None:
         csv_path = check_monitor_path(args.monitor)
         outputs = [Path(path) for path in getattr(args, "output", None) or []]
         try:  # the monitor's three files and the tool's results must be different files
-            check_distinct([("--monitor", csv_path), ("--monitor's JSON", csv_path.with_suffix(".json")),
-                            ("--monitor's PNG", csv_path.with_suffix(".png")), *(("--output", o) for o in outputs)])  # fmt: skip
+            check_distinct(
+                [
+                    ("--monitor", csv_path),
+                    ("--monitor's JSON", csv_path.with_suffix(".json")),
+                    ("--monitor's PNG", csv_path.with_suffix(".png")),
+                    *(("--output", o) for o in outputs),
+                ]
+            )
         except ResultFileError as exc:
             raise MonitorPathError(str(exc)) from None

@@ -222,9 +222,11 @@ class StepProbe:
 
     def markdown(self) -> str:
         rows = [r.to_row() for r in self.records]
-        conventions = ("data_wait_pct: time blocked waiting for a batch / wall time; verdict: < 5% not "
-                       "input-bound, 5-20% moderately, > 20% input-bound; phases: mean ms per step "
-                       f"({self.timer} timer).")  # fmt: skip
+        conventions = (
+            "data_wait_pct: time blocked waiting for a batch / wall time; verdict: < 5% not "
+            "input-bound, 5-20% moderately, > 20% input-bound; phases: mean ms per step "
+            f"({self.timer} timer)."
+        )
         advice = "\n".join(f"    {line}" for line in self.advice)
         return render_document(
             rows,
@@ -266,12 +268,20 @@ class StepProbe:
         figures["steps"] = len(complete)
         figures["step_ms"] = sum(s.wall_ms for s in complete) / len(complete) if complete else None
         record = ProbeRecord(
-            run=self.label, window=len(self.records), first_step=first, last_step=first + len(complete) - 1,
-            device=str(self.device), timer=self.timer, batch_size=self.batch_size, status=status, error=error,
+            run=self.label,
+            window=len(self.records),
+            first_step=first,
+            last_step=first + len(complete) - 1,
+            device=str(self.device),
+            timer=self.timer,
+            batch_size=self.batch_size,
+            status=status,
+            error=error,
             loader=self.loader_info.describe() if self.loader_info else None,
             notes="the last step is unfinished (the loop stopped inside it)" if self._open else None,
-            environment=self._environment, **figures,
-        )  # fmt: skip
+            environment=self._environment,
+            **figures,
+        )
         self.steps += complete
         self.records.append(record)
         if self._write_error is None:

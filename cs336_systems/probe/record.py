@@ -42,14 +42,21 @@ class ProbeRecord(Record):
     step_wait_ms: list[float] = samples_field()
     step_phase_ms: list[dict[str, float]] = samples_field()
 
-
     markdown_columns: ClassVar[tuple[str, ...]] = (
-        "run", "window", "first_step", "last_step", "status", "step_ms", "data_wait_pct",
-        "verdict", "phases", "phases_pct", "outside_pct", "samples_per_s",
-    )  # fmt: skip
+        "run",
+        "window",
+        "first_step",
+        "last_step",
+        "status",
+        "step_ms",
+        "data_wait_pct",
+        "verdict",
+        "phases",
+        "phases_pct",
+        "outside_pct",
+        "samples_per_s",
+    )
     label_columns: ClassVar[tuple[str, ...]] = ("run", "window")
-
-
 
 
 @dataclass

@@ -16,7 +16,9 @@ def _cell(row: pd.Series, phase: str) -> str:
     if row["status"] != "ok" and missing(row.get(f"{phase}_mean_ms")):
         return FAILURE_MARK.get(row["status"], str(row["status"]))
     cv = row.get(f"{phase}_cv_pct")
-    return ms_cell(row.get(f"{phase}_mean_ms"), row.get(f"{phase}_std_ms"), is_noisy(None if missing(cv) else float(cv)))
+    return ms_cell(
+        row.get(f"{phase}_mean_ms"), row.get(f"{phase}_std_ms"), is_noisy(None if missing(cv) else float(cv))
+    )
 
 
 def _shape(row) -> str:
@@ -90,13 +92,21 @@ def sections(frame: pd.DataFrame) -> tuple[list[Section], list[str]]:
     pytorch = [i for i in implementations if i not in flash]
     eager = [i for i in pytorch if i != "compiled"]
     attention, compiled, flash_section = (
-        Section("Attention", "pytorch_attention",
-                ["Forward and backward time of attention alone, per head dimension × sequence length "
-                 "(ms, 3 significant figures); OOM marked."]),
+        Section(
+            "Attention",
+            "pytorch_attention",
+            [
+                "Forward and backward time of attention alone, per head dimension × sequence length "
+                "(ms, 3 significant figures); OOM marked."
+            ],
+        ),
         Section("torch.compile of attention", "torch_compile", ["Speedup = eager time / compiled time."]),
-        Section("FlashAttention against PyTorch attention", "flash_benchmarking",
-                ["Speedup = PyTorch time / FlashAttention time."]),
-    )  # fmt: skip
+        Section(
+            "FlashAttention against PyTorch attention",
+            "flash_benchmarking",
+            ["Speedup = PyTorch time / FlashAttention time."],
+        ),
+    )
     for where, rows in _split(frame):
         if pytorch:
             attention.tables.append(timing_table("Attention", rows, pytorch, where))

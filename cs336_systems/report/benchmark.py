@@ -31,8 +31,12 @@ from .document import (
 # Besides pass type and precision, a table is split by whatever of these varies.
 TABLE_KEYS = ("pass_type", "precision", "compile", "attention", "batch_size", "device_name", "fast_path")
 PHASES = ("forward", "backward", "optimizer")
-SPEEDUPS = (("precision", "fp32", "bf16"), ("precision", "fp32", "fp16"), ("precision", "fp32", "tf32"),
-            ("compile", False, True))  # fmt: skip
+SPEEDUPS = (
+    ("precision", "fp32", "bf16"),
+    ("precision", "fp32", "fp16"),
+    ("precision", "fp32", "tf32"),
+    ("compile", False, True),
+)
 NOTE_LABEL = (*BenchmarkRecord.label_columns, "device_name")  # two machines in one report: say which
 NOISY_FOOTNOTE = f"{NOISY_MARK} CV above {HIGH_CV_PCT:g}%: noisy, treat the mean with care (see Notes)."
 
@@ -118,7 +122,9 @@ def _groups(frame: pd.DataFrame, keys: list[str]):
 def _footnotes(text: str) -> list[str]:
     notes = [NOISY_FOOTNOTE] if NOISY_MARK in text else []
     if IMPOSSIBLE_MFU_MARK in text:
-        notes.append(f"{IMPOSSIBLE_MFU_MARK} MFU above 100% is impossible: the peak it divides by is wrong (see Notes).")
+        notes.append(
+            f"{IMPOSSIBLE_MFU_MARK} MFU above 100% is impossible: the peak it divides by is wrong (see Notes)."
+        )
     if "OOM" in text:
         notes.append("OOM: out of memory; n/a: unsupported on that machine.")
     return notes
@@ -131,13 +137,19 @@ def _table(name: str, heading: str, rows: pd.DataFrame, body: pd.DataFrame) -> T
 
 def step_tables(frame: pd.DataFrame, sizes: list[str]) -> list[Table]:
     keys = varying(frame)
-    return [_table(f"step {title(keys, values)}", title(keys, values), rows, _pivot(rows, sizes, _step_cell))
-            for values, rows in _groups(frame, keys)]  # fmt: skip
+    return [
+        _table(f"step {title(keys, values)}", title(keys, values), rows, _pivot(rows, sizes, _step_cell))
+        for values, rows in _groups(frame, keys)
+    ]
 
 
 def phase_tables(frame: pd.DataFrame, sizes: list[str]) -> list[Table]:
     """forward / backward / optimizer / step per size and context, from the per-phase columns."""
-    phases = [p for p in PHASES if f"{p}_ms" in frame.columns and pd.to_numeric(frame[f"{p}_ms"], errors="coerce").notna().any()]
+    phases = [
+        p
+        for p in PHASES
+        if f"{p}_ms" in frame.columns and pd.to_numeric(frame[f"{p}_ms"], errors="coerce").notna().any()
+    ]
     if not phases:
         return []
     keys = varying(frame)
@@ -149,7 +161,9 @@ def phase_tables(frame: pd.DataFrame, sizes: list[str]) -> list[Table]:
             cells = {"model": model, "context": str(context)}
             for phase in phases:
                 std = row.get(f"{phase}_std_ms")
-                cells[f"{phase} (ms)"] = _failed(row) or ms_cell(pd.to_numeric(row[f"{phase}_ms"], errors="coerce"), std)
+                cells[f"{phase} (ms)"] = _failed(row) or ms_cell(
+                    pd.to_numeric(row[f"{phase}_ms"], errors="coerce"), std
+                )
             cells["step (ms)"] = _step_cell(group)
             body.append(cells)
         table = pd.DataFrame(body)
@@ -161,9 +175,11 @@ def phase_tables(frame: pd.DataFrame, sizes: list[str]) -> list[Table]:
 
 def mfu_tables(frame: pd.DataFrame, sizes: list[str]) -> list[Table]:
     keys = varying(frame)
-    return [_table(f"mfu {title(keys, values)}", f"MFU (%): {title(keys, values)}", rows, _pivot(rows, sizes, _mfu_cell))
-            for values, rows in _groups(frame, keys) if rows["status"].eq("ok").any() and "mfu" in rows
-            and rows["mfu"].notna().any()]  # fmt: skip
+    return [
+        _table(f"mfu {title(keys, values)}", f"MFU (%): {title(keys, values)}", rows, _pivot(rows, sizes, _mfu_cell))
+        for values, rows in _groups(frame, keys)
+        if rows["status"].eq("ok").any() and "mfu" in rows and rows["mfu"].notna().any()
+    ]
 
 
 def speedup_tables(frame: pd.DataFrame, sizes: list[str], key: str) -> list[Table]:
@@ -186,8 +202,9 @@ def speedup_tables(frame: pd.DataFrame, sizes: list[str], key: str) -> list[Tabl
             noisy = base_last.apply(_noisy, axis=1).reindex(ratio.index) | other_last.apply(_noisy, axis=1).reindex(
                 ratio.index
             )
-            cells = pd.Series([f"{x:.2f}x" + (f" {NOISY_MARK}" if n else "") for x, n in zip(ratio, noisy)],
-                              index=ratio.index)  # fmt: skip
+            cells = pd.Series(
+                [f"{x:.2f}x" + (f" {NOISY_MARK}" if n else "") for x, n in zip(ratio, noisy)], index=ratio.index
+            )
             table = cells.unstack("context_length").fillna("")
             table = table.reindex([s for s in sizes if s in table.index])
             table.columns = [f"ctx {c}" for c in table.columns]
@@ -209,19 +226,27 @@ def memory_tables(frame: pd.DataFrame, sizes: list[str]) -> list[Table]:
         body: dict[str, dict[tuple, str]] = {}
         for values, group in rows.groupby(column_keys, dropna=False, sort=False):
             values = values if isinstance(values, tuple) else (values,)
-            header = " ".join(str(v) if k != "checkpoint_blocks" else f"ckpt {v}" for k, v in zip(column_keys, values)
-                              if not missing(v))  # fmt: skip
+            header = " ".join(
+                str(v) if k != "checkpoint_blocks" else f"ckpt {v}"
+                for k, v in zip(column_keys, values)
+                if not missing(v)
+            )
             for (model, context), cell_rows in group.groupby(["model", "context_length"]):
                 row = cell_rows.iloc[-1]
                 value = row["peak_memory_bytes"]
                 body.setdefault(f"{header} ({unit})", {})[(model, context)] = _failed(row) or (
-                    "" if missing(value) else sig3(value / scale))
+                    "" if missing(value) else sig3(value / scale)
+                )
         table = pd.DataFrame(body).fillna("")
         order = {s: i for i, s in enumerate(sizes)}
         table = table.loc[sorted(table.index, key=lambda mc: (order.get(mc[0], len(order)), mc[1]))]
         table.index = [f"{m} ctx {c}" for m, c in table.index]
         table.index.name = "model"
-        source = rows["memory_source"].dropna().iloc[0] if "memory_source" in rows and rows["memory_source"].notna().any() else None
+        source = (
+            rows["memory_source"].dropna().iloc[0]
+            if "memory_source" in rows and rows["memory_source"].notna().any()
+            else None
+        )
         heading = f"Peak memory ({unit}): {device}"
         tables.append(_table(heading, heading, rows, table))
         if source:
@@ -258,24 +283,46 @@ def sections(frame: pd.DataFrame) -> tuple[list[Section], list[str]]:
     frame = prepare(frame)
     sizes = size_order(frame)
     timing = Section(
-        "End-to-end benchmarking", "benchmarking_script",
-        ["Cells are mean ± sample standard deviation of the measured steps in ms (3 significant figures); "
-         "OOM = out of memory, n/a = unsupported on that machine."],
+        "End-to-end benchmarking",
+        "benchmarking_script",
+        [
+            "Cells are mean ± sample standard deviation of the measured steps in ms (3 significant figures); "
+            "OOM = out of memory, n/a = unsupported on that machine."
+        ],
         phase_tables(frame, sizes) + step_tables(frame, sizes) + mfu_tables(frame, sizes),
-    )  # fmt: skip
+    )
     out = [timing]
     mixed = speedup_tables(frame, sizes, "precision")
     if mixed:
-        out.append(Section("Mixed precision", "benchmarking_mixed_precision",
-                           ["Speedup = fp32 mean step time / lower-precision mean step time, same size and context; "
-                            f"{NOISY_MARK}: either side is noisy."], mixed))  # fmt: skip
+        out.append(
+            Section(
+                "Mixed precision",
+                "benchmarking_mixed_precision",
+                [
+                    "Speedup = fp32 mean step time / lower-precision mean step time, same size and context; "
+                    f"{NOISY_MARK}: either side is noisy."
+                ],
+                mixed,
+            )
+        )
     memory = memory_tables(frame, sizes)
     if memory:
-        out.append(Section("Memory", "memory_profiling",
-                           ["Peak memory per size and context, forward pass against the full training step, "
-                            "per precision."], memory))  # fmt: skip
+        out.append(
+            Section(
+                "Memory",
+                "memory_profiling",
+                ["Peak memory per size and context, forward pass against the full training step, per precision."],
+                memory,
+            )
+        )
     compiled = speedup_tables(frame, sizes, "compile")
     if compiled:
-        out.append(Section("torch.compile of the whole model", "torch_compile",
-                           ["Speedup = eager mean step time / compiled mean step time."], compiled))  # fmt: skip
+        out.append(
+            Section(
+                "torch.compile of the whole model",
+                "torch_compile",
+                ["Speedup = eager mean step time / compiled mean step time."],
+                compiled,
+            )
+        )
     return out, notes(frame)

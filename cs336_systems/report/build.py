@@ -11,11 +11,27 @@ from .document import Document, Section
 from .environment import environment_section
 
 # The handout's order; a section exists only when its rows do.
-ORDER = ("Handout plan", "Environment", "End-to-end benchmarking", "Warmup effect", "Mixed-precision accumulation",
-         "Mixed precision", "Memory", "Residuals saved for backward", "Attention",
-         "torch.compile of attention", "torch.compile of the whole model", "FlashAttention against PyTorch attention",
-         "All-reduce", "Data-parallel training", "Input pipeline", "Largest that fits", "Your training loop",
-         "Resources over a run", "Notes")  # fmt: skip
+ORDER = (
+    "Handout plan",
+    "Environment",
+    "End-to-end benchmarking",
+    "Warmup effect",
+    "Mixed-precision accumulation",
+    "Mixed precision",
+    "Memory",
+    "Residuals saved for backward",
+    "Attention",
+    "torch.compile of attention",
+    "torch.compile of the whole model",
+    "FlashAttention against PyTorch attention",
+    "All-reduce",
+    "Data-parallel training",
+    "Input pipeline",
+    "Largest that fits",
+    "Your training loop",
+    "Resources over a run",
+    "Notes",
+)
 
 
 def build_document(frames: dict[str, pd.DataFrame], directory: Path, stem: str, paragraphs: list[str]) -> Document:
@@ -56,7 +72,8 @@ def build_document(frames: dict[str, pd.DataFrame], directory: Path, stem: str, 
     if environment:
         sections.append(environment)
     if notes:
-        sections.append(Section("Notes", None, ["Failures, noisy rows, slow rows and caveats, row by row."],
-                                bullets=notes))  # fmt: skip
+        sections.append(
+            Section("Notes", None, ["Failures, noisy rows, slow rows and caveats, row by row."], bullets=notes)
+        )
     sections.sort(key=lambda s: ORDER.index(s.title))
     return Document("Benchmark report", paragraphs, sections)

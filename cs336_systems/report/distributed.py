@@ -40,15 +40,22 @@ def _records(frame: pd.DataFrame) -> list[dict]:
 
 
 def allreduce_section(frame: pd.DataFrame) -> tuple[Section, list[str]]:
-    section = Section("All-reduce", "distributed_communication_single_node",
-                      ["Time of one all-reduce (mean ± std ms) and bus bandwidth (GB/s), per world size "
-                       "(rows) and tensor size (columns)."])  # fmt: skip
+    section = Section(
+        "All-reduce",
+        "distributed_communication_single_node",
+        [
+            "Time of one all-reduce (mean ± std ms) and bus bandwidth (GB/s), per world size "
+            "(rows) and tensor size (columns)."
+        ],
+    )
     keys = [k for k in ("backend", "device", "dtype", "device_name") if k in frame.columns]
     for values, rows in frame.groupby(keys, dropna=False, sort=False):
         where = ", ".join(str(v) for v in (values if isinstance(values, tuple) else (values,)))
         sizes = rows.drop_duplicates("size_bytes").sort_values("size_bytes")["size"].tolist()
-        for name, cell in (("time (ms)", _ms),
-                           ("bus bandwidth (GB/s)", lambda r: _ms(r) if r["status"] != "ok" else sig3(r["busbw_gbps"]))):  # fmt: skip
+        for name, cell in (
+            ("time (ms)", _ms),
+            ("bus bandwidth (GB/s)", lambda r: _ms(r) if r["status"] != "ok" else sig3(r["busbw_gbps"])),
+        ):
             body = pd.DataFrame(index=sorted(rows["world_size"].unique()), columns=sizes, dtype=object)
             for _, row in rows.iterrows():
                 body.loc[row["world_size"], row["size"]] = cell(row)
@@ -61,35 +68,58 @@ def allreduce_section(frame: pd.DataFrame) -> tuple[Section, list[str]]:
 
 
 DDP_COLUMNS = {  # column -> header; a column is shown when the file has it filled
-    "strategy": "strategy", "world_size": "ranks", "bucket_cap_mb": "bucket (MB)", "model": "model",
-    "context_length": "ctx", "batch_size": "batch/rank", "precision": "precision",
-    "step": "step (ms)", "comm_ms": "comm (ms)", "comm_pct": "comm (%)", "samples_per_s": "samples/s",
+    "strategy": "strategy",
+    "world_size": "ranks",
+    "bucket_cap_mb": "bucket (MB)",
+    "model": "model",
+    "context_length": "ctx",
+    "batch_size": "batch/rank",
+    "precision": "precision",
+    "step": "step (ms)",
+    "comm_ms": "comm (ms)",
+    "comm_pct": "comm (%)",
+    "samples_per_s": "samples/s",
     "scaling_efficiency": "scaling eff. (%)",
-}  # fmt: skip
+}
 
 
 def ddp_section(frame: pd.DataFrame) -> tuple[Section, list[str]]:
     """One table row per result row: strategies are never folded together."""
-    section = Section("Data-parallel training", "naive_ddp_benchmarking",
-                      ["Step time per strategy and world size, one row per measured configuration; comm is the "
-                       "communication time the strategy exposes (see comm_method in the results)."])  # fmt: skip
-    memory_columns = [c for c in frame.columns
-                      if c.endswith("_bytes") and c not in ENVIRONMENT_FIELDS and frame[c].notna().any()]  # fmt: skip
+    section = Section(
+        "Data-parallel training",
+        "naive_ddp_benchmarking",
+        [
+            "Step time per strategy and world size, one row per measured configuration; comm is the "
+            "communication time the strategy exposes (see comm_method in the results)."
+        ],
+    )
+    memory_columns = [
+        c for c in frame.columns if c.endswith("_bytes") and c not in ENVIRONMENT_FIELDS and frame[c].notna().any()
+    ]
     for device, rows in frame.groupby("device_name", dropna=False, sort=False):
         body = []
         for _, row in rows.iterrows():
             model = row["model_size"] if row["model_size"] != "custom" else f"d{row['d_model']} L{row['num_layers']}"
-            cells = {"strategy": row["strategy"], "world_size": row["world_size"], "model": model,
-                     "bucket_cap_mb": plain(row.get("bucket_cap_mb")),
-                     "step": _ms(row), "comm_ms": sig3(row.get("comm_ms")), "comm_pct": sig3(row.get("comm_pct")),
-                     "samples_per_s": sig3(row.get("samples_per_s")),
-                     "scaling_efficiency": sig3(100 * row["scaling_efficiency"]) if not missing(row.get("scaling_efficiency")) else ""}  # fmt: skip
+            cells = {
+                "strategy": row["strategy"],
+                "world_size": row["world_size"],
+                "model": model,
+                "bucket_cap_mb": plain(row.get("bucket_cap_mb")),
+                "step": _ms(row),
+                "comm_ms": sig3(row.get("comm_ms")),
+                "comm_pct": sig3(row.get("comm_pct")),
+                "samples_per_s": sig3(row.get("samples_per_s")),
+                "scaling_efficiency": sig3(100 * row["scaling_efficiency"])
+                if not missing(row.get("scaling_efficiency"))
+                else "",
+            }
             for column in ("context_length", "batch_size", "precision"):
                 cells[column] = plain(row.get(column))
             for column in memory_columns:
                 unit, scale = byte_unit(rows[column])
                 cells[f"{column.removesuffix('_bytes').replace('_', ' ')} per rank ({unit})"] = (
-                    "" if missing(row[column]) else sig3(row[column] / scale))
+                    "" if missing(row[column]) else sig3(row[column] / scale)
+                )
             body.append(cells)
         table = pd.DataFrame(body)
         table = table[[c for c in table.columns if table[c].astype(str).ne("").any()]]
@@ -101,19 +131,37 @@ def ddp_section(frame: pd.DataFrame) -> tuple[Section, list[str]]:
 
 
 LOADER_COLUMNS = {
-    "storage": "storage", "dataset": "dataset", "num_workers": "workers", "prefetch_factor": "prefetch",
-    "pin_memory": "pin", "batch_size": "batch", "epoch": "epoch", "samples_per_s": "samples/s",
-    "predicted_samples_per_s": "predicted/s", "data_wait_pct": "data wait (%)", "verdict": "verdict",
-}  # fmt: skip
+    "storage": "storage",
+    "dataset": "dataset",
+    "num_workers": "workers",
+    "prefetch_factor": "prefetch",
+    "pin_memory": "pin",
+    "batch_size": "batch",
+    "epoch": "epoch",
+    "samples_per_s": "samples/s",
+    "predicted_samples_per_s": "predicted/s",
+    "data_wait_pct": "data wait (%)",
+    "verdict": "verdict",
+}
 
 
 def loader_section(frame: pd.DataFrame) -> tuple[Section, list[str]]:
-    section = Section("Input pipeline", None,
-                      ["loader_bench rows, one per measured epoch and configuration (not a handout problem: "
-                       "the pipeline feeding the step)."])  # fmt: skip
+    section = Section(
+        "Input pipeline",
+        None,
+        [
+            "loader_bench rows, one per measured epoch and configuration (not a handout problem: "
+            "the pipeline feeding the step)."
+        ],
+    )
     for source, rows in frame.groupby("source", sort=False):
-        body = pd.DataFrame({header: [_loader_cell(row, column) for _, row in rows.iterrows()]
-                             for column, header in LOADER_COLUMNS.items() if column in rows and rows[column].notna().any()})  # fmt: skip
+        body = pd.DataFrame(
+            {
+                header: [_loader_cell(row, column) for _, row in rows.iterrows()]
+                for column, header in LOADER_COLUMNS.items()
+                if column in rows and rows[column].notna().any()
+            }
+        )
         body = body.set_index(body.columns[0])
         heading = f"loader_bench: {source}"
         section.tables.append(Table(slug(heading), heading, device_caption(rows), body))
@@ -130,17 +178,24 @@ def _loader_cell(row, column: str) -> str:
 
 def warmup_section(frame: pd.DataFrame) -> Section:
     """Step times after 0, 1, 2, ... warmup steps: what the first measured steps cost."""
-    section = Section("Warmup effect", "benchmarking_script",
-                      ["Mean ± std of the measured steps after each number of warmup steps, and the first "
-                       "measured step alone (ms)."])  # fmt: skip
+    section = Section(
+        "Warmup effect",
+        "benchmarking_script",
+        ["Mean ± std of the measured steps after each number of warmup steps, and the first measured step alone (ms)."],
+    )
     for source, rows in frame.groupby("source", sort=False):
         body = []
         for warmup, group in rows.groupby("warmup_steps"):
             measured = group[group["measured"].astype(str).str.lower() == "true"].sort_values("step_index")["step_ms"]
-            body.append({"warmup steps": str(warmup), "measured steps": str(len(measured)),
-                         "mean ± std (ms)": ms_cell(measured.mean(), measured.std()),
-                         "first measured (ms)": sig3(measured.iloc[0]) if len(measured) else "",
-                         "slowest (ms)": sig3(measured.max())})  # fmt: skip
+            body.append(
+                {
+                    "warmup steps": str(warmup),
+                    "measured steps": str(len(measured)),
+                    "mean ± std (ms)": ms_cell(measured.mean(), measured.std()),
+                    "first measured (ms)": sig3(measured.iloc[0]) if len(measured) else "",
+                    "slowest (ms)": sig3(measured.max()),
+                }
+            )
         table = pd.DataFrame(body).set_index("warmup steps")
         heading = f"Warmup study: {source}"
         section.tables.append(Table(slug(heading), heading, device_caption(rows), table))

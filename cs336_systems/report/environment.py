@@ -6,9 +6,21 @@ import pandas as pd
 
 from .document import Section, Table, missing
 
-ROWS = ("device_name", "cpu_name", "device_memory", "torch_version", "cuda_version", "cudnn_version",
-        "python_version", "platform", "matmul_precision", "cuda_matmul_allow_tf32", "cudnn_allow_tf32",
-        "num_threads", "git_commit")  # fmt: skip
+ROWS = (
+    "device_name",
+    "cpu_name",
+    "device_memory",
+    "torch_version",
+    "cuda_version",
+    "cudnn_version",
+    "python_version",
+    "platform",
+    "matmul_precision",
+    "cuda_matmul_allow_tf32",
+    "cudnn_allow_tf32",
+    "num_threads",
+    "git_commit",
+)
 
 
 def _text(name: str, value: object) -> str:

@@ -12,8 +12,10 @@ from .document import Section, Table, missing, plain
 
 PLAN_TITLE = "Handout plan"
 # tools whose result is printed text (kept by the plan in a file), and the section that shows it
-PRINTED = {"mixed_precision_accumulation": "Mixed-precision accumulation",
-           "memory_profiling": "Residuals saved for backward"}  # fmt: skip
+PRINTED = {
+    "mixed_precision_accumulation": "Mixed-precision accumulation",
+    "memory_profiling": "Residuals saved for backward",
+}
 
 
 def _seconds(value: object) -> str:
@@ -39,15 +41,19 @@ def plan_sections(plan: pd.DataFrame, directory: Path) -> list[Section]:
         "fixed share of the device's peak, memory from the estimator), the outcomes are measured."
     ]
     if first["scale"] == "small":
-        paragraphs.append("Small scale: every model, attention and all-reduce shape is shrunk so a CPU runs the "
-                          "whole plan in minutes. These numbers test the pipeline; they are not the handout's answers.")  # fmt: skip
-    body = pd.DataFrame({
-        "step": plan["step"].astype(str),
-        "outcome": plan["outcome"].astype(str),
-        "predicted peak": plan["predicted_peak_bytes"].map(_bytes),
-        "predicted time": plan["predicted_s"].map(_seconds),
-        "took": plan["elapsed_s"].map(_seconds),
-    })  # fmt: skip
+        paragraphs.append(
+            "Small scale: every model, attention and all-reduce shape is shrunk so a CPU runs the "
+            "whole plan in minutes. These numbers test the pipeline; they are not the handout's answers."
+        )
+    body = pd.DataFrame(
+        {
+            "step": plan["step"].astype(str),
+            "outcome": plan["outcome"].astype(str),
+            "predicted peak": plan["predicted_peak_bytes"].map(_bytes),
+            "predicted time": plan["predicted_s"].map(_seconds),
+            "took": plan["elapsed_s"].map(_seconds),
+        }
+    )
     body.index = plan["problem"].astype(str).rename("problem")
     caption = f"Device: {device}; device memory {_bytes(first.get('device_memory_bytes')) or 'unknown'}."
     table = Table("handout_plan", "Every step of the plan, in the handout's order", caption, body)
@@ -64,6 +70,7 @@ def plan_sections(plan: pd.DataFrame, directory: Path) -> list[Section]:
         if path is None or row["problem"] not in PRINTED or row["outcome"] != "ok" or not path.is_file():
             continue
         text = path.read_text(errors="replace").rstrip()
-        sections.append(Section(PRINTED[row["problem"]], row["problem"], [f"Printed by `{row['command']}`."],
-                                listings=[text]))  # fmt: skip
+        sections.append(
+            Section(PRINTED[row["problem"]], row["problem"], [f"Printed by `{row['command']}`."], listings=[text])
+        )
     return sections

@@ -17,10 +17,30 @@ PREAMBLE = r"""\documentclass[10pt]{article}
 \begin{document}
 \raggedright\sloppy
 """
-SYMBOLS = {"±": r"$\pm$", "†": r"\dag{}", "‡": r"\ddag{}", "×": r"$\times$", "≥": r"$\geq$", "≤": r"$\leq$",
-           "…": r"\ldots{}", "–": "--", "—": "---", "→": r"$\to$"}  # fmt: skip
-_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-            "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}"}  # fmt: skip
+SYMBOLS = {
+    "±": r"$\pm$",
+    "†": r"\dag{}",
+    "‡": r"\ddag{}",
+    "×": r"$\times$",
+    "≥": r"$\geq$",
+    "≤": r"$\leq$",
+    "…": r"\ldots{}",
+    "–": "--",
+    "—": "---",
+    "→": r"$\to$",
+}
+_SPECIAL = {
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "\\": r"\textbackslash{}",
+}
 
 
 def escape(text: str) -> str:

@@ -49,9 +49,14 @@ def benchmark_plots(frame: pd.DataFrame, directory: Path, stem: str) -> list[Fig
     made = []
     for name, heading, x, series, label in (
         ("time_vs_context", "Step time vs context length, per model", "context_length", "model", "{}"),
-        ("time_vs_params", "Step time vs parameter count, per context length", "num_params", "context_length",
-         "ctx {}"),
-    ):  # fmt: skip
+        (
+            "time_vs_params",
+            "Step time vs parameter count, per context length",
+            "num_params",
+            "context_length",
+            "ctx {}",
+        ),
+    ):
         fig, axes = _panels(len(groups))
         for ax, (values, rows) in zip(axes, groups):
             values = values if isinstance(values, tuple) else (values,)
@@ -63,8 +68,12 @@ def benchmark_plots(frame: pd.DataFrame, directory: Path, stem: str) -> list[Fig
                     (line["max_ms"] - line["mean_ms"]).clip(lower=0),
                 ]  # min..max rather than ± std: never below zero on a log axis
                 ax.errorbar(line.index, line["mean_ms"], yerr=spread, marker="o", capsize=3, label=label.format(value))
-            ax.set(xscale="log", yscale="log", ylabel="mean step time (ms); bars: min to max step",
-                   xlabel="context length" if x == "context_length" else "parameters")  # fmt: skip
+            ax.set(
+                xscale="log",
+                yscale="log",
+                ylabel="mean step time (ms); bars: min to max step",
+                xlabel="context length" if x == "context_length" else "parameters",
+            )
             if x == "context_length":  # label the contexts measured, not powers of ten
                 ax.set_xticks(sorted(set(rows[x])), [str(c) for c in sorted(set(rows[x]))])
                 ax.minorticks_off()

@@ -19,7 +19,22 @@ from .readers import read_results
 from .records import BenchmarkRecord, Record, Timing, fill_timing, samples_field, timing_columns
 
 __all__ = [
-    "ENVIRONMENT_FIELDS", "BenchmarkRecord", "Environment", "Record", "ResultFileError", "ResultSink",
-    "ResultWriteError", "Timing", "check_output_path", "check_output_paths", "collect_environment", "fill_timing",
-    "identity_field", "read_results", "samples_field", "timing_columns", "check_distinct", "write_whole",
-]  # fmt: skip
+    "ENVIRONMENT_FIELDS",
+    "BenchmarkRecord",
+    "Environment",
+    "Record",
+    "ResultFileError",
+    "ResultSink",
+    "ResultWriteError",
+    "Timing",
+    "check_output_path",
+    "check_output_paths",
+    "collect_environment",
+    "fill_timing",
+    "identity_field",
+    "read_results",
+    "samples_field",
+    "timing_columns",
+    "check_distinct",
+    "write_whole",
+]

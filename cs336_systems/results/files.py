@@ -68,7 +68,9 @@ class OutputLock:
             try:  # never through a link planted at the sidecar's name
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
             except OSError as exc:
-                raise ResultFileError(f"{output}: cannot open its lock file {self.path.name} ({exc.strerror})") from None
+                raise ResultFileError(
+                    f"{output}: cannot open its lock file {self.path.name} ({exc.strerror})"
+                ) from None
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 os.close(fd)
                 raise ResultFileError(f"{output}: its lock file {self.path.name} is not a regular file; remove it")

@@ -37,7 +37,14 @@ MARKDOWN_ENVIRONMENT = (
 # Labels of a benchmark row (report and compare label rows without knowing their record type).
 BENCHMARK_LABEL_COLUMNS = ("model_size", "context_length", "batch_size", "pass_type", "precision")
 _SCIENTIFIC = ("max_abs_err_out", "max_abs_err_grad")  # errors of 1e-7 must not print as 0.000
-_DECIMALS = {"tokens_per_s": 1, "cv_pct": 1, "compile_s": 2, "achieved_tflops": 4, "peak_tflops": 4, "device_busy_pct": 1}
+_DECIMALS = {
+    "tokens_per_s": 1,
+    "cv_pct": 1,
+    "compile_s": 2,
+    "achieved_tflops": 4,
+    "peak_tflops": 4,
+    "device_busy_pct": 1,
+}
 # Any `<name>_gib` / `<name>_mib` column not in a row shows the row's `<name>_bytes` in that unit.
 _BYTE_UNITS = {"_gib": 2**30, "_mib": 2**20}
 

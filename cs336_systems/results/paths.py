@@ -35,15 +35,25 @@ def _check_limits(path: Path, flag: str, raw: object) -> None:
         except OSError:
             continue
     if len(os.fsencode(str(path.absolute()))) + extra >= path_max:
-        raise _refuse(flag, str(raw)[:60] + "...", f"path too long ({len(os.fsencode(str(path.absolute())))} bytes; "
-                      f"at most {path_max - extra - 1} here)")  # fmt: skip
+        raise _refuse(
+            flag,
+            str(raw)[:60] + "...",
+            f"path too long ({len(os.fsencode(str(path.absolute())))} bytes; at most {path_max - extra - 1} here)",
+        )
     for part in path.absolute().parent.parts:
         if len(os.fsencode(part)) > name_max:
-            raise _refuse(flag, str(raw)[:60] + "...", f"a directory name is too long ({len(os.fsencode(part))} "
-                          f"bytes; at most {name_max})")  # fmt: skip
+            raise _refuse(
+                flag,
+                str(raw)[:60] + "...",
+                f"a directory name is too long ({len(os.fsencode(part))} bytes; at most {name_max})",
+            )
     if len(os.fsencode(path.name)) + extra > name_max:
-        raise _refuse(flag, str(raw)[:60] + "...", f"file name too long ({len(os.fsencode(path.name))} bytes; at most "
-                      f"{name_max - extra} here, leaving room for its lock file)")  # fmt: skip
+        raise _refuse(
+            flag,
+            str(raw)[:60] + "...",
+            f"file name too long ({len(os.fsencode(path.name))} bytes; at most "
+            f"{name_max - extra} here, leaving room for its lock file)",
+        )
 
 
 def _kind(mode: int) -> str:

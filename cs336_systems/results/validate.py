@@ -18,9 +18,24 @@ from .errors import ResultFileError
 # Columns that hold numbers in every tool's records: by suffix, or by name.
 NUMERIC_SUFFIXES = ("_ms", "_pct", "_bytes", "_per_s", "_s", "_gbps", "_tflops", "_flops", "_gib", "_mb")
 NUMERIC_NAMES = frozenset(
-    ("batch_size", "context_length", "world_size", "seq_len", "head_dim", "d_model", "d_ff", "num_layers",
-     "num_heads", "step_index", "size_bytes", "mfu", "num_params", "num_threads", "num_workers")
-)  # fmt: skip
+    (
+        "batch_size",
+        "context_length",
+        "world_size",
+        "seq_len",
+        "head_dim",
+        "d_model",
+        "d_ff",
+        "num_layers",
+        "num_heads",
+        "step_index",
+        "size_bytes",
+        "mfu",
+        "num_params",
+        "num_threads",
+        "num_workers",
+    )
+)
 
 
 def is_numeric_column(name: str) -> bool:
@@ -45,8 +60,9 @@ def check_not_rendering(path: Path) -> None:
     """A Markdown results file is a rendering for people (some columns, rounded numbers): a tool
     that compares or reports rows reads the .csv or .jsonl written beside it instead."""
     if Path(path).suffix == ".md":
-        raise ResultFileError(f"{path}: a Markdown rendering (some columns, rounded); give the .csv or .jsonl "
-                              "the tool wrote beside it")  # fmt: skip
+        raise ResultFileError(
+            f"{path}: a Markdown rendering (some columns, rounded); give the .csv or .jsonl the tool wrote beside it"
+        )
 
 
 def read_text(path: Path) -> str:
@@ -57,7 +73,9 @@ def read_text(path: Path) -> str:
         return data.decode()
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        raise ResultFileError(f"{path}:{line}: not UTF-8 text (byte {data[exc.start]:#04x}); not a result file") from None
+        raise ResultFileError(
+            f"{path}:{line}: not UTF-8 text (byte {data[exc.start]:#04x}); not a result file"
+        ) from None
 
 
 def _bad_number(value: object) -> bool:
@@ -123,10 +141,14 @@ def check_jsonl(path: Path, text: str) -> None:
             keys = set(value)
         elif set(value) != keys:
             missing, extra = sorted(keys - set(value)), sorted(set(value) - keys)
-            what = "; ".join(part for part in (
-                f"missing {', '.join(missing[:3])}" if missing else "",
-                f"extra {', '.join(extra[:3])}" if extra else "",
-            ) if part)  # fmt: skip
+            what = "; ".join(
+                part
+                for part in (
+                    f"missing {', '.join(missing[:3])}" if missing else "",
+                    f"extra {', '.join(extra[:3])}" if extra else "",
+                )
+                if part
+            )
             raise ResultFileError(f"{path}:{number}: other keys than line 1 ({what}); mixed files?")
         _check_numbers(path, number, {k: v for k, v in value.items() if not isinstance(v, list | dict)})
 
@@ -151,4 +173,3 @@ def complete_jsonl_line(first_line: str, line: str) -> bool:
     except json.JSONDecodeError:
         return False
     return isinstance(value, dict) and isinstance(first, dict) and set(value) == set(first)
-

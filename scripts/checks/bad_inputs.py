@@ -59,10 +59,16 @@ class Env:
     env: dict[str, str]
     names: str
 
+
 # OMP_NUM_THREADS is read only under torchrun (a spawned rank gets --threads-per-rank): garbage in it,
 # in an otherwise consistent one-rank torchrun environment
-ONE_RANK_TORCHRUN = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                     "OMP_NUM_THREADS": "lots"}  # fmt: skip
+ONE_RANK_TORCHRUN = {
+    "RANK": "0",
+    "WORLD_SIZE": "1",
+    "LOCAL_RANK": "0",
+    "MASTER_ADDR": "127.0.0.1",
+    "OMP_NUM_THREADS": "lots",
+}
 # The OpenMP runtime's own warning of such a value, printed as torch loads, before any of our code runs:
 # not the tool's line, so not counted (only in a case whose environment sets OMP_NUM_THREADS)
 OPENMP_WARNING = "libgomp: Invalid value for environment variable OMP_NUM_THREADS"
@@ -122,8 +128,17 @@ PATHS = [
 ]
 PATHS_SHORT = [PATHS[0], PATHS[3], PATHS[4], PATHS[7]]
 # Result files that are not what they claim: repeated header, text in a number, other keys, a rendering.
-DAMAGED = ["header_twice.csv", "text_number.csv", "short_row.csv", "scalar.jsonl", "mixed_keys.jsonl",
-           "rows.md", "markdown_named.csv", "not_utf8.csv", "fifo.csv"]  # fmt: skip
+DAMAGED = [
+    "header_twice.csv",
+    "text_number.csv",
+    "short_row.csv",
+    "scalar.jsonl",
+    "mixed_keys.jsonl",
+    "rows.md",
+    "markdown_named.csv",
+    "not_utf8.csv",
+    "fifo.csv",
+]
 # Hostile user code (tests/fixtures/hostile): its exit, hang or wrong numbers decide nothing.
 MODEL_CODE = [
     Row(["--model-factory", "hostile.models:exits"], ("error",)),
@@ -141,8 +156,9 @@ MODEL_CODE = [
     Row(["--model-factory", "hostile.hang_at_import:build", "--timeout", "3"], ("timeout",)),
     Row(["--optimizer", "hostile.optimizers:exits_in_step", "--pass-type", "train-step"], ("error",)),
     Row(["--optimizer", "hostile.optimizers:os_exits_in_step", "--pass-type", "train-step"], ("error",)),
-    Row(["--optimizer", "hostile.optimizers:hangs_in_step", "--pass-type", "train-step", "--timeout", "3"],
-        ("timeout",)),  # fmt: skip
+    Row(
+        ["--optimizer", "hostile.optimizers:hangs_in_step", "--pass-type", "train-step", "--timeout", "3"], ("timeout",)
+    ),
 ]
 SIZES = [
     ["--d-model", HUGE],
@@ -168,12 +184,30 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         ["--context-length", HUGE],
         *MODEL_CODE,
     ],
-    "benchmark_direct": [*BENCHMARK_LIKE, *SWEEP_ONLY, *PATHS_SHORT, *SIZES[:2],
-                         ["--output", "{tmp}/bench_twice.csv", "--resume"],
-                         MODEL_CODE[0], MODEL_CODE[4], MODEL_CODE[8], MODEL_CODE[13]],  # fmt: skip
-    "run_benchmarks": [*BENCHMARK_LIKE, *SWEEP_ONLY, *CHILD_ONLY, *PATHS_SHORT, *SIZES[:2], ["--timeout", "1e20"],
-                       ["--output", "{tmp}/bench_twice.csv", "--resume"],
-                       MODEL_CODE[0], MODEL_CODE[2], MODEL_CODE[4], MODEL_CODE[9]],  # fmt: skip
+    "benchmark_direct": [
+        *BENCHMARK_LIKE,
+        *SWEEP_ONLY,
+        *PATHS_SHORT,
+        *SIZES[:2],
+        ["--output", "{tmp}/bench_twice.csv", "--resume"],
+        MODEL_CODE[0],
+        MODEL_CODE[4],
+        MODEL_CODE[8],
+        MODEL_CODE[13],
+    ],
+    "run_benchmarks": [
+        *BENCHMARK_LIKE,
+        *SWEEP_ONLY,
+        *CHILD_ONLY,
+        *PATHS_SHORT,
+        *SIZES[:2],
+        ["--timeout", "1e20"],
+        ["--output", "{tmp}/bench_twice.csv", "--resume"],
+        MODEL_CODE[0],
+        MODEL_CODE[2],
+        MODEL_CODE[4],
+        MODEL_CODE[9],
+    ],
     "find_max": [
         *(["--dimension", "batch-size", *case] for case in BENCHMARK_LIKE[:12]),
         *(["--dimension", "batch-size", *case] for case in CHILD_ONLY),
@@ -274,8 +308,10 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         Row(["--implementations", "hostile.attention:interrupts"], ("error",)),
         Row(["--implementations", "hostile.attention:hangs", "--timeout", "3"], ("timeout",)),
         Row(["--implementations", "flash-pytorch", "--adapters", "hostile.adapters_exit"], ("error",)),
-        Row(["--implementations", "flash-pytorch", "--adapters", "hostile.adapters_hang", "--timeout", "3"],
-            ("timeout",)),  # fmt: skip
+        Row(
+            ["--implementations", "flash-pytorch", "--adapters", "hostile.adapters_hang", "--timeout", "3"],
+            ("timeout",),
+        ),
         Row(["--implementations", "flash-pytorch", "--adapters", "hostile.adapters_nan"], ("wrong",)),
     ],
     "allreduce_bench": [
@@ -301,8 +337,11 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         ["--sizes", "1e30"],
         ["--output", "{tmp}/fifo.csv"],
         ["--output", "{tmp}/link.csv"],
-        Env([], {"RANK": "5", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"},
-            "RANK"),  # fmt: skip
+        Env(
+            [],
+            {"RANK": "5", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"},
+            "RANK",
+        ),
         Env([], {**ONE_RANK_TORCHRUN, "MASTER_PORT": "29514"}, "OMP_NUM_THREADS"),
     ],
     "ddp_bench": [
@@ -329,11 +368,16 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         ["--output", "{tmp}/dangling.csv"],
         ["--strategies", "naive", "--bucket-cap-mb", "25"],
         ["--strategies", "ddp", "--fsdp-compute-dtype", "bf16"],
-        Env([], {"RANK": "3", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29512"},
-            "RANK"),  # fmt: skip
-        Env(["--init-timeout", "5"],
+        Env(
+            [],
+            {"RANK": "3", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29512"},
+            "RANK",
+        ),
+        Env(
+            ["--init-timeout", "5"],
             {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29513"},
-            "MASTER"),  # a leftover rendezvous with no peer: the answer comes within --init-timeout  # fmt: skip
+            "MASTER",
+        ),  # a leftover rendezvous with no peer: the answer comes within --init-timeout
         Env([], {**ONE_RANK_TORCHRUN, "MASTER_PORT": "29515"}, "OMP_NUM_THREADS"),
         Row(["--strategies", "adapter-ddp-overlap-individual", "--adapters", "hostile.adapters_nan"], ("wrong",)),
         Row(["--strategies", "adapter-ddp-overlap-individual", "--adapters", "hostile.adapters_exit"], ("error",)),
@@ -409,14 +453,61 @@ BASE: dict[str, list[str]] = {
     "memory": [],
     "report": [],
     "compare": [],
-    "attention_bench": ["--device", "cpu", "--head-dims", "8", "--context-lengths", "16", "--batch-size", "1",
-                        "--warmup-steps", "1", "--measure-steps", "1"],  # fmt: skip
-    "allreduce_bench": ["--device", "cpu", "--world-sizes", "2", "--sizes", "4KB", "--warmup-steps", "1",
-                        "--measure-steps", "1"],  # fmt: skip
-    "ddp_bench": [*TINY, "--device", "cpu", "--world-sizes", "2", "--context-length", "8", "--batch-size", "2",
-                  "--warmup-steps", "1", "--measure-steps", "1"],  # fmt: skip
-    "loader_bench": ["--num-items", "16", "--item-bytes", "64", "--batch-size", "4", "--epochs", "1",
-                     "--compute-ms", "0.1", "--device", "cpu"],  # fmt: skip
+    "attention_bench": [
+        "--device",
+        "cpu",
+        "--head-dims",
+        "8",
+        "--context-lengths",
+        "16",
+        "--batch-size",
+        "1",
+        "--warmup-steps",
+        "1",
+        "--measure-steps",
+        "1",
+    ],
+    "allreduce_bench": [
+        "--device",
+        "cpu",
+        "--world-sizes",
+        "2",
+        "--sizes",
+        "4KB",
+        "--warmup-steps",
+        "1",
+        "--measure-steps",
+        "1",
+    ],
+    "ddp_bench": [
+        *TINY,
+        "--device",
+        "cpu",
+        "--world-sizes",
+        "2",
+        "--context-length",
+        "8",
+        "--batch-size",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--measure-steps",
+        "1",
+    ],
+    "loader_bench": [
+        "--num-items",
+        "16",
+        "--item-bytes",
+        "64",
+        "--batch-size",
+        "4",
+        "--epochs",
+        "1",
+        "--compute-ms",
+        "0.1",
+        "--device",
+        "cpu",
+    ],
     "monitor": [],
     "residuals": [*TINY, "--context-length", "8", "--batch-size", "2", "--no-compile", "--no-model"],
     "mixed_precision": [],
@@ -489,8 +580,11 @@ def expected_names(case: list[str] | Row | Env) -> list[str]:
 
 def make_results_file(tmp: Path) -> None:
     """rows.csv: a real results file of one tiny benchmark row (report and compare read it)."""
-    subprocess.run([sys.executable, "-m", "cs336_systems.benchmark", *BASE["benchmark"], "--output",
-                    str(tmp / "rows.csv")], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "cs336_systems.benchmark", *BASE["benchmark"], "--output", str(tmp / "rows.csv")],
+        check=True,
+        capture_output=True,
+    )
 
 
 def make_files(tmp: Path) -> None:
@@ -504,8 +598,13 @@ def make_files(tmp: Path) -> None:
     script.write_text("#!/bin/sh\necho hi\n")
     script.chmod(0o644)
     (tmp / "victim.txt").write_text("must never be written\n")
-    for link, target in (("link.csv", "victim.txt"), ("link.md", "victim.txt"), ("link.png", "victim.txt"),
-                         ("dangling.csv", "nowhere.csv"), ("full.csv", "/dev/full")):  # fmt: skip
+    for link, target in (
+        ("link.csv", "victim.txt"),
+        ("link.md", "victim.txt"),
+        ("link.png", "victim.txt"),
+        ("dangling.csv", "nowhere.csv"),
+        ("full.csv", "/dev/full"),
+    ):
         (tmp / link).symlink_to(target)
     os.mkfifo(tmp / "fifo.csv")
     os.mkfifo(tmp / "fifo.md")
@@ -549,8 +648,11 @@ def run_case(command: str, case: list[str] | Row | Env, tmp: Path, number: int) 
     if isinstance(case, Row):
         filled += ["--output", str(rows)]
     argv = [sys.executable, "-m", f"cs336_systems.{command}", *BASE[command], *filled]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(FIXTURES), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(FIXTURES), os.environ.get("PYTHONPATH", "")]),
+    }
     env.update(getattr(case, "env", {}))
     start = time.monotonic()
     try:
@@ -565,8 +667,9 @@ def run_case(command: str, case: list[str] | Row | Env, tmp: Path, number: int) 
 
 
 def cases(commands: list[str] | None = None) -> list[tuple[str, list[str] | Row | Env]]:
-    return [(command, args) for command, table in TABLE.items() if not commands or command in commands
-            for args in table]  # fmt: skip
+    return [
+        (command, args) for command, table in TABLE.items() if not commands or command in commands for args in table
+    ]
 
 
 def markdown(outcomes: list[Outcome], seconds: float) -> str:
@@ -614,8 +717,10 @@ def updated(old: str, new: str, commands: list[str]) -> str:
     total, passed = len(body), sum("**FAIL**" not in line for line in body)
     head = [line for line in new.splitlines() if not line.startswith("| ") or line.startswith("| command")]
     head = [re.sub(r"\*\*\d+ of \d+\*\*", f"**{passed} of {total}**", line) for line in head]
-    head = [re.sub(r"\(\d+ s on this machine\)", "(run one command at a time, each merged in as it finished)", line)
-            for line in head]  # fmt: skip
+    head = [
+        re.sub(r"\(\d+ s on this machine\)", "(run one command at a time, each merged in as it finished)", line)
+        for line in head
+    ]
     table_at = next(i for i, line in enumerate(head) if line.startswith("|---"))
     return "\n".join([*head[: table_at + 1], *body, *head[table_at + 1 :]]) + "\n"
 
@@ -625,8 +730,11 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="cases run at once (default 2)")
     parser.add_argument("--commands", nargs="+", choices=tuple(TABLE), help="only these commands")
     parser.add_argument("--output", type=Path, help="write the table as Markdown here")
-    parser.add_argument("--update", action="store_true",
-                        help="with --commands: replace only those commands' rows of the existing --output table")  # fmt: skip
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="with --commands: replace only those commands' rows of the existing --output table",
+    )
     args = parser.parse_args()
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bad-inputs-") as tmp:
@@ -639,8 +747,11 @@ def main() -> int:
             outcomes = []
             for outcome in pool.map(lambda case: run_case(*case), todo):
                 outcomes.append(outcome)
-                print(f"{'ok  ' if outcome.passed else 'FAIL'} {outcome.command} {shlex.join(outcome.args)}",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"{'ok  ' if outcome.passed else 'FAIL'} {outcome.command} {shlex.join(outcome.args)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         os.close(lock)
         victim = (Path(tmp) / "victim.txt").read_text()
     seconds = time.monotonic() - start
@@ -649,15 +760,20 @@ def main() -> int:
         return 1
     for o in outcomes:
         if not o.passed:
-            print(f"FAIL {o.command} {shlex.join(o.args)}: exit {o.returncode}, rows {o.statuses}, {len(o.lines)} lines: "
-                  f"{' | '.join(o.lines[-3:])[:300]}", file=sys.stderr)  # fmt: skip
+            print(
+                f"FAIL {o.command} {shlex.join(o.args)}: exit {o.returncode}, rows {o.statuses}, {len(o.lines)} lines: "
+                f"{' | '.join(o.lines[-3:])[:300]}",
+                file=sys.stderr,
+            )
     text = markdown(outcomes, seconds)
     if args.output and args.update and args.commands and args.output.exists():
         text = updated(args.output.read_text(), text, args.commands)
     if args.output:
         args.output.write_text(text)
     passed = sum(o.passed for o in outcomes)
-    print(f"{passed} of {len(outcomes)} bad inputs end as one line with exit 2 or their documented row ({seconds:.0f} s)")
+    print(
+        f"{passed} of {len(outcomes)} bad inputs end as one line with exit 2 or their documented row ({seconds:.0f} s)"
+    )
     return 0 if passed == len(outcomes) else 1
 
 

@@ -118,8 +118,11 @@ def gpu_sizes(device, sizes: list[str], compile_scope: str, output: Path) -> pd.
         )
         record = run_benchmark(config)
         sink.write(record)
-        print(f"{size} compile={compiled}: {record.status} mean {record.mean_ms} ms mfu {record.mfu}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"{size} compile={compiled}: {record.status} mean {record.mean_ms} ms mfu {record.mfu}",
+            file=sys.stderr,
+            flush=True,
+        )
     return read_results(output.with_suffix(".csv"))
 
 

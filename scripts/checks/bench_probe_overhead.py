@@ -49,9 +49,20 @@ class OverheadRecord(Record):
 
     title: ClassVar[str] = "probe overhead per step (CPU)"
     markdown_columns: ClassVar[tuple[str, ...]] = (
-        "case", "phases", "window", "writes_csv", "steps", "repeats", "plain_us_per_step", "probed_us_per_step",
-        "overhead_ms_per_step", "overhead_max_ms_per_step", "target_ms", "passed", "load_avg_1min",
-    )  # fmt: skip
+        "case",
+        "phases",
+        "window",
+        "writes_csv",
+        "steps",
+        "repeats",
+        "plain_us_per_step",
+        "probed_us_per_step",
+        "overhead_ms_per_step",
+        "overhead_max_ms_per_step",
+        "target_ms",
+        "passed",
+        "load_avg_1min",
+    )
     label_columns: ClassVar[tuple[str, ...]] = ("case",)
     conventions: ClassVar[str] = (
         "overhead_ms_per_step: median over repeats of (probed loop - plain loop) / steps, an empty loop "
@@ -88,12 +99,22 @@ def measure(case: str, phases: int, window: int, csv_dir: Path | None, steps: in
     overheads = [1e3 * (p - q) / steps for p, q in zip(probed, plain)]
     median = statistics.median(overheads)
     return OverheadRecord(
-        status="ok", case=case, phases=phases, window=window, writes_csv=csv_dir is not None, steps=steps, repeats=repeats,
+        status="ok",
+        case=case,
+        phases=phases,
+        window=window,
+        writes_csv=csv_dir is not None,
+        steps=steps,
+        repeats=repeats,
         plain_us_per_step=1e6 * statistics.median(plain) / steps,
         probed_us_per_step=1e6 * statistics.median(probed) / steps,
-        overhead_ms_per_step=median, overhead_max_ms_per_step=max(overheads), target_ms=TARGET_MS,
-        passed=median < TARGET_MS, load_avg_1min=os.getloadavg()[0], environment=env,
-    )  # fmt: skip
+        overhead_ms_per_step=median,
+        overhead_max_ms_per_step=max(overheads),
+        target_ms=TARGET_MS,
+        passed=median < TARGET_MS,
+        load_avg_1min=os.getloadavg()[0],
+        environment=env,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,15 +134,21 @@ def main(argv: list[str] | None = None) -> int:
     env = collect_environment(resolve_device("cpu"))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        cases = [("loader+step", 0, 50, None), ("loader+3 phases+step", 3, 50, None),
-                 ("loader+3 phases+step, CSV every 50 steps", 3, 50, Path(tmp)),
-                 ("loader+3 phases+step, CSV every 10 steps", 3, 10, Path(tmp))]  # fmt: skip
+        cases = [
+            ("loader+step", 0, 50, None),
+            ("loader+3 phases+step", 3, 50, None),
+            ("loader+3 phases+step, CSV every 50 steps", 3, 50, Path(tmp)),
+            ("loader+3 phases+step, CSV every 10 steps", 3, 10, Path(tmp)),
+        ]
         for case, phases, window, csv_dir in cases:
             record = measure(case, phases, window, csv_dir, args.steps, args.repeats, env)
             sink.write(record)
             rows.append(record.to_row())
-            print(f"{case}: {1e3 * record.overhead_ms_per_step:.1f} us/step (worst repeat "
-                  f"{1e3 * record.overhead_max_ms_per_step:.1f})", file=sys.stderr)  # fmt: skip
+            print(
+                f"{case}: {1e3 * record.overhead_ms_per_step:.1f} us/step (worst repeat "
+                f"{1e3 * record.overhead_max_ms_per_step:.1f})",
+                file=sys.stderr,
+            )
     print(OverheadRecord.markdown(rows))
     return 0 if all(row["passed"] for row in rows) else 1
 

@@ -55,8 +55,11 @@ def main() -> None:
         [alone] = run(1)
         together = run(args.processes)
         shown = " + ".join(f"{value:.0f}" for value in together)
-        print(f"trial {trial}: alone {alone:.0f} GFLOP/s; {args.processes} at once {shown} GFLOP/s "
-              f"({sum(together) / alone:.2f}x one process)", flush=True)  # fmt: skip
+        print(
+            f"trial {trial}: alone {alone:.0f} GFLOP/s; {args.processes} at once {shown} GFLOP/s "
+            f"({sum(together) / alone:.2f}x one process)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -69,8 +69,12 @@ def check_versions(device: torch.device) -> list[str]:
     nsys = shutil.which("nsys") or next((p for p in NSYS_PLACES if Path(p).exists()), None)
     lines.append(f"- nsys: {nsys or 'not found (scripts/nsys_profile.sh will say so)'}")
     env = collect_environment(device)
-    lines += ["", "Environment record (as every result row holds it):", "",
-              *environment_lines([{name: getattr(env, name) for name in ENVIRONMENT_FIELDS}])]  # fmt: skip
+    lines += [
+        "",
+        "Environment record (as every result row holds it):",
+        "",
+        *environment_lines([{name: getattr(env, name) for name in ENVIRONMENT_FIELDS}]),
+    ]
     return lines
 
 
@@ -106,8 +110,10 @@ def _describe_events(title: str, events) -> list[str]:
     lines.append(f"  host annotations: {', '.join(host_annotations[:6]) or 'none'}")
     if cuda:
         lines.append(f"  device annotations (not kernels): {', '.join(device_annotations[:6]) or 'none'}")
-        lines.append(f"  device events {len(cuda)}, of which kernels counted by profiling.py {len(device_kernels(events))}, "
-                     f"with zero or reversed timestamps {zero}")  # fmt: skip
+        lines.append(
+            f"  device events {len(cuda)}, of which kernels counted by profiling.py {len(device_kernels(events))}, "
+            f"with zero or reversed timestamps {zero}"
+        )
     return lines
 
 
@@ -149,14 +155,18 @@ def check_graph_capture(device: torch.device) -> list[str]:
     torch.cuda.synchronize()
     moved = (model.lm_head.weight - before).abs().max().item()
     defaults = optimizer.defaults
-    lines = [f"captured and replayed 3 times: AdamW fused={defaults['fused']} capturable={defaults['capturable']}, "
-             f"loss {step.loss.item():.4f} (finite: {bool(torch.isfinite(step.loss))}), "
-             f"largest parameter change {moved:.2e}"]  # fmt: skip
+    lines = [
+        f"captured and replayed 3 times: AdamW fused={defaults['fused']} capturable={defaults['capturable']}, "
+        f"loss {step.loss.item():.4f} (finite: {bool(torch.isfinite(step.loss))}), "
+        f"largest parameter change {moved:.2e}"
+    ]
     if moved == 0 or not torch.isfinite(step.loss):
         raise RuntimeError(lines[0] + ": the replays did not train")
     traced = profile_step(step, device, torch.cuda.synchronize)
-    lines.append(f"replay profiled: {traced.kernels_per_step} kernels traced, device busy {traced.device_busy_pct}% "
-                 "(None: CUPTI saw no kernels of the graph)")  # fmt: skip
+    lines.append(
+        f"replay profiled: {traced.kernels_per_step} kernels traced, device busy {traced.device_busy_pct}% "
+        "(None: CUPTI saw no kernels of the graph)"
+    )
     return lines
 
 
@@ -164,8 +174,9 @@ def check_sdpa(device: torch.device) -> list[str]:
     lines = []
     batch, heads, seq = (4, 16, 512) if device.type == "cuda" else (1, 2, 64)  # a CPU only needs the op's name
     for head_dim, dtype in ((64, torch.bfloat16), (128, torch.bfloat16), (64, torch.float32)):
-        q, k, v = (torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
-                   for _ in range(3))  # fmt: skip
+        q, k, v = (
+            torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype, requires_grad=True) for _ in range(3)
+        )
 
         def attend(q=q, k=k, v=v):
             F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
@@ -173,10 +184,18 @@ def check_sdpa(device: torch.device) -> list[str]:
         attend()
         events = _profile(attend, device)
         ops = sorted({e.name for e in events if e.name.startswith("aten::_scaled_dot_product")})
-        kernels = sorted({e.name for e in events if e.device_type == DeviceType.CUDA
-                          and any(w in e.name.lower() for w in ("flash", "fmha", "attention", "cudnn"))})  # fmt: skip
-        lines.append(f"- head_dim {head_dim}, {str(dtype).removeprefix('torch.')}, causal: {', '.join(ops) or 'math (no fused op)'}"
-                     + (f"; kernels: {', '.join(k[:60] for k in kernels[:3])}" if kernels else ""))  # fmt: skip
+        kernels = sorted(
+            {
+                e.name
+                for e in events
+                if e.device_type == DeviceType.CUDA
+                and any(w in e.name.lower() for w in ("flash", "fmha", "attention", "cudnn"))
+            }
+        )
+        lines.append(
+            f"- head_dim {head_dim}, {str(dtype).removeprefix('torch.')}, causal: {', '.join(ops) or 'math (no fused op)'}"
+            + (f"; kernels: {', '.join(k[:60] for k in kernels[:3])}" if kernels else "")
+        )
     return lines
 
 

@@ -45,11 +45,26 @@ CPU_CONFIGS = [
     ("d1024 L4", dict(d_model=1024, d_ff=2816, num_layers=4, num_heads=16), 8, 512, "forward-backward", "fp32"),
     ("d1024 L4", dict(d_model=1024, d_ff=2816, num_layers=4, num_heads=16), 8, 512, "train-step", "fp32"),
     # activation checkpointing (--checkpoint-blocks): off, K = 1, 2, sqrt (= 3 of 9 layers), all
-    *[(f"d512 L9 ckpt {k}", dict(d_model=512, d_ff=1344, num_layers=9, num_heads=8, checkpoint_blocks=k), 8, 512,
-       "forward-backward", "fp32") for k in (None, 1, 2, "sqrt", "all")],
-    ("d512 L9 ckpt sqrt", dict(d_model=512, d_ff=1344, num_layers=9, num_heads=8, checkpoint_blocks="sqrt"), 8, 512,
-     "train-step", "bf16"),
-]  # fmt: skip
+    *[
+        (
+            f"d512 L9 ckpt {k}",
+            dict(d_model=512, d_ff=1344, num_layers=9, num_heads=8, checkpoint_blocks=k),
+            8,
+            512,
+            "forward-backward",
+            "fp32",
+        )
+        for k in (None, 1, 2, "sqrt", "all")
+    ],
+    (
+        "d512 L9 ckpt sqrt",
+        dict(d_model=512, d_ff=1344, num_layers=9, num_heads=8, checkpoint_blocks="sqrt"),
+        8,
+        512,
+        "train-step",
+        "bf16",
+    ),
+]
 D512 = dict(d_model=512, d_ff=1344, num_layers=4, num_heads=8)
 # The fast path: (label, model shape, batch, context, pass type, precision, {grad_accum_steps, param_dtype})
 FAST_PATH_CONFIGS = [
@@ -60,11 +75,25 @@ FAST_PATH_CONFIGS = [
     ("d512 L4 bf16 params", D512, 4, 256, "train-step", "bf16", dict(param_dtype="bf16")),
     ("d512 L4 fused", dict(D512, fused_projections=True), 4, 256, "train-step", "fp32", {}),
     ("d512 L4 fused", dict(D512, fused_projections=True), 4, 256, "forward-backward", "bf16", {}),
-    ("d512 L4 all three", dict(D512, fused_projections=True), 4, 256, "train-step", "bf16",
-     dict(grad_accum_steps=2, param_dtype="bf16")),
-    ("small accum 2 bf16 params", dict(size="small"), 2, 256, "train-step", "bf16",
-     dict(grad_accum_steps=2, param_dtype="bf16")),
-]  # fmt: skip
+    (
+        "d512 L4 all three",
+        dict(D512, fused_projections=True),
+        4,
+        256,
+        "train-step",
+        "bf16",
+        dict(grad_accum_steps=2, param_dtype="bf16"),
+    ),
+    (
+        "small accum 2 bf16 params",
+        dict(size="small"),
+        2,
+        256,
+        "train-step",
+        "bf16",
+        dict(grad_accum_steps=2, param_dtype="bf16"),
+    ),
+]
 
 
 def model_for(shape: dict, context: int) -> ModelConfig:
@@ -79,9 +108,18 @@ def child(spec: str) -> int:
     label, shape, batch, context, pass_type, precision, fast, pin = json.loads(spec)
     if pin:
         pin_mmap_threshold()
-    config = BenchmarkConfig(model=model_for(shape, context), context_length=context, batch_size=batch,
-                             pass_type=pass_type, precision=precision, warmup_steps=1, measure_steps=2,
-                             peak_tflops=1.0, device="cpu", **fast)  # fmt: skip
+    config = BenchmarkConfig(
+        model=model_for(shape, context),
+        context_length=context,
+        batch_size=batch,
+        pass_type=pass_type,
+        precision=precision,
+        warmup_steps=1,
+        measure_steps=2,
+        peak_tflops=1.0,
+        device="cpu",
+        **fast,
+    )
     print(json.dumps(run_benchmark(config).to_row(), default=str))
     return 0
 
@@ -93,8 +131,9 @@ def cpu_rows(configs, glibc_default: bool = True) -> list[dict]:
         for pin in (True, False) if glibc_default else (True,):
             spec = json.dumps([label, shape, batch, context, pass_type, precision, fast[0] if fast else {}, pin])
             env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))}
-            out = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True, text=True,
-                                 env=env, check=True).stdout  # fmt: skip
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", spec], capture_output=True, text=True, env=env, check=True
+            ).stdout
             measured[pin] = json.loads(out.strip().splitlines()[-1])
         row = measured[True]
         rows.append(_row(label, row, default_rss=measured[False]["peak_memory_bytes"] if glibc_default else None))
@@ -109,9 +148,16 @@ def cuda_rows(device, sizes: list[str], contexts: list[int], pass_types: list[st
         model = build_model(model_config, device)
         for context in contexts:
             for pass_type in pass_types:
-                config = BenchmarkConfig(model=model_config, context_length=context, batch_size=4,
-                                         pass_type=pass_type, precision=precision, warmup_steps=1,
-                                         measure_steps=2, device=str(device))  # fmt: skip
+                config = BenchmarkConfig(
+                    model=model_config,
+                    context_length=context,
+                    batch_size=4,
+                    pass_type=pass_type,
+                    precision=precision,
+                    warmup_steps=1,
+                    measure_steps=2,
+                    device=str(device),
+                )
                 record = run_benchmark(config, model=model)
                 rows.append(_row(size, record.to_row()))
                 print(rows[-1], file=sys.stderr, flush=True)
@@ -151,8 +197,15 @@ def laptop_rows() -> list[dict]:
         for size in ("small", "medium", "large", "xl", "2.7B"):
             model = ModelConfig.from_size(size, context_length=512, attention=attention)
             e = estimate_memory(model, 4, 512, "forward-backward", "fp32", "cuda", device_memory_bytes=16 * GIB)
-            rows.append(dict(attention=attention, model=size, peak_gib=e.peak_bytes / GIB,
-                             total_gib=e.total_bytes / GIB, fits_16gib=e.fits))  # fmt: skip
+            rows.append(
+                dict(
+                    attention=attention,
+                    model=size,
+                    peak_gib=e.peak_bytes / GIB,
+                    total_gib=e.total_bytes / GIB,
+                    fits_16gib=e.fits,
+                )
+            )
     return rows
 
 
@@ -186,15 +239,27 @@ def main() -> int:
     frame.to_csv(stem.with_suffix(".csv"), index=False)
     laptop = pd.DataFrame(laptop_rows())
     env = collect_environment(device)
-    text = "\n".join([
-        f"# Memory: predicted vs measured peak ({device.type})", "", f"Command: `{command}`", "",
-        tabulate(frame, headers="keys", tablefmt="github", showindex=False, floatfmt=".3f"), "",
-        f"error_pct = (predicted - measured) / measured; target |error| <= {target}%. "
-        f"Worst: {frame['error_pct'].abs().max():.1f}%.", "",
-        "## The 16 GiB laptop (docs/reference.md section 3), by prediction", "",
-        tabulate(laptop, headers="keys", tablefmt="github", showindex=False, floatfmt=".2f"), "",
-        "Environment:", "", *environment_lines([env.__dict__]), "",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            f"# Memory: predicted vs measured peak ({device.type})",
+            "",
+            f"Command: `{command}`",
+            "",
+            tabulate(frame, headers="keys", tablefmt="github", showindex=False, floatfmt=".3f"),
+            "",
+            f"error_pct = (predicted - measured) / measured; target |error| <= {target}%. "
+            f"Worst: {frame['error_pct'].abs().max():.1f}%.",
+            "",
+            "## The 16 GiB laptop (docs/reference.md section 3), by prediction",
+            "",
+            tabulate(laptop, headers="keys", tablefmt="github", showindex=False, floatfmt=".2f"),
+            "",
+            "Environment:",
+            "",
+            *environment_lines([env.__dict__]),
+            "",
+        ]
+    )
     stem.with_suffix(".md").write_text(text)
     print(text)
     return 0 if frame["within_target"].all() else 1

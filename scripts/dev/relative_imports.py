@@ -44,14 +44,17 @@ def rewrite_line(line: str, node: ast.stmt, anchor: list[str]) -> str | None:
     """The statement's first line rewritten, or None when it is not ours to touch."""
     start = node.col_offset
     head = line[start:]
-    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (
-        node.module == TOP or node.module.startswith(TOP + ".")
+    if (
+        isinstance(node, ast.ImportFrom)
+        and node.level == 0
+        and node.module
+        and (node.module == TOP or node.module.startswith(TOP + "."))
     ):
         prefix = f"from {node.module} "
         if not head.startswith(prefix):
             return None
         source, _ = relative(anchor, node.module.split("."))
-        return line[:start] + f"from {source} " + head[len(prefix):]
+        return line[:start] + f"from {source} " + head[len(prefix) :]
     if isinstance(node, ast.Import) and len(node.names) == 1:
         alias = node.names[0]
         parts = alias.name.split(".")
@@ -60,7 +63,7 @@ def rewrite_line(line: str, node: ast.stmt, anchor: list[str]) -> str | None:
         prefix = f"import {alias.name}"
         if not head.startswith(prefix):
             return None
-        rest = head[len(prefix):]
+        rest = head[len(prefix) :]
         source, _ = relative(anchor, parts[:-1])
         # `import cs336_systems.a.b` binds `cs336_systems`; every use inside our package is a bare
         # import for its side effect, so binding `b` instead is equivalent.
