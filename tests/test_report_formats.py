@@ -131,7 +131,10 @@ def test_environment_once_with_versions_as_torch_wrote_them(files, tmp_path):
 def test_sections_appear_only_with_their_data(files, tmp_path):
     output = tmp_path / "report.md"
     fp32 = _read("cpu_sweep.csv").query("precision == 'fp32'")
-    assert report.main([_subset(tmp_path, "fp32.csv", fp32), "--output", str(output)]) == 0
+    assert report.main([_subset(tmp_path, "phased.csv", fp32), "--output", str(output)]) == 0
+    assert "Phases" in output.read_text()  # the committed sweep has per-phase times
+    unphased = fp32.assign(**{f"{phase}_ms": None for phase in ("forward", "backward", "optimizer")})
+    assert report.main([_subset(tmp_path, "fp32.csv", unphased), "--output", str(output)]) == 0
     text = output.read_text()
     assert "## End-to-end benchmarking" in text and "## Memory" in text
     for absent in (
