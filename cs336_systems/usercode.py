@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import sys
 import threading
@@ -83,6 +84,11 @@ def _real_interrupt(exc: KeyboardInterrupt) -> bool:
     return signal.getsignal(signal.SIGINT) in (signal.default_int_handler, signal.SIG_DFL, None)
 
 
+def _address_space_capped() -> bool:
+    """Whether this process runs under an address-space limit (memory_cap, --memory-limit)."""
+    return resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
+
+
 class _Watchdog:
     """Ends the process when the deadline passed WATCHDOG_GRACE_S ago and the code has not returned."""
 
@@ -90,9 +96,10 @@ class _Watchdog:
         self.what, self.timeout_s = what, timeout_s
         self.deadline = time.monotonic() + timeout_s
         self.done = threading.Event()
+        if _address_space_capped():
+            return  # a thread's stack and malloc arena count against --memory-limit: the alarm alone guards
         thread = threading.Thread(target=self._watch, name="cs336-user-code-watchdog", daemon=True)
-        # no room for a thread's stack (under --memory-limit after an OOM): the alarm alone guards
-        with contextlib.suppress(RuntimeError):
+        with contextlib.suppress(RuntimeError):  # no room left for a thread: the alarm alone guards
             thread.start()
 
     def _watch(self) -> None:
