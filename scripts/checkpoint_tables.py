@@ -22,15 +22,15 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
-from cs336_systems.argtypes import ArgumentParser, positive_int
-from cs336_systems.benchmark_flags import checkpoint_blocks
-from cs336_systems.config import BenchmarkConfig
-from cs336_systems.device import resolve_device
-from cs336_systems.memory import pin_mmap_threshold
-from cs336_systems.models import ModelConfig
-from cs336_systems.results import collect_environment
-from cs336_systems.results.markdown import environment_lines
-from cs336_systems.runner import run_benchmark
+from cs336_bench.argtypes import ArgumentParser, positive_int
+from cs336_bench.benchmark_flags import checkpoint_blocks
+from cs336_bench.config import BenchmarkConfig
+from cs336_bench.device import resolve_device
+from cs336_bench.memory import pin_mmap_threshold
+from cs336_bench.models import ModelConfig
+from cs336_bench.results import collect_environment
+from cs336_bench.results.markdown import environment_lines
+from cs336_bench.runner import run_benchmark
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 MIB = 2**20

@@ -32,10 +32,10 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-from cs336_systems import loader_bench  # noqa: E402
-from cs336_systems.device import resolve_device  # noqa: E402
-from cs336_systems.results import collect_environment  # noqa: E402
-from cs336_systems.results.markdown import environment_lines  # noqa: E402
+from cs336_bench import loader_bench  # noqa: E402
+from cs336_bench.device import resolve_device  # noqa: E402
+from cs336_bench.results import collect_environment  # noqa: E402
+from cs336_bench.results.markdown import environment_lines  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 PROG = "python -m cs336_systems.loader_bench"

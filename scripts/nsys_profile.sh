@@ -9,7 +9,8 @@
 # Extra `nsys profile` options go between --nsys-args and --, or in $NSYS_ARGS (split on
 # spaces; these come first); both are added after the defaults below.
 #
-# Runs `python -m cs336_systems.benchmark --nvtx --no-profile-step FLAGS` under `nsys profile` with
+# Runs `python -m cs336_bench.benchmark --nvtx --no-profile-step FLAGS` (ours, even from a student's
+# repository root, where `cs336_systems` is theirs) under `nsys profile` with
 # --capture-range=cudaProfilerApi: the benchmark calls cudaProfilerStart/Stop around its
 # measured steps (nvtx.capture in time_steps), so warmup, model building and compilation
 # are not recorded. Then `nsys stats` prints the NVTX range summary and the GPU kernel
@@ -82,7 +83,7 @@ done
   --capture-range=cudaProfilerApi --capture-range-end=stop \
   --force-overwrite=true --output="$stem" \
   ${extra[@]+"${extra[@]}"} \
-  "$python" -m cs336_systems.benchmark --nvtx --no-profile-step "$@"
+  "$python" -m cs336_bench.benchmark --nvtx --no-profile-step "$@"
 
 # Report names changed in nsys 2023.x (nvtxsum -> nvtx_sum, ...): try the new name, then the old.
 for pair in nvtx_sum:nvtxsum cuda_gpu_kern_sum:gpukernsum nvtx_kern_sum:nvtxkernsum \

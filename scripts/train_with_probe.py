@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from cs336_systems.argtypes import ArgumentParser, fail, non_negative_float, non_negative_int, positive_int
-from cs336_systems.loader_bench import BenchConfig, EpochSampler, LoaderConfig, StoreDataset, make_loader
-from cs336_systems.models import ModelConfig, TransformerLM
-from cs336_systems.probe import StepProbe
-from cs336_systems.storage import LatencyModel
+from cs336_bench.argtypes import ArgumentParser, fail, non_negative_float, non_negative_int, positive_int
+from cs336_bench.loader_bench import BenchConfig, EpochSampler, LoaderConfig, StoreDataset, make_loader
+from cs336_bench.models import ModelConfig, TransformerLM
+from cs336_bench.probe import StepProbe
+from cs336_bench.storage import LatencyModel
 
 PROG = "python scripts/train_with_probe.py"
 INPUT_BOUND_TARGET_PCT = 20.0

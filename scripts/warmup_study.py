@@ -25,20 +25,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-from cs336_systems.argtypes import fail, non_negative_int  # noqa: E402
-from cs336_systems.benchmark import build_parser, config_from_args  # noqa: E402
-from cs336_systems.child import ChildLimits, run_in_child  # noqa: E402
-from cs336_systems.device import DeviceError, resolve_device  # noqa: E402
-from cs336_systems.models import ConfigError  # noqa: E402
-from cs336_systems.results import (  # noqa: E402
+from cs336_bench.argtypes import fail, non_negative_int  # noqa: E402
+from cs336_bench.benchmark import build_parser, config_from_args  # noqa: E402
+from cs336_bench.child import ChildLimits, run_in_child  # noqa: E402
+from cs336_bench.device import DeviceError, resolve_device  # noqa: E402
+from cs336_bench.models import ConfigError  # noqa: E402
+from cs336_bench.results import (  # noqa: E402
     ResultFileError,
     ResultSink,
     check_output_paths,
 )
-from cs336_systems.results.markdown import environment_lines  # noqa: E402
-from cs336_systems.stats import summarize  # noqa: E402
-from cs336_systems.sweep import describe  # noqa: E402
-from cs336_systems.user_model import ModelFactoryError, load_model_factory  # noqa: E402
+from cs336_bench.results.markdown import environment_lines  # noqa: E402
+from cs336_bench.stats import summarize  # noqa: E402
+from cs336_bench.sweep import describe  # noqa: E402
+from cs336_bench.user_model import ModelFactoryError, load_model_factory  # noqa: E402
 
 PROG = "python scripts/warmup_study.py"
 RESULTS = Path(__file__).resolve().parent.parent / "results"

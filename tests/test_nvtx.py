@@ -252,7 +252,7 @@ def test_nsys_script_profiles_the_measured_steps_of_benchmark(tmp_path):
     assert "--capture-range=cudaProfilerApi --capture-range-end=stop" in profile
     assert "--trace=cuda,nvtx,osrt" in profile
     assert profile.endswith(
-        "python -m cs336_systems.benchmark --nvtx --no-profile-step --model-size small --attention naive"
+        "python -m cs336_bench.benchmark --nvtx --no-profile-step --model-size small --attention naive"
     )
     assert "=== nvtx_sum" in result.stdout and "=== cuda_gpu_kern_sum" in result.stdout
     assert "=== nvtxgpuproj" in result.stdout  # an older nsys: the report's old name
@@ -298,7 +298,7 @@ def test_nsys_script_passes_extra_profile_options_through(tmp_path):
         "--gpu-metrics-devices=all --pytorch=functions-trace,autograd-shapes-nvtx --cuda-memory-usage=true"
     )
     assert "--capture-range=cudaProfilerApi" in defaults  # extras come after the defaults, which stay
-    assert command == "cs336_systems.benchmark --nvtx --no-profile-step --model-size small --nvtx blocks"
+    assert command == "cs336_bench.benchmark --nvtx --no-profile-step --model-size small --nvtx blocks"
 
 
 def test_nsys_script_without_closing_dashes_is_one_line_and_exit_2(tmp_path):

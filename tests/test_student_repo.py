@@ -100,6 +100,31 @@ def test_children_start_under_the_running_package_name():
     assert result.stdout.split() == ["cs336_bench.benchmark", "cs336_bench.child"], result.stderr
 
 
+def test_scripts_and_the_probe_import_ours_beside_the_students_package():
+    # scripts run by path (the handout runs warmup_study.py from the student's root) and the probe
+    # imported in the student's own loop get our files; the student's imports still get theirs
+    check = (
+        "import runpy, sys; from pathlib import Path\n"
+        "scripts = sorted([*Path(sys.argv[1]).glob('*.py'), *Path(sys.argv[1]).glob('checks/*.py')])\n"
+        "for script in scripts: runpy.run_path(str(script), run_name='imported')\n"
+        "from cs336_bench.probe import StepProbe\n"
+        "from cs336_systems.optimizer import AdamW\n"
+        "print(len(scripts), StepProbe.__module__, AdamW.__module__, sys.modules['cs336_systems'].__file__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", check, str(REPO / "scripts")],
+        cwd=STUDENT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(STUDENT), str(REPO)])},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    count, probe, optimizer, theirs = result.stdout.split()
+    assert int(count) >= 10 and probe.startswith("cs336_bench.probe") and optimizer == "cs336_systems.optimizer"
+    assert Path(theirs).resolve() == STUDENT / "cs336_systems" / "__init__.py"
+
+
 def test_attention_bench_defaults_pass_a_3d_flash_that_ignores_is_causal(tmp_path):
     out = tmp_path / "attention.csv"
     result = run(

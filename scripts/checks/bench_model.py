@@ -20,13 +20,13 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
-from cs336_systems.config import BenchmarkConfig
-from cs336_systems.device import resolve_device
-from cs336_systems.models import ModelConfig, build_model, count_parameters
-from cs336_systems.results import ResultSink, collect_environment, read_results
-from cs336_systems.results.markdown import environment_lines
-from cs336_systems.runner import run_benchmark
-from cs336_systems.stats import summarize
+from cs336_bench.config import BenchmarkConfig
+from cs336_bench.device import resolve_device
+from cs336_bench.models import ModelConfig, build_model, count_parameters
+from cs336_bench.results import ResultSink, collect_environment, read_results
+from cs336_bench.results.markdown import environment_lines
+from cs336_bench.runner import run_benchmark
+from cs336_bench.stats import summarize
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "checks"  # the harness checking itself
 HF_LLAMA = "cs336_systems.hf_models:llama"

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from cs336_systems.device import resolve_device
-from cs336_systems.probe import StepProbe
-from cs336_systems.results import Record, ResultFileError, ResultSink, collect_environment
+from cs336_bench.device import resolve_device
+from cs336_bench.probe import StepProbe
+from cs336_bench.results import Record, ResultFileError, ResultSink, collect_environment
 
 TARGET_MS = 0.1
 PHASES = ("forward", "backward", "optimizer")

@@ -23,14 +23,14 @@ import torch
 import torch.utils.benchmark as torch_benchmark
 from tabulate import tabulate
 
-from cs336_systems.config import BenchmarkConfig
-from cs336_systems.device import resolve_device
-from cs336_systems.models import ModelConfig, build_model
-from cs336_systems.results import collect_environment
-from cs336_systems.results.markdown import environment_lines
-from cs336_systems.stats import summarize
-from cs336_systems.step import make_step
-from cs336_systems.timing import CudaEventTimer, HostTimer, device_synchronizer, time_steps
+from cs336_bench.config import BenchmarkConfig
+from cs336_bench.device import resolve_device
+from cs336_bench.models import ModelConfig, build_model
+from cs336_bench.results import collect_environment
+from cs336_bench.results.markdown import environment_lines
+from cs336_bench.stats import summarize
+from cs336_bench.step import make_step
+from cs336_bench.timing import CudaEventTimer, HostTimer, device_synchronizer, time_steps
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "checks"  # the harness checking itself
 

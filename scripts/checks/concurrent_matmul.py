@@ -14,7 +14,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 
-from cs336_systems.argtypes import ArgumentParser, positive_int
+from cs336_bench.argtypes import ArgumentParser, positive_int
 
 N = 2048
 REPEATS = 10

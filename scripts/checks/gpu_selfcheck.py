@@ -30,15 +30,15 @@ import torch.nn.functional as F
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from cs336_systems import cuda_graphs
-from cs336_systems.device import compile_unsupported_reason, resolve_device
-from cs336_systems.flops import measure_peak_tflops, table_peak_tflops
-from cs336_systems.models import ModelConfig, build_model
-from cs336_systems.optimizer import make_optimizer
-from cs336_systems.profiling import device_kernels, kineto_lines_dropped, profile_step
-from cs336_systems.results import collect_environment
-from cs336_systems.results.environment import ENVIRONMENT_FIELDS
-from cs336_systems.results.markdown import environment_lines
+from cs336_bench import cuda_graphs
+from cs336_bench.device import compile_unsupported_reason, resolve_device
+from cs336_bench.flops import measure_peak_tflops, table_peak_tflops
+from cs336_bench.models import ModelConfig, build_model
+from cs336_bench.optimizer import make_optimizer
+from cs336_bench.profiling import device_kernels, kineto_lines_dropped, profile_step
+from cs336_bench.results import collect_environment
+from cs336_bench.results.environment import ENVIRONMENT_FIELDS
+from cs336_bench.results.markdown import environment_lines
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "checks"  # the harness checking itself
 NSYS_PLACES = ("/usr/local/cuda/bin/nsys", "/opt/nvidia/nsight-systems", "/opt/nvidia/nsight-systems-cli")

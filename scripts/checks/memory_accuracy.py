@@ -25,14 +25,14 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
-from cs336_systems.anomalies import fast_path_flags
-from cs336_systems.config import BenchmarkConfig
-from cs336_systems.device import release_memory, resolve_device
-from cs336_systems.memory import estimate_memory, pin_mmap_threshold
-from cs336_systems.models import ModelConfig, build_model
-from cs336_systems.results import collect_environment
-from cs336_systems.results.markdown import environment_lines
-from cs336_systems.runner import run_benchmark
+from cs336_bench.anomalies import fast_path_flags
+from cs336_bench.config import BenchmarkConfig
+from cs336_bench.device import release_memory, resolve_device
+from cs336_bench.memory import estimate_memory, pin_mmap_threshold
+from cs336_bench.models import ModelConfig, build_model
+from cs336_bench.results import collect_environment
+from cs336_bench.results.markdown import environment_lines
+from cs336_bench.runner import run_benchmark
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "checks"  # the harness checking itself
 GIB = 2**30
