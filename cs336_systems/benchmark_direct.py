@@ -18,7 +18,7 @@ import sys
 
 from .child import failed_record
 from .device import failure_status, release_memory, resolve_device
-from .memory import current_memory_bytes
+from .memory import baseline_memory_bytes
 from .models import build_model, count_parameters_for
 from .runner import run_benchmark
 from .sweep import sweep_main
@@ -33,7 +33,7 @@ def execute(pending, args, env, writer) -> None:
         group = list(group)
         device = resolve_device(group[0].device)
         release_memory(device)
-        baseline = current_memory_bytes(device)
+        baseline = baseline_memory_bytes(device, group)
         model, failure = None, None
         try:
             with guarded(f"--model-factory {args.model_factory}" if args.model_factory else "building the model"):

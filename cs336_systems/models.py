@@ -219,11 +219,15 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, context_length: int, theta: float):
         super().__init__()
-        inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        angles = torch.outer(torch.arange(context_length, dtype=torch.float32), inv_freq)
+        # computed on the CPU, then moved to the model's device: arange on the meta device (where
+        # count_parameters_for builds the model) would import torch._dynamo, a second per process
+        cpu = torch.device("cpu")
+        inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=cpu) / head_dim)
+        angles = torch.outer(torch.arange(context_length, dtype=torch.float32, device=cpu), inv_freq)
         angles = torch.cat((angles, angles), dim=-1)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        device = torch.get_default_device()
+        self.register_buffer("cos", angles.cos().to(device), persistent=False)
+        self.register_buffer("sin", angles.sin().to(device), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         seq_len = x.shape[-2]
@@ -347,7 +351,10 @@ class TransformerLM(nn.Module):
         super().__init__()
         config.validate()
         self.config = config
-        self.token_embeddings = nn.Embedding(config.vocab_size, config.d_model)
+        # reset_parameters below initialises it: nn.Embedding's own normal_ would import torch._dynamo
+        # (a second) on the meta device, where count_parameters_for builds the model
+        weight = torch.empty(config.vocab_size, config.d_model)
+        self.token_embeddings = nn.Embedding(config.vocab_size, config.d_model, _weight=weight)
         self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.num_layers))
         self.ln_final = RMSNorm(config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)

@@ -23,7 +23,7 @@ from .device import (
     resolve_device,
 )
 from .flops import flops_per_step, mfu, resolve_peak
-from .memory import PhaseMemory, current_memory_bytes, estimate_memory, step_peak
+from .memory import PhaseMemory, baseline_memory_bytes, current_memory_bytes, estimate_memory, step_peak
 from .models import build_model, count_parameters, count_parameters_for
 from .optimizer import OptimizerFactoryError, make_optimizer, optimizer_name
 from .precision import (
@@ -317,7 +317,7 @@ def run_benchmark(
     memory = PhaseMemory(device, step_starts_at_forward=False)
     if model is None:
         release_memory(device)
-        baseline = current_memory_bytes(device)
+        baseline = baseline_memory_bytes(device, [config])
     elif memory_baseline_bytes is not None:
         baseline = memory_baseline_bytes
     else:

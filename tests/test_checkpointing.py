@@ -139,7 +139,7 @@ blocks = json.loads(sys.argv[1])
 model = ModelConfig(d_model=256, d_ff=704, num_layers=4, num_heads=4, vocab_size=512, context_length=256,
                     checkpoint_blocks=blocks)
 config = BenchmarkConfig(model=model, context_length=256, batch_size=8, pass_type="forward-backward",
-                         warmup_steps=1, measure_steps=1, peak_tflops=1.0)
+                         warmup_steps=1, measure_steps=1, peak_tflops=1.0, profile_step=False)
 print(json.dumps(run_benchmark(config).to_row(), default=str))
 """
 

@@ -138,6 +138,30 @@ def test_every_row_has_measured_and_predicted_memory():
     assert forward_only.backward_peak_bytes is None and forward_only.optimizer_peak_bytes is None
 
 
+BASELINE_CHILD = """
+import sys, torch
+from cs336_systems.memory import baseline_memory_bytes
+from tests.conftest import tiny_benchmark_config
+cpu = torch.device("cpu")
+for pass_type in sys.argv[1:]:
+    baseline_memory_bytes(cpu, [tiny_benchmark_config(pass_type=pass_type)])
+    print(pass_type, "torch._dynamo" in sys.modules)
+"""
+
+
+def test_the_cpu_baseline_includes_torch_dynamo_when_the_step_would_import_it():
+    # RSS is the CPU's measure: 73 MiB of modules imported by the first optimizer step would be the step's
+    result = subprocess.run(
+        [PYTHON, "-c", BASELINE_CHILD, "forward", "forward-backward", "train-step"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["forward", "False", "forward-backward", "False", "train-step", "True"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("pass_type", ["forward-backward", "train-step"])
 def test_cpu_prediction_within_15_percent_above_1gb(pass_type):

@@ -7,6 +7,7 @@ not imported here, so importing the estimator never imports a CLI.
 from .estimate import MemoryEstimate, estimate_memory, find_max_by_prediction
 from .measure import (
     PhaseMemory,
+    baseline_memory_bytes,
     current_memory_bytes,
     pin_mmap_threshold,
     rss_high_water_mark_available,
@@ -16,6 +17,7 @@ from .measure import (
 __all__ = [
     "MemoryEstimate",
     "PhaseMemory",
+    "baseline_memory_bytes",
     "current_memory_bytes",
     "estimate_memory",
     "find_max_by_prediction",

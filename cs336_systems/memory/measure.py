@@ -43,6 +43,24 @@ def current_memory_bytes(device: torch.device) -> int:
     return _rss_status("VmRSS:")
 
 
+def baseline_memory_bytes(device: torch.device, configs) -> int:
+    """Memory in use before the model is built, which a step's figures are measured from.
+
+    On a CPU that is this process's RSS, so a module that a step imports on first use would count
+    as the step's memory: torch._dynamo (73 MiB of modules here), which torch's optimizers,
+    activation checkpointing and torch.compile import, is imported first when one of `configs`
+    (BenchmarkConfigs) will.
+    """
+    if device.type == "cpu" and any(_step_imports_dynamo(config) for config in configs):
+        import torch._dynamo  # noqa: F401
+    return current_memory_bytes(device)
+
+
+def _step_imports_dynamo(config) -> bool:
+    checkpointed = config.model.checkpoint_blocks not in (None, 0, "0")
+    return config.pass_type == "train-step" or bool(config.compile) or checkpointed
+
+
 def rss_high_water_mark_available() -> bool:
     try:
         _reset_rss_high_water_mark()
