@@ -17,6 +17,7 @@ from pathlib import Path
 from ..argtypes import EXIT_FAILED, ArgumentParser, fail, non_negative_int, positive_float
 from ..lifetime import child_preexec
 from ..results.errors import ResultWriteError
+from ..usercode import timeout_seconds
 from .files import MonitorPathError, SampleCsvWriter, check_monitor_path, report_text, write_report
 from .sampling import DEFAULT_INTERVAL_S, GpuProbe, ResourceMonitor
 
@@ -37,7 +38,7 @@ def _wait_without_reaping(process: subprocess.Popen) -> None:
     process.wait()
 
 
-KILL_GRACE_S = 10.0  # after a SIGTERM, how long the command has to end before it is SIGKILLed
+KILL_GRACE_S = 10.0  # --kill-grace's default: after a SIGTERM, how long the command has to end before SIGKILL
 
 
 def _kill(process: subprocess.Popen) -> None:
@@ -51,7 +52,9 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def run_monitored(command: Sequence[str], csv_path: Path, interval_s: float, gpu_indices=None) -> int:
+def run_monitored(
+    command: Sequence[str], csv_path: Path, interval_s: float, gpu_indices=None, kill_grace_s: float = KILL_GRACE_S
+) -> int:
     writer = SampleCsvWriter(csv_path)
     try:
         # the command dies with the monitor, even a SIGKILLed one (nothing left unmeasured)
@@ -61,14 +64,14 @@ def run_monitored(command: Sequence[str], csv_path: Path, interval_s: float, gpu
         csv_path.unlink(missing_ok=True)
         raise ValueError(f"cannot run {command[0]}: {exc.strerror}") from None
     # Ctrl-C reaches the command (same process group); the monitor waits for it to finish. SIGTERM is
-    # passed on, and a command still running KILL_GRACE_S later is killed (it ignores SIGTERM).
+    # passed on, and a command still running kill_grace_s later is killed (it ignores SIGTERM).
     previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT,)}
     killer: list[threading.Timer] = []
 
     def forward(signum, frame) -> None:
         process.send_signal(signum)
         if not killer:
-            killer.append(threading.Timer(KILL_GRACE_S, _kill, (process,)))
+            killer.append(threading.Timer(kill_grace_s, _kill, (process,)))
             killer[0].daemon = True
             killer[0].start()
 
@@ -111,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(
         prog=PROG,
         description="Run a command and sample GPU, CPU, memory, network and disk on one clock.",
-        usage=f"{PROG} [--monitor-interval S] [--output PATH.csv] [--gpus I ...] -- COMMAND [ARGS...]",
+        usage=f"{PROG} [--monitor-interval S] [--output PATH.csv] [--gpus I ...] [--kill-grace S] -- COMMAND [ARGS...]",
     )
     parser.add_argument(
         "--monitor-interval",
@@ -124,6 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--output", help="time series CSV (default monitor-YYYYmmdd-HHMMSS.csv); .png and .json beside it"
+    )
+    parser.add_argument(
+        "--kill-grace",
+        type=timeout_seconds,
+        default=KILL_GRACE_S,
+        metavar="SECONDS",
+        help="after a SIGTERM, how long the command has to end before it is killed (a loop that saves a "
+        "checkpoint on SIGTERM may need longer)",
     )
     parser.add_argument(
         "--gpus",
@@ -145,6 +156,6 @@ def main(argv: list[str] | None = None) -> int:
         csv_path = check_monitor_path(output, "--output")
         if args.gpus is not None:
             GpuProbe(args.gpus)
-        return run_monitored(command, csv_path, args.interval, args.gpus)
+        return run_monitored(command, csv_path, args.interval, args.gpus, args.kill_grace)
     except (MonitorPathError, ValueError) as exc:
         return fail(PROG, str(exc))
