@@ -17,7 +17,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
 TINY_SHAPE = ["--d-model", "32", "--d-ff", "64", "--num-layers", "2", "--num-heads", "2", "--vocab-size", "97"]
 TINY_BATCH = ["--context-length", "16", "--batch-size", "2"]
 TINY_CPU = ["--device", "cpu", "--peak-tflops", "1"]  # a given peak: no matmul probe for the MFU denominator
-TINY_SWEEP = [*TINY_SHAPE, *TINY_CPU, "--warmup-steps", "1", "--measure-steps", "2"]  # each sweep test adds its grid
+# no profiled step: torch.profiler imports torch._inductor, a second per process (tests of it ask for it)
+TINY_STEPS = ["--warmup-steps", "1", "--measure-steps", "2", "--no-profile-step"]
+TINY_SWEEP = [*TINY_SHAPE, *TINY_CPU, *TINY_STEPS]  # each sweep test adds its grid
 TINY = [*TINY_SWEEP, *TINY_BATCH]  # one `benchmark` configuration
 TINY_DDP = [*TINY_SHAPE, *TINY_BATCH, "--warmup-steps", "1", "--measure-steps", "3"]
 # two gloo ranks on the CPU, one thread each

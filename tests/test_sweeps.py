@@ -225,7 +225,6 @@ def test_interrupted_then_resumed_has_every_row_once_in_grid_order(tmp_path, mod
         "8",
         "16",
         "24",
-        "32",
         "--output",
         str(out),
         "--output",
@@ -243,21 +242,21 @@ def test_interrupted_then_resumed_has_every_row_once_in_grid_order(tmp_path, mod
     assert process.returncode == 130, stderr
     assert "Resume with:" in stderr and "--resume" in stderr
     done = pd.read_csv(out)
-    assert 1 <= len(done) < 4
+    assert 1 <= len(done) < 3
 
     again = cli(module, *grid)
     assert again.returncode == 2 and "pass --resume" in again.stderr  # never twice by accident
     resumed = cli(module, *grid, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     rows = pd.read_csv(out)
-    assert list(rows["context_length"]) == [8, 16, 24, 32]
-    assert len({BenchmarkRecord.row_key(row) for row in rows.to_dict("records")}) == 4
+    assert list(rows["context_length"]) == [8, 16, 24]
+    assert len({BenchmarkRecord.row_key(row) for row in rows.to_dict("records")}) == 3
     assert (
         rows[list(BenchmarkRecord.identity_fields())]
         .iloc[: len(done)]
         .equals(done[list(BenchmarkRecord.identity_fields())])
     )
-    assert md.read_text().count("| custom ") == 4  # the Markdown rendering has all rows too
+    assert md.read_text().count("| custom ") == 3  # the Markdown rendering has all rows too
 
 
 def test_find_max_finds_the_boundary_under_a_memory_cap(tmp_path):
@@ -272,7 +271,7 @@ def test_find_max_finds_the_boundary_under_a_memory_cap(tmp_path):
         "--attention",
         "naive",
         "--memory-limit",
-        "300MB",
+        "150MB",  # the boundary near --start: about four probes
         "--start",
         "4",
         "--summary",

@@ -19,7 +19,7 @@ import pytest
 
 from cs336_systems import lifetime
 from cs336_systems.usercode import UserCodeError, UserCodeTimeout, check_timeout, guarded
-from tests.conftest import PYTHON, REPO, TINY_SHAPE, child_env
+from tests.conftest import PYTHON, REPO, TINY_CPU, TINY_SHAPE, TINY_STEPS, child_env
 
 
 def test_sys_exit_becomes_an_error_naming_it():
@@ -113,24 +113,10 @@ def test_absurd_timeouts_are_refused(value):
         check_timeout(value)
 
 
-BENCH = [
-    PYTHON,
-    "-m",
-    "cs336_systems.benchmark",
-    *TINY_SHAPE,
-    "--context-length",
-    "8",
-    "--batch-size",
-    "2",
-    "--warmup-steps",
-    "1",
-    "--measure-steps",
-    "2",
-    "--device",
-    "cpu",
-]
-# an honest build may import torch._dynamo (seconds on a loaded machine): hangs are given this long
-TIMEOUT = ["--timeout", "15"]
+BENCH = [PYTHON, "-m", "cs336_systems.benchmark", *TINY_SHAPE, "--context-length", "8", "--batch-size", "2"]
+BENCH += [*TINY_CPU, *TINY_STEPS]
+# the hang's own budget; an honest tiny build and step take milliseconds
+TIMEOUT = ["--timeout", "6"]
 
 
 def run_benchmark_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -147,7 +133,7 @@ def run_benchmark_cli(*args: str, timeout: float = 120) -> subprocess.CompletedP
             r"called os._exit\(0\)",
         ),
         ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:interrupts"], 1, "KeyboardInterrupt itself"),
-        ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:hangs_in_forward"], 1, "within --timeout 15 s"),
+        ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:hangs_in_forward"], 1, "within --timeout 6 s"),
         ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.exit3_at_import:make"], 2, r"called sys.exit\(3\)"),
     ],
 )
