@@ -29,7 +29,7 @@ from cs336_bench.device import resolve_device
 from cs336_bench.memory import pin_mmap_threshold
 from cs336_bench.models import ModelConfig
 from cs336_bench.results import collect_environment
-from cs336_bench.results.markdown import environment_lines
+from cs336_bench.results.markdown import write_page
 from cs336_bench.runner import run_benchmark
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -110,12 +110,11 @@ def main() -> int:
     wide.columns = [f"{precision} {pass_type} peak MiB" for precision, pass_type in wide.columns]
     command = "python " + " ".join(["scripts/checkpoint_tables.py", *sys.argv[1:]])
     env = collect_environment(device)
-    text = "\n".join(
-        [
-            f"# Memory per context and per checkpoint block size ({device.type})",
-            "",
-            f"Command: `{command}`",
-            "",
+    text = write_page(
+        stem.with_suffix(".md"),
+        title=f"Memory per context and per checkpoint block size ({device.type})",
+        command=command,
+        body=[
             f"Model: {label}, batch {args.batch_size}, {model.num_layers} layers.",
             "",
             "## memory_profiling: forward vs training step, peak per context",
@@ -135,14 +134,9 @@ def main() -> int:
             ),
             "",
             "checkpoint_blocks 0 is off; the step time includes the recomputed forward of every block.",
-            "",
-            "Environment:",
-            "",
-            *environment_lines([env.__dict__]),
-            "",
-        ]
+        ],
+        environment=[env.__dict__],
     )
-    stem.with_suffix(".md").write_text(text)
     print(text)
     return 0
 

@@ -35,7 +35,7 @@ from tabulate import tabulate  # noqa: E402
 from cs336_bench import loader_bench  # noqa: E402
 from cs336_bench.device import resolve_device  # noqa: E402
 from cs336_bench.results import collect_environment  # noqa: E402
-from cs336_bench.results.markdown import environment_lines  # noqa: E402
+from cs336_bench.results.markdown import write_page  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 PROG = "python -m cs336_systems.loader_bench"
@@ -359,12 +359,11 @@ def main() -> int:
     table = tabulate(results, headers="keys", tablefmt="github", showindex=False, floatfmt=".2f")
     commands = [f"- {s.name} ({s.reference}):\n  `{PROG} {shlex.join(s.args)}`" for s in STORIES]
     env = collect_environment(device)
-    text = "\n".join(
-        [
-            f"# Input-pipeline stories ({device.type})",
-            "",
-            f"Command: `python scripts/input_pipeline_stories.py --device {args.device}`",
-            "",
+    text = write_page(
+        output_dir / f"input_pipeline_stories{suffix}.md",
+        title=f"Input-pipeline stories ({device.type})",
+        command=f"python scripts/input_pipeline_stories.py --device {args.device}",
+        body=[
             table,
             "",
             f"Each story (rows in `input_pipeline_<story>{suffix}.csv/.md` beside this file):",
@@ -385,14 +384,9 @@ def main() -> int:
                 loader_bench.recommend(frames["volumetric"].to_dict("records"), 64 * 2**20), 64 * 2**20
             ),
             "```",
-            "",
-            "Environment:",
-            "",
-            *environment_lines([{**env.__dict__, "matmul_precision": torch.get_float32_matmul_precision()}]),
-            "",
-        ]
+        ],
+        environment=[{**env.__dict__, "matmul_precision": torch.get_float32_matmul_precision()}],
     )
-    (output_dir / f"input_pipeline_stories{suffix}.md").write_text(text)
     print(text)
     return 0 if results["passed"].all() else 1
 

@@ -35,7 +35,7 @@ from cs336_bench.results import (  # noqa: E402
     ResultSink,
     check_output_paths,
 )
-from cs336_bench.results.markdown import environment_lines  # noqa: E402
+from cs336_bench.results.markdown import write_page  # noqa: E402
 from cs336_bench.stats import summarize  # noqa: E402
 from cs336_bench.sweep import describe  # noqa: E402
 from cs336_bench.user_model import ModelFactoryError, load_model_factory  # noqa: E402
@@ -107,26 +107,20 @@ def main(argv: list[str] | None = None) -> int:
     plt.close(fig)
 
     command = f"{PROG} {shlex.join(sys.argv[1:] if argv is None else argv)}".strip()
-    text = "\n".join(
-        [
-            f"# Warmup study ({device.type})",
-            "",
-            f"Command: `{command}`",
-            "",
+    text = write_page(
+        stem.with_suffix(".md"),
+        title=f"Warmup study ({device.type})",
+        command=command,
+        body=[
             f"{describe(base)} (warmup varied); each warmup count in a fresh process; statistics over the "
             f"{args.measure_steps} measured steps; `first_over_median` = first measured step / median.",
             "",
             tabulate(summary, headers="keys", tablefmt="github", floatfmt=".2f"),
             "",
             f"![step time by index]({stem.with_suffix('.png').name})",
-            "",
-            "Environment:",
-            "",
-            *environment_lines(records),
-            "",
-        ]
+        ],
+        environment=records,
     )
-    stem.with_suffix(".md").write_text(text)
     print(text)
     return 0
 

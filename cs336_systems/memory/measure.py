@@ -57,8 +57,7 @@ def baseline_memory_bytes(device: torch.device, configs) -> int:
 
 
 def _step_imports_dynamo(config) -> bool:
-    checkpointed = config.model.checkpoint_blocks not in (None, 0, "0")
-    return config.pass_type == "train-step" or bool(config.compile) or checkpointed
+    return config.pass_type == "train-step" or bool(config.compile) or config.model.checkpoint_group_size > 0
 
 
 def rss_high_water_mark_available() -> bool:

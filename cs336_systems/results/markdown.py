@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import pandas as pd
 from tabulate import tabulate
@@ -112,6 +113,25 @@ def environment_lines(rows: Sequence[dict], names: Sequence[str] = MARKDOWN_ENVI
         if values:
             lines.append(f"- {name}: {', '.join(values)}")
     return lines
+
+
+def write_page(path: Path, *, title: str, command: str, body: Sequence[str], environment: Sequence[dict]) -> str:
+    """A study's or self-check's page: title, the command that wrote it, its body lines, the
+    environment. Written to `path` and returned (the scripts print it too)."""
+    lines = [
+        f"# {title}",
+        "",
+        f"Command: `{command}`",
+        "",
+        *body,
+        "",
+        "Environment:",
+        "",
+        *environment_lines(environment),
+    ]
+    text = "\n".join([*lines, ""])
+    path.write_text(text)
+    return text
 
 
 def render_document(

@@ -24,7 +24,7 @@ from cs336_bench.config import BenchmarkConfig
 from cs336_bench.device import resolve_device
 from cs336_bench.models import ModelConfig, build_model, count_parameters
 from cs336_bench.results import ResultSink, collect_environment, read_results
-from cs336_bench.results.markdown import environment_lines
+from cs336_bench.results.markdown import write_page
 from cs336_bench.runner import run_benchmark
 from cs336_bench.stats import summarize
 
@@ -137,7 +137,6 @@ def main() -> int:
     device = resolve_device(args.device)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     env = collect_environment(device)
-    lines = [f"# Built-in model speed ({device.type})", ""]
     failed = False
 
     if device.type == "cpu":
@@ -147,26 +146,29 @@ def main() -> int:
         columns = ["check", "model", "num_params", "steps", "mean_ms", "cv_pct", "achieved_tflops", "mfu"]
         columns += ["peak_tflops", "peak_source", "target", "passed"]
         shape = "d_model 1024, d_ff 2816, 4 layers, 16 heads, context 256, batch 4, fp32, forward-backward"
-        lines += [f"Command: `python scripts/checks/bench_model.py --rounds {args.rounds}`", "", f"Shape: {shape}.", ""]
-        lines.append(tabulate(frame[columns], headers="keys", tablefmt="github", showindex=False, floatfmt=".4g"))
+        command = f"python scripts/checks/bench_model.py --rounds {args.rounds}"
+        body = [f"Shape: {shape}.", ""]
+        body.append(tabulate(frame[columns], headers="keys", tablefmt="github", showindex=False, floatfmt=".4g"))
         failed = bool(frame["passed"].eq(False).any())
     else:
         output = args.output_dir / f"bench_model_{device.type}"
         frame = gpu_sizes(device, args.sizes, args.compile_scope, output)
         columns = ["model_size", "num_params", "compile", "status", "mean_ms", "cv_pct", "achieved_tflops", "mfu"]
         columns += ["peak_tflops", "peak_source", "compile_s"]
-        lines += [
-            f"Command: `python scripts/checks/bench_model.py --device {args.device} --compile-scope {args.compile_scope}`",
-            "",
+        command = f"python scripts/checks/bench_model.py --device {args.device} --compile-scope {args.compile_scope}"
+        body = [
             "bf16 autocast train-step (forward, backward, fused AdamW), context 512, batch 4, eager and "
             f"torch.compile (scope {args.compile_scope}).",
             "",
             tabulate(frame[columns], headers="keys", tablefmt="github", showindex=False, floatfmt=".4g"),
         ]
-    env_row = {**env.__dict__}
-    lines += ["", "Environment:", "", *environment_lines([env_row]), ""]
-    text = "\n".join(lines)
-    (args.output_dir / f"bench_model_{device.type}_summary.md").write_text(text)
+    text = write_page(
+        args.output_dir / f"bench_model_{device.type}_summary.md",
+        title=f"Built-in model speed ({device.type})",
+        command=command,
+        body=body,
+        environment=[env.__dict__],
+    )
     print(text)
     return 1 if failed else 0
 

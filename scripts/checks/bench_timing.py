@@ -27,7 +27,7 @@ from cs336_bench.config import BenchmarkConfig
 from cs336_bench.device import resolve_device
 from cs336_bench.models import ModelConfig, build_model
 from cs336_bench.results import collect_environment
-from cs336_bench.results.markdown import environment_lines
+from cs336_bench.results.markdown import write_page
 from cs336_bench.stats import summarize
 from cs336_bench.step import make_step
 from cs336_bench.timing import CudaEventTimer, HostTimer, device_synchronizer, time_steps
@@ -193,21 +193,13 @@ def main() -> int:
     shown = frame[["check", "workload", "ours_ms", "reference_ms", "value", "unit", "target", "passed"]]
     table = tabulate(shown, headers="keys", tablefmt="github", showindex=False, floatfmt=".4f")
     env_row = {**env.__dict__, "matmul_precision": torch.get_float32_matmul_precision()}
-    text = "\n".join(
-        [
-            f"# Timing engine self-benchmark ({device.type})",
-            "",
-            f"Command: `python scripts/checks/bench_timing.py --device {args.device}`",
-            "",
-            table,
-            "",
-            "Environment:",
-            "",
-            *environment_lines([env_row]),
-            "",
-        ]
+    text = write_page(
+        stem.with_suffix(".md"),
+        title=f"Timing engine self-benchmark ({device.type})",
+        command=f"python scripts/checks/bench_timing.py --device {args.device}",
+        body=[table],
+        environment=[env_row],
     )
-    stem.with_suffix(".md").write_text(text)
     print(text)
     failed = frame["passed"].eq(False).any()
     return 1 if failed else 0

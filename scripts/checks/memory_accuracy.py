@@ -31,7 +31,7 @@ from cs336_bench.device import release_memory, resolve_device
 from cs336_bench.memory import estimate_memory, pin_mmap_threshold
 from cs336_bench.models import ModelConfig, build_model
 from cs336_bench.results import collect_environment
-from cs336_bench.results.markdown import environment_lines
+from cs336_bench.results.markdown import write_page
 from cs336_bench.runner import run_benchmark
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "checks"  # the harness checking itself
@@ -239,12 +239,11 @@ def main() -> int:
     frame.to_csv(stem.with_suffix(".csv"), index=False)
     laptop = pd.DataFrame(laptop_rows())
     env = collect_environment(device)
-    text = "\n".join(
-        [
-            f"# Memory: predicted vs measured peak ({device.type})",
-            "",
-            f"Command: `{command}`",
-            "",
+    text = write_page(
+        stem.with_suffix(".md"),
+        title=f"Memory: predicted vs measured peak ({device.type})",
+        command=command,
+        body=[
             tabulate(frame, headers="keys", tablefmt="github", showindex=False, floatfmt=".3f"),
             "",
             f"error_pct = (predicted - measured) / measured; target |error| <= {target}%. "
@@ -253,14 +252,9 @@ def main() -> int:
             "## The 16 GiB laptop (docs/reference.md section 3), by prediction",
             "",
             tabulate(laptop, headers="keys", tablefmt="github", showindex=False, floatfmt=".2f"),
-            "",
-            "Environment:",
-            "",
-            *environment_lines([env.__dict__]),
-            "",
-        ]
+        ],
+        environment=[env.__dict__],
     )
-    stem.with_suffix(".md").write_text(text)
     print(text)
     return 0 if frame["within_target"].all() else 1
 
