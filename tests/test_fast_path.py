@@ -247,14 +247,14 @@ def test_the_memory_cli_takes_the_fast_path_flags(capsys):
     assert fast["parameters"] * 2 == plain["parameters"] and "--grad-accum-steps 2" in fast["config"]
 
 
-def test_the_report_gives_fast_path_rows_tables_of_their_own():
+def test_the_report_keeps_fast_path_rows_apart():
     import pandas as pd
 
-    from cs336_systems.report.benchmark import prepare, size_order, step_tables
+    from cs336_systems.report.benchmark import context_table
 
     row = BenchmarkRecord.for_config(tiny_benchmark_config(pass_type="train-step"), CPU, None, 1).to_row()
-    row.update(status="ok", mean_ms=10.0, std_ms=0.1, cv_pct=1.0, device_name="cpu")
+    row.update(status="ok", mean_ms=10.0, std_ms=0.1, cv_pct=1.0, device_name="cpu", source="x.csv")
     fast = {**row, "grad_accum_steps": 4, "mean_ms": 30.0}
-    frame = prepare(pd.DataFrame([row, fast]))
-    tables = step_tables(frame, size_order(frame))
-    assert len(tables) == 2 and any("--grad-accum-steps 4" in table.title for table in tables)
+    table = context_table(pd.DataFrame([row, fast]), "step")
+    assert "gradient accumulation" in table.frame.columns or "grad accum steps" in table.frame.columns
+    assert sorted(table.frame["ctx 16"]) == ["10.0 ± 0.100", "30.0 ± 0.100"]  # a row each, never one cell

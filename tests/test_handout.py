@@ -137,10 +137,16 @@ def test_a_small_run_writes_the_write_up_and_a_stopped_run_continues_without_rep
     assert set(plan.loc[plan["plan_status"] != "skipped", "outcome"]) == {"ok"}
 
     writeup = (out / "writeup.md").read_text()
-    for heading in ("## Handout plan", "## Mixed-precision accumulation", "## Attention"):
+    for heading in (
+        "## What was measured, where",
+        "## mixed_precision_accumulation: Mixed-Precision Accumulation",
+        "## pytorch_attention: PyTorch Attention Benchmarking",
+        "## The plan and its commands",
+    ):
         assert heading in writeup
-    assert "nsys_profile" not in writeup  # only the problems asked for
-    assert "Small scale" in writeup and "pytorch_attention: naive attention" in writeup
+    nsys = writeup[writeup.index("## nsys_profile") :].split("\n## ")[0]
+    assert "left it out (--problems)" in nsys and "|" not in nsys  # every problem named, only two measured
+    assert "Small scale" in writeup and "- pytorch_attention: `python -m cs336_systems.attention_bench" in writeup
     assert (out / "writeup.tex").is_file() and (out / "writeup.typ").is_file()
     pdf = out / "writeup.pdf"
     assert not pdf.exists() or pdf.read_bytes().startswith(b"%PDF")
@@ -168,8 +174,9 @@ def test_a_done_marker_counts_only_for_the_same_command(tmp_path):
     assert run.read_marker(tmp_path, step) is None
 
 
-def test_report_opens_with_the_plan_and_shows_printed_output_as_written(tmp_path):
+def test_the_writeup_opens_with_a_checklist_of_every_problem_and_shows_printed_output_as_written(tmp_path):
     from cs336_systems.report.cli import main as report_main
+    from cs336_systems.report.verify import parse_tables
 
     plan = pd.DataFrame(
         [
@@ -222,8 +229,13 @@ def test_report_opens_with_the_plan_and_shows_printed_output_as_written(tmp_path
     outputs = [tmp_path / f"writeup.{ext}" for ext in ("md", "typ", "tex")]
     assert report_main([str(tmp_path / "handout_plan.csv"), *(x for o in outputs for x in ("--output", str(o)))]) == 0
     markdown, typst, latex = (o.read_text() for o in outputs)
-    assert markdown.index("## Handout plan") < markdown.index("## Mixed-precision accumulation")
-    assert "nsys_profile-small-128: nsys. nsys profiles CUDA kernels: needs a GPU." in markdown
+    first = markdown.index("## What was measured, where")
+    assert first < markdown.index("## nsys_profile") < markdown.index("## mixed_precision_accumulation")
+    assert "- nsys: not measured here: nsys profiles CUDA kernels: needs a GPU." in markdown
+    checklist = next(t for t in parse_tables(markdown) if t.title == "Every problem of the edition")
+    status = {row[0]: row[1] for row in checklist.rows}
+    assert status["nsys_profile"] == "not measured" and status["mixed_precision_accumulation"] == "measured"
+    assert status["flash_forward"] == "code" and status["tp_calcs"] == "derivation" and len(status) == 27
     assert "```text\n| accumulator | result |" in markdown
     assert 'raw("| accumulator | result |\\n|---|---|\\n| fp16 | 9.95 #_*$ |", block: true)' in typst
     assert "\\begin{verbatim}\n| accumulator | result |" in latex

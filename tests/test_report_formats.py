@@ -1,4 +1,5 @@
-"""report's formats, sections and refusals, from rows of the committed results files."""
+"""report's formats, its one-row-one-number tables and --verify, from committed result rows and
+from rows built where compile/eager, bf16/fp32, checkpointed, fast-path and strategy rows coexist."""
 
 import re
 from pathlib import Path
@@ -8,10 +9,14 @@ import pytest
 
 from cs336_systems import report
 from cs336_systems.report.build import build_document
+from cs336_systems.report.document import sig3
+from cs336_systems.report.grid import FoldedRows, Value, grid
 from cs336_systems.report.latex import escape
 from cs336_systems.report.load import load
 from cs336_systems.report.typst_source import string
-from tests.conftest import REPO
+from cs336_systems.report.verify import parse_tables
+from cs336_systems.results import BenchmarkRecord
+from tests.conftest import REPO, tiny_benchmark_config
 
 RESULTS = REPO / "results"
 
@@ -62,49 +67,27 @@ def _balanced(tex: str) -> bool:
     return not stack
 
 
-def test_every_format_holds_every_table_row(files, tmp_path):
+def test_every_format_holds_every_table_row_and_the_markdown_verifies(files, tmp_path, capsys):
     outputs = [tmp_path / "out" / f"report.{ext}" for ext in ("md", "tex", "typ")]
     assert report.main([*_all(files), *(x for o in outputs for x in ("--output", str(o)))]) == 0
     md, tex, typ = (o.read_text() for o in outputs)
-    document = build_document(load(_all(files)), tmp_path, "check", [])
-    assert len(document.tables()) > 15
+    frames = load(_all(files))
+    document = build_document(frames, tmp_path, "check", [])
+    assert len(document.tables()) > 12
     for table in document.tables():
-        assert f"### {table.title}" in md or table.title == "Environment"
+        assert f"#### {table.title}" in md
         for label, cells in table.frame.iterrows():
             line = f"{escape(label)} & " + " & ".join(escape(c) for c in cells)
             assert line in tex.replace(" \\\\\n", "\n"), (table.title, line)
             assert ", ".join(string(c) for c in (label, *cells)) in typ, (table.title, label)
     assert _balanced(tex) and tex.count("\\begin{table}") == len(document.tables())
     assert "\\usepackage{booktabs,graphicx}" in tex and "\\toprule" in tex and "\\includegraphics" in tex
-    for png in ("report_time_vs_context.png", "report_allreduce.png", "report_warmup.png"):
-        assert (tmp_path / "out" / png).stat().st_size > 1000 and png in md and png in tex and png in typ
-    for problem in (
-        "benchmarking_script",
-        "benchmarking_mixed_precision",
-        "memory_profiling",
-        "pytorch_attention",
-        "torch_compile",
-        "flash_benchmarking",
-        "distributed_communication_single_node",
-        "naive_ddp_benchmarking",
-    ):
-        assert f"`{problem}`" in md
-    order = [
-        md.index(f"## {title}")
-        for title in (
-            "Environment",
-            "End-to-end benchmarking",
-            "Mixed precision",
-            "Memory",
-            "Attention",
-            "FlashAttention",
-            "All-reduce",
-            "Data-parallel training",
-            "Input pipeline",
-        )
-    ]
-    assert order == sorted(order)  # the handout's order
-    assert "Device: NVIDIA H100 80GB HBM3." in md and "Device: AMD EPYC." in md  # every caption names its device
+    for problem in ("benchmarking_script", "pytorch_attention", "distributed_communication_single_node"):
+        assert problem in md or problem in tex
+    assert "NVIDIA H100 80GB HBM3" in md and "AMD EPYC" in md  # every caption names what its rows share
+    capsys.readouterr()
+    assert report.main(["--verify", str(outputs[0]), *_all(files)]) == 0
+    assert "every cell of its" in capsys.readouterr().err
 
 
 def test_pdf_compiles_with_typst(files, tmp_path):
@@ -115,6 +98,110 @@ def test_pdf_compiles_with_typst(files, tmp_path):
     assert not list(tmp_path.glob("*.typ"))  # the source compiled was temporary
 
 
+def _row(**changes) -> dict:
+    """A benchmark row of the tiny model as the tools write it, with the given settings and values."""
+    config = {
+        k: changes.pop(k) for k in list(changes) if k in ("pass_type", "precision", "compile", "grad_accum_steps")
+    }
+    row = BenchmarkRecord.for_config(tiny_benchmark_config(**config), "cpu", None, 1000).to_row()
+    row.update(status="ok", std_ms=0.1, cv_pct=1.0, device_name="cpu test", torch_version="2.13.0", **changes)
+    return row
+
+
+@pytest.fixture
+def coexisting(tmp_path):
+    """One model and context, measured eager and compiled, fp32 and bf16, checkpointed and not, on
+    the fast path and not: every one a row of its own, with distinct values."""
+    rows = [
+        _row(pass_type="forward", mean_ms=10.0, peak_memory_bytes=14 * 2**20),
+        _row(pass_type="forward", compile=True, mean_ms=6.0, peak_memory_bytes=88 * 2**20),
+        _row(pass_type="forward", precision="bf16", mean_ms=5.0, peak_memory_bytes=12 * 2**20),
+        _row(pass_type="train-step", mean_ms=30.0, peak_memory_bytes=23 * 2**20),
+        _row(pass_type="train-step", compile=True, mean_ms=20.0, peak_memory_bytes=96 * 2**20),
+        _row(pass_type="train-step", checkpoint_blocks=1, mean_ms=36.0, peak_memory_bytes=9 * 2**20),
+        _row(pass_type="train-step", grad_accum_steps=4, mean_ms=110.0, peak_memory_bytes=20 * 2**20),
+    ]
+    path = tmp_path / "coexisting.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path, rows
+
+
+def test_rows_that_differ_in_any_setting_never_share_a_cell(coexisting, tmp_path):
+    path, rows = coexisting
+    output = tmp_path / "report.md"
+    assert report.main([str(path), "--output", str(output)]) == 0
+    text = output.read_text()
+    shown = [cell for table in parse_tables(text) for row in table.rows for cell in row]
+    for row in rows:  # every row's time is in a cell of its own
+        assert f"{sig3(row['mean_ms'])} ± 0.100" in shown, row["mean_ms"]
+    memory = next(t for t in parse_tables(text) if "Peak memory" in t.title)
+    cells = {tuple(r[: len(r) - 2]): r for r in memory.rows}
+    assert any("14.0" in r for r in memory.rows) and any("88.0" in r for r in memory.rows)
+    eager = [r for r in memory.rows if "eager" in r]
+    assert eager and all("88.0" not in r and "96.0" not in r for r in eager), cells  # compiled never in eager's row
+    assert report.main(["--verify", str(output), str(path)]) == 0
+
+
+def test_a_table_that_would_fold_two_rows_is_refused_when_built():
+    rows = pd.DataFrame([_row(pass_type="forward", mean_ms=1.0), _row(pass_type="forward", compile=True, mean_ms=2.0)])
+    table = grid(
+        rows.assign(source="x.csv"),
+        "benchmark",
+        title="t",
+        labels=[("model", "model")],
+        values=[Value("ms", "mean_ms", "ms±")],
+    )
+    assert list(table.frame.columns)[:1] == ["compile"]  # compile varies: it became a label, not a blend
+    with pytest.raises(FoldedRows):
+        from cs336_systems.report.grid import _cell
+
+        _cell(rows.to_dict("records"), Value("ms", "mean_ms", "ms±"), ("x",))
+
+
+def test_verify_names_a_changed_cell_and_a_folded_table(coexisting, tmp_path, capsys):
+    path, _ = coexisting
+    output = tmp_path / "report.md"
+    assert report.main([str(path), "--output", str(output)]) == 0
+    text = output.read_text()
+    changed = tmp_path / "changed.md"
+    changed.write_text(text.replace("30.0 ± 0.100", "31.0 ± 0.100", 1))
+    capsys.readouterr()
+    assert report.main(["--verify", str(changed), str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "shows '31.0 ± 0.100', the result row gives '30.0 ± 0.100'" in err and "column" in err
+    # the same tables with the keys that pick a column's row dropped: fp32 and bf16 rows both fit a cell
+    folded = tmp_path / "folded.md"
+    folded.write_text(re.sub(r"<!-- cells (.*) -->", lambda m: f"<!-- cells {_unkeyed(m.group(1))} -->", text))
+    assert report.main(["--verify", str(folded), str(path)]) == 1
+    assert "not one row's value (" in capsys.readouterr().err
+    bare = tmp_path / "bare.md"
+    bare.write_text(re.sub(r"<!-- cells .* -->\n", "", text))
+    assert report.main(["--verify", str(bare), str(path)]) == 1
+    assert "no spec" in capsys.readouterr().err
+
+
+def _unkeyed(spec: str) -> str:
+    import json
+
+    data = json.loads(spec)
+    for value in data["values"]:
+        value.pop("where", None)
+        value.pop("ratio_to", None)
+    return json.dumps(data)
+
+
+def test_verify_refuses_a_source_not_given_in_one_line(coexisting, tmp_path, capsys):
+    path, _ = coexisting
+    output = tmp_path / "report.md"
+    assert report.main([str(path), "--output", str(output)]) == 0
+    other = tmp_path / "other.csv"
+    pd.read_csv(path).to_csv(other, index=False)
+    capsys.readouterr()
+    assert report.main(["--verify", str(output), str(other)]) == 1
+    assert "coexisting.csv is not among the result files given" in capsys.readouterr().err
+    assert report.main(["--verify", str(tmp_path / "no.md"), str(path)]) == 2
+
+
 def test_environment_once_with_versions_as_torch_wrote_them(files, tmp_path):
     rows = _read("gpu_sweep_h100.csv").head(2)
     jsonl = tmp_path / "gpu.jsonl"  # JSON keeps cudnn an int; a missing value would make pandas a float of it
@@ -122,66 +209,37 @@ def test_environment_once_with_versions_as_torch_wrote_them(files, tmp_path):
     output = tmp_path / "report.md"
     assert report.main([files["benchmark"][0], str(jsonl), "--output", str(output)]) == 0
     text = output.read_text()
-    environment = text[text.index("## Environment") : text.index("## End-to-end")]
-    assert "| field " in environment and "| AMD EPYC " in environment and "| NVIDIA H100 80GB HBM3 " in environment
-    assert "| 13.0 " in environment and "| 91900 " in environment
-    assert "13.000" not in text and "91900.0" not in text and text.count("## Environment") == 1
+    environment = text[text.index("## Environment") : text.index("## Step time")]
+    assert "| AMD EPYC " in environment and "| NVIDIA H100 80GB HBM3 " in environment
+    assert "| 13.0 " in environment and "2.11.0+cu130" in environment
+    assert "13.000" not in text and text.count("## Environment") == 1
 
 
 def test_sections_appear_only_with_their_data(files, tmp_path):
     output = tmp_path / "report.md"
     fp32 = _read("cpu_sweep.csv").query("precision == 'fp32'")
-    assert report.main([_subset(tmp_path, "phased.csv", fp32), "--output", str(output)]) == 0
-    assert "Phases" in output.read_text()  # the committed sweep has per-phase times
-    unphased = fp32.assign(**{f"{phase}_ms": None for phase in ("forward", "backward", "optimizer")})
-    assert report.main([_subset(tmp_path, "fp32.csv", unphased), "--output", str(output)]) == 0
+    assert report.main([_subset(tmp_path, "fp32.csv", fp32), "--output", str(output)]) == 0
     text = output.read_text()
-    assert "## End-to-end benchmarking" in text and "## Memory" in text
-    for absent in (
-        "## Mixed precision",
-        "## Attention",
-        "## All-reduce",
-        "## Data-parallel",
-        "## Warmup",
-        "## Input pipeline",
-        "## torch.compile",
-        "Phases",
-        "ckpt",
-    ):
+    assert "## Step time" in text and "## Memory" in text and "## Phases" in text
+    for absent in ("## Mixed precision", "## Attention", "## All-reduce", "## Data-parallel", "## Warmup"):
         assert absent not in text
     assert report.main([*files["attention"], "--output", str(output)]) == 0
     text = output.read_text()
-    assert "## Attention" in text and "## FlashAttention against PyTorch attention" in text
-    assert "## End-to-end" not in text and "## Memory\n" not in text and "## All-reduce" not in text
-    attention = text[text.index("### Attention:") : text.index("### Memory held")]
-    # two shapes OOM in the naive implementation: forward and backward cells marked
-    assert attention.count("| OOM ") == 4 and "naive fwd (ms)" in attention and "compiled bwd (ms)" in attention
-    assert "### Speedup of compiled over naive" in text and "### Speedup of flash-triton over sdpa" in text
+    assert "## Attention" in text and "## Step time" not in text and "## All-reduce" not in text
+    assert "Speedup of compiled over naive" in text and "Speedup of flash-triton over sdpa" in text
+    table = next(t for t in parse_tables(text) if t.title.startswith("Attention: time"))
+    assert sum(cell == "OOM" for row in table.rows for cell in row) >= 4  # naive's OOM shapes are marked
 
 
-def test_per_phase_columns_and_checkpointing_are_shown_when_present(tmp_path):
-    rows = _read("cpu_sweep.csv").query("precision == 'fp32' and pass_type == 'forward-backward'")
-    rows = rows.assign(
-        forward_ms=rows["mean_ms"] / 3, backward_ms=rows["mean_ms"] * 2 / 3, optimizer_ms=None, checkpoint_blocks=2
-    )
-    output = tmp_path / "report.md"
-    assert report.main([_subset(tmp_path, "phases.csv", rows), "--output", str(output)]) == 0
-    text = output.read_text()
-    first = rows.iloc[0]
-    assert "### Phases: pass type forward-backward" in text and "forward (ms)" in text and "backward (ms)" in text
-    assert "optimizer (ms)" not in text  # an empty column is not a phase
-    assert f"| {float(first['forward_ms']):.0f} " in text or f"| {first['forward_ms']:.1f} " in text
-    assert "forward-backward fp32 ckpt 2 (GiB)" in text
-
-
-def test_ddp_rows_are_never_folded(files, tmp_path):
+def test_ddp_rows_are_never_folded_and_the_bytes_per_rank_are_shown(files, tmp_path):
     output = tmp_path / "report.md"
     assert report.main([*files["ddp"], "--output", str(output)]) == 0
     text = output.read_text()
-    table = text[text.index("### DDP strategies") :].split("\n\n")[2]
-    body = table.splitlines()[2:]
-    assert len(body) == 7 and sum(line.startswith("| naive ") for line in body) == 2
-    assert "device memory" not in text  # the machine's memory is not a measurement per rank
+    rows = _read("ddp_gloo_cpu.csv")
+    time = next(t for t in parse_tables(text) if t.title.startswith("Time per training step"))
+    assert len(time.rows) == len(rows)
+    if "param_bytes_per_rank" in rows and rows["param_bytes_per_rank"].notna().any():
+        assert any(t.title.startswith("Bytes each rank holds") for t in parse_tables(text))
 
 
 def test_tables_only_writes_one_file_per_table(files, tmp_path):
@@ -214,6 +272,7 @@ def test_bad_input_is_one_line_and_exit_2(files, tmp_path, capsys, monkeypatch):
         ([str(RESULTS / "checks" / "bench_timing_cpu.csv")], "not the output of any tool of this project"),
         ([*files["ddp"], "--output", str(tmp_path / "r.csv")], "unknown format '.csv'"),
         ([*files["ddp"], "--output", str(tmp_path / "r.pdf"), "--tables-only"], "not PDF"),
+        (["--verify", str(tmp_path / "r.txt"), *files["ddp"]], "expected a Markdown write-up"),
     ):
         _one_line_exit_2(capsys, argv, expected)
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "typst" else object())
@@ -234,13 +293,7 @@ def test_a_file_of_no_tool_is_one_line_and_the_rest_is_reported(files, tmp_path,
     assert "Data-parallel training" in text and "Warmup effect" in text
 
 
-def test_warmup_study_alone_is_a_report(files, tmp_path):
-    output = tmp_path / "report.md"
-    assert report.main([*files["warmup"], "--output", str(output)]) == 0
-    assert "Warmup effect" in output.read_text() and "Environment" not in output.read_text()
-
-
-def test_monitor_probe_and_find_max_outputs_are_reported(tmp_path):
+def test_monitor_probe_and_find_max_outputs_are_reported_and_verify(tmp_path, capsys):
     outputs = [
         RESULTS / "monitor_captioning_cpu.csv",
         RESULTS / "monitor_captioning_cpu.json",
@@ -258,6 +311,7 @@ def test_monitor_probe_and_find_max_outputs_are_reported(tmp_path):
     assert "Largest that fits" in text and re.search(
         rf"\|\s*{answer['largest_ok']}\s*\|\s*{answer['smallest_oom']}\s*\|", text
     )
+    assert report.main(["--verify", str(output), *map(str, outputs)]) == 0
 
 
 def test_tex_compiles_with_pdflatex(files, tmp_path):
@@ -277,14 +331,16 @@ def test_tex_compiles_with_pdflatex(files, tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-2000:]
-    assert (tmp_path / "report.pdf").read_bytes().startswith(b"%PDF")
 
 
-def test_model_label_names_the_size_table_where_a_size_changed_shape():
+def test_model_label_names_the_size_table_where_a_size_changed_shape_and_a_factory_by_name():
     from cs336_systems.report import model_label
 
-    assert model_label({"model_size": "xl", "size_table": "2025"}) == "xl"
+    assert model_label({"model_size": "xl", "size_table": "2025"}) == "xl (2025)"
     assert model_label({"model_size": "xl", "size_table": "2026"}) == "xl (2026)"
     assert model_label({"model_size": "small", "size_table": "2026"}) == "small"  # same shape in both
     assert model_label({"model_size": "10B", "size_table": "2026"}) == "10B"
     assert model_label({"model_size": "xl"}) == "xl"  # files written before size_table existed
+    factory = {"model_size": "custom", "model_factory": "cs336_basics.model:BasicsTransformerLM", "d_model": 128}
+    factory.update(num_layers=2, d_ff=352, vocab_size=1000)
+    assert model_label(factory) == "BasicsTransformerLM d128 L2 ff352 V1000"

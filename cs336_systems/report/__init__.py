@@ -1,14 +1,19 @@
 """python -m cs336_systems.report: a write-up (Markdown, LaTeX, Typst, PDF) from result files.
 
   load.py          reads the files and tells each tool's rows apart
-  benchmark.py, attention.py, distributed.py, environment.py   the sections
-  document.py      tables of text; markdown.py, latex.py, typst_source.py lay them out
-  plots.py         the figures; build.py puts the document together; cli.py is the command
+  fields.py        what tells rows apart (each tool's identity) and how a label reads
+  grid.py          tables where each cell is one row's value, with the spec --verify re-derives
+  benchmark.py, attention.py, distributed.py, observed.py   tables and observations per kind of row
+  problems/        the write-up of a handout plan, one section per problem in the handout's order
+  summary.py       its first page: where each result was measured, and a checklist of problems
+  document.py      blocks of text and tables; markdown.py, latex.py, typst_source.py lay them out
+  plots.py         the figures; build.py puts the document together; verify.py checks a write-up
+  cli.py           the command
 
 The sections and formats: docs/sweeps.md; the flags: --help.
 """
 
-from .benchmark import model_label, size_order
 from .cli import main
+from .fields import model_label
 
-__all__ = ["main", "model_label", "size_order"]
+__all__ = ["main", "model_label"]

@@ -1,4 +1,6 @@
-"""From the rows of every tool to one Document, sections in the handout's order."""
+"""From result files to one Document. With a handout plan among them, the write-up of that plan
+(writeup.py: a section per problem of the edition); otherwise a report of the results as they are,
+a section per kind of row, every table one row per cell (grid.py)."""
 
 from __future__ import annotations
 
@@ -6,74 +8,197 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import attention, benchmark, distributed, handout, observed, plots
-from .document import Document, Section
-from .environment import environment_section
-
-# The handout's order; a section exists only when its rows do.
-ORDER = (
-    "Handout plan",
-    "Environment",
-    "End-to-end benchmarking",
-    "Warmup effect",
-    "Mixed-precision accumulation",
-    "Mixed precision",
-    "Memory",
-    "Residuals saved for backward",
-    "Attention",
-    "torch.compile of attention",
-    "torch.compile of the whole model",
-    "FlashAttention against PyTorch attention",
-    "All-reduce",
-    "Data-parallel training",
-    "Input pipeline",
-    "Largest that fits",
-    "Your training loop",
-    "Resources over a run",
-    "Notes",
-)
+from . import attention, benchmark, distributed, observed, plots
+from .document import Bullets, Document, Section, Text, sig3
+from .fields import label_text
+from .observe import number, ok, records, times
+from .summary import rebuilt_table
+from .writeup import build_writeup
 
 
-def build_document(frames: dict[str, pd.DataFrame], directory: Path, stem: str, paragraphs: list[str]) -> Document:
-    """`frames` maps a tool (load.TOOLS) to its rows; plots are written to `directory` as `stem`_*.png."""
-    sections: list[Section] = []
-    notes: list[str] = []
+def build_document(
+    frames: dict[str, pd.DataFrame],
+    directory: Path,
+    stem: str,
+    paragraphs: list[str],
+    paths: dict[str, Path] | None = None,
+) -> Document:
+    """`frames` maps a tool (load.TOOLS) to its rows, each with its file's name in `source`;
+    plots go to `directory` as `stem`_*.png. `paths` maps a file name to its path (a plan's results
+    are read from beside it)."""
     if "handout" in frames:
-        sections += handout.plan_sections(frames["handout"], directory)
+        plan = frames["handout"]
+        source = str(plan["source"].iloc[0])
+        plan_path = (paths or {}).get(source, directory / source)
+        document, _ = build_writeup(
+            plan[plan["source"] == source].drop(columns="source"), plan_path, directory, stem, paragraphs
+        )
+        return document
+    sections: list[Section] = []
+    by_file = {str(s): rows for tool, frame in frames.items() for s, rows in frame.groupby("source", sort=False)}
+    used = {
+        name: rows
+        for name, rows in by_file.items()
+        if "device_name" in rows.columns and "torch_version" in rows.columns
+    }
+    if used:
+        sections.append(
+            Section("Environment").add(
+                rebuilt_table(
+                    "environment",
+                    "environment",
+                    "Where the results were measured",
+                    "One column per machine, commit and torch version",
+                    used,
+                )
+            )
+        )
     if "benchmark" in frames:
-        found, found_notes = benchmark.sections(frames["benchmark"])
-        found[0].figures = plots.benchmark_plots(frames["benchmark"], directory, stem)
-        sections += found
-        notes += found_notes
+        sections += benchmark_sections(frames["benchmark"], directory, stem)
     if "warmup_study" in frames:
-        section = distributed.warmup_section(frames["warmup_study"])
-        section.figures = plots.warmup_plot(frames["warmup_study"], directory, stem)
-        sections.append(section)
+        warmup = frames["warmup_study"]
+        sections.append(
+            _section("Warmup effect", "benchmarking_script").add(
+                benchmark.warmup_table(warmup), *plots.warmup_plot(warmup, directory, stem)
+            )
+        )
     if "attention_bench" in frames:
-        found, found_notes = attention.sections(frames["attention_bench"])
-        sections += found
-        notes += found_notes
+        sections.append(attention_section(frames["attention_bench"], directory, stem))
     if "allreduce_bench" in frames:
-        section, found_notes = distributed.allreduce_section(frames["allreduce_bench"])
-        section.figures = plots.allreduce_plot(frames["allreduce_bench"], directory, stem)
-        sections.append(section)
-        notes += found_notes
-    for tool, make in (("ddp_bench", distributed.ddp_section), ("loader_bench", distributed.loader_section)):
-        if tool in frames:
-            section, found_notes = make(frames[tool])
-            sections.append(section)
-            notes += found_notes
-    for tool, make in (("find_max", observed.find_max_section), ("probe", observed.probe_section)):
+        rows = frames["allreduce_bench"]
+        sections.append(
+            _section("All-reduce", "distributed_communication_single_node").add(
+                *distributed.allreduce_tables(rows), *plots.allreduce_plot(rows, directory, stem)
+            )
+        )
+    if "ddp_bench" in frames:
+        sections.append(ddp_section(frames["ddp_bench"]))
+    for tool, make in (
+        ("loader_bench", observed.loader_section),
+        ("find_max", observed.find_max_section),
+        ("probe", observed.probe_section),
+    ):
         if tool in frames:
             sections.append(make(frames[tool]))
     if "monitor" in frames or "monitor_run" in frames:
         sections.append(observed.monitor_section(frames.get("monitor"), frames.get("monitor_run")))
-    environment = environment_section([frames[t] for t in frames if t not in ("monitor", "monitor_run", "find_max")])
-    if environment:
-        sections.append(environment)
-    if notes:
-        sections.append(
-            Section("Notes", None, ["Failures, noisy rows, slow rows and caveats, row by row."], bullets=notes)
-        )
-    sections.sort(key=lambda s: ORDER.index(s.title))
     return Document("Benchmark report", paragraphs, sections)
+
+
+def _section(title: str, problem: str | None) -> Section:
+    """A section of a results report, naming the handout problem its rows answer."""
+    section = Section(title, problem)
+    return section.add(Text(f"Handout problem: `{problem}`.")) if problem else section
+
+
+def benchmark_sections(frame: pd.DataFrame, directory: Path, stem: str) -> list[Section]:
+    """Step time per context (one table per device and pass), phases, speedups, memory, MFU."""
+    timing = _section("Step time", "benchmarking_script")
+    for (device, pass_type), rows in frame.groupby(["device_name", "pass_type"], dropna=False, sort=False):
+        title = f"{pass_type} step time, {device}"
+        timing.add(benchmark.context_table(rows, title))
+        timing.add(Bullets(floor_observations(records(rows, "benchmark"))))
+        timing.add(*plots.context_plot(rows, directory, f"{stem}_{_slug(device)}_{_slug(pass_type)}", title))
+    sections = [timing]
+    phased = frame[
+        [
+            any(pd.notna(r.get(f"{p}_ms")) for p in ("forward", "backward", "optimizer"))
+            for r in frame.to_dict("records")
+        ]
+    ]
+    if not phased.empty:
+        sections.append(_section("Phases", "benchmarking_script").add(benchmark.phase_table(phased, "Time per phase")))
+    for key, base, others, title in (
+        ("precision", "fp32", ("bf16", "fp16", "tf32"), "Mixed precision"),
+        ("compile", "eager", ("compiled",), "torch.compile of the whole model"),
+    ):
+        section = _section(title, "benchmarking_mixed_precision" if key == "precision" else "torch_compile")
+        for other in others:
+            if benchmark.has(frame, key, base) and benchmark.has(frame, key, other):
+                both = frame[[label_text(key, r) in (base, other) for r in frame.to_dict("records")]]
+                section.add(
+                    benchmark.speedup_table(
+                        both,
+                        key,
+                        base,
+                        other,
+                        f"{other} against {base}",
+                        labels=[("model", "model"), ("context", "context_length"), ("pass", "pass_type")],
+                    )
+                )
+        if len(section.blocks) > 1:
+            sections.append(section)
+    if "peak_memory_bytes" in frame and frame["peak_memory_bytes"].notna().any():
+        memory = _section("Memory", "memory_profiling")
+        for device, rows in frame.groupby("device_name", dropna=False, sort=False):
+            memory.add(
+                benchmark.memory_table(
+                    rows,
+                    f"Peak memory, {device}",
+                    benchmark.peak_columns(rows),
+                    labels=[("model", "model"), ("context", "context_length")],
+                )
+            )
+        sections.append(memory)
+    if "mfu" in frame and frame["mfu"].notna().any():
+        mfu = Section("Model FLOP utilisation", None)
+        for (device, pass_type), rows in frame.groupby(["device_name", "pass_type"], dropna=False, sort=False):
+            mfu.add(benchmark.mfu_table(rows, f"{pass_type}, {device}"))
+        sections.append(mfu)
+    return sections
+
+
+def floor_observations(rows: list[dict]) -> list[str]:
+    """Where a model's step time stops growing with the work: a floor the device's work does not
+    set (kernel launches and the host, when the rows say how many kernels a step launches)."""
+    lines = []
+    for (model, precision), group in _by(ok(rows), ("model", "precision")).items():
+        ordered = sorted(group, key=lambda r: number(r, "context_length") or 0)
+        for a, b in zip(ordered, ordered[1:], strict=False):
+            work = (number(b, "flops_per_step") or 0) / (number(a, "flops_per_step") or 1)
+            time = number(b, "mean_ms") / number(a, "mean_ms")
+            if work >= 1.8 and time < 1.15:
+                text = (
+                    f"{model}, {precision}: {times(work)} the FLOPs from context {label_text('context_length', a)} to "
+                    f"{label_text('context_length', b)} take {times(time)} the time ({sig3(number(a, 'mean_ms'))} and "
+                    f"{sig3(number(b, 'mean_ms'))} ms): a floor the arithmetic does not set"
+                )
+                kernels = number(a, "kernels_per_step")
+                if kernels:
+                    text += f"; {kernels:.0f} kernels per step at {1000 * number(a, 'mean_ms') / kernels:.1f} us each would make it"
+                lines.append(text + ".")
+                break
+    return lines
+
+
+def _by(rows: list[dict], keys: tuple[str, ...]) -> dict[tuple, list[dict]]:
+    found: dict[tuple, list[dict]] = {}
+    for row in rows:
+        found.setdefault(tuple(label_text(k, row) if k != "model" else row["model"] for k in keys), []).append(row)
+    return found
+
+
+def _slug(text: object) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in str(text).lower()).strip("_")
+
+
+def attention_section(frame: pd.DataFrame, directory: Path, stem: str) -> Section:
+    section = _section("Attention", "pytorch_attention")
+    section.add(attention.timing_table(frame, "Attention: time and memory per shape"))
+    names = attention.implementations(frame)
+    for base in ("naive", "sdpa"):
+        for other in names:
+            if base in names and other != base and (other == "compiled" or other.startswith("flash")):
+                section.add(attention.speedup_only_table(frame, base, other, f"Speedup of {other} over {base}"))
+    section.add(*plots.attention_plot(frame, directory, f"{stem}_attention"))
+    return section
+
+
+def ddp_section(frame: pd.DataFrame) -> Section:
+    section = _section("Data-parallel training", "naive_ddp_benchmarking")
+    section.add(Text("One table row per measured configuration: strategies are never folded together."))
+    for source, rows in frame.groupby("source", sort=False):
+        section.add(distributed.ddp_time_table(rows, f"Time per training step: {source}"))
+        section.add(distributed.held_table(rows, f"Bytes each rank holds: {source}"))
+        section.add(distributed.peaks_table(rows, f"Peak memory of a rank: {source}"))
+    return section

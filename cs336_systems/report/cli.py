@@ -1,4 +1,5 @@
-"""python -m cs336_systems.report: results files -> a write-up in Markdown, LaTeX, Typst or PDF."""
+"""python -m cs336_systems.report: results files -> a write-up in Markdown, LaTeX, Typst or PDF;
+--verify: every number of a write-up re-derived from the result files."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import shlex
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 from ..argtypes import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser, fail
 from ..results import ResultFileError, ResultWriteError, check_distinct, check_output_path, write_whole
 from .build import build_document
 from .latex import document_latex, table_latex
-from .load import TOOLS, load_each
+from .load import TOOLS, load_each, read_file, tool_of
 from .markdown import document_markdown, table_markdown
+from .problems import load_files
 from .typst_source import INSTALL_HINT, compile_pdf, document_typst, table_typst
 
 PROG = "python -m cs336_systems.report"
@@ -22,12 +26,18 @@ USAGE = f"""{__doc__.splitlines()[0]}
 
     {PROG} RESULTS... [--output writeup/report.md] [--output writeup/report.pdf ...] [--tables-only]
         [--note "A paragraph for the reader, placed under the title."]
+    {PROG} --verify WRITEUP.md RESULTS...
 
 The format is the output's extension: {", ".join(FORMATS)} (PDF: the Typst document compiled by the
 typst package, pip install -e ".[pdf]"). RESULTS are .csv/.jsonl files of {", ".join(TOOLS)}
-(find_max: its .json answer); each tool's rows are told apart by their columns. A file of no
-tool is named in one line and left out; the others are reported, and the exit status is 1. --tables-only writes one file per table
-(OUTPUT's stem + the table's name), for pasting into a document of your own.
+(find_max: its .json answer); each tool's rows are told apart by their columns. A handout plan
+(handout_plan.csv of `handout`) makes the write-up of that plan, its results read from beside it.
+A file of no tool is named in one line and left out; the others are reported, and the exit status
+is 1. --tables-only writes one file per table (OUTPUT's stem + the table's name).
+
+--verify reads each table of WRITEUP.md with its spec and re-derives every cell from RESULTS (a
+plan brings its own results): exit 0 when each is exactly one row's value, 1 naming each cell that
+is not.
 """
 
 
@@ -52,9 +62,9 @@ def _check_outputs(outputs: list[Path], tables_only: bool, inputs: list[str]) ->
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("results", nargs="+", help="result files (.csv or .jsonl)")
+    parser.add_argument("results", nargs="+", help="result files (.csv, .jsonl; a handout_plan.csv)")
     parser.add_argument(
         "--output",
         action="append",
@@ -63,7 +73,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tables-only", action="store_true", help="write each table to a file of its own")
     parser.add_argument("--note", action="append", default=[], help="a paragraph under the title (repeatable)")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--verify",
+        metavar="WRITEUP.md",
+        type=Path,
+        help="check that every table cell of this Markdown write-up is one row's value of RESULTS; write nothing",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.verify is not None:
+        return run_verify(args.verify, args.results)
     if trailing := [o for o in args.output if o.endswith("/")]:
         return fail(PROG, f"--output {trailing[0]}: ends in '/': give a file name, not a directory")
     outputs = [Path(o) for o in args.output] or [Path("writeup/report.md")]
@@ -74,18 +96,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {'error' if not frames else 'left out'}: {problem}", file=sys.stderr)
     if not frames:
         return EXIT_USAGE
+    if "handout" in frames and frames["handout"]["source"].nunique() > 1:
+        return fail(PROG, "give one handout plan: each plan is a write-up of its own")
+    here = outputs[0].parent
     command = shlex.join(
         [
-            *PROG.split(),
-            *args.results,
-            *(x for note in args.note for x in ("--note", note)),
-            *(x for o in outputs for x in ("--output", str(o))),
+            "cs336-bench",
+            "report",
+            *(_near(raw, here) for raw in args.results),
+            *(x for o in outputs for x in ("--output", _near(o, here))),
             *(["--tables-only"] if args.tables_only else []),
         ]
     )
     for output in outputs:
         output.parent.mkdir(parents=True, exist_ok=True)
-    document = build_document(frames, outputs[0].parent, outputs[0].stem, [*args.note, f"Generated by `{command}`."])
+    paths = {Path(raw).name: Path(raw) for raw in args.results}
+    document = build_document(
+        frames, outputs[0].parent, outputs[0].stem, [*args.note, f"Generated by `{command}`."], paths
+    )
     for output in outputs:
         try:
             written = write(document, output, args.tables_only)
@@ -94,6 +122,14 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_FAILED
         print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
     return EXIT_FAILED if problems else EXIT_OK
+
+
+def _near(path: str | Path, directory: Path) -> str:
+    """A path as the reader of a report in `directory` would type it there: relative when inside."""
+    try:
+        return str(Path(path).resolve().relative_to(directory.resolve()))
+    except ValueError:
+        return str(path)
 
 
 def write(document, output: Path, tables_only: bool) -> list[Path]:
@@ -115,3 +151,47 @@ def write(document, output: Path, tables_only: bool) -> list[Path]:
     else:
         compile_pdf(document_typst(document, directory), output)
     return [output]
+
+
+def result_files(raws: list[str]) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """Every given file's rows by file name, and a plan's results read from beside it."""
+    frames: dict[str, pd.DataFrame] = {}
+    problems: list[str] = []
+    for raw in raws:
+        path = Path(raw)
+        try:
+            frame = read_file(path)
+        except ResultFileError as exc:
+            problems.append(str(exc))
+            continue
+        if path.name in frames:
+            problems.append(f"{raw}: a second file named {path.name}: the write-up names its sources by file name")
+            continue
+        frames[path.name] = frame.assign(source=path.name)
+        if tool_of(frame) == "handout":
+            found, missing = load_files(frame, path.parent)
+            frames.update({name: rows for name, rows in found.items() if name not in frames})
+            problems += missing
+    # a write-up names a JSONL where the plan named its CSV twin: both names find the rows
+    for name, frame in list(frames.items()):
+        source = str(frame["source"].iloc[0]) if not frame.empty else name
+        frames.setdefault(source, frame)
+    return frames, problems
+
+
+def run_verify(writeup: Path, raws: list[str]) -> int:
+    from .verify import verify
+
+    if writeup.suffix != ".md" or not writeup.is_file():
+        return fail(PROG, f"--verify {writeup}: expected a Markdown write-up (.md) that exists")
+    frames, problems = result_files(raws)
+    if problems:
+        return fail(PROG, problems[0])
+    checked, failures = verify(writeup, frames)
+    for line in failures:
+        print(f"{PROG}: {writeup}: {line}", file=sys.stderr)
+    if failures:
+        print(f"{PROG}: {len(failures)} cell(s) of {checked} tables are not one row's value", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"{writeup}: every cell of its {checked} tables is one row's value of the results", file=sys.stderr)
+    return EXIT_OK

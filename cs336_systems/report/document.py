@@ -1,7 +1,8 @@
-"""What a report is made of, independent of its format: sections of tables and figures.
+"""What a report is made of, independent of its format: sections holding blocks in reading order
+(text, sub-headings, tables, figures, bullet lists, preformatted listings).
 
-Every section builder returns `Section`s of `Table`s whose cells are already text, so the
-Markdown, LaTeX and Typst writers only lay them out and never format a number themselves.
+Every section builder returns blocks whose cells are already text, so the Markdown, LaTeX and
+Typst writers only lay them out and never format a number themselves.
 """
 
 from __future__ import annotations
@@ -10,23 +11,26 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-NOISY_MARK = "†"  # CV above stats.HIGH_CV_PCT: the mean is not to be trusted alone
+NOISY_MARK = "†"  # noisy: the coefficient of variation of the measured steps is above stats.HIGH_CV_PCT
 IMPOSSIBLE_MFU_MARK = "‡"  # above 100%: the peak it was divided by is wrong for this row
 FAILURE_MARK = {"oom": "OOM", "error": "error", "timeout": "timeout", "unsupported": "n/a", "skipped": "skipped"}
 
 
 @dataclass
 class Table:
-    """A table of text cells; `name` names its file under --tables-only."""
+    """A table of text cells; `name` names its file under --tables-only; `spec` (grid.Spec) says
+    which row and field each cell shows, for `report --verify`."""
 
     name: str
     title: str
-    caption: str  # says which device the numbers come from
-    frame: pd.DataFrame  # strings only; the index is the row label
+    caption: str  # what the rows share and which file they come from
+    frame: pd.DataFrame  # strings only; the index is the first label column
     footnotes: list[str] = field(default_factory=list)
+    spec: Any = None
 
 
 @dataclass
@@ -36,14 +40,42 @@ class Figure:
 
 
 @dataclass
+class Text:
+    text: str  # `code` spans are kept as code
+
+
+@dataclass
+class Heading:
+    text: str  # a part of a problem: "(b) Forward, backward and optimizer step"
+
+
+@dataclass
+class Bullets:
+    items: list[str]
+
+
+@dataclass
+class Listing:
+    text: str  # shown as written
+
+
+Block = Table | Figure | Text | Heading | Bullets | Listing
+
+
+@dataclass
 class Section:
     title: str
-    problem: str | None  # the handout problem the section answers
-    paragraphs: list[str] = field(default_factory=list)
-    tables: list[Table] = field(default_factory=list)
-    figures: list[Figure] = field(default_factory=list)
-    bullets: list[str] = field(default_factory=list)
-    listings: list[str] = field(default_factory=list)  # preformatted text a tool printed, shown as written
+    problem: str | None = None  # the handout problem the section answers
+    blocks: list[Block] = field(default_factory=list)
+    page_break: bool = False  # start the next section on a new page (PDF)
+
+    def add(self, *blocks: Block | None) -> Section:
+        self.blocks += [b for b in blocks if b is not None]
+        return self
+
+    @property
+    def tables(self) -> list[Table]:
+        return [b for b in self.blocks if isinstance(b, Table)]
 
 
 @dataclass
@@ -77,23 +109,13 @@ def plain(value: object) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
-def ms_cell(mean: object, std: object = None, noisy: bool = False) -> str:
-    if missing(mean):
-        return ""
-    text = sig3(float(mean)) + ("" if missing(std) else f" ± {sig3(float(std))}")
-    return text + (f" {NOISY_MARK}" if noisy else "")
-
-
-def byte_unit(values: pd.Series) -> tuple[str, int]:
-    """GiB when the largest value reaches 1 GiB, else MiB: one unit per table, named in its header."""
-    largest = pd.to_numeric(values, errors="coerce").max()
-    return ("GiB", 2**30) if not missing(largest) and largest >= 2**30 else ("MiB", 2**20)
-
-
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
-def device_caption(rows: pd.DataFrame) -> str:
-    names = [str(n) for n in dict.fromkeys(rows.get("device_name", pd.Series(dtype=object)).dropna())]
-    return f"Device: {', '.join(names)}." if names else "Device: not recorded in the results file."
+def byte_unit(values: pd.Series) -> str:
+    """GiB when the largest value reaches 1 GiB, MiB from 1 MiB, else KiB: one unit per column."""
+    largest = pd.to_numeric(values, errors="coerce").max()
+    if missing(largest) or largest < 2**20:
+        return "KiB"
+    return "GiB" if largest >= 2**30 else "MiB"

@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from .document import Document, Figure, Table
+from .document import Block, Bullets, Document, Figure, Heading, Table, Text
 
 PREAMBLE = r"""\documentclass[10pt]{article}
 \usepackage{booktabs,graphicx}
@@ -82,20 +82,26 @@ def _paragraph(text: str) -> str:
     return "".join(escape(p) if i % 2 == 0 else f"\\texttt{{{escape(p)}}}" for i, p in enumerate(parts)) + "\n\n"
 
 
+def _block(block: Block, directory: Path) -> str:
+    if isinstance(block, Text):
+        return _paragraph(block.text)
+    if isinstance(block, Heading):
+        return f"\\subsection{{{escape(block.text)}}}\n"
+    if isinstance(block, Table):
+        return table_latex(block)
+    if isinstance(block, Figure):
+        return figure_latex(block, directory)
+    if isinstance(block, Bullets):
+        items = "".join(f"\\item {_paragraph(item).rstrip()}\n" for item in block.items)
+        return f"\\begin{{itemize}}\n{items}\\end{{itemize}}\n"
+    return f"{{\\footnotesize\\begin{{verbatim}}\n{block.text}\n\\end{{verbatim}}}}\n"
+
+
 def document_latex(document: Document, directory: Path) -> str:
     out = [PREAMBLE, f"\\section*{{{escape(document.title)}}}\n", *(_paragraph(p) for p in document.paragraphs)]
     for section in document.sections:
         out.append(f"\\section{{{escape(section.title)}}}\n")
-        if section.problem:
-            out.append(_paragraph(f"Handout problem: `{section.problem}`."))
-        out += [_paragraph(p) for p in section.paragraphs]
-        out += [table_latex(table) for table in section.tables]
-        out += [figure_latex(figure, directory) for figure in section.figures]
-        if section.bullets:
-            out.append("\\begin{itemize}\n")
-            out += [f"\\item {_paragraph(b).rstrip()}\n" for b in section.bullets]
-            out.append("\\end{itemize}\n")
-        out += [f"{{\\footnotesize\\begin{{verbatim}}\n{text}\n\\end{{verbatim}}}}\n" for text in section.listings]
-        out.append("\\clearpage\n" if section.tables and len(section.tables) > 3 else "")
+        out += [_block(block, directory) for block in section.blocks]
+        out.append("\\clearpage\n" if section.page_break or len(section.tables) > 3 else "")
     out.append("\\end{document}\n")
     return "".join(out)

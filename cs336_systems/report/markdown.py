@@ -1,16 +1,31 @@
-"""The report as Markdown: pipe tables, PNG links."""
+"""The report as Markdown: pipe tables (each after its spec comment, for --verify), PNG links."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from .document import Document, Figure, Table
+from .document import Bullets, Document, Figure, Heading, Listing, Table, Text
+from .grid import spec_comment
+
+
+def _pipe_safe(frame):
+    """A '|' inside a cell would split it: escaped, as --verify reads it back."""
+    frame = frame.map(lambda cell: str(cell).replace("|", "\\|"))
+    frame.index = [str(i).replace("|", "\\|") for i in frame.index]
+    frame.index.name = None if frame.index.name is None else str(frame.index.name)
+    return frame
 
 
 def table_markdown(table: Table, heading: bool = True) -> str:
-    lines = [f"### {table.title}", ""] if heading else []
-    lines += [f"*{table.caption}*", "", table.frame.to_markdown(disable_numparse=True), ""]
+    lines = [f"#### {table.title}", ""] if heading else []
+    if table.caption:
+        lines += [f"*{table.caption}*", ""]
+    if table.spec is not None:
+        lines.append(spec_comment(table))
+    frame = _pipe_safe(table.frame)
+    frame.index.name = table.frame.index.name
+    lines += [frame.to_markdown(disable_numparse=True, index=table.frame.index.name is not None), ""]
     lines += [*(f"{note}  " for note in table.footnotes), ""] if table.footnotes else []
     return "\n".join(lines)
 
@@ -23,12 +38,17 @@ def document_markdown(document: Document, directory: Path) -> str:
     lines = [f"# {document.title}", "", *(line for p in document.paragraphs for line in (p, ""))]
     for section in document.sections:
         lines += [f"## {section.title}", ""]
-        if section.problem:
-            lines += [f"Handout problem: `{section.problem}`.", ""]
-        lines += [line for p in section.paragraphs for line in (p, "")]
-        for table in section.tables:
-            lines.append(table_markdown(table, heading=table.title != section.title))
-        lines += [figure_markdown(figure, directory) for figure in section.figures]
-        lines += [f"- {bullet}" for bullet in section.bullets] + ([""] if section.bullets else [])
-        lines += [line for text in section.listings for line in ("```text", text, "```", "")]
+        for block in section.blocks:
+            if isinstance(block, Text):
+                lines += [block.text, ""]
+            elif isinstance(block, Heading):
+                lines += [f"### {block.text}", ""]
+            elif isinstance(block, Table):
+                lines.append(table_markdown(block, heading=True))
+            elif isinstance(block, Figure):
+                lines.append(figure_markdown(block, directory))
+            elif isinstance(block, Bullets):
+                lines += [*(f"- {item}" for item in block.items), ""]
+            elif isinstance(block, Listing):
+                lines += ["```text", block.text, "```", ""]
     return "\n".join(lines).rstrip("\n") + "\n"

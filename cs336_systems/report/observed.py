@@ -1,13 +1,13 @@
-"""Sections for the tools that watch a run rather than time a configuration: monitor (resources
-over time), probe (the user's own loop, window by window) and find_max (the largest that fits)."""
+"""Sections for the tools that watch a run rather than time a configuration: monitor (resources over
+time), probe (the user's own loop, window by window), find_max (the largest that fits) and
+loader_bench (the input pipeline). Not handout problems: they appear in a report of results."""
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 
-from .document import Section, Table, device_caption, plain, sig3, slug
+from .document import Section, Table, Text, sig3
+from .grid import Spec, Value, grid
 
 # monitor's columns: header, scale (bytes shown in GiB, rates in MB/s as monitor prints them)
 MONITOR_METRICS = {
@@ -23,89 +23,92 @@ MONITOR_METRICS = {
     "disk_write_bytes_per_s": ("Disk write (MB/s)", 1e6),
 }
 
-PROBE_COLUMNS = {
-    "run": "run",
-    "first_step": "first step",
-    "last_step": "last step",
-    "step_ms": "step (ms)",
-    "samples_per_s": "samples/s",
-    "data_wait_pct": "data wait (%)",
-    "verdict": "verdict",
-    "phases": "phases (ms)",
-}
+
+def monitor_frame(rows: pd.DataFrame) -> pd.DataFrame:
+    """Mean, p50, p90 and max of each sampled metric of one monitored run (a pure function of its samples)."""
+    body = {}
+    for column, (header, scale) in MONITOR_METRICS.items():
+        values = pd.to_numeric(rows.get(column, pd.Series(dtype=float)), errors="coerce").dropna() / scale
+        cells = [values.mean(), values.quantile(0.5), values.quantile(0.9), values.max()] if len(values) else []
+        body[header] = [sig3(v) for v in cells] if cells else [""] * 4
+    table = pd.DataFrame(body, index=["mean", "p50", "p90", "max"]).T
+    table.index.name = "metric"
+    return table
 
 
 def monitor_section(frame: pd.DataFrame | None, runs: pd.DataFrame | None) -> Section:
-    """Mean, p50, p90 and max of each sampled metric, one table per monitored run; the run records
-    (monitor's .json) say which command ran."""
-    section = Section(
-        "Resources over a run",
-        None,
-        ["monitor samples, summarised per run; empty GPU rows mean no GPU or no NVML driver."],
-    )
+    section = Section("Resources over a run", None)
+    section.add(Text("monitor samples, summarised per run; empty GPU rows mean no GPU or no NVML driver."))
     for _, run in (runs if runs is not None else pd.DataFrame()).iterrows():
-        section.paragraphs.append(
-            f"{run['source']}: `{run['command']}` (exit status {plain(run['exit_status'])}, "
-            f"{plain(run['num_samples'])} samples every {plain(run['interval_s'])} s)."
+        section.add(
+            Text(
+                f"{run['source']}: `{run['command']}` (exit status {run['exit_status']}, "
+                f"{run['num_samples']} samples every {run['interval_s']} s)."
+            )
         )
     for source, rows in (frame if frame is not None else pd.DataFrame(columns=["source"])).groupby(
         "source", sort=False
     ):
-        body = {}
-        for column, (header, scale) in MONITOR_METRICS.items():
-            values = pd.to_numeric(rows.get(column, pd.Series(dtype=float)), errors="coerce").dropna() / scale
-            cells = [values.mean(), values.quantile(0.5), values.quantile(0.9), values.max()] if len(values) else []
-            body[header] = [sig3(v) for v in cells] if cells else [""] * 4
-        table = pd.DataFrame(body, index=["mean", "p50", "p90", "max"]).T
-        table.index.name = "metric"
         heading = f"monitor: {source} ({len(rows)} samples over {sig3(rows['t_s'].max())} s)"
-        section.tables.append(
-            Table(slug(f"monitor {source}"), heading, "Device: the machine the command ran on.", table)
-        )
+        spec = Spec("rebuild:monitor", [str(source)], {}, [], [])
+        section.add(Table(f"monitor_{source}", heading, f"Source: {source}.", monitor_frame(rows), spec=spec))
     return section
 
 
 def probe_section(frame: pd.DataFrame) -> Section:
-    section = Section(
-        "Your training loop", None, ["StepProbe windows: mean step, data wait and phases per window of steps."]
+    values = [
+        Value("first step", "first_step", "text"),
+        Value("last step", "last_step", "text"),
+        Value("step (ms)", "step_ms", "sig3"),
+        Value("samples/s", "samples_per_s", "sig3"),
+        Value("data wait (%)", "data_wait_pct", "sig3"),
+        Value("verdict", "verdict", "text"),
+        Value("phases (ms)", "phases", "text"),
+    ]
+    table = grid(
+        frame, "probe", title="StepProbe windows", labels=[("run", "run"), ("window", "window")], values=values
     )
-    for source, rows in frame.groupby("source", sort=False):
-        body = pd.DataFrame(
-            {
-                header: [_probe_cell(row, column) for _, row in rows.iterrows()]
-                for column, header in PROBE_COLUMNS.items()
-                if column in rows
-            }
-        )
-        heading = f"probe: {source}"
-        section.tables.append(Table(slug(heading), heading, device_caption(rows), body.set_index(body.columns[0])))
-    return section
-
-
-def _probe_cell(row, column: str) -> str:
-    value = row.get(column)
-    return sig3(value) if column in ("step_ms", "samples_per_s", "data_wait_pct") else plain(value)
+    section = Section("Your training loop", None)
+    return section.add(Text("StepProbe windows: mean step, data wait and phases per window of steps."), table)
 
 
 def find_max_section(frame: pd.DataFrame) -> Section:
-    """find_max's answers: the largest value that ran and the smallest that ran out of memory."""
-    body = []
-    for _, row in frame.iterrows():
-        probes = json.loads(row["probes"]) if isinstance(row.get("probes"), str) else []
-        body.append(
-            {
-                "search": plain(row.get("source")),
-                "configuration": plain(row.get("config")),
-                "dimension": plain(row["dimension"]),
-                "largest that ran": plain(row["largest_ok"]),
-                "smallest out of memory": plain(row["smallest_oom"]),
-                "probes": ", ".join(f"{value} {status}" for value, status in probes),
-            }
-        )
-    table = pd.DataFrame(body).set_index("search")
-    return Section(
-        "Largest that fits",
-        None,
-        ["find_max: doubling, then bisection, each probe a fresh process."],
-        [Table("find_max", "find_max", "Device: as recorded in each search's configuration.", table)],
+    values = [
+        Value("largest that ran", "largest_ok", "text"),
+        Value("smallest out of memory", "smallest_oom", "text"),
+        Value("configuration", "config", "text"),
+    ]
+    table = grid(
+        frame, "find_max", title="find_max", labels=[("search", "source"), ("dimension", "dimension")], values=values
     )
+    section = Section("Largest that fits", None)
+    return section.add(Text("find_max: doubling, then bisection, each probe a fresh process."), table)
+
+
+LOADER_VALUES = (
+    ("samples/s", "samples_per_s", "sig3"),
+    ("predicted/s", "predicted_samples_per_s", "sig3"),
+    ("data wait (%)", "data_wait_pct", "sig3"),
+    ("verdict", "verdict", "text"),
+)
+
+
+def loader_section(frame: pd.DataFrame) -> Section:
+    section = Section("Input pipeline", None)
+    section.add(Text("loader_bench rows, one per measured epoch and configuration (the pipeline feeding the step)."))
+    for source, rows in frame.groupby("source", sort=False):
+        values = [Value(h, c, f) for h, c, f in LOADER_VALUES if c in rows and rows[c].notna().any()]
+        section.add(
+            grid(
+                rows,
+                "loader_bench",
+                title=f"loader_bench: {source}",
+                labels=[("storage", "storage"), ("workers", "num_workers"), ("epoch", "epoch")],
+                values=values,
+            )
+        )
+    return section
+
+
+def rebuild_monitor(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    return monitor_frame(next(iter(frames.values())))

@@ -1,9 +1,12 @@
-"""PNG plots saved beside the report: step time, all-reduce bandwidth, warmup."""
+"""PNG figures saved beside the report. A log axis is labelled at the values measured (and at
+1-2-5 steps between decades), so every panel reads without counting gridlines; a series of one
+point is not drawn (the table shows it), and a figure with no series of two points is not made."""
 
 from __future__ import annotations
 
 import io
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -11,99 +14,142 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 from PIL import Image  # noqa: E402  (installed with matplotlib)
 
-from .benchmark import prepare, size_order, title, varying  # noqa: E402
-from .document import Figure  # noqa: E402
-
-
-def _panels(count: int):
-    columns = min(count, 2)
-    rows = math.ceil(count / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(6 * columns, 4.3 * rows), squeeze=False)
-    for ax in axes.flat[count:]:
-        ax.set_visible(False)
-    return fig, axes.flat
+from .document import Figure, sig3  # noqa: E402
+from .fields import label_text  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:
     """A 256-colour PNG: a fifth of the bytes of full colour, so the PDF stays small."""
     fig.tight_layout()
     buffer = io.BytesIO()
-    fig.savefig(buffer, dpi=80)
+    fig.savefig(buffer, dpi=90)
     plt.close(fig)
     Image.open(buffer).convert("RGB").quantize(256).save(path, optimize=True)
     return path
 
 
-def benchmark_plots(frame: pd.DataFrame, directory: Path, stem: str) -> list[Figure]:
-    """Step time against context length (a line per model) and against parameter count (a
-    line per context), one panel per table; log-log, measured rows only."""
-    frame = prepare(frame)
-    sizes = size_order(frame)
-    ok = frame[frame["status"] == "ok"]
-    if ok.empty:
+def log_axis(ax, which: str, values: Sequence[float], exact: bool = False) -> None:
+    """Log scale with readable labels: at each measured value (`exact`), else at 1, 2 and 5 of each decade."""
+    values = [v for v in values if v and v > 0 and math.isfinite(v)]
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    if exact and values:
+        ticks = sorted(set(values))
+        axis.set_major_locator(ticker.FixedLocator(ticks))
+        axis.set_major_formatter(ticker.FixedFormatter([_number(v) for v in ticks]))
+    else:
+        axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: _number(v)))
+    axis.set_minor_locator(ticker.NullLocator())
+
+
+def _number(value: float) -> str:
+    if value >= 1e9 and value % 1e9 == 0:
+        return f"{value / 1e9:g}G"
+    if value >= 1e6 and value % 1e6 == 0:
+        return f"{value / 1e6:g}M"
+    if value >= 1e3 and value % 1e3 == 0 and value >= 1e4:
+        return f"{value / 1e3:g}k"
+    return sig3(value)
+
+
+def line_figure(
+    series: dict[str, list[tuple[float, float]]],
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    path: Path,
+    log_y: bool = True,
+) -> list[Figure]:
+    """One panel, a line per series (points sorted by x); [] when no series has two points."""
+    series = {name: sorted(points) for name, points in series.items() if len(points) >= 2}
+    if not series:
         return []
-    keys = varying(frame)
-    groups = list(ok.groupby(keys, dropna=False, sort=False))  # the tables' order
-    made = []
-    for name, heading, x, series, label in (
-        ("time_vs_context", "Step time vs context length, per model", "context_length", "model", "{}"),
-        (
-            "time_vs_params",
-            "Step time vs parameter count, per context length",
-            "num_params",
-            "context_length",
-            "ctx {}",
-        ),
-    ):
-        fig, axes = _panels(len(groups))
-        for ax, (values, rows) in zip(axes, groups):
-            values = values if isinstance(values, tuple) else (values,)
-            order = [s for s in sizes if s in set(rows["model"])] if series == "model" else sorted(set(rows[series]))
-            for value in order:
-                line = rows[rows[series] == value].groupby(x)[["mean_ms", "min_ms", "max_ms"]].last()
-                spread = [
-                    (line["mean_ms"] - line["min_ms"]).clip(lower=0),  # (rounding can put min a hair above mean)
-                    (line["max_ms"] - line["mean_ms"]).clip(lower=0),
-                ]  # min..max rather than ± std: never below zero on a log axis
-                ax.errorbar(line.index, line["mean_ms"], yerr=spread, marker="o", capsize=3, label=label.format(value))
-            ax.set(
-                xscale="log",
-                yscale="log",
-                ylabel="mean step time (ms); bars: min to max step",
-                xlabel="context length" if x == "context_length" else "parameters",
-            )
-            if x == "context_length":  # label the contexts measured, not powers of ten
-                ax.set_xticks(sorted(set(rows[x])), [str(c) for c in sorted(set(rows[x]))])
-                ax.minorticks_off()
-            ax.set_title(title(keys, values), fontsize=9)
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=8)
-        made.append(Figure(heading, _save(fig, directory / f"{stem}_{name}.png")))
-    return made
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for name, points in series.items():
+        ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name or "measured")
+    xs = [x for points in series.values() for x, _ in points]
+    ys = [y for points in series.values() for _, y in points]
+    log_axis(ax, "x", xs, exact=len(set(xs)) <= 10)
+    if log_y:
+        log_axis(ax, "y", ys)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return [Figure(title, _save(fig, path))]
+
+
+def _points(frame: pd.DataFrame, group: Sequence[str], x: str, y: str) -> dict[str, list[tuple[float, float]]]:
+    ok = frame[frame["status"].astype(str) == "ok"] if "status" in frame.columns else frame
+    series: dict[str, list[tuple[float, float]]] = {}
+    for row in ok.to_dict("records"):
+        xv, yv = pd.to_numeric(row.get(x), errors="coerce"), pd.to_numeric(row.get(y), errors="coerce")
+        if pd.notna(xv) and pd.notna(yv):
+            name = ", ".join(label_text(g, row) for g in group)
+            series.setdefault(name, []).append((float(xv), float(yv)))
+    return series
+
+
+def attention_plot(frame: pd.DataFrame, directory: Path, stem: str) -> list[Figure]:
+    group = [c for c in ("implementation", "precision") if frame[c].nunique() > 1] + ["head_dim"]
+    series = {
+        f"d={name}" if group == ["head_dim"] else name: pts
+        for name, pts in _points(frame, group, "context_length", "forward_mean_ms").items()
+    }
+    return line_figure(
+        series,
+        title="Attention forward time vs sequence length",
+        xlabel="sequence length",
+        ylabel="forward (ms)",
+        path=directory / f"{stem}_forward.png",
+    )
 
 
 def allreduce_plot(frame: pd.DataFrame, directory: Path, stem: str) -> list[Figure]:
-    ok = frame[frame["status"] == "ok"]
-    if ok.empty:
-        return []
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for (backend, world), rows in ok.groupby(["backend", "world_size"]):
-        rows = rows.sort_values("size_bytes")
-        ax.plot(rows["size_bytes"], rows["busbw_gbps"], marker="o", label=f"{backend}, {world} ranks")
-    ax.set(xscale="log", xlabel="tensor size (bytes)", ylabel="bus bandwidth (GB/s)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    return [Figure("All-reduce bus bandwidth vs tensor size", _save(fig, directory / f"{stem}_allreduce.png"))]
+    series = {
+        f"{name} ranks": pts
+        for name, pts in _points(frame, ["backend", "world_size"], "size_bytes", "busbw_gbps").items()
+    }
+    return line_figure(
+        series,
+        title="All-reduce bus bandwidth vs tensor size",
+        xlabel="tensor size (bytes)",
+        ylabel="bus bandwidth (GB/s)",
+        path=directory / f"{stem}_allreduce.png",
+    )
 
 
 def warmup_plot(frame: pd.DataFrame, directory: Path, stem: str) -> list[Figure]:
-    fig, ax = plt.subplots(figsize=(6, 4))
+    """Each step's time in order (warmup steps first), one line per number of warmup steps."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for warmup, rows in frame.groupby("warmup_steps"):
         rows = rows.sort_values("step_index")
-        ax.plot(rows["step_index"], rows["step_ms"], marker="o", label=f"{warmup} warmup")
-    ax.set(xlabel="step (warmup steps first)", ylabel="step time (ms)")
+        ax.plot(rows["step_index"], rows["step_ms"], marker="o", label=f"{int(warmup)} warmup")
+    if len(frame) < 2:
+        plt.close(fig)
+        return []
+    ax.set(
+        xlabel="step (warmup steps first)", ylabel="step time (ms)", title="Each step's time, by number of warmup steps"
+    )
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    return [Figure("Step time per step, by number of warmup steps", _save(fig, directory / f"{stem}_warmup.png"))]
+    return [Figure("Each step's time, by number of warmup steps", _save(fig, directory / f"{stem}_warmup.png"))]
+
+
+def context_plot(frame: pd.DataFrame, directory: Path, stem: str, title: str) -> list[Figure]:
+    """Step time against context length, a line per model (and whatever else varies)."""
+    group = ["model"] + [
+        c for c in ("pass_type", "precision", "compile", "device_name") if c in frame and frame[c].nunique() > 1
+    ]
+    return line_figure(
+        _points(frame, group, "context_length", "mean_ms"),
+        title=title,
+        xlabel="context length",
+        ylabel="mean step time (ms)",
+        path=directory / f"{stem}.png",
+    )

@@ -1,4 +1,8 @@
-"""The report as Typst source, and as PDF through the `typst` package (the [pdf] extra)."""
+"""The report as Typst source, and as PDF through the `typst` package (the [pdf] extra).
+
+A table wider than the portrait text column is set on a landscape page of its own, so no header
+is squeezed into its neighbour's; the width is estimated from the longest cell of each column.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +11,25 @@ import os
 import tempfile
 from pathlib import Path
 
-from .document import Document, Figure, Table
+from .document import Bullets, Document, Figure, Heading, Listing, Table, Text
 
 # No creation date in the PDF: the same results make the same bytes.
 PREAMBLE = """#set document(date: none)
-#set page(paper: "a4", margin: 1.5cm)
+#set page(paper: "a4", margin: 1.5cm, numbering: "1")
 #set text(size: 9pt)
-#set heading(numbering: "1.")
+#set par(justify: false)
+#set heading(numbering: "1.1")
+#show heading.where(level: 1): it => block(above: 1.4em, below: 0.8em, text(size: 12pt, it))
+#show heading.where(level: 2): it => block(above: 1.1em, below: 0.6em, text(size: 10pt, it))
 #show table: set text(size: 7pt)
+#show figure.where(kind: table): set figure.caption(position: top)
+#show figure: set block(breakable: true)
 #set table(stroke: none, inset: (x: 4pt, y: 2.5pt))
 """
 INSTALL_HINT = 'PDF output needs the typst package: pip install -e ".[pdf]"'
+PORTRAIT_MM = 180.0  # A4 less 1.5 cm margins
+CHAR_MM = 1.3  # one character of 7 pt text, about
+CELL_MM = 3.0  # a cell's inset
 
 
 def string(text: object) -> str:
@@ -31,15 +43,42 @@ def _markup(text: str) -> str:
     return " ".join(f"#{string(p)}" if i % 2 == 0 else f"#raw({string(p)})" for i, p in enumerate(parts) if p)
 
 
+WRAP_CHARS = 40  # a column with longer cells wraps (its width a share of what is left)
+
+
+def _columns(frame) -> list[tuple[str, int]]:
+    """(header, longest cell or header word) per column."""
+    out = []
+    for column in frame.columns:
+        longest_word = max((len(w) for w in str(column).split()), default=0)
+        longest_cell = max((len(str(c)) for c in frame[column]), default=0)
+        out.append((str(column), max(longest_word, longest_cell)))
+    return out
+
+
+def _numeric(cells) -> bool:
+    """Numbers read best right-aligned; a column of words (a status, a reason) left."""
+    filled = [str(c) for c in cells if str(c)]
+    return bool(filled) and sum(c[0].isdigit() or c[0] in "-+." for c in filled) * 2 >= len(filled)
+
+
+def table_width_mm(table: Table) -> float:
+    """The width the table needs with its long text columns wrapped at WRAP_CHARS."""
+    frame = table.frame.reset_index() if table.frame.index.name is not None else table.frame
+    return sum(min(chars, WRAP_CHARS) * CHAR_MM + CELL_MM for _, chars in _columns(frame))
+
+
 def table_typst(table: Table) -> str:
-    frame = table.frame.reset_index()
-    count = len(frame.columns)
+    frame = table.frame.reset_index() if table.frame.index.name is not None else table.frame
+    labels = len(table.spec.labels) if table.spec is not None and table.spec.labels else 1
+    widths = ", ".join("1fr" if chars > WRAP_CHARS else "auto" for _, chars in _columns(frame))
+    align = ", ".join("right" if i >= labels and _numeric(frame[c]) else "left" for i, c in enumerate(frame.columns))
     header = ", ".join(f"strong({string(c)})" for c in frame.columns)
     rows = ",\n    ".join(", ".join(string(cell) for cell in row) for row in frame.astype(str).itertuples(index=False))
     notes = "".join(f"#text(size: 7pt, {string(note)})\n\n" for note in table.footnotes)
-    return (
+    body = (
         "#figure(\n  table(\n"
-        f"    columns: {count}, align: (left,) + (right,) * {count - 1},\n"
+        f"    columns: ({widths},), align: ({align},),\n"
         "    table.hline(),\n"
         f"    table.header({header}),\n"
         "    table.hline(stroke: 0.5pt),\n"
@@ -47,11 +86,14 @@ def table_typst(table: Table) -> str:
         "    table.hline(),\n  ),\n"
         f"  caption: {string(f'{table.title}. {table.caption}')},\n  kind: table,\n)\n{notes}"
     )
+    if table_width_mm(table) > PORTRAIT_MM:
+        return f"#page(flipped: true)[\n{body}]\n"
+    return body
 
 
 def figure_typst(figure: Figure, directory: Path) -> str:
     path = Path(os.path.relpath(figure.path, directory)).as_posix()
-    return f"#figure(image({string(path)}, width: 85%), caption: {string(figure.title)})\n"
+    return f"#figure(image({string(path)}, width: 65%), caption: {string(figure.title)})\n"
 
 
 def document_typst(document: Document, directory: Path) -> str:
@@ -59,13 +101,21 @@ def document_typst(document: Document, directory: Path) -> str:
     out += [_markup(p) + "\n\n" for p in document.paragraphs]
     for section in document.sections:
         out.append(f"#heading(level: 1, {string(section.title)})\n")
-        if section.problem:
-            out.append(_markup(f"Handout problem: `{section.problem}`.") + "\n\n")
-        out += [_markup(p) + "\n\n" for p in section.paragraphs]
-        out += [table_typst(table) for table in section.tables]
-        out += [figure_typst(figure, directory) for figure in section.figures]
-        out += [f"- {_markup(bullet)}\n" for bullet in section.bullets]
-        out += [f"#text(size: 6.5pt, raw({string(text)}, block: true))\n\n" for text in section.listings]
+        for block in section.blocks:
+            if isinstance(block, Text):
+                out.append(_markup(block.text) + "\n\n")
+            elif isinstance(block, Heading):
+                out.append(f"#heading(level: 2, {string(block.text)})\n")
+            elif isinstance(block, Table):
+                out.append(table_typst(block))
+            elif isinstance(block, Figure):
+                out.append(figure_typst(block, directory))
+            elif isinstance(block, Bullets):
+                out += [f"- {_markup(item)}\n" for item in block.items] + ["\n"]
+            elif isinstance(block, Listing):
+                out.append(f"#text(size: 6.5pt, raw({string(block.text)}, block: true))\n\n")
+        if section.page_break:
+            out.append("#pagebreak()\n")
     return "".join(out)
 
 

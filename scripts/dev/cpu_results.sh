@@ -16,7 +16,7 @@ py=${PYTHON:-python}
 r=results
 c=results/checks
 all_stages=(stability timing model memory probe_overhead bad_inputs sweep cap find_max warmup allreduce ddp
-  ddp_strategies input monitor probe attention flash precision report)
+  ddp_strategies input monitor probe attention flash precision writeup h100)
 if [ "${1:-}" = "--list" ]; then
   echo "${all_stages[*]}"
   exit 0
@@ -123,15 +123,24 @@ run_stage() {
     precision)
       stage precision bash -o pipefail -c "$py -m cs336_systems.mixed_precision --device cpu | tee $r/mixed_precision_cpu.txt"
       ;;
-    report)
-      # the write-up a reader opens (Markdown and PDF); .tex/.typ are made on demand, not committed.
-      # tests/test_committed_results.py checks writeup/report.md is what this command makes.
-      stage report $py -m cs336_systems.report $r/cpu_sweep.csv $r/cpu_sweep_4gib.csv $r/gpu_sweep_h100.csv \
-        $r/warmup_study_cpu.csv $r/attention_cpu.csv $r/flash_cpu.csv $r/allreduce_gloo_cpu.csv $r/ddp_gloo_cpu.csv \
-        $r/ddp_strategies_cpu.csv $r/input_pipeline_enough_workers_cpu.csv $r/input_pipeline_cold_cache_cpu.csv \
-        $r/input_pipeline_volumetric_cpu.csv $r/input_pipeline_captioning_cpu.csv $r/find_max_cpu_4gib.json \
-        $r/probe_story_cpu.csv $r/monitor_captioning_cpu.csv $r/monitor_captioning_cpu.json \
-        --output writeup/report.md --output writeup/report.pdf
+    writeup)
+      # the write-up a student hands in, as `handout` writes it at the small scale on this CPU, run from
+      # the student-shaped repository in tests/fixtures/ (its logs and done markers are not committed).
+      # tests/test_committed_results.py checks it verifies and is what `report` makes from its plan.
+      rm -rf writeup/2026 && mkdir -p writeup
+      stage writeup bash -c "cd tests/fixtures/student_repo && $py -m cs336_bench handout --edition 2026 --scale small \
+        --device cpu --adapters tests/adapters.py --output-dir ../../../writeup/2026"
+      rm -rf writeup/2026/logs writeup/2026/.handout writeup/2026/*.tex writeup/2026/*.typ
+      # the tools' own pages and plots are not the write-up's: only what writeup.md shows, and the rows
+      for f in writeup/2026/*.md writeup/2026/*.png; do
+        name=$(basename "$f")
+        [ "$name" = writeup.md ] || grep -q "($name)" writeup/2026/writeup.md || rm -f "$f"
+      done
+      ;;
+    h100)
+      # the H100 sweep of an earlier commit, reported as it is beside the write-up
+      rm -rf writeup/h100 && mkdir -p writeup/h100
+      stage h100 $py -m cs336_systems.report $r/gpu_sweep_h100.csv --output writeup/h100/report.md --output writeup/h100/report.pdf
       ;;
     *) echo "scripts/dev/cpu_results.sh: error: unknown stage '$1'" >&2; exit 2 ;;
   esac

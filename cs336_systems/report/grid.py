@@ -1,0 +1,317 @@
+"""One row, one number: every value cell of a report table is one result row's field, picked by
+the table row's labels and the column's keys, and the table carries the spec that lets
+`report --verify` re-derive each cell from the result files alone.
+
+A table is declared by its label columns (fields whose text names a table row), its value columns
+(a field, a format, and the values of other fields that pick the row, as the fp32 and bf16 columns
+of one table row do) and the rows behind it. An identity field of the tool that varies among those
+rows and is neither a label nor a column key becomes a label column of its own, so two
+configurations never share a cell; an identity field that does not vary is stated once, in the
+caption. A ratio column divides two cells of the same table row, each one row's value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+
+from ..stats import is_noisy
+from ..units import format_bytes
+from .document import FAILURE_MARK, NOISY_MARK, Table, missing, plain, sig3, slug
+from .fields import IDENTITY, LABEL_HEADERS, derive, label_text, sort_key
+
+SPEC_MARK = "cells"  # <!-- cells {...} --> before a Markdown table: its spec
+
+
+@dataclass(frozen=True)
+class Value:
+    """A value column: `field` of the one row that the table row's labels and `where` pick,
+    shown in `fmt` (FORMATS). With `ratio_to`, the cell is this row's value divided by the value
+    of the row `ratio_to` picks instead of `where` (both from the same table row)."""
+
+    header: str
+    field: str
+    fmt: str = "sig3"
+    where: dict = field(default_factory=dict)  # field -> label text
+    ratio_to: dict | None = None
+    over: str | None = None  # an identity field aggregated over (the steps of one run): fmt gets those rows
+
+
+@dataclass
+class Spec:
+    tool: str
+    sources: list[str]
+    fixed: dict  # field -> label text every row behind the table has
+    labels: list[tuple[str, str]]  # (header, field)
+    values: list[Value]
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["values"] = [
+            {k: v for k, v in asdict(value).items() if v not in (None, {}, "sig3")} for value in self.values
+        ]
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Spec:
+        data = json.loads(text)
+        values = [Value(**{"fmt": "sig3", **value}) for value in data["values"]]
+        return cls(data["tool"], data["sources"], data["fixed"], [tuple(x) for x in data["labels"]], values)
+
+
+# -- formats: one function per way a number is shown, shared by the builder and --verify --------
+
+
+def _number(row: dict, name: str) -> float | None:
+    value = row.get(name)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+def _stats_prefix(name: str) -> str:
+    """forward_mean_ms -> forward_; mean_ms -> ''."""
+    return name[: -len("mean_ms")] if name.endswith("mean_ms") else name.removesuffix("ms")
+
+
+def mean_std(row: dict, name: str) -> str:
+    """'mean ± std' of a timing column, † when its CV says the mean is not to be trusted alone."""
+    mean = _number(row, name)
+    if mean is None:
+        return ""
+    prefix = _stats_prefix(name)
+    std, cv = _number(row, f"{prefix}std_ms"), _number(row, f"{prefix}cv_pct")
+    return sig3(mean) + ("" if std is None else f" ± {sig3(std)}") + (f" {NOISY_MARK}" if is_noisy(cv) else "")
+
+
+def _scaled(scale: float) -> Callable[[dict, str], str]:
+    def show(row: dict, name: str) -> str:
+        value = _number(row, name)
+        return "" if value is None else sig3(value / scale)
+
+    return show
+
+
+def _percent_of_fraction(row: dict, name: str) -> str:
+    value = _number(row, name)
+    return "" if value is None else f"{100 * value:.1f}"
+
+
+FORMATS: dict[str, Callable[[dict, str], str]] = {
+    "sig3": lambda row, name: "" if (v := _number(row, name)) is None else sig3(v),
+    "ms±": mean_std,
+    "GiB": _scaled(2**30),
+    "MiB": _scaled(2**20),
+    "KiB": _scaled(2**10),
+    "GB/s": _scaled(1.0),
+    "x100": _percent_of_fraction,  # a fraction (MFU, scaling efficiency) as a percentage
+    "int": lambda row, name: "" if (v := _number(row, name)) is None else f"{v:,.0f}",
+    "sci": lambda row, name: "" if (v := _number(row, name)) is None else f"{v:.1e}",
+    "text": lambda row, name: plain(row.get(name)),
+    "bytes": lambda row, name: "" if (v := _number(row, name)) is None else format_bytes(v),
+    "s": lambda row, name: "" if (v := _number(row, name)) is None else seconds_text(v),
+}
+
+
+def seconds_text(value: float) -> str:
+    return f"{value:.0f} s" if value < 120 else f"{value / 60:.1f} min"
+
+
+def ratio_text(numerator: float | None, denominator: float | None) -> str:
+    if numerator is None or denominator is None or denominator == 0:
+        return ""
+    return f"{numerator / denominator:.2f}x"
+
+
+def cell_text(row: dict, value: Value) -> str:
+    """What a value cell shows for `row` (a failed row's status where it has no value)."""
+    text = FORMATS[value.fmt](row, value.field)
+    if text == "" and row.get("status") not in (None, "ok"):
+        return FAILURE_MARK.get(str(row["status"]), str(row["status"]))
+    return text
+
+
+# Aggregations over the rows of one run (the warmup study writes one row per step).
+AGGREGATES: dict[str, Callable[[list[dict], str], str]] = {
+    "mean±std": lambda rows, name: _agg_mean_std([_number(r, name) for r in rows]),
+    "first": lambda rows, name: sig3(_number(rows[0], name)) if rows else "",
+    "max": lambda rows, name: sig3(max(_number(r, name) for r in rows)) if rows else "",
+    "count": lambda rows, name: str(len(rows)),
+}
+
+
+def _agg_mean_std(values: list[float | None]) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return ""
+    series = pd.Series(values, dtype=float)
+    std = series.std()
+    return sig3(series.mean()) + ("" if missing(std) else f" ± {sig3(std)}")
+
+
+def aggregate_text(rows: list[dict], value: Value) -> str:
+    ordered = sorted(rows, key=lambda r: _number(r, value.over) or 0)
+    return AGGREGATES[value.fmt](ordered, value.field)
+
+
+# -- building ---------------------------------------------------------------------------------
+
+
+def _matches(row: dict, wanted: dict) -> bool:
+    return all(label_text(name, row) == text for name, text in wanted.items())
+
+
+def _text_frame(rows: list[dict], names: Sequence[str]) -> dict[str, set[str]]:
+    return {name: {label_text(name, row) for row in rows} for name in names}
+
+
+class FoldedRows(ValueError):
+    """Two rows of one configuration landed in one cell: the table's declaration is wrong."""
+
+
+def grid(
+    frame: pd.DataFrame,
+    tool: str,
+    *,
+    title: str,
+    labels: Sequence[tuple[str, str]],
+    values: Sequence[Value],
+    caption: str = "",
+    name: str | None = None,
+    footnotes: Sequence[str] = (),
+    keep_empty: bool = False,
+) -> Table:
+    """A table of `frame`'s rows (one tool's, with a `source` column naming their file). Rows of one
+    configuration measured twice in one file are told apart by when they were measured."""
+    try:
+        return _grid(frame, tool, title, labels, values, caption, name, footnotes, keep_empty)
+    except FoldedRows:
+        if any(n == "timestamp" for _, n in labels) or "timestamp" not in frame.columns:
+            raise
+        return _grid(
+            frame, tool, title, [*labels, ("measured at", "timestamp")], values, caption, name, footnotes, keep_empty
+        )
+
+
+def _grid(frame, tool, title, labels, values, caption, name, footnotes, keep_empty) -> Table:
+    frame = derive(frame, tool)
+    rows = frame.astype(object).where(frame.notna(), None).to_dict("records")
+    keyed = {name for _, name in labels} | {k for v in values for k in (*v.where, *(v.ratio_to or {}))}
+    keyed |= {v.over for v in values if v.over}
+    open_fields = [n for n in IDENTITY[tool] if n not in keyed]
+    texts = _text_frame(rows, open_fields)
+    fixed = {n: next(iter(t)) for n, t in texts.items() if len(t) == 1}
+    values, varying = _bind(rows, values, [n for n in open_fields if n not in fixed])
+    taken = {h for h, _ in labels} | {v.header for v in values}
+    extra = []
+    for name in varying:  # a header names one column: a second 'device' is called by its field
+        header = LABEL_HEADERS.get(name, name.replace("_", " "))
+        header = name if header in taken else header
+        taken.add(header)
+        extra.append((header, name))
+    labels = [*labels, *extra]
+    label_names = [n for _, n in labels]
+    groups: dict[tuple[str, ...], list[dict]] = {}
+    for row in sorted(rows, key=lambda r: tuple(sort_key(n, r) for n in label_names)):
+        groups.setdefault(tuple(label_text(n, row) for n in label_names), []).append(row)
+    body = []
+    for key, members in groups.items():
+        cells = dict(zip([h for h, _ in labels], key, strict=True))
+        for value in values:
+            cells[value.header] = _cell(members, value, key)
+        body.append(cells)
+    table = pd.DataFrame(body, columns=[h for h, _ in labels] + [v.header for v in values]).fillna("")
+    if not keep_empty:  # a value column no row fills says nothing
+        table = table[[c for c in table.columns if c in [h for h, _ in labels] or table[c].ne("").any()]]
+    table = table.set_index(labels[0][0]) if labels else table
+    shown = [v for v in values if v.header in table.columns]
+    sources = list(dict.fromkeys(str(s) for s in frame.get("source", pd.Series(dtype=object)).dropna()))
+    spec = Spec(tool, sources, fixed, [tuple(x) for x in labels], shown)
+    text = caption_text(caption, sources, fixed, tool)
+    notes = [*footnotes, *_mark_footnotes(table)]
+    return Table(slug(name or title), title, text, table, notes, spec=spec)
+
+
+def _bind(rows: list[dict], values: Sequence[Value], candidates: list[str]) -> tuple[list[Value], list[str]]:
+    """Split the fields that differ among the rows into those that differ within one column's rows
+    (they must label table rows) and those that only tell columns apart (compile_mode differs between
+    the eager and the compiled column, not within either): the latter join each column's keys."""
+    groups = [
+        [r for r in rows if _matches(r, keys)] for v in values for keys in (v.where, v.ratio_to) if keys is not None
+    ]
+    varying = [n for n in candidates if any(len({label_text(n, r) for r in group}) > 1 for group in groups)]
+    bound = [n for n in candidates if n not in varying]
+    if not bound:
+        return list(values), varying
+
+    def pinned(keys: dict) -> dict:
+        group = [r for r in rows if _matches(r, keys)]
+        return {**keys, **{n: label_text(n, group[0]) for n in bound}} if group else keys
+
+    bound_values = [
+        Value(v.header, v.field, v.fmt, pinned(v.where), None if v.ratio_to is None else pinned(v.ratio_to), v.over)
+        for v in values
+    ]
+    return bound_values, varying
+
+
+def _cell(members: list[dict], value: Value, key: tuple) -> str:
+    picked = [r for r in members if _matches(r, value.where)]
+    if value.over:
+        return aggregate_text(picked, value) if picked else ""
+    if len(picked) > 1:
+        raise FoldedRows(f"{value.header} at {key}: {len(picked)} rows")
+    if not picked:
+        return ""
+    if value.ratio_to is None:
+        return cell_text(picked[0], value)
+    below = [r for r in members if _matches(r, value.ratio_to)]
+    if len(below) != 1:
+        return ""
+    if picked[0].get("status") != "ok" or below[0].get("status") != "ok":
+        return ""
+    return ratio_text(_number(picked[0], value.field), _number(below[0], value.field))
+
+
+def _mark_footnotes(table: pd.DataFrame) -> list[str]:
+    cells = {str(c) for c in table.to_numpy().ravel()}
+    notes = []
+    if any(NOISY_MARK in c for c in cells):
+        notes.append(f"{NOISY_MARK} the coefficient of variation of the measured steps is above 10%: noisy.")
+    shown = [f"{mark}: {MARK_WORDS[status]}" for status, mark in FAILURE_MARK.items() if mark in cells]
+    if shown:
+        notes.append("; ".join(shown) + ".")
+    return notes
+
+
+MARK_WORDS = {
+    "oom": "out of memory",
+    "error": "failed (the error is in the results file)",
+    "timeout": "over its time limit",
+    "unsupported": "not supported on this machine",
+    "skipped": "skipped (the results file says why)",
+}
+
+
+def caption_text(caption: str, sources: Sequence[str], fixed: dict, tool: str) -> str:
+    from .fields import describe_fixed
+
+    parts = [caption.rstrip(".") + "." if caption else ""]
+    setting = describe_fixed(fixed, tool)
+    if setting:
+        parts.append(f"Every row: {setting}.")
+    if sources:
+        parts.append(f"Source: {', '.join(sources)}.")
+    return " ".join(p for p in parts if p)
+
+
+def spec_comment(table: Table) -> str:
+    """The spec as an HTML comment (invisible where the Markdown is rendered)."""
+    text = table.spec.to_json().replace("--", "-\\u002d")  # '--' may not appear inside a comment
+    return f"<!-- {SPEC_MARK} {text} -->"

@@ -1,0 +1,202 @@
+"""The write-up's distributed problems: all-reduce on one node, each data-parallel problem under its
+own heading, optimizer-state sharding and FSDP accounting (the bytes each rank holds)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .. import distributed, plots
+from ..document import Bullets, Heading, Section, sig3
+from ..fields import label_text
+from ..observe import change, number, ok, pick, records, span, times
+from . import Problem
+from .model import finish, section
+
+MIB = 2**20
+
+
+def distributed_communication_single_node(problem: Problem) -> Section:
+    out = section(problem)
+    rows = problem.rows("allreduce_bench")
+    if not rows.empty:
+        problem.used.update(rows["source"])
+        for backend, group in rows.groupby("backend", sort=False):
+            for table in distributed.allreduce_tables(group):
+                table.title = f"{table.title}, {backend}"
+                out.add(table)
+        out.add(*plots.allreduce_plot(rows, problem.out_dir, problem.stem))
+        out.add(Bullets(allreduce_observations(records(rows, "allreduce_bench"))))
+    return finish(problem, out)
+
+
+def allreduce_observations(rows: list[dict]) -> list[str]:
+    lines = []
+    for (backend, world), group in _groups(ok(rows), ("backend", "world_size")).items():
+        ordered = sorted(group, key=lambda r: number(r, "size_bytes") or 0)
+        if len(ordered) < 2:
+            continue
+        small, large = ordered[0], ordered[-1]
+        lines.append(
+            f"{backend}, {world} ranks: bus bandwidth {sig3(number(small, 'busbw_gbps'))} GB/s at "
+            f"{label_text('size', small)} and {sig3(number(large, 'busbw_gbps'))} GB/s at {label_text('size', large)}; "
+            f"{times(number(large, 'size_bytes') / number(small, 'size_bytes'))} the data takes "
+            f"{times(number(large, 'mean_ms') / number(small, 'mean_ms'))} the time."
+        )
+    worlds = _groups(ok(rows), ("backend", "size"))
+    for (backend, size), group in worlds.items():
+        if len(group) > 1:
+            ordered = sorted(group, key=lambda r: number(r, "world_size"))
+            lines.append(
+                f"{backend}, {size}: from {label_text('world_size', ordered[0])} to {label_text('world_size', ordered[-1])} "
+                f"ranks the time goes from {sig3(number(ordered[0], 'mean_ms'))} to {sig3(number(ordered[-1], 'mean_ms'))} ms."
+            )
+    return lines
+
+
+def _groups(rows: list[dict], keys: tuple[str, ...]) -> dict[tuple, list[dict]]:
+    found: dict[tuple, list[dict]] = {}
+    for row in rows:
+        found.setdefault(tuple(label_text(k, row) for k in keys), []).append(row)
+    return found
+
+
+def _step(rows: list[dict], strategy: str, **more) -> dict | None:
+    return pick(ok(rows), strategy=strategy, **more)
+
+
+def ddp_problem(problem: Problem) -> Section:
+    """naive_ddp_benchmarking, minimal_ddp_flat_benchmarking, the overlapped and bucketed problems."""
+    out = section(problem)
+    rows = problem.rows("ddp_bench")
+    if not rows.empty:
+        problem.used.update(rows["source"])
+        out.add(distributed.ddp_time_table(rows, "Time per training step"))
+        out.add(Bullets(ddp_observations(records(rows, "ddp_bench"))))
+    return finish(problem, out)
+
+
+def ddp_observations(rows: list[dict]) -> list[str]:
+    lines = []
+    single = _step(rows, "single")
+    for row in ok(rows):
+        strategy = label_text("strategy", row)
+        if strategy == "single":
+            continue
+        bucket = label_text("bucket_cap_mb", row)
+        text = f"{strategy}{f' ({bucket} MB buckets)' if bucket else ''} on {label_text('world_size', row)} ranks: step {sig3(number(row, 'mean_ms'))} ms"
+        if number(row, "comm_ms") is not None:
+            comm = number(row, "comm_ms")
+            text += f", of which {sig3(comm)} ms communicating ({sig3(number(row, 'comm_pct'))}% of the step)"
+            if comm < 0:
+                text += ": below zero, i.e. the step without synchronisation was the slower one; within noise"
+        if single is not None:
+            text += f"; one process: {sig3(number(single, 'mean_ms'))} ms"
+        lines.append(text + ".")
+    naive, flat = _step(rows, "naive"), _step(rows, "flat")
+    if number(naive, "comm_ms") and number(flat, "comm_ms"):
+        lines.append(
+            f"One flat all-reduce takes {sig3(number(flat, 'comm_ms'))} ms against {sig3(number(naive, 'comm_ms'))} ms for "
+            f"one all-reduce per parameter tensor ({change(number(flat, 'comm_ms'), number(naive, 'comm_ms'))})."
+        )
+    return lines
+
+
+def optimizer_state_sharding_accounting(problem: Problem) -> Section:
+    out = section(problem)
+    rows = problem.rows("ddp_bench")
+    if not rows.empty:
+        problem.used.update(rows["source"])
+        out.add(Heading("(a) Memory per rank: what each strategy holds, and its peaks"))
+        out.add(distributed.held_table(rows, "Bytes each rank holds after a step"))
+        out.add(distributed.peaks_table(rows, "Peak memory of a rank"))
+        out.add(Bullets(held_observations(records(rows, "ddp_bench"), "ddp")))
+        out.add(Heading("(b) Time per step, with and without sharding"))
+        out.add(distributed.ddp_time_table(rows, "Time per training step"))
+        out.add(Bullets(sharding_time(records(rows, "ddp_bench"))))
+    return finish(problem, out)
+
+
+def held_observations(rows: list[dict], base: str) -> list[str]:
+    lines = []
+    reference = _step(rows, base) or _step(rows, "single")
+    for row in ok(rows):
+        strategy = label_text("strategy", row)
+        if reference is None or row is reference:
+            continue
+        parts = []
+        for header, column in distributed.HELD:
+            a, b = number(row, column), number(reference, column)
+            if a is not None and b:
+                parts.append(f"{header} {sig3(a / MIB)} MiB ({times(a / b)} of {label_text('strategy', reference)}'s)")
+        if parts:
+            lines.append(f"{strategy}: " + ", ".join(parts) + ".")
+    return lines
+
+
+def sharding_time(rows: list[dict]) -> list[str]:
+    base = _step(rows, "ddp")
+    lines = []
+    for row in ok(rows):
+        strategy = label_text("strategy", row)
+        if base is not None and strategy not in ("ddp", "single") and number(row, "mean_ms"):
+            lines.append(
+                f"{strategy}: step {sig3(number(row, 'mean_ms'))} ms, {change(number(row, 'mean_ms'), number(base, 'mean_ms'))} against ddp."
+            )
+    return lines
+
+
+def fsdp_accounting(problem: Problem) -> Section:
+    out = section(problem)
+    rows = problem.rows("ddp_bench")
+    if not rows.empty:
+        problem.used.update(rows["source"])
+        out.add(Heading("(a) Memory per rank"))
+        out.add(distributed.held_table(rows, "Bytes each rank holds after a step"))
+        out.add(distributed.peaks_table(rows, "Peak memory of a rank"))
+        out.add(Bullets(held_observations(records(rows, "ddp_bench"), "single")))
+        out.add(Heading("(b) The weights' all-gather against the forward"))
+        out.add(distributed.ddp_time_table(rows, "Time per training step"))
+        out.add(Bullets(gather_observations(records(rows, "ddp_bench"))))
+    return finish(problem, out)
+
+
+def gather_observations(rows: list[dict]) -> list[str]:
+    lines = []
+    for row in ok(rows):
+        gather = number(row, "fsdp_all_gather_ms")
+        if gather is None:
+            continue
+        text = f"{label_text('strategy', row)}: the all-gathers take {sig3(gather)} ms per step"
+        forward = number(row, "forward_ms")
+        if forward:
+            text += f" against a {sig3(forward)} ms forward"
+        lines.append(text + f" of a {sig3(number(row, 'mean_ms'))} ms step.")
+    return lines
+
+
+def rates(frames: dict[str, pd.DataFrame]) -> list[str]:
+    """What the analytic problems may use: the fastest all-reduce bandwidth and matmul rate measured."""
+    from ..load import tool_of
+
+    lines = []
+    for frame in frames.values():
+        tool = tool_of(frame)
+        if tool == "allreduce_bench" and "busbw_gbps" in frame:
+            best = max(ok(records(frame, tool)), key=lambda r: number(r, "busbw_gbps") or 0, default=None)
+            if number(best, "busbw_gbps"):
+                lines.append(
+                    f"all-reduce bus bandwidth {sig3(number(best, 'busbw_gbps'))} GB/s ({best['backend']}, "
+                    f"{label_text('world_size', best)} ranks, {best['size']}; {best['source']})"
+                )
+        if tool == "benchmark" and "achieved_tflops" in frame:
+            best = max(ok(records(frame, tool)), key=lambda r: number(r, "achieved_tflops") or 0, default=None)
+            if number(best, "achieved_tflops"):
+                lines.append(
+                    f"model FLOP rate {sig3(number(best, 'achieved_tflops'))} TFLOP/s ({best['model']}, "
+                    f"{label_text('pass_type', best)}, {label_text('precision', best)}; {best['source']})"
+                )
+    return list(dict.fromkeys(lines))[:4]
+
+
+def span_ms(values: list[float]) -> str:
+    return span(values, " ms")
