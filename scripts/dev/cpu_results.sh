@@ -139,8 +139,12 @@ run_stage() {
       ;;
     h100)
       # the H100 sweep of an earlier commit, reported as it is beside the write-up
+      # and why its bf16 rows look broken: each step's operators against its time (scripts/launch_floor.py)
       rm -rf writeup/h100 && mkdir -p writeup/h100
-      stage h100 $py -m cs336_systems.report $r/gpu_sweep_h100.csv --output writeup/h100/report.md --output writeup/h100/report.pdf
+      stage launches $py scripts/launch_floor.py --results $r/gpu_sweep_h100.csv --output-dir writeup/h100 \
+        --summary writeup/h100/launches.txt
+      stage h100 $py -m cs336_systems.report $r/gpu_sweep_h100.csv --output writeup/h100/report.md \
+        --output writeup/h100/report.pdf --note "$(cat writeup/h100/launches.txt)"
       ;;
     *) echo "scripts/dev/cpu_results.sh: error: unknown stage '$1'" >&2; exit 2 ;;
   esac
