@@ -157,7 +157,15 @@ def main(argv: list[str] | None = None) -> int:
         args.summary.write_text(summary(table) + "\n")
     environment = rows[["device_name", "torch_version", "git_commit"]].drop_duplicates().to_dict("records")
     command = shlex.join([*PROG.split(), *(argv if argv is not None else sys.argv[1:])])
-    print(write_page(stem.with_suffix(".md"), title="Launches against step time: the H100 sweep", command=command, body=body, environment=environment))
+    print(
+        write_page(
+            stem.with_suffix(".md"),
+            title="Launches against step time: the H100 sweep",
+            command=command,
+            body=body,
+            environment=environment,
+        )
+    )
     return 0
 
 
