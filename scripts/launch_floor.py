@@ -105,22 +105,26 @@ def launch_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def summary(table: pd.DataFrame) -> str:
-    """One paragraph of what the table shows, from its numbers (the report beside it quotes it)."""
+    """One paragraph of what the table shows, from its numbers (the report beside it quotes it): the
+    cost per operator of the steps whose FLOPs at peak take under a third of their time."""
     lines = []
     for precision in ("bf16", "fp32"):
         rows = table[(table["precision"] == precision) & (table["pass_type"] == "forward-backward")]
-        if rows.empty:
+        light = rows[rows["flops_at_peak_ms"] < rows["step_ms"] / 3]
+        if light.empty:
             continue
         per_size = rows.groupby("model_size", sort=False)["operators_per_step"].first()
         counts = ", ".join(f"{n:,} for {size}" for size, n in per_size.items())
         lines.append(
-            f"{precision} forward-backward steps take {rows['us_per_operator'].min():.0f} to "
-            f"{rows['us_per_operator'].max():.0f} us per dispatched operator ({counts})"
+            f"{precision} forward-backward steps whose FLOPs at peak take under a third of their time "
+            f"({len(light)} of {len(rows)}) cost {light['us_per_operator'].min():.0f} to "
+            f"{light['us_per_operator'].max():.0f} us per dispatched operator ({counts})"
         )
     return (
-        "Launches against step time (operators counted on a CPU at each size's depth, "
-        f"{PROG}): " + "; ".join(lines) + ". A cost per operator that stays put across sizes and "
-        "contexts is the host launching operators; one that grows with the work is the GPU computing."
+        f"Launches against step time (operators counted on a CPU at each size's depth, {PROG}): "
+        + "; ".join(lines)
+        + ". A cost per operator that stays put across sizes and contexts is the host launching operators; "
+        "one that grows with the work is the GPU computing."
     )
 
 
