@@ -1,0 +1,225 @@
+"""The write-up of a handout plan: every problem of the edition in the handout's order, the bytes
+each rank holds, a reason and a command for what was not measured, and observations that are
+the numbers of the rows (checked against hand-computed values)."""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+import pytest
+
+from cs336_systems.report.problems import catalog
+from cs336_systems.report.problems.attention import attention_observations
+from cs336_systems.report.problems.distributed import ddp_observations, held_observations
+from cs336_systems.report.problems.model import (
+    checkpoint_observations,
+    precision_observations,
+    timing_observations,
+    warmup_observations,
+)
+from cs336_systems.report.verify import parse_tables
+from tests.conftest import REPO
+
+WRITEUP = REPO / "writeup" / "2026"
+
+
+@pytest.fixture(scope="module")
+def text() -> str:
+    return (WRITEUP / "writeup.md").read_text()
+
+
+def _section(text: str, label: str) -> str:
+    start = text.index(f"\n## {label}:")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end > 0 else None]
+
+
+def test_every_problem_of_the_edition_is_a_section_in_the_handouts_order(text):
+    headings = re.findall(r"^## ([a-z0-9_]+): ", text, re.M)
+    assert headings == list(catalog.EDITION_PROBLEMS["2026"])
+    assert text.index("## What was measured, where") < text.index("## benchmarking_script:")
+
+
+def test_the_sharding_and_fsdp_sections_show_the_bytes_each_rank_holds(text):
+    for label in ("optimizer_state_sharding_accounting", "fsdp_accounting"):
+        held = next(t for t in parse_tables(_section(text, label)) if t.title == "Bytes each rank holds after a step")
+        assert any(h.startswith("parameters (") for h in held.header) and any(
+            h.startswith("optimizer state (") for h in held.header
+        )
+        by_strategy = {row[0]: row for row in held.rows}
+        assert {"single", "ddp" if label.startswith("optimizer") else "fsdp2"} <= set(by_strategy), by_strategy
+    zero = next(
+        t for t in parse_tables(_section(text, "optimizer_state_sharding_accounting")) if t.title.startswith("Bytes")
+    )
+    column = next(i for i, h in enumerate(zero.header) if h.startswith("optimizer state"))
+    state = {row[0]: float(row[column]) for row in zero.rows if row[column][:1].isdigit()}
+    assert state["zero1"] < state["ddp"]  # ZeRO-1 keeps its shard of the AdamW moments
+
+
+def test_a_part_not_measured_here_says_why_in_one_line(text):
+    nsys = _section(text, "nsys_profile")
+    lines = [line for line in nsys.splitlines() if "not measured here" in line]
+    assert lines and all("needs a GPU" in line or "nsys" in line for line in lines)
+    leaderboard = _section(text, "leaderboard")
+    assert "not measured here" in leaderboard or "|" in leaderboard
+
+
+def test_the_first_page_checklist_is_the_plans_outcomes(text):
+    checklist = next(t for t in parse_tables(text) if t.title == "Every problem of the edition")
+    status = {row[0]: row[1] for row in checklist.rows}
+    assert list(status) == list(catalog.EDITION_PROBLEMS["2026"])
+    plan = pd.read_csv(WRITEUP / "handout_plan.csv")
+    for problem, steps in plan.groupby("problem"):
+        if (steps["outcome"] == "skipped").all():
+            assert status.get(problem, status.get("fsdp_accounting")) == "not measured", problem
+    assert status["flash_forward"] == "code" and status["tp_calcs"] == "derivation"
+
+
+def test_the_benchmarking_observations_are_the_rows_numbers(text):
+    rows = pd.read_json(WRITEUP / "benchmarking_script-b-small.jsonl", lines=True)
+    step = rows[rows["pass_type"] == "train-step"].iloc[0]
+    ratio = step["backward_ms"] / step["forward_ms"]
+    assert f"The backward pass takes {ratio:.2f}x the forward pass" in _section(text, "benchmarking_script")
+
+
+def _bench(model="m", **values) -> dict:
+    return {"model": model, "status": "ok", "num_params": 100, **values}
+
+
+def test_timing_observations_by_hand():
+    rows = [
+        _bench("small", pass_type="forward", mean_ms=10.0, num_params=100, cv_pct=2.0),
+        _bench("large", pass_type="forward", mean_ms=40.0, num_params=400, cv_pct=12.0),
+        _bench(
+            "small",
+            pass_type="train-step",
+            forward_ms=10.0,
+            backward_ms=20.0,
+            optimizer_ms=3.0,
+            mean_ms=33.0,
+            cv_pct=1.0,
+        ),
+        _bench(
+            "large",
+            pass_type="train-step",
+            forward_ms=40.0,
+            backward_ms=100.0,
+            optimizer_ms=6.0,
+            mean_ms=146.0,
+            cv_pct=1.0,
+        ),
+    ]
+    lines = timing_observations(rows)
+    assert (
+        lines[0] == "A forward pass takes 10.0 ms (small) to 40.0 ms (large): 4.00x the time for 4.00x the parameters."
+    )
+    assert lines[1] == "The backward pass takes 2.00x to 2.50x the forward pass (train-step rows)."
+    assert lines[2] == "The optimizer step is 4.11% to 9.09% of a training step."
+    assert "at most 12.0%" in lines[3] and "the noisiest row: large forward; 1 of 4 rows are above 10%" in lines[3]
+
+
+def test_warmup_observations_by_hand():
+    rows = []
+    for warmup, times_ in ((0, [30.0, 10.0, 10.0]), (1, [11.0, 11.0, 11.0]), (5, [10.0, 10.0, 10.0])):
+        rows += [
+            {"warmup_steps": warmup, "step_index": i, "measured": True, "step_ms": t} for i, t in enumerate(times_)
+        ]
+    lines = warmup_observations(rows)
+    assert lines[0] == (
+        "Without warmup the first measured step took 30.0 ms, 3.00x the mean after 5 warmup steps (10.0 ms), "
+        "and lifts the mean of the measured steps by +67%."
+    )
+    assert lines[1] == "After 1 warmup step the mean is +10% off the 5-warmup mean."
+
+
+def test_checkpoint_observations_name_the_lowest_and_its_neighbours():
+    rows = [
+        _bench(checkpoint_blocks=None, peak_memory_bytes=100.0, mean_ms=10.0),
+        _bench(checkpoint_blocks=1, peak_memory_bytes=60.0, mean_ms=13.0),
+        _bench(checkpoint_blocks=2, peak_memory_bytes=50.0, mean_ms=13.0),
+        _bench(checkpoint_blocks="all", peak_memory_bytes=70.0, mean_ms=14.0),
+    ]
+    lines = checkpoint_observations(rows)
+    assert (
+        lines[0]
+        == "The lowest peak is with 2 blocks per checkpointed group: -50% against no checkpointing, for +30% step time."
+    )
+    assert lines[1:] == [
+        "1 blocks per group: peak +20% against the lowest.",
+        "all blocks per group: peak +40% against the lowest.",
+    ]
+
+
+def test_attention_observations_find_the_first_oom_and_the_quadratic_growth():
+    rows = [
+        {
+            "head_dim": 16,
+            "context_length": n,
+            "status": "ok",
+            "memory_before_backward_bytes": 4.0 * n * n,
+            "forward_mean_ms": 0.001 * n * n,
+            "scores_bytes": 4 * n * n,
+        }
+        for n in (256, 512, 1024)
+    ] + [{"head_dim": 16, "context_length": 4096, "status": "oom"}]
+    lines = attention_observations(rows)
+    assert lines[0].startswith("The first out-of-memory is at sequence length 4096 (head dim 16); 1 of 4 shapes")
+    assert "memory held before backward grows as sequence^2.0, forward time as sequence^2.0" in lines[1]
+    assert "At sequence length 1024 the score matrix alone is 4.00 MiB" in lines[2]
+
+
+def test_ddp_observations_say_when_communication_is_below_zero():
+    rows = [
+        {"strategy": "single", "world_size": 1, "status": "ok", "mean_ms": 5.0},
+        {"strategy": "naive", "world_size": 2, "status": "ok", "mean_ms": 20.0, "comm_ms": 15.0, "comm_pct": 75.0},
+        {"strategy": "flat", "world_size": 2, "status": "ok", "mean_ms": 10.0, "comm_ms": 5.0, "comm_pct": 50.0},
+        {"strategy": "zero1", "world_size": 2, "status": "ok", "mean_ms": 12.0, "comm_ms": -1.0, "comm_pct": -8.0},
+    ]
+    lines = ddp_observations(rows)
+    assert (
+        lines[0]
+        == "naive on 2 ranks: step 20.0 ms, of which 15.0 ms communicating (75.0% of the step); one process: 5.00 ms."
+    )
+    assert (
+        "below zero" in lines[2]
+        and lines[3]
+        == "One flat all-reduce takes 5.00 ms against 15.0 ms for one all-reduce per parameter tensor (-67%)."
+    )
+
+
+def test_held_observations_compare_each_strategy_with_ddp():
+    mib = 2**20
+    rows = [
+        {
+            "strategy": "ddp",
+            "world_size": 2,
+            "status": "ok",
+            "param_bytes_per_rank": 4 * mib,
+            "optimizer_state_bytes_per_rank": 8 * mib,
+        },
+        {
+            "strategy": "zero1",
+            "world_size": 2,
+            "status": "ok",
+            "param_bytes_per_rank": 4 * mib,
+            "optimizer_state_bytes_per_rank": 4 * mib,
+        },
+    ]
+    assert held_observations(rows, "ddp") == [
+        "zero1: parameters 4.00 MiB (1.00x of ddp's), optimizer state 4.00 MiB (0.50x of ddp's)."
+    ]
+
+
+def test_precision_observations_follow_the_size():
+    rows = [
+        _bench("small", num_params=1, pass_type="forward", precision="fp32", mean_ms=10.0),
+        _bench("small", num_params=1, pass_type="forward", precision="bf16", mean_ms=12.5),
+        _bench("xl", num_params=9, pass_type="forward", precision="fp32", mean_ms=100.0),
+        _bench("xl", num_params=9, pass_type="forward", precision="bf16", mean_ms=40.0),
+    ]
+    lines = precision_observations(rows)
+    assert lines == [
+        "bf16 autocast runs 0.80x (small, forward) to 2.50x (xl, forward) as fast as fp32.",
+        "The speedup grows with model size: 0.80x for small, 2.50x for xl (forward).",
+    ]
