@@ -14,9 +14,9 @@ SCRIPT = runpy.run_path(str(REPO / "scripts" / "launch_floor.py"), run_name="imp
 def test_a_linear_is_one_kernel_and_autocast_adds_its_casts():
     linear, x = torch.nn.Linear(8, 8), torch.randn(2, 8)
     for precision, expected in ((None, 1), (torch.bfloat16, 4)):  # addmm; + casts of input, weight, bias
-        with torch.no_grad(), torch.autocast("cpu", dtype=precision or torch.float32, enabled=precision is not None):
-            with SCRIPT["CountKernels"]() as counter:
-                linear(x)
+        autocast = torch.autocast("cpu", dtype=precision or torch.float32, enabled=precision is not None)
+        with torch.no_grad(), autocast, SCRIPT["CountKernels"]() as counter:
+            linear(x)
         assert counter.count == expected  # the transpose of the weight is a view: no kernel
 
 

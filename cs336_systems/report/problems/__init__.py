@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..document import Bullets, Section, Text
+from ..document import Section, Text
 from ..load import read_file, tool_of
 from . import catalog
 
@@ -129,5 +129,5 @@ def analytic_section(problem: Problem, rates: list[str]) -> Section:
     section = Section(f"{problem.label}: {problem.title}", problem.label)
     section.add(Text("A derivation, not a measurement: the student's to write. Not measured here."))
     if rates:
-        section.add(Text("Measured rates of this machine the calculation may use:"), Bullets(rates))
+        section.add(Text(f"Measured here, should the calculation want them: {'; '.join(rates)}."))
     return section

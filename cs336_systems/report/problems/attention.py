@@ -8,7 +8,7 @@ import pandas as pd
 from .. import attention, plots
 from ..document import Bullets, Heading, Section, Text, sig3
 from ..fields import label_text
-from ..observe import number, ok, pick, records, slope, span, times
+from ..observe import number, ok, pick, records, slope, span
 from . import Problem
 from .model import compiled_model, finish, section
 
@@ -156,7 +156,3 @@ def leaderboard_2025(problem: Problem) -> Section:
         if best:
             out.add(Bullets([f"Forward plus backward: {sig3(min(best))} ms (the leaderboard's number)."]))
     return finish(problem, out)
-
-
-def ratio_text(a: float | None, b: float | None) -> str:
-    return times(a / b) if a and b else ""

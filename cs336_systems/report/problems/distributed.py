@@ -8,7 +8,7 @@ import pandas as pd
 from .. import distributed, plots
 from ..document import Bullets, Heading, Section, sig3
 from ..fields import label_text
-from ..observe import change, number, ok, pick, records, span, times
+from ..observe import change, number, ok, pick, records, times
 from . import Problem
 from .model import finish, section
 
@@ -175,28 +175,31 @@ def gather_observations(rows: list[dict]) -> list[str]:
 
 
 def rates(frames: dict[str, pd.DataFrame]) -> list[str]:
-    """What the analytic problems may use: the fastest all-reduce bandwidth and matmul rate measured."""
+    """What the analytic problems may use: the fastest all-reduce bus bandwidth and the fastest model
+    FLOP rate among all the results (one line each)."""
     from ..load import tool_of
 
-    lines = []
+    best: dict[str, tuple[float, dict]] = {}
     for frame in frames.values():
         tool = tool_of(frame)
-        if tool == "allreduce_bench" and "busbw_gbps" in frame:
-            best = max(ok(records(frame, tool)), key=lambda r: number(r, "busbw_gbps") or 0, default=None)
-            if number(best, "busbw_gbps"):
-                lines.append(
-                    f"all-reduce bus bandwidth {sig3(number(best, 'busbw_gbps'))} GB/s ({best['backend']}, "
-                    f"{label_text('world_size', best)} ranks, {best['size']}; {best['source']})"
-                )
-        if tool == "benchmark" and "achieved_tflops" in frame:
-            best = max(ok(records(frame, tool)), key=lambda r: number(r, "achieved_tflops") or 0, default=None)
-            if number(best, "achieved_tflops"):
-                lines.append(
-                    f"model FLOP rate {sig3(number(best, 'achieved_tflops'))} TFLOP/s ({best['model']}, "
-                    f"{label_text('pass_type', best)}, {label_text('precision', best)}; {best['source']})"
-                )
-    return list(dict.fromkeys(lines))[:4]
-
-
-def span_ms(values: list[float]) -> str:
-    return span(values, " ms")
+        column = {"allreduce_bench": "busbw_gbps", "benchmark": "achieved_tflops"}.get(tool)
+        if column is None or column not in frame.columns:
+            continue
+        for row in ok(records(frame, tool)):
+            value = number(row, column)
+            if value is not None and value > best.get(tool, (0.0, {}))[0]:
+                best[tool] = (value, row)
+    lines = []
+    if "allreduce_bench" in best:
+        value, row = best["allreduce_bench"]
+        lines.append(
+            f"all-reduce bus bandwidth {sig3(value)} GB/s ({row['backend']}, {label_text('world_size', row)} ranks, "
+            f"{row['size']}; {row['source']})"
+        )
+    if "benchmark" in best:
+        value, row = best["benchmark"]
+        lines.append(
+            f"model FLOP rate {sig3(value)} TFLOP/s ({row['model']}, {label_text('pass_type', row)}, "
+            f"{label_text('precision', row)}; {row['source']})"
+        )
+    return lines
