@@ -53,6 +53,7 @@ class DdpRecord(Timing, Record, ModelShape):
     global_batch: int
     lr_linear: float
     lr_sqrt: float
+    size_table: str | None = None  # the handout edition whose table named model_size (2025, 2026)
     num_params: int | None = None
     no_sync_mean_ms: float | None = None
     comm_ms: float | None = None
@@ -151,6 +152,7 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
         context_length=config.context_length,
         batch_size=config.batch_size,
         global_batch=global_batch,
+        size_table=config.model.size_table,
         precision=config.precision,
         optimizer=unit.optimizer,
         bucket_cap_mb=(unit.bucket_cap_mb or DDP_DEFAULT_BUCKET_CAP_MB) if uses_buckets else None,
