@@ -64,8 +64,8 @@ def test_cli_writes_the_image_and_the_table(tmp_path, capsys):
     path = tmp_path / "s.pickle"
     path.write_bytes(pickle.dumps(SNAPSHOT))
     png, csv = tmp_path / "t.png", tmp_path / "largest.csv"
-    assert timeline.main([str(path), "--plot", str(png), "--output", str(csv), "--top", "3"]) == 0
+    assert timeline.main(["--snapshot", str(path), "--plot", str(png), "--output", str(csv), "--top", "3"]) == 0
     assert png.read_bytes().startswith(b"\x89PNG") and len(pd.read_csv(csv)) == 3
     assert "peak active 0.025 GiB" in capsys.readouterr().out
-    assert timeline.main([str(tmp_path / "none.pickle"), "--plot", str(png)]) == 2
+    assert timeline.main(["--snapshot", str(tmp_path / "none.pickle"), "--plot", str(png)]) == 2
     assert "cannot read a memory snapshot" in capsys.readouterr().err

@@ -1,13 +1,18 @@
 """The numbers of the CS336 assignment 2 (systems) handouts: which problems each edition has, and
 every parameter a problem uses, at full and at small scale.
 
+Every problem of each edition is listed in the handout's order with its kind (measured,
+implementation, analytic) and title; builders exist for the measured ones (problems/).
+
 Parameters are the handouts' own (stanford-cs336/assignment2-systems, 2025 and 2026 releases): the
 size tables, contexts 128..1024 at batch 4, 5 warmup + 10 measured steps and again with 0, 1 and 2
-warmup steps, the attention grid (batch 8, d 16..128, sequence 256..16384, 100 passes), the
-FlashAttention grid (batch 1, causal, 128..65536, bf16 and fp32, do_bench), all-reduce 1MB..1GB on
-2, 4 and 6 ranks, DDP on the XL model with buckets of 1..1000 MB, and the FlashAttention
-leaderboard shape (batch 1, 16 heads of 64, sequence 16384, bf16, causal; from the public
-assignment2-systems-leaderboard README, used for both editions).
+warmup steps, nsys (2025 every size x 128..1024; 2026 two sizes x three powers of two above 128, the
+largest the longest that fits), the attention grid (batch 8, d 16..128, sequence 256..16384, 100
+passes), the FlashAttention grid (batch 1, causal, 128..65536, bf16 and fp32, do_bench), all-reduce
+1MB..1GB on 2, 4 and 6 ranks, DDP on the XL model with buckets of 1..1000 MB (2025), and the
+leaderboards: 2025 the FlashAttention-2 forward + backward (batch 1, 16 heads of 64, sequence 16384,
+bf16, causal), 2026 a full AdamW training step of the 8B configuration below (batch 2, context 32,768,
+bf16), both timed with do_bench.
 
 `Scale` holds every number a problem uses, so `--scale small` is the same plan at small shapes.
 """
@@ -20,6 +25,8 @@ from dataclasses import dataclass, field
 from ..tools import module_name
 
 EDITIONS = ("2025", "2026")
+# Every problem of each edition, in the handout's order (2025's leaderboard is its section 1.3.3,
+# right after flash_benchmarking; 2026's is the last problem).
 PROBLEMS = {
     "2025": (
         "benchmarking_script",
@@ -29,14 +36,21 @@ PROBLEMS = {
         "memory_profiling",
         "pytorch_attention",
         "torch_compile",
+        "flash_forward",
+        "flash_backward",
         "flash_benchmarking",
+        "leaderboard",
         "distributed_communication_single_node",
+        "naive_ddp",
         "naive_ddp_benchmarking",
         "minimal_ddp_flat_benchmarking",
+        "ddp_overlap_individual_parameters",
         "ddp_overlap_individual_parameters_benchmarking",
+        "ddp_overlap_bucketed",
         "ddp_bucketed_benchmarking",
+        "communication_accounting",
+        "optimizer_state_sharding",
         "optimizer_state_sharding_accounting",
-        "leaderboard",
     ),
     "2026": (
         "benchmarking_script",
@@ -47,19 +61,115 @@ PROBLEMS = {
         "gradient_checkpointing",
         "pytorch_attention",
         "torch_compile",
+        "flash_forward",
+        "flash_backward",
         "flash_benchmarking",
         "distributed_communication_single_node",
+        "naive_ddp",
         "naive_ddp_benchmarking",
         "minimal_ddp_flat_benchmarking",
+        "ddp_overlap_individual_parameters",
         "ddp_overlap_individual_parameters_benchmarking",
-        "ddp_bucketed_benchmarking",
+        "optimizer_state_sharding",
         "optimizer_state_sharding_accounting",
         "fsdp",
+        "fsdp_accounting",
+        "alternate_ring_all_reduce",
+        "data_parallel_calcs",
+        "fsdp_calcs",
+        "tp_calcs",
+        "fsdp_tp_calcs",
         "leaderboard",
     ),
 }
 ALL_PROBLEMS = tuple(dict.fromkeys(itertools.chain(*PROBLEMS.values())))
+
+# What a problem asks for: `measured` (the plan runs something for it), `implementation` (code the
+# official tests check: nothing to measure), `analytic` (the student derives it on paper).
+MEASURED, IMPLEMENTATION, ANALYTIC = "measured", "implementation", "analytic"
+_IMPLEMENTATIONS = (
+    "flash_forward",
+    "flash_backward",
+    "naive_ddp",
+    "ddp_overlap_individual_parameters",
+    "ddp_overlap_bucketed",
+    "optimizer_state_sharding",
+    "fsdp",
+)
+_ANALYTIC = (
+    "communication_accounting",
+    "alternate_ring_all_reduce",
+    "data_parallel_calcs",
+    "fsdp_calcs",
+    "tp_calcs",
+    "fsdp_tp_calcs",
+)
+PROBLEM_KIND = {
+    problem: IMPLEMENTATION if problem in _IMPLEMENTATIONS else ANALYTIC if problem in _ANALYTIC else MEASURED
+    for problem in ALL_PROBLEMS
+}
+KIND_MEANING = {
+    IMPLEMENTATION: "an implementation the official tests check",
+    ANALYTIC: "a derivation on paper",
+    MEASURED: "measured by the plan",
+}
+
+# The handout's title of each problem (2026 names them; 2025's are its section titles).
+PROBLEM_TITLE = {
+    "benchmarking_script": "Benchmarking Script",
+    "nsys_profile": "Nsight Systems Profiling",
+    "mixed_precision_accumulation": "Mixed-Precision Accumulation",
+    "benchmarking_mixed_precision": "Benchmarking Mixed Precision",
+    "memory_profiling": "Memory Profiling",
+    "gradient_checkpointing": "Memory-Optimal Gradient Checkpointing",
+    "pytorch_attention": "PyTorch Attention Benchmarking",
+    "torch_compile": "Torch Compile",
+    "flash_forward": "FlashAttention-2 Forward Pass",
+    "flash_backward": "FlashAttention-2 Backward Pass",
+    "flash_benchmarking": "FlashAttention-2 Benchmarking",
+    "distributed_communication_single_node": "Distributed Communication (Single Node)",
+    "naive_ddp": "Naive DDP",
+    "naive_ddp_benchmarking": "Naive DDP Benchmarking",
+    "minimal_ddp_flat_benchmarking": "Minimal DDP with Flat Gradients Benchmarking",
+    "ddp_overlap_individual_parameters": "DDP with Overlapping Individual Parameters",
+    "ddp_overlap_individual_parameters_benchmarking": "DDP Overlapping Individual Parameters Benchmarking",
+    "ddp_overlap_bucketed": "DDP with Overlapping Bucketed Gradients",
+    "ddp_bucketed_benchmarking": "Bucketed DDP Benchmarking",
+    "communication_accounting": "Communication Accounting (4D Parallelism)",
+    "optimizer_state_sharding": "Optimizer State Sharding",
+    "optimizer_state_sharding_accounting": "Optimizer State Sharding Accounting",
+    "fsdp": "Fully-Sharded Data Parallel",
+    "fsdp_accounting": "FSDP Accounting",
+    "alternate_ring_all_reduce": "Alternate Ring All-Reduce",
+    "data_parallel_calcs": "Data Parallel Calculations",
+    "fsdp_calcs": "Fully Sharded Data Parallel Calculations",
+    "tp_calcs": "Tensor Parallel Calculations",
+    "fsdp_tp_calcs": "2D Parallelism Calculations",
+    "leaderboard": "Leaderboard: Fastest Training Step",  # 2025: LEADERBOARD_TITLE_2025
+}
+LEADERBOARD_TITLE_2025 = "FlashAttention-2 Leaderboard"
+
+
+def problem_title(problem: str, edition: str) -> str:
+    if problem == "leaderboard" and edition == "2025":
+        return LEADERBOARD_TITLE_2025
+    return PROBLEM_TITLE[problem]
+
+
+def measured_problems(edition: str) -> tuple[str, ...]:
+    return tuple(problem for problem in PROBLEMS[edition] if PROBLEM_KIND[problem] == MEASURED)
+
+
 SMALL_SHAPE = {"--d-model": 64, "--d-ff": 176, "--num-layers": 2, "--num-heads": 2, "--vocab-size": 512}
+LEADERBOARD_MODEL = {  # the 2026 leaderboard's Config: bf16, causal, AdamW, timed by do_bench on two B200s
+    "--vocab-size": 151_936,
+    "--d-model": 4096,
+    "--d-ff": 11_008,
+    "--num-layers": 34,
+    "--num-heads": 32,
+    "--context-length": 32_768,
+    "--batch-size": 2,
+}
 DDP_CPU_SHAPE = {"--d-model": 128, "--d-ff": 352, "--num-layers": 2, "--num-heads": 4, "--vocab-size": 1000}
 
 
@@ -83,7 +193,15 @@ class Scale:
     attention_measure: int = 100
     flash_contexts: tuple[int, ...] = tuple(2**k for k in range(7, 17))
     flash_head_dims: tuple[int, ...] = (16, 32, 64, 128)
-    leaderboard: tuple[int, int, int] = (16, 16384, 64)  # (batch x heads, sequence, head dim)
+    flash_leaderboard: tuple[int, int, int] = (16, 16384, 64)  # 2025: (batch x heads, sequence, head dim)
+    # 2026's leaderboard: a full training step of this model (the handout's 8B configuration)
+    training_leaderboard: dict = field(default_factory=lambda: dict(LEADERBOARD_MODEL))
+    training_leaderboard_name: str = "the handout's 8B configuration"
+    # None: every size; 2026's two: the smallest, and large, the largest whose training step fits three
+    # powers of two above 128 on an 80 GB or a 40 GB GPU (xl fits only 256 and 512 on an H100)
+    nsys_sizes: dict = field(default_factory=lambda: {"2025": None, "2026": ("small", "large")})
+    nsys_above: int = 128  # 2026: power-of-two contexts above this, the largest the longest that fits
+    nsys_max_context: int = 2**14  # where the search for the longest context stops
     allreduce_sizes: tuple[str, ...] = ("1MB", "10MB", "100MB", "1GB")
     allreduce_worlds: tuple[int, ...] = (2, 4, 6)
     ddp_size: str = "xl"
@@ -112,7 +230,11 @@ SMALL = Scale(
     attention_measure=10,
     flash_contexts=(64, 128),
     flash_head_dims=(16,),
-    leaderboard=(2, 128, 16),
+    flash_leaderboard=(2, 128, 16),
+    training_leaderboard={**SMALL_SHAPE, "--context-length": 128, "--batch-size": 2},
+    training_leaderboard_name="a tiny configuration (small scale)",
+    nsys_above=16,
+    nsys_max_context=128,
     allreduce_sizes=("1MB", "10MB"),
     allreduce_worlds=(2,),
     ddp_context=32,

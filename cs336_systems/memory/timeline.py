@@ -1,6 +1,6 @@
 """python -m cs336_systems.memory.timeline: a CUDA memory snapshot as an image and a table.
 
-    python -m cs336_systems.memory.timeline snapshot.pickle --plot timeline.png --output largest.csv
+    python -m cs336_systems.memory.timeline --snapshot snapshot.pickle --plot timeline.png --output largest.csv
 
 The snapshot is what `benchmark --memory-snapshot` dumps (torch.cuda.memory._dump_snapshot), the
 file pytorch.org/memory_viz opens. This draws its "Active Memory Timeline" (bytes held by live
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
     prog = "python -m cs336_systems.memory.timeline"
     parser = ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
-    parser.add_argument("snapshot", type=Path, help="a pickle from benchmark --memory-snapshot")
+    parser.add_argument("--snapshot", type=Path, required=True, help="a pickle from benchmark --memory-snapshot")
     parser.add_argument("--plot", type=Path, required=True, help="the active memory timeline (.png)")
     parser.add_argument("--output", help="the largest allocations and their frames (.csv)")
     parser.add_argument("--top", type=positive_int, default=20, help="how many of the largest allocations (20)")
