@@ -373,3 +373,15 @@ def test_a_small_cpu_plan_says_what_it_cannot_measure_and_keeps_the_command(tmp_
     board = by_id["leaderboard"]
     assert board.status == "run" and board.flags["--timer"] == "host" and "tiny configuration" in board.part
     assert "the host timer (no GPU)" in board.part
+
+
+def test_2025_profiles_every_size_at_the_handouts_contexts():
+    steps, _ = plan_for("2025")
+    nsys = [s for s in steps if s.problem == "nsys_profile"]
+    assert {(s.flags["--model-size"], s.flags["--context-length"]) for s in nsys if s.status == "run"} >= {
+        ("small", 128),
+        ("2.7B", 512),
+    }
+    assert {s.flags["--context-length"] for s in nsys} == {128, 256, 512, 1024}
+    small = build_steps(Options("2025", SMALL, "cpu"), CPU, ["nsys_profile"])
+    assert [s.flags["--context-lengths"] for s in small] == [[32, 64]]

@@ -32,11 +32,10 @@ def nsys_configurations(options: Options, target: Target) -> list[tuple[str, lis
     each at three powers of two above 128 (nsys_above), the largest the longest whose training step the
     estimator says fits; a size where none fits keeps the smallest, with the reason it is skipped."""
     scale = options.scale
-    chosen = scale.sizes or scale.nsys_sizes[options.edition]
-    if chosen is None:
+    if scale.nsys_sizes[options.edition] is None:
         return [(size, list(scale.contexts), None) for size in sizes(options)]
     configurations = []
-    for size in chosen:
+    for size in scale.sizes or scale.nsys_sizes[options.edition]:
         candidates, context = [], 2 * scale.nsys_above
         while context <= scale.nsys_max_context:
             candidates.append(context)
