@@ -20,8 +20,10 @@ from .benchmark_flags import (
     add_execution_arguments,
     add_optimizer_argument,
     add_shape_arguments,
+    announce_size_table,
     benchmark_config_from_args,
     model_config_from_args,
+    size_table_of,
 )
 from .command import run_command
 from .config import COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
@@ -32,6 +34,7 @@ from .optimizer import OptimizerFactoryError, load_optimizer_factory
 from .precision import PRECISIONS
 from .results import BenchmarkRecord, ResultFileError, ResultSink, ResultWriteError, check_output_paths
 from .runner import run_benchmark
+from .timing import timer_unsupported_reason
 from .user_model import ModelFactoryError, load_model_factory
 from .usercode import DEFAULT_TIMEOUT_S, timeout_seconds
 
@@ -87,7 +90,7 @@ def build_parser() -> ArgumentParser:
 
 def size_table(args) -> str:
     rows = []
-    for name in SIZE_TABLES[args.size_table]:
+    for name in SIZE_TABLES[size_table_of(args).edition]:
         config = model_config_from_args(args, name, args.context_length, args.attention)
         params = count_parameters_for(config)
         rows.append(
@@ -171,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         config = config_from_args(args)
         device = resolve_device(config.device)
-        if config.timer == "cuda-event" and device.type != "cuda":
-            raise DeviceError("--timer cuda-event needs a CUDA device")
+        if reason := timer_unsupported_reason(config.timer, device):
+            raise DeviceError(reason)
         if config.cuda_graphs and device.type != "cuda":  # other refusals are 'unsupported' rows, as in sweeps
             raise DeviceError(cuda_graphs.unsupported_reason(device, config.precision, None))
         if args.memory_snapshot and device.type != "cuda":
@@ -193,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ) as exc:
         return fail(PROG, str(exc))
 
+    if not args.config:  # a configuration file carries its own table (run_benchmarks' children)
+        announce_size_table(args)
     if args.nvtx and not nvtx.enable(blocks=args.nvtx == "blocks"):
         print(f"{PROG}: note: --nvtx does nothing on {device.type} (NVTX ranges need CUDA)", file=sys.stderr)
     with monitored(args.monitor, args.monitor_interval):

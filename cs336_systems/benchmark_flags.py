@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 
 from .argtypes import add_device_argument, non_negative_int, positive_float, positive_int
 from .config import COMPILE_MODES, PARAM_DTYPES, BenchmarkConfig
 from .cuda_graphs import OPTIMIZER_REFUSAL
 from .flops import PEAK_CHOICES
-from .models import (
-    CHECKPOINT_WORDS,
-    DEFAULT_SIZE_TABLE,
-    SIZE_TABLES,
-    ConfigError,
-    ModelConfig,
-)
+from .models import CHECKPOINT_WORDS, ConfigError, ModelConfig
+from .size_tables import AUTO, SIZE_TABLE_CHOICES, SizeTableChoice, choose_size_table
 from .timing import TIMERS
 
 
@@ -66,9 +62,11 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model shape (overrides on top of the named size)")
     group.add_argument(
         "--size-table",
-        choices=tuple(SIZE_TABLES),
-        default=DEFAULT_SIZE_TABLE,
-        help="which handout's table of named sizes (2026: xl is d_model 2560, 10B is new; default 2025)",
+        choices=SIZE_TABLE_CHOICES,
+        default=AUTO,
+        help="which handout's table of named sizes (2026: xl is d_model 2560, 10B is new). auto: your "
+        "repository's edition (the names in --adapters, else tests/adapters.py here), else the one table "
+        "with the size's name (2.7B: 2025, 10B: 2026), else 2026",
     )
     group.add_argument("--d-model", type=positive_int)
     group.add_argument("--d-ff", type=positive_int)
@@ -104,7 +102,8 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
         "--timer",
         choices=TIMERS,
         default="host",
-        help="host: synchronise + host clock around each step; cuda-event: CUDA event pair per step",
+        help="host: synchronise + host clock around each step; cuda-event: CUDA event pair per step; do-bench: "
+        "each sample one triton.testing.do_bench call, as the CS336 leaderboard times a step (CUDA and Triton)",
     )
     group.add_argument("--seed", type=int, default=0)
     group.add_argument(
@@ -156,26 +155,49 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def size_table_of(args: argparse.Namespace) -> SizeTableChoice:
+    """--size-table as an edition, chosen once per run (size_tables.choose_size_table) from the flag,
+    the student's adapters and the sizes asked for; `args.size_table` then holds the edition."""
+    choice = getattr(args, "size_table_choice", None)
+    if choice is None:
+        sizes = getattr(args, "model_sizes", None) or [getattr(args, "model_size", None) or ""]
+        choice = choose_size_table(getattr(args, "size_table", None), sizes, getattr(args, "adapters", None))
+        args.size_table_choice, args.size_table = choice, choice.edition
+    return choice
+
+
+def announce_size_table(args: argparse.Namespace) -> None:
+    """The run's first line on stderr: which table the size names mean, and why (once the flags are checked)."""
+    if getattr(args, "size_table", None) is not None:
+        print(size_table_of(args).line(), file=sys.stderr, flush=True)
+
+
 def model_config_from_args(
     args: argparse.Namespace, size: str, context_length: int, attention: str, checkpoint: int | str | None = None
 ) -> ModelConfig:
     """The model for one (size, context, attention, checkpointing) with the shape overrides applied."""
     if checkpoint is None and not isinstance(getattr(args, "checkpoint_blocks", None), list):
         checkpoint = getattr(args, "checkpoint_blocks", None)
-    return ModelConfig.from_size(
-        size,
-        getattr(args, "size_table", None),
-        checkpoint_blocks=checkpoint,
-        d_model=args.d_model,
-        d_ff=args.d_ff,
-        num_layers=args.num_layers,
-        num_heads=args.num_heads,
-        vocab_size=args.vocab_size,
-        rope_theta=args.rope_theta,
-        context_length=args.max_context_length or context_length,
-        attention=attention,
-        fused_projections=getattr(args, "fused_projections", False),
-    )
+    table = size_table_of(args)
+    try:
+        return ModelConfig.from_size(
+            size,
+            table.edition,
+            checkpoint_blocks=checkpoint,
+            d_model=args.d_model,
+            d_ff=args.d_ff,
+            num_layers=args.num_layers,
+            num_heads=args.num_heads,
+            vocab_size=args.vocab_size,
+            rope_theta=args.rope_theta,
+            context_length=args.max_context_length or context_length,
+            attention=attention,
+            fused_projections=getattr(args, "fused_projections", False),
+        )
+    except ConfigError as exc:
+        if not str(exc).startswith("unknown model size") or table.why.startswith("--size-table"):
+            raise
+        raise ConfigError(f"{exc}; {table.line()}") from None  # a table the user did not name: say why
 
 
 def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **run) -> BenchmarkConfig:

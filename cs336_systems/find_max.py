@@ -28,6 +28,7 @@ from pathlib import Path
 from .argtypes import EXIT_FAILED, EXIT_OK, fail, positive_int
 from .benchmark import build_parser as build_benchmark_parser
 from .benchmark import config_from_args
+from .benchmark_flags import announce_size_table
 from .child import add_child_arguments, child_limits_from_args, run_in_child
 from .config import BenchmarkConfig
 from .device import DeviceError, resolve_device
@@ -45,6 +46,7 @@ from .results import (
 )
 from .search import search_boundary
 from .sweep import StopRequest, describe
+from .timing import timer_unsupported_reason
 from .user_model import ModelFactoryError, load_model_factory
 
 PROG = "python -m cs336_systems.find_max"
@@ -70,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         device = resolve_device(args.device)
-        if args.timer == "cuda-event" and device.type != "cuda":
-            raise DeviceError("--timer cuda-event needs a CUDA device")
+        if reason := timer_unsupported_reason(args.timer, device):
+            raise DeviceError(reason)
         if args.model_factory:
             load_model_factory(args.model_factory)
         if args.optimizer:
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {args.dimension} {value}: {record.status}{error}", file=sys.stderr, flush=True)
         return record.status
 
+    announce_size_table(args)
     print(f"{PROG}: largest {args.dimension} of {searched}, from {start}", file=sys.stderr, flush=True)
     with stop.installed(), monitored(args.monitor, args.monitor_interval):
         try:
@@ -134,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"smallest {args.dimension} that runs out of memory: {result.smallest_oom}")
     print(f"({result.stopped_because}; {len(result.probes)} probes)")
     if summary:
-        text = json.dumps({**asdict(result), "config": searched, "device": str(device)}, indent=2)
+        answer = {**asdict(result), "config": searched, "size_table": base.model.size_table, "device": str(device)}
+        text = json.dumps(answer, indent=2)
         try:
             write_whole(summary, text + "\n")
         except ResultWriteError as exc:  # a full disk after all the work: the answer is printed above

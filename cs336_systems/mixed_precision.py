@@ -6,21 +6,25 @@
    under fp16 and bf16 autocast; the dtype of its parameters, each layer's output, the
    loss and the gradients, with the rule that produced each.
 
-    python -m cs336_systems.mixed_precision --device auto
+    python -m cs336_systems.mixed_precision --device auto --output mixed_precision.csv
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from tabulate import tabulate
 from torch import nn
 
-from .argtypes import ArgumentParser, add_device_argument, fail
+from .argtypes import EXIT_FAILED, ArgumentParser, add_device_argument, fail
 from .command import run_command
 from .device import DeviceError, resolve_device
 
@@ -205,31 +209,60 @@ def autocast_why(name: str, fp16: str, bf16: str, device_type: str) -> str:
     raise ValueError(f"unknown tensor {name!r}")
 
 
-def report(device: torch.device) -> str:
+def result_rows(device: torch.device) -> list[dict]:
+    """Both tables as rows, each with the device and the environment it ran in: `table` is
+    'accumulation' (experiment, accumulator, addend, result, error, why) or 'autocast' (tensor,
+    fp16, bf16, why), the dtypes each tensor of the toy model has under fp16 and bf16 autocast."""
     from .results import collect_environment
 
-    env = collect_environment(device)
+    env = dataclasses.asdict(collect_environment(device))
+    rows = [
+        dict(
+            table="accumulation",
+            experiment=a.experiment,
+            accumulator=a.accumulator,
+            addend=a.addend,
+            result=a.value,
+            error=a.error,
+            why=a.why,
+        )
+        for a in accumulation_experiments(device)
+    ]
+    fp16, bf16 = autocast_dtypes(torch.float16, device), autocast_dtypes(torch.bfloat16, device)
+    rows += [
+        dict(
+            table="autocast",
+            tensor=name,
+            fp16=fp16[name],
+            bf16=bf16[name],
+            why=autocast_why(name, fp16[name], bf16[name], device.type),
+        )
+        for name in TENSORS
+    ]
+    return [{**row, "device": str(device), **env} for row in rows]
+
+
+def report(rows: list[dict]) -> str:
+    """The printed page: both tables as Markdown."""
+    first = rows[0]
     lines = [
-        f"Mixed precision on {env.device_name} ({device}), torch {env.torch_version}",
+        f"Mixed precision on {first['device_name']} ({first['device']}), torch {first['torch_version']}",
         "",
         f"Adding 0.01 {STEPS} times (exact answer {EXACT:g}):",
         "",
     ]
-    rows = [
-        (a.experiment, a.accumulator, a.addend, repr(a.value), f"{a.error:+.6f}", a.why)
-        for a in accumulation_experiments(device)
+    accumulation = [
+        (r["experiment"], r["accumulator"], r["addend"], repr(r["result"]), f"{r['error']:+.6f}", r["why"])
+        for r in rows
+        if r["table"] == "accumulation"
     ]
     headers = ["experiment", "accumulator", "addend", "result", "error", "why"]
-    lines += [tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True), ""]
-    fp16, bf16 = autocast_dtypes(torch.float16, device), autocast_dtypes(torch.bfloat16, device)
+    lines += [tabulate(accumulation, headers=headers, tablefmt="github", disable_numparse=True), ""]
     lines += [
         "Toy model (fc1 -> ReLU -> LayerNorm -> fc2, cross-entropy) under torch.autocast:",
         "",
         tabulate(
-            [
-                (name, fp16[name], bf16[name], autocast_why(name, fp16[name], bf16[name], device.type))
-                for name in TENSORS
-            ],
+            [(r["tensor"], r["fp16"], r["bf16"], r["why"]) for r in rows if r["table"] == "autocast"],
             headers=["tensor", "fp16 autocast", "bf16 autocast", "why"],
             tablefmt="github",
             disable_numparse=True,
@@ -238,15 +271,46 @@ def report(device: torch.device) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_rows(rows: list[dict], path: Path) -> None:
+    """One file of both tables' rows: .csv (a `table` column tells them apart) or .jsonl."""
+    from .results import write_whole
+
+    if path.suffix == ".csv":
+        text = pd.DataFrame(rows).to_csv(index=False)
+    else:
+        text = "".join(json.dumps(row) + "\n" for row in rows)
+    write_whole(path, text)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from .results import ResultFileError, ResultWriteError, check_output_paths
+
     parser = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     add_device_argument(parser)
+    parser.add_argument(
+        "--output",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also write the printed values as rows to PATH (.csv or .jsonl; repeatable)",
+    )
     args = parser.parse_args(argv)
     try:
         device = resolve_device(args.device)
-    except DeviceError as exc:
+        wrong = [path for path in args.output if Path(path).suffix not in (".csv", ".jsonl")]
+        if wrong:
+            raise ValueError(f"--output {wrong[0]}: mixed_precision writes .csv or .jsonl")
+        outputs = check_output_paths(args.output)
+    except (DeviceError, ResultFileError, ValueError) as exc:
         return fail(PROG, str(exc))
-    print(report(device), end="")
+    rows = result_rows(device)
+    print(report(rows), end="")
+    try:
+        for path in outputs:
+            write_rows(rows, path)
+    except ResultWriteError as exc:
+        print(f"{PROG}: error: {exc.strerror}", file=sys.stderr)
+        return EXIT_FAILED
     return 0
 
 

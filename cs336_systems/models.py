@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from . import nvtx
+from .size_tables import NEWEST_SIZE_TABLE, SIZE_TABLES, choose_size_table
 from .user_model import FACTORY_KEYWORDS, ModelFactoryError, build_user_model
 from .usercode import UserCodeTimeout
 
@@ -28,27 +29,9 @@ DEFAULT_ROPE_THETA = 10_000.0
 DEFAULT_CONTEXT_LENGTH = 512
 CUSTOM_SIZE_NAME = "custom"
 
-# The CS336 assignment 2 sizes, per handout edition; a size is a name looked up here and
-# nowhere else. The 2026 edition keeps small..large, makes xl the old 2.7B and adds 10B.
-_SMALL_TO_LARGE = {
-    "small": dict(d_model=768, d_ff=3072, num_layers=12, num_heads=12),
-    "medium": dict(d_model=1024, d_ff=4096, num_layers=24, num_heads=16),
-    "large": dict(d_model=1280, d_ff=5120, num_layers=36, num_heads=20),
-}
-SIZE_TABLES: dict[str, dict[str, dict[str, int]]] = {
-    "2025": {
-        **_SMALL_TO_LARGE,
-        "xl": dict(d_model=1600, d_ff=6400, num_layers=48, num_heads=25),
-        "2.7B": dict(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
-    },
-    "2026": {
-        **_SMALL_TO_LARGE,
-        "xl": dict(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
-        "10B": dict(d_model=4608, d_ff=12288, num_layers=50, num_heads=36),
-    },
-}
-DEFAULT_SIZE_TABLE = "2025"
-MODEL_SIZES = SIZE_TABLES[DEFAULT_SIZE_TABLE]
+# A size is a name looked up in its edition's table (size_tables.py) and nowhere else.
+DEFAULT_SIZE_TABLE = NEWEST_SIZE_TABLE  # a ModelConfig built from a shape, not from a name
+MODEL_SIZES = SIZE_TABLES["2025"]  # the table this project started from (the report labels the other's xl)
 CHECKPOINT_WORDS = ("sqrt", "all")  # --checkpoint-blocks besides a number of blocks K (0 = off)
 
 
@@ -76,7 +59,7 @@ def size_table(edition: str) -> dict[str, dict[str, int]]:
         raise ConfigError(f"unknown size table {edition!r}; choose one of: {', '.join(SIZE_TABLES)}") from None
 
 
-def canonical_size_name(name: str, edition: str = DEFAULT_SIZE_TABLE) -> str:
+def canonical_size_name(name: str, edition: str) -> str:
     """Map a size name to its key in the edition's table, ignoring case ('XL' -> 'xl')."""
     sizes = size_table(edition)
     by_lower = {key.lower(): key for key in sizes}
@@ -121,8 +104,10 @@ class ModelConfig:
 
     @classmethod
     def from_size(cls, size: str, size_table: str | None = None, **overrides) -> ModelConfig:
-        """A named size of `size_table` with optional overrides; the name becomes 'custom' if the shape changes."""
-        edition = str(size_table or DEFAULT_SIZE_TABLE)
+        """A named size of `size_table` with optional overrides; the name becomes 'custom' if the shape changes.
+        Without a table: the one that has the name, else the newest (size_tables.choose_size_table; the
+        CLIs also read the student's repository, a library call does not)."""
+        edition = choose_size_table(size_table, [size], read_repository=False).edition
         name = canonical_size_name(size, edition)
         shape = dict(SIZE_TABLES[edition][name])
         given = {key: value for key, value in overrides.items() if value is not None}

@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .argtypes import ArgumentParser, add_device_argument, exit_status, fail, positive_int
-from .benchmark_flags import add_shape_arguments, model_config_from_args
+from .benchmark_flags import add_shape_arguments, announce_size_table, model_config_from_args
 from .device import DeviceError, compile_unsupported_reason, failure_status, resolve_device
 from .memory.estimate import FP32, block_saved_bytes
 from .models import ATTENTION_KINDS, ConfigError, ModelConfig, TransformerBlock, TransformerLM
@@ -268,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             raise DeviceError(reason)
     except (ConfigError, DeviceError) as exc:
         return fail(PROG, str(exc))
+    announce_size_table(args)
     try:
         return _report(args, config, device)
     except (RuntimeError, MemoryError) as exc:  # a size that cannot be allocated: a result, in one line

@@ -38,6 +38,7 @@ from .results import (
     collect_environment,
     read_results,
 )
+from .timing import timer_unsupported_reason
 from .user_model import ModelFactoryError, load_model_factory
 
 
@@ -272,8 +273,8 @@ def sweep_main(
     args = parser.parse_args(argv)
     try:
         device = resolve_device(args.device)
-        if args.timer == "cuda-event" and device.type != "cuda":
-            raise DeviceError("--timer cuda-event needs a CUDA device")
+        if reason := timer_unsupported_reason(args.timer, device):
+            raise DeviceError(reason)
         if args.cuda_graphs and device.type != "cuda":
             raise DeviceError(cuda_graphs.unsupported_reason(device, "fp32", None))
         if args.model_factory:
@@ -300,6 +301,7 @@ def sweep_main(
 
     # Children record their own environment; the parent of CUDA children stays off the GPU.
     env = None if child_processes else collect_environment(device)
+    benchmark_flags.announce_size_table(args)
     print(
         f"{len(configs)} configurations, {len(configs) - len(pending)} already done, {len(pending)} to run",
         file=sys.stderr,

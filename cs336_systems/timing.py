@@ -28,7 +28,7 @@ import torch
 
 from . import nvtx
 
-TIMERS = ("host", "cuda-event")
+TIMERS = ("host", "cuda-event", "do-bench")
 
 Step = Callable[[], object]
 
@@ -99,13 +99,57 @@ class UntimedSetup:
         return self.timer.time_ms(step)
 
 
-def make_timer(kind: str, device: torch.device, clock: Callable[[], float] = time.perf_counter) -> StepTimer:
+class DoBenchTimer:
+    """`triton.testing.do_bench` around the step, as the CS336 leaderboard times its training step.
+
+    do_bench runs the step itself: a few calls to estimate its length, then its own warmup and
+    repetitions (25 ms and 100 ms of them by default, at least one each), clearing the L2 cache
+    before each; it returns their mean. One sample of `time_steps` is one do_bench call.
+    """
+
+    def __init__(self, do_bench: Callable[..., float]):
+        self.do_bench = do_bench
+
+    def time_ms(self, step: Step) -> float:
+        return float(self.do_bench(step))
+
+
+def triton_do_bench() -> Callable | None:
+    """`triton.testing.do_bench`, or None where Triton is not importable."""
+    try:
+        from triton.testing import do_bench
+    except Exception:  # not installed, or installed without a usable backend
+        return None
+    return do_bench
+
+
+def timer_unsupported_reason(kind: str, device: torch.device, do_bench: Callable | None = None) -> str | None:
+    """Why `kind` cannot time steps on `device` (one line), or None. `do_bench` stands in for Triton's."""
+    if kind == "cuda-event" and device.type != "cuda":
+        return "--timer cuda-event needs a CUDA device"
+    if kind == "do-bench":
+        if device.type != "cuda":
+            return "--timer do-bench needs a CUDA device (triton.testing.do_bench times GPU work)"
+        if (do_bench or triton_do_bench()) is None:
+            return "--timer do-bench needs Triton (triton.testing.do_bench), which is not importable here"
+    return None
+
+
+def make_timer(
+    kind: str,
+    device: torch.device,
+    clock: Callable[[], float] = time.perf_counter,
+    do_bench: Callable[..., float] | None = None,
+) -> StepTimer:
+    reason = timer_unsupported_reason(kind, device, do_bench)
+    if reason is not None:
+        raise ValueError(reason)
     if kind == "host":
         return HostTimer(clock=clock, synchronize=device_synchronizer(device))
     if kind == "cuda-event":
-        if device.type != "cuda":
-            raise ValueError("--timer cuda-event needs a CUDA device")
         return CudaEventTimer()
+    if kind == "do-bench":
+        return DoBenchTimer(do_bench or triton_do_bench())
     raise ValueError(f"unknown timer {kind!r}; choose one of {TIMERS}")
 
 

@@ -27,10 +27,12 @@ from tabulate import tabulate  # noqa: E402
 
 from cs336_bench.argtypes import fail, non_negative_int  # noqa: E402
 from cs336_bench.benchmark import build_parser, config_from_args  # noqa: E402
+from cs336_bench.benchmark_flags import announce_size_table  # noqa: E402
 from cs336_bench.child import ChildLimits, run_in_child  # noqa: E402
 from cs336_bench.device import DeviceError, resolve_device  # noqa: E402
 from cs336_bench.models import ConfigError  # noqa: E402
 from cs336_bench.results import (  # noqa: E402
+    ENVIRONMENT_FIELDS,
     ResultFileError,
     ResultSink,
     check_output_paths,
@@ -41,6 +43,16 @@ from cs336_bench.sweep import describe  # noqa: E402
 from cs336_bench.user_model import ModelFactoryError, load_model_factory  # noqa: E402
 
 PROG = "python scripts/warmup_study.py"
+RUN_COLUMNS = (
+    "model_size",
+    "size_table",
+    "context_length",
+    "batch_size",
+    "pass_type",
+    "precision",
+    "compile",
+    "device",
+)
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 
@@ -61,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         sink = ResultSink(check_output_paths(args.output))
     except (ConfigError, DeviceError, ModelFactoryError, ResultFileError) as exc:
         return fail(PROG, str(exc))
+    announce_size_table(args)
 
     steps, summary, records = [], [], []
     for warmup in args.warmups:
@@ -71,8 +84,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: warmup {warmup}: {record.status}: {record.error}", file=sys.stderr)
             return 1
         times = [*record.warmup_step_ms, *record.step_ms]
+        # every row says what ran and where, as every other tool's rows do
+        context = {column: records[-1][column] for column in (*RUN_COLUMNS, *ENVIRONMENT_FIELDS)}
         for index, ms in enumerate(times):
-            steps.append(dict(warmup_steps=warmup, step_index=index, measured=index >= warmup, step_ms=ms))
+            steps.append(dict(warmup_steps=warmup, step_index=index, measured=index >= warmup, step_ms=ms, **context))
         stats = summarize(record.step_ms)
         summary.append(
             dict(

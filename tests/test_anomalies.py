@@ -11,7 +11,7 @@ LAPTOP = "NVIDIA GeForce RTX 4090 Laptop GPU"
 
 def laptop_row(size: str, mean_ms: float, **changes) -> dict:
     """docs/reference.md section 3: fp32, context 512, batch 4, forward-backward, the handout's attention."""
-    model = ModelConfig.from_size(size, context_length=512, attention="naive")
+    model = ModelConfig.from_size(size, "2025", context_length=512, attention="naive")
     flops = analytic_flops_per_step(model, 4, 512, "forward-backward")
     row = dict(
         model_size=size,

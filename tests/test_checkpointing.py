@@ -35,7 +35,8 @@ def test_2026_table_exact_parameter_counts():
     assert (ten_b.d_model, ten_b.d_ff, ten_b.num_layers, ten_b.num_heads) == (4608, 12288, 50, 36)
     assert formula_num_params(xl) == 3_406_809_600
     assert formula_num_params(ten_b) == 12_832_823_808
-    assert ModelConfig.from_size("xl").d_model == 1600  # 2025 stays the default
+    assert ModelConfig.from_size("xl").d_model == 2560  # no table named: the newest edition's
+    assert ModelConfig.from_size("2.7B").size_table == "2025"  # a name only one table has picks it
 
 
 @pytest.mark.parametrize("edition", list(SIZE_TABLES))
@@ -50,13 +51,13 @@ def test_size_not_in_the_table_is_refused():
     with pytest.raises(
         ConfigError, match=r"unknown model size '10B'; .* \(10B is in the 2026 table: --size-table 2026\)"
     ):
-        ModelConfig.from_size("10B")
+        ModelConfig.from_size("10B", "2025")
 
 
 def test_list_sizes_shows_the_table_in_use(capsys):
     code, out, _ = run_main(benchmark.main, capsys, "--list-sizes", "--size-table", "2026")
     assert code == 0 and "10B" in out and "3406809600" in out and "12832823808" in out and "2.7B" not in out
-    code, out, _ = run_main(benchmark.main, capsys, "--list-sizes")
+    code, out, _ = run_main(benchmark.main, capsys, "--list-sizes", "--size-table", "2025")
     assert code == 0 and "2.7B" in out and "10B" not in out
 
 
@@ -68,7 +69,7 @@ def test_list_sizes_shows_the_table_in_use(capsys):
         (["--checkpoint-blocks", "half"], "expected 0, a number of blocks, sqrt or all"),
         (["--checkpoint-blocks", "3"], "--checkpoint-blocks 3 is more than the model's 2 layers"),
         (["--checkpoint-blocks", "1", "--model-factory", "tests.test_checkpointing:make_model"], "cannot wrap"),
-        (["--model-size", "10B"], "(10B is in the 2026 table: --size-table 2026)"),
+        (["--size-table", "2025", "--model-size", "10B"], "(10B is in the 2026 table: --size-table 2026)"),
         (["--optimizer", "tests.test_checkpointing:missing"], "has no attribute 'missing'"),
     ],
 )
@@ -239,7 +240,7 @@ def test_model_factory_row_records_attention_na():
 def test_rows_record_size_table_and_checkpointing():
     m = tiny_model_config(num_layers=2).replace(checkpoint_blocks="all")
     record = run_benchmark(BenchmarkConfig(model=m, context_length=8, batch_size=2, warmup_steps=0, measure_steps=1))
-    assert record.status == "ok" and record.size_table == "2025"
+    assert record.status == "ok" and record.size_table == "2026"  # a shape, not a name: the newest table
     assert (record.checkpoint_blocks, record.checkpoint_group_size) == ("all", 2)
     assert record.flops_per_step > analytic_flops_per_step(m, 2, 8, "forward-backward")
     # MFU's numerator is model FLOPs: the recomputed forward is not useful work

@@ -40,10 +40,12 @@ def test_cuda_without_cuda_exits_2(capsys, monkeypatch):
 
 
 def test_list_sizes_prints_exact_counts(capsys):
-    code, out, _ = run_main(benchmark.main, capsys, "--list-sizes")
+    code, out, _ = run_main(benchmark.main, capsys, "--list-sizes", "--size-table", "2025")
     assert code == 0
     for count in ("128625408", "423183360", "969411840", "1998235200", "3406809600"):
         assert count in out
+    code, out, _ = run_main(benchmark.main, capsys, "--list-sizes")  # no student repository here: the newest
+    assert code == 0 and "| 2026 " in out and "12832823808" in out and "1998235200" not in out
 
 
 def test_run_prints_table_and_writes_every_format(capsys, tmp_path):
@@ -58,8 +60,8 @@ def test_run_prints_table_and_writes_every_format(capsys, tmp_path):
 
 def test_wrong_user_model_output_is_one_line(capsys, tmp_path, fixtures_on_path):
     code, out, err = run_main(benchmark.main, capsys, *TINY, "--model-factory", "user_models:wrong_shape")
-    assert code == 1
-    assert err.strip().count("\n") == 0 and "expected floating (B, T, V)" in err and "Traceback" not in err
+    assert code == 1 and err.startswith("size table 2026 (")  # the run's first line, then its one error line
+    assert err.strip().count("\n") == 1 and "expected floating (B, T, V)" in err and "Traceback" not in err
 
 
 def test_module_entry_point_in_a_child_process(tmp_path):
@@ -73,5 +75,6 @@ def test_module_entry_point_in_a_child_process(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "python -m cs336_systems.benchmark: error: unknown model size 'nope'; "
-        "choose one of: small, medium, large, xl, 2.7B"
+        "choose one of: small, medium, large, xl, 10B; size table 2026 (the newest edition's; --size-table 2025 "
+        "for the other)"
     )

@@ -15,7 +15,7 @@ from cs336_systems.loader_bench.record import LoaderRecord
 from cs336_systems.monitor import SAMPLE_FIELDS
 from cs336_systems.probe.record import ProbeRecord
 from cs336_systems.report.load import read_file, tool_of
-from cs336_systems.results import BenchmarkRecord, read_results
+from cs336_systems.results import ENVIRONMENT_FIELDS, BenchmarkRecord, read_results
 from cs336_systems.results.files import CsvWriter
 from tests.conftest import REPO
 
@@ -30,7 +30,10 @@ TODAY = {
     "loader_bench": LoaderRecord.row_fields(),
     "probe": ProbeRecord.row_fields(),
     "monitor": SAMPLE_FIELDS,
-    "warmup_study": ("warmup_steps", "step_index", "measured", "step_ms"),  # scripts/warmup_study.py
+    "warmup_study": (  # scripts/warmup_study.py: each step, what ran and where
+        *("warmup_steps", "step_index", "measured", "step_ms", "model_size", "size_table", "context_length"),
+        *("batch_size", "pass_type", "precision", "compile", "device", *ENVIRONMENT_FIELDS),
+    ),
 }
 
 # Written by an older harness and quoted on the docs pages; `bash scripts/dev/cpu_results.sh` (CPU) and
@@ -40,6 +43,9 @@ AWAITING_REGENERATION = {
     "attention_cpu.csv": "cpu_results.sh attention",
     "ddp_gloo_cpu.csv": "cpu_results.sh ddp",  # a rerun on 2026-11-24 was too noisy to replace it (single step CV 19%)
     "gpu_sweep_h100.csv": "gpu_session.sh core (needs a GPU)",
+    # issue 36 added size_table, forward_ms and backward_ms to ddp_bench rows, the environment to the warmup study's
+    "ddp_strategies_cpu.csv": "cpu_results.sh ddp",
+    "warmup_study_cpu.csv": "cpu_results.sh warmup",
 }
 
 TOOL_FILES = sorted(RESULTS.glob("*.csv"))

@@ -8,11 +8,13 @@ import json
 import pandas as pd
 import pytest
 
+from cs336_systems.editions import PROBLEM_KIND, PROBLEM_TITLE, PROBLEMS, measured_problems
 from cs336_systems.handout import cli, run
-from cs336_systems.handout.parameters import FULL, PROBLEMS, Options
-from cs336_systems.handout.plan import fit_budget, parse_duration, total_seconds
+from cs336_systems.handout.parameters import FULL, SMALL, Options
+from cs336_systems.handout.plan import fit_budget, parse_duration, predicted_peak, total_seconds
 from cs336_systems.handout.problems import build_steps
-from cs336_systems.handout.target import assumed_target
+from cs336_systems.handout.target import Target, assumed_target
+from cs336_systems.models import ModelConfig
 
 H100 = "H100 80GB"
 
@@ -28,8 +30,10 @@ def test_dry_run_for_an_assumed_h100_covers_every_problem_of_the_edition(edition
     out = capsys.readouterr().out
     assert f"Plan for the {edition} handout, full scale, on H100, 80.00 GiB, 1 GPU (assumed)" in out
     table = [line for line in out.splitlines() if line.startswith("| ")]
-    for problem in PROBLEMS[edition]:
+    for problem in measured_problems(edition):
         assert any(line.startswith(f"| {problem} ") for line in table), problem
+    not_measured = next(line for line in out.splitlines() if line.startswith("Not measured"))
+    assert all(p in not_measured for p in PROBLEMS[edition] if PROBLEM_KIND[p] != "measured")
     commands = out.split("Commands:")[1]
     assert "python -m cs336_systems.run_benchmarks" in commands and "--device cuda" in commands
     assert f"results/handout-{edition}-h100/" in commands
@@ -82,6 +86,8 @@ def test_a_roomy_budget_changes_nothing():
         (["--assume-device", "Z9000 80GB"], "not in the peak FLOP/s table"),
         (["--problems", "no_such_problem"], "--problems no_such_problem: unknown"),
         (["--edition", "2025", "--problems", "fsdp"], "a problem of the other edition"),
+        (["--problems", "flash_forward"], "--problems flash_forward: an implementation the official tests check"),
+        (["--problems", "tp_calcs"], "--problems tp_calcs: a derivation on paper"),
         (["--budget", "soon"], "expected a duration"),
         (["--device", "cpu", "--adapters", "no_such_adapters_module", "--dry-run"], "no_such_adapters_module"),
     ],
@@ -250,3 +256,137 @@ def test_two_assumed_gpus_run_data_parallel_on_nccl_with_the_handouts_shape():
     assert ddp.flags["--bucket-cap-mb"] == ["1", "10", "100", "1000"]
     nccl = by_id["distributed_communication_single_node-nccl"]
     assert nccl.status == "run" and nccl.flags["--world-sizes"] == [2] and "4 6 dropped" in nccl.reductions[0]
+
+
+HANDOUT_2026 = [
+    "benchmarking_script",
+    "nsys_profile",
+    "mixed_precision_accumulation",
+    "benchmarking_mixed_precision",
+    "memory_profiling",
+    "gradient_checkpointing",
+    "pytorch_attention",
+    "torch_compile",
+    "flash_forward",
+    "flash_backward",
+    "flash_benchmarking",
+    "distributed_communication_single_node",
+    "naive_ddp",
+    "naive_ddp_benchmarking",
+    "minimal_ddp_flat_benchmarking",
+    "ddp_overlap_individual_parameters",
+    "ddp_overlap_individual_parameters_benchmarking",
+    "optimizer_state_sharding",
+    "optimizer_state_sharding_accounting",
+    "fsdp",
+    "fsdp_accounting",
+    "alternate_ring_all_reduce",
+    "data_parallel_calcs",
+    "fsdp_calcs",
+    "tp_calcs",
+    "fsdp_tp_calcs",
+    "leaderboard",
+]
+
+
+def test_every_problem_of_each_edition_in_the_handouts_order_with_a_kind_and_a_title():
+    assert list(PROBLEMS["2026"]) == HANDOUT_2026
+    assert "ddp_bucketed_benchmarking" in PROBLEMS["2025"] and "ddp_bucketed_benchmarking" not in PROBLEMS["2026"]
+    assert PROBLEMS["2025"].index("leaderboard") == PROBLEMS["2025"].index("flash_benchmarking") + 1
+    kinds = {p: PROBLEM_KIND[p] for p in PROBLEMS["2026"]}
+    assert [p for p, k in kinds.items() if k == "analytic"] == HANDOUT_2026[21:26]
+    assert kinds["fsdp"] == kinds["naive_ddp"] == "implementation" and kinds["fsdp_accounting"] == "measured"
+    assert PROBLEM_KIND["communication_accounting"] == "analytic"
+    assert PROBLEM_TITLE["nsys_profile"] == "Nsight Systems Profiling"
+    assert all(PROBLEM_TITLE[p] for edition in PROBLEMS.values() for p in edition)
+    for edition in PROBLEMS:  # each step answers a measured problem of its edition
+        steps, _ = plan_for(edition)
+        assert {s.problem for s in steps} == set(measured_problems(edition))
+
+
+def test_2026_is_planned_as_2026_on_an_h100():
+    steps, target = plan_for("2026")
+    by_id = {step.id: step for step in steps}
+    assert not any("bucket" in s.id for s in steps)
+    fsdp = by_id["fsdp_accounting"]
+    assert (
+        fsdp.problem == "fsdp_accounting" and fsdp.flags["--strategies"] == ["fsdp2"] and fsdp.part.startswith("(a, b)")
+    )
+    # nsys: two sizes x three powers of two above 128, the largest the longest whose training step fits
+    nsys = [s for s in steps if s.problem == "nsys_profile"]
+    contexts = {(s.flags["--model-size"], s.flags["--context-length"]) for s in nsys}
+    assert contexts == {
+        ("small", 1024),
+        ("small", 2048),
+        ("small", 4096),
+        ("large", 256),
+        ("large", 512),
+        ("large", 1024),
+    }
+    assert {s.flags["--pass-type"] for s in nsys} == {"forward", "train-step"} and all(s.status == "run" for s in nsys)
+    assert all(s.flags["--attention"] == "naive" and s.reads[0].endswith("_cuda_gpu_kern_sum.csv") for s in nsys)
+    assert by_id["nsys_profile-small-4096-train-step"].part.startswith("(d) training step with torch's AdamW")
+    # the leaderboard: a full bf16 training step under do_bench, at the largest configuration that fits, named
+    board = by_id["leaderboard"]
+    assert board.tool.endswith("benchmark") and board.status == "run"
+    assert (board.flags["--pass-type"], board.flags["--precision"], board.flags["--timer"]) == (
+        "train-step",
+        "bf16",
+        "do-bench",
+    )
+    assert (
+        board.flags["--vocab-size"] == 151_936 and board.flags["--d-model"] == 4096 and board.flags["--batch-size"] == 2
+    )
+    assert board.flags["--num-layers"] < 34 and board.predicted_peak_bytes <= target.memory_bytes
+    assert (
+        f"{board.flags['--num-layers']} of 34 layers" in board.part
+        and "smaller than the handout's" in board.reductions[0]
+    )
+
+
+def test_the_data_parallel_prediction_counts_the_adamw_state_of_a_training_step():
+    steps, target = plan_for("2026", "2x A100 40GB")
+    by_id = {step.id: step for step in steps}
+    xl = ModelConfig.from_size("xl", "2026", context_length=512)
+    train_step = predicted_peak(target, xl, 512, 4, "train-step", "fp32")
+    ddp = by_id["naive_ddp_benchmarking"]
+    assert ddp.flags["--model-size"] == "xl" and ddp.predicted_peak_bytes == train_step > target.memory_bytes
+    assert ddp.status == "skipped" and "does not fit" in ddp.reason
+    # FSDP divides parameters, gradients and AdamW state over the two ranks: it fits where DDP does not
+    fsdp = by_id["fsdp_accounting"]
+    assert fsdp.status == "run" and fsdp.predicted_peak_bytes < target.memory_bytes
+
+
+CPU = Target("AMD EPYC", "cpu", 24 * 2**30, 0, False, False, False, {"fp32": 0.5, "bf16": 0.1})
+
+
+def test_a_small_cpu_plan_says_what_it_cannot_measure_and_keeps_the_command(tmp_path):
+    steps = build_steps(Options("2026", SMALL, "cpu"), CPU, list(measured_problems("2026")))
+    by_id = {step.id: step for step in steps}
+    # no nsys and no GPU: the torch profiler's kernel table from a sweep, said so, its rows in JSONL
+    [profiler] = [s for s in steps if s.problem == "nsys_profile"]
+    assert "torch profiler, not Nsight Systems (no GPU)" in profiler.part and profiler.reads[0].endswith(".jsonl")
+    assert profiler.flags["--context-lengths"] == [32, 64, 128] and profiler.status == "run"
+    # GPU-only steps skip with one line and keep the command that would measure them
+    rows = {row["step"]: row for row in run.plan_rows(steps, CPU, tmp_path, {}, "2026", "small")}
+    for step_id in ("memory_profiling-snapshot-forward", "memory_profiling-snapshot-forward-timeline"):
+        assert by_id[step_id].status == "skipped" and "GPU" in by_id[step_id].reason
+        assert rows[step_id]["command"] and "\n" not in by_id[step_id].reason
+    assert rows["memory_profiling-snapshot-forward-timeline"]["figures"] == "memory_profiling-snapshot-forward.png"
+    assert rows["mixed_precision_accumulation"]["reads"] == "mixed_precision_accumulation.csv"
+    # the leaderboard: a tiny named configuration on the host timer, labelled as such
+    board = by_id["leaderboard"]
+    assert board.status == "run" and board.flags["--timer"] == "host" and "tiny configuration" in board.part
+    assert "the host timer (no GPU)" in board.part
+
+
+def test_2025_profiles_every_size_at_the_handouts_contexts():
+    steps, _ = plan_for("2025")
+    nsys = [s for s in steps if s.problem == "nsys_profile"]
+    assert {(s.flags["--model-size"], s.flags["--context-length"]) for s in nsys if s.status == "run"} >= {
+        ("small", 128),
+        ("2.7B", 512),
+    }
+    assert {s.flags["--context-length"] for s in nsys} == {128, 256, 512, 1024}
+    small = build_steps(Options("2025", SMALL, "cpu"), CPU, ["nsys_profile"])
+    assert [s.flags["--context-lengths"] for s in small] == [[32, 64]]

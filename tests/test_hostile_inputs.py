@@ -143,7 +143,8 @@ def test_residuals_a_size_that_cannot_be_allocated_is_an_oom_result(capsys):
     args = ["--batch-size", "1000000", "--context-length", "100000", "--max-context-length", "100000"]
     assert residuals.main([*RESIDUALS, *args, "--d-model", "64"]) == 0  # oom is a result, by the one exit rule
     out, err = capsys.readouterr()
-    assert err.count("\n") == 1 and "oom: batch 1000000 x context 100000" in err and "can't allocate" in err
+    assert err.startswith("size table 2026 (")  # the run's first line, then the oom in one line
+    assert err.count("\n") == 2 and "oom: batch 1000000 x context 100000" in err and "can't allocate" in err
     assert "Traceback" not in err
 
 

@@ -101,7 +101,7 @@ def test_step_timeline():
 def test_laptop_story(size, fits):
     """docs/reference.md section 3: a 16 GiB card, fp32, context 512, batch 4, forward-backward, the
     handout's (naive) attention: large does not fit, hence its 17.8 s steps from host spill."""
-    model = ModelConfig.from_size(size, context_length=512, attention="naive")
+    model = ModelConfig.from_size(size, "2025", context_length=512, attention="naive")
     estimate = estimate_memory(model, 4, 512, "forward-backward", "fp32", "cuda", device_memory_bytes=16 * GIB)
     assert estimate.fits is fits
 

@@ -56,3 +56,20 @@ def test_cli_bad_device_is_one_line(capsys, monkeypatch):
     assert mixed_precision.main(["--device", "cuda"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "CUDA is not available" in err
+
+
+def test_cli_writes_the_printed_values_as_rows(tmp_path, capsys):
+    import pandas as pd
+
+    csv, jsonl = tmp_path / "mp.csv", tmp_path / "mp.jsonl"
+    assert mixed_precision.main(["--device", "cpu", "--output", str(csv), "--output", str(jsonl)]) == 0
+    rows = pd.read_csv(csv)
+    assert len(rows) == len(pd.read_json(jsonl, lines=True)) == 5 + len(TENSORS)
+    accumulation = rows[rows["table"] == "accumulation"].set_index("experiment")
+    assert accumulation.loc["2. fp16 += fp16", "result"] == 9.953125
+    assert accumulation.loc["2. fp16 += fp16", "error"] == pytest.approx(-0.046875)
+    autocast = rows[rows["table"] == "autocast"].set_index("tensor")
+    assert autocast.loc["fc1 output", ["fp16", "bf16"]].tolist() == ["fp16", "bf16"]
+    assert set(rows["device"]) == {"cpu"} and rows["device_name"].notna().all() and "torch_version" in rows
+    assert mixed_precision.main(["--device", "cpu", "--output", str(tmp_path / "mp.md")]) == 2
+    assert "writes .csv or .jsonl" in capsys.readouterr().err

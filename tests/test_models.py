@@ -28,7 +28,7 @@ PUBLISHED_PARAMS = {
 
 @pytest.mark.parametrize("size", list(MODEL_SIZES))
 def test_parameter_counts_match_formula_and_reference(size):
-    config = ModelConfig.from_size(size)
+    config = ModelConfig.from_size(size, "2025")
     counted = count_parameters_for(config)  # built on the meta device: no memory needed
     assert counted == formula_num_params(config) == PUBLISHED_PARAMS[size]
 

@@ -1,7 +1,17 @@
 import pytest
 import torch
 
-from cs336_systems.timing import CudaEventTimer, HostTimer, device_synchronizer, make_timer, time_steps
+from cs336_systems import benchmark
+from cs336_systems.timing import (
+    CudaEventTimer,
+    DoBenchTimer,
+    HostTimer,
+    device_synchronizer,
+    make_timer,
+    time_steps,
+    timer_unsupported_reason,
+)
+from tests.conftest import TINY, run_main
 
 
 class FakeClock:
@@ -100,6 +110,34 @@ def test_bad_step_counts_rejected():
 def test_cuda_event_timer_refused_on_cpu():
     with pytest.raises(ValueError, match="CUDA"):
         make_timer("cuda-event", torch.device("cpu"))
+
+
+def test_do_bench_timer_takes_one_sample_per_do_bench_call():
+    calls = []
+
+    def fake_do_bench(step):  # as Triton's: runs the step as often as it likes, returns the mean ms
+        for _ in range(4):
+            step()
+        calls.append("do_bench")
+        return 2.5 * len(calls)
+
+    steps = []
+    times = time_steps(lambda: steps.append(1), warmup_steps=1, measure_steps=2, timer=DoBenchTimer(fake_do_bench))
+    assert times.warmup_ms == (2.5,) and times.measured_ms == (5.0, 7.5)
+    assert len(calls) == 3 and len(steps) == 12
+    timer = make_timer("do-bench", torch.device("cuda"), do_bench=fake_do_bench)
+    assert isinstance(timer, DoBenchTimer) and timer.do_bench is fake_do_bench
+
+
+def test_do_bench_is_refused_on_a_cpu_and_without_triton(monkeypatch, capsys):
+    import sys
+
+    assert "needs a CUDA device" in timer_unsupported_reason("do-bench", torch.device("cpu"))
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton raises ImportError
+    assert "needs Triton" in timer_unsupported_reason("do-bench", torch.device("cuda"))
+    assert timer_unsupported_reason("do-bench", torch.device("cuda"), do_bench=lambda step: 1.0) is None
+    code, out, err = run_main(benchmark.main, capsys, *TINY, "--timer", "do-bench")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "--timer do-bench needs a CUDA device" in err
 
 
 def test_budget_stops_slow_warmup_and_measurement_after_enough_steps():

@@ -34,6 +34,10 @@ def test_warmup_study_keeps_every_step_and_writes_table_and_plot(tmp_path):
     steps = pd.read_csv(tmp_path / "warmup_study_cpu.csv")
     assert steps.groupby("warmup_steps").size().to_dict() == {0: 3, 2: 5}  # warmup + measured, every one
     assert list(steps[steps["warmup_steps"] == 2]["measured"]) == [False, False, True, True, True]
+    # each row says where it ran and which size table named its model, as every tool's rows do
+    assert steps["device_name"].notna().all() and steps["torch_version"].notna().all()
+    assert set(steps["size_table"]) == {2026} and "git_commit" in steps.columns
+    assert result.stderr.startswith("size table 2026 (")
     table = (tmp_path / "warmup_study_cpu.md").read_text()
     assert (
         "warmup_steps" in table

@@ -9,7 +9,7 @@ import re
 import pandas as pd
 import pytest
 
-from cs336_systems.report.problems import catalog
+from cs336_systems.editions import PROBLEMS
 from cs336_systems.report.problems.attention import attention_observations
 from cs336_systems.report.problems.distributed import ddp_observations, held_observations
 from cs336_systems.report.problems.model import (
@@ -37,7 +37,7 @@ def _section(text: str, label: str) -> str:
 
 def test_every_problem_of_the_edition_is_a_section_in_the_handouts_order(text):
     headings = re.findall(r"^## ([a-z0-9_]+): ", text, re.M)
-    assert headings == list(catalog.EDITION_PROBLEMS["2026"])
+    assert headings == list(PROBLEMS["2026"])
     assert text.index("## What was measured, where") < text.index("## benchmarking_script:")
 
 
@@ -68,7 +68,7 @@ def test_a_part_not_measured_here_says_why_in_one_line(text):
 def test_the_first_page_checklist_is_the_plans_outcomes(text):
     checklist = next(t for t in parse_tables(text) if t.title == "Every problem of the edition")
     status = {row[0]: row[1] for row in checklist.rows}
-    assert list(status) == list(catalog.EDITION_PROBLEMS["2026"])
+    assert list(status) == list(PROBLEMS["2026"])
     plan = pd.read_csv(WRITEUP / "handout_plan.csv")
     for problem, steps in plan.groupby("problem"):
         if (steps["outcome"] == "skipped").all():

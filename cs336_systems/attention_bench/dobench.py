@@ -7,15 +7,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..timing import triton_do_bench
+
 TRITON = "triton.do_bench"
-
-
-def triton_do_bench() -> Callable | None:
-    try:
-        from triton.testing import do_bench
-    except Exception:  # not installed, or installed without a usable backend
-        return None
-    return do_bench
 
 
 def do_bench_backend(device: torch.device) -> tuple[str, Callable | None, str | None]:

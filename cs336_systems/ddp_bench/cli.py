@@ -14,12 +14,12 @@ from ..argtypes import (
     positive_float,
     positive_int,
 )
-from ..benchmark_flags import add_shape_arguments, model_config_from_args
+from ..benchmark_flags import add_shape_arguments, announce_size_table, model_config_from_args
 from ..command import add_argument_with_aliases, run_command
 from ..config import BenchmarkConfig
 from ..distributed import LaunchError
 from ..distributed.driver import add_launch_arguments, launch_from_args, run_rows
-from ..models import ATTENTION_KINDS, MODEL_SIZES, ConfigError
+from ..models import ATTENTION_KINDS, ConfigError
 from ..optimizer import OptimizerFactoryError, load_optimizer_factory
 from ..precision import PRECISIONS, unsupported_reason
 from ..results import ResultFileError, ResultSink, check_output_paths
@@ -72,7 +72,7 @@ def build_parser() -> ArgumentParser:
         action="store_false",
         help="skip comparing one step of each strategy with a single process",
     )
-    parser.add_argument("--model-size", default="small", help=f"one of {', '.join(MODEL_SIZES)} (default small)")
+    parser.add_argument("--model-size", default="small", help="a name in --size-table's table (default small)")
     parser.add_argument("--context-length", type=positive_int, default=512)
     parser.add_argument("--batch-size", type=positive_int, default=4, help="per device (rank); global = N x this")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
@@ -195,6 +195,8 @@ def _run(args: argparse.Namespace) -> int:
         sink = ResultSink(check_output_paths(args.output) if launch.rank0 else [], DdpRecord)
     except (LaunchError, ConfigError, ModelFactoryError, ResultFileError, AdapterError, OptimizerFactoryError) as exc:
         return fail(PROG, str(exc))
+    if launch.rank0:
+        announce_size_table(args)
 
     lr_fields = dict(base_lr=args.base_lr, base_batch_size=args.base_batch_size or args.batch_size)
     baseline: list[DdpRecord] = []  # the single-process row, once it has run

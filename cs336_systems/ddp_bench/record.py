@@ -53,6 +53,7 @@ class DdpRecord(Timing, Record, ModelShape):
     global_batch: int
     lr_linear: float
     lr_sqrt: float
+    size_table: str | None = None  # the handout edition whose table named model_size (2025, 2026)
     num_params: int | None = None
     no_sync_mean_ms: float | None = None
     comm_ms: float | None = None
@@ -65,7 +66,12 @@ class DdpRecord(Timing, Record, ModelShape):
     compute_slowdown: float | None = None  # no_sync step / single step: ranks slowing each other down
     check_max_diff: float | None = None  # max |param - single-process param| after one SGD step
     check_tolerance: float | None = None
-    fsdp_all_gather_ms: float | None = None  # per step, mean over ranks (one profiled step)
+    # per rank, mean over the measured steps and the ranks: the phases alone, not the strategy's hooks
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    # fsdp2 / adapter-fsdp: time in the collectives over one profiled step (forward's and backward's
+    # all-gathers together), mean over ranks; compare with forward_ms in the same row
+    fsdp_all_gather_ms: float | None = None
     fsdp_reduce_scatter_ms: float | None = None
     # memory per rank: the max over ranks
     param_bytes_per_rank: int | None = None  # counted from the tensors each rank holds
@@ -151,6 +157,7 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
         context_length=config.context_length,
         batch_size=config.batch_size,
         global_batch=global_batch,
+        size_table=config.model.size_table,
         precision=config.precision,
         optimizer=unit.optimizer,
         bucket_cap_mb=(unit.bucket_cap_mb or DDP_DEFAULT_BUCKET_CAP_MB) if uses_buckets else None,
@@ -197,6 +204,9 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
     record.warmup_step_ms = max_over_ranks([message["warmup_ms"] for message in messages])
     summary = summarize(record.step_ms)
     fill_timing(record, summary)
+    for phase in ("forward", "backward"):
+        values = [message["phase_ms"][phase] for message in messages if phase in message.get("phase_ms", {})]
+        setattr(record, f"{phase}_ms", sum(values) / len(values) if values else None)
     record.samples_per_s = global_batch / (summary.mean / 1e3)
     record.tokens_per_s = record.samples_per_s * config.context_length
     if unit.strategy != "single":
@@ -212,8 +222,9 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
         if first["collective_ms"] is not None:
             record.fsdp_all_gather_ms = sum(m["collective_ms"]["all_gather"] for m in messages) / len(messages)
             record.fsdp_reduce_scatter_ms = sum(m["collective_ms"]["reduce_scatter"] for m in messages) / len(messages)
-            record.comm_step_ms = [record.fsdp_all_gather_ms + record.fsdp_reduce_scatter_ms]
-            record.comm_method = COMM_METHODS["fsdp2"]
+            if not record.comm_step_ms:  # fsdp2: no exposed time of its own (a student's on_after_backward has)
+                record.comm_step_ms = [record.fsdp_all_gather_ms + record.fsdp_reduce_scatter_ms]
+                record.comm_method = COMM_METHODS["fsdp2"]
         if record.comm_step_ms:
             record.comm_ms = summarize(record.comm_step_ms).mean
             record.comm_pct = 100 * record.comm_ms / summary.mean

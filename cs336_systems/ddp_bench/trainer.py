@@ -20,11 +20,12 @@ from ..models import build_model
 from ..optimizer import load_optimizer_factory
 from ..precision import autocast, precision_mode
 from ..step import combine_phases, make_step
-from ..timing import HostTimer, StepTimes, device_synchronizer, time_steps
+from ..timing import HostTimer, PhaseRecorder, StepTimes, device_synchronizer, make_phase_recorder, time_steps
 from .accounting import held_bytes, local_bytes, stateful_param_bytes
 from .strategies import Setup, Strategy, make_strategy
 
 OPTIMIZERS = ("adamw", "sgd")
+FSDP_STRATEGIES = ("fsdp2", "adapter-fsdp")  # their all-gather and reduce-scatter time is profiled
 DDP_DEFAULT_BUCKET_CAP_MB = 25.0  # DistributedDataParallel's default
 # The check steps with SGD: Adam's first step is ~lr * sign(grad), blind to a gradient off by a
 # constant factor (a sum not divided by the world size).
@@ -88,6 +89,7 @@ class Trainer:
             kwargs.pop("fused", None)  # fused AdamW does not take DTensor parameters
         self.optimizer = self.strategy.optimizer(self.model, cls, lr=lr if lr is not None else unit.lr, **kwargs)
         self.comm_ms: list[float] = []
+        self.phases = None  # a timing.PhaseRecorder while the measured steps run: forward and backward ms
         self._sync = True
         self._comm_timer = HostTimer(synchronize=device_synchronizer(device))
         phases = (
@@ -109,7 +111,9 @@ class Trainer:
                 self.comm_ms.append(self._comm_timer.time_ms(hook))
             else:
                 hook()
-        yield
+        # innermost: a phase's time leaves out the strategy's hooks around it
+        with self.phases.phase(name) if self.phases is not None else contextlib.nullcontext():
+            yield
 
     def step(self, sync: bool = True) -> None:
         """One training step; with sync=False the gradients are not averaged (DDP's no_sync)."""
@@ -204,15 +208,30 @@ def collective_time_ms(trainer: Trainer, device: torch.device) -> dict[str, floa
     return totals
 
 
-def time_interleaved(trainer: Trainer, warmup_steps: int, measure_steps: int, timer) -> tuple[StepTimes, StepTimes]:
+def time_interleaved(
+    trainer: Trainer, warmup_steps: int, measure_steps: int, timer, phases: PhaseRecorder | None = None
+) -> tuple[StepTimes, StepTimes]:
     """A synced step and a no_sync step in turn, each timed on its own: a slow spell of the
-    machine (a busy neighbour on a shared host) then falls on both, not on one block of them."""
+    machine (a busy neighbour on a shared host) then falls on both, not on one block of them.
+    `phases` records the measured synced steps' phases."""
     synced, unsynced = [], []
-    for _ in range(warmup_steps + measure_steps):
+    for index in range(warmup_steps + measure_steps):
+        recorded = phases is not None and index >= warmup_steps
+        if recorded:
+            phases.start_step()
         synced.append(timer.time_ms(trainer.step))
+        if recorded:
+            phases.end_step()
         unsynced.append(timer.time_ms(lambda: trainer.step(sync=False)))
     split = lambda times: StepTimes(tuple(times[:warmup_steps]), tuple(times[warmup_steps:]))  # noqa: E731
     return split(synced), split(unsynced)
+
+
+def mean_phase_ms(phases: PhaseRecorder) -> dict[str, float]:
+    """Each phase's mean over the measured steps (forward, backward, optimizer)."""
+    per_step = phases.resolve()
+    names = dict.fromkeys(name for step in per_step for name in step)
+    return {name: sum(step.get(name, 0.0) for step in per_step) / len(per_step) for name in names}
 
 
 def _finite(ctx: RankContext, unit: DdpUnit, module: torch.nn.Module) -> bool:
@@ -254,18 +273,28 @@ def ddp_worker(ctx: RankContext, unit: DdpUnit) -> dict | None:
             timer = HostTimer(synchronize=device_synchronizer(ctx.device))
             if unit.ranks > 1:
                 timer = BarrierFirst(timer, ctx.barrier)
+            trainer.phases = make_phase_recorder(ctx.device)  # event pairs on CUDA: no added synchronisation
             if trainer.strategy.skip_sync:
-                synced, no_sync = time_interleaved(trainer, config.warmup_steps, config.measure_steps, timer)
+                synced, no_sync = time_interleaved(
+                    trainer, config.warmup_steps, config.measure_steps, timer, trainer.phases
+                )
+                phase_ms = mean_phase_ms(trainer.phases)
             else:
                 synced = time_steps(
-                    trainer.step, warmup_steps=config.warmup_steps, measure_steps=config.measure_steps, timer=timer
+                    trainer.step,
+                    warmup_steps=config.warmup_steps,
+                    measure_steps=config.measure_steps,
+                    timer=timer,
+                    phases=trainer.phases,
                 )
+                phase_ms = {name: sum(ms) / len(ms) for name, ms in synced.phase_ms.items()}
                 no_sync = None
+            trainer.phases = None
             if not _finite(ctx, unit, trainer.module):  # with --no-check, or broken after the first step
                 return {**message, "nonfinite": True}
             held = held_bytes(trainer.model, trainer.optimizer)
             comm_ms = trainer.comm_ms[-config.measure_steps :] if trainer.strategy.timed_comm else []
-            collectives = collective_time_ms(trainer, ctx.device) if unit.strategy == "fsdp2" else None
+            collectives = collective_time_ms(trainer, ctx.device) if unit.strategy in FSDP_STRATEGIES else None
     except NotImplementedAdapter as exc:
         return {"skipped": str(exc)}
     return {
@@ -276,6 +305,7 @@ def ddp_worker(ctx: RankContext, unit: DdpUnit) -> dict | None:
         "step_ms": list(synced.measured_ms),
         "warmup_ms": list(synced.warmup_ms),
         "no_sync_ms": list(no_sync.measured_ms) if no_sync else [],
+        "phase_ms": phase_ms,
         "comm_ms": comm_ms,
         "collective_ms": collectives,
         "memory_baseline_bytes": baseline if measured else None,

@@ -10,10 +10,11 @@ from pathlib import Path
 
 from ..argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser, fail
 from ..command import run_command
-from .parameters import ALL_PROBLEMS, EDITIONS, PROBLEMS, SCALES, Options
+from ..editions import ALL_PROBLEMS, EDITIONS, KIND_MEANING, MEASURED, PROBLEM_KIND, PROBLEMS, measured_problems
+from .parameters import SCALES, Options
 from .plan import fit_budget, format_seconds, parse_duration, total_seconds
 from .problems import build_steps
-from .run import LOGS, PLAN_FILE, execute, plan_table
+from .run import LOGS, PLAN_FILE, execute, not_measured_line, plan_table
 from .target import Target, TargetError, assumed_target, present_target
 
 PROG = "python -m cs336_systems.handout"
@@ -99,12 +100,18 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from ..user_model import ModelFactoryError
 
     try:
-        problems = args.problems or list(PROBLEMS[args.edition])
+        problems = args.problems or list(measured_problems(args.edition))
         unknown = [p for p in problems if p not in PROBLEMS[args.edition]]
         if unknown:
             where = "" if unknown[0] not in ALL_PROBLEMS else f" (a problem of the other edition, not {args.edition})"
             raise ValueError(
-                f"--problems {unknown[0]}: unknown{where}; choose from {', '.join(PROBLEMS[args.edition])}"
+                f"--problems {unknown[0]}: unknown{where}; choose from {', '.join(measured_problems(args.edition))}"
+            )
+        unmeasured = [p for p in problems if PROBLEM_KIND[p] != MEASURED]
+        if unmeasured:
+            raise ValueError(
+                f"--problems {unmeasured[0]}: {KIND_MEANING[PROBLEM_KIND[unmeasured[0]]]}, nothing to measure; "
+                f"choose from {', '.join(measured_problems(args.edition))}"
             )
         budget_s = parse_duration(args.budget) if args.budget else None
         target, device = _target(args)
@@ -128,6 +135,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.dry_run or args.assume_device:
         print(header + "\n")
         print(plan_table(steps, target))
+        print(f"\n{not_measured_line(args.edition)}")
         print("\nCommands:\n")
         for step in steps:
             if step.status == "run":

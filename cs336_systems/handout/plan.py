@@ -29,9 +29,11 @@ LAUNCH_S_PER_LAYER = {"cuda": 1e-3, "cpu": 2e-3}  # eager per-op overheads of on
 CONFIG_S = {"cuda": 2.0, "cpu": 3.0}  # one configuration's set-up: model, FLOP count, the profiled step
 BANDWIDTH = {"cuda": 2e12, "cpu": 1e10}  # device memory bytes/s (attention's memory-bound passes)
 LINK = {"nccl": 1e11, "gloo": 1e9}  # all-reduce bytes/s per rank
+DO_BENCH_CALLS = 7  # steps one do_bench sample runs at least: 5 to estimate, 1 warmup, 1 repetition
 BORDERLINE = 1.10  # predicted up to 10% over the device still runs (the estimator is within a few %)
 
 PATH_FLAGS = ("--output", "--output-dir", "--plot", "--summary", "--memory-snapshot")
+INPUT_FLAGS = ("--snapshot",)  # a file an earlier step wrote: inside the output directory, not an output
 SHAPE_FLAGS = ("--d-model", "--d-ff", "--num-layers", "--num-heads", "--vocab-size")
 
 
@@ -45,7 +47,8 @@ class Step:
     tool: str  # a module (cs336_systems.run_benchmarks) or a script path (scripts/warmup_study.py)
     flags: dict = field(default_factory=dict)
     kind: str = "fixed"  # the prediction family: benchmark, attention, allreduce, ddp, warmup, fixed
-    reads: tuple[str, ...] = ()  # outputs the report reads
+    reads: tuple[str, ...] = ()  # result files the write-up shows, relative to the output directory
+    figures: tuple[str, ...] = ()  # the images the step writes (PNG), relative to the output directory
     capture: str | None = None  # the tool prints its result: stdout is kept in this file
     resumable: bool = False  # the tool's own --resume continues a partial output
     fixed_s: float = 10.0  # prediction for a `fixed` step
@@ -72,7 +75,7 @@ class Step:
             if value is None or value is False or flag.startswith("_"):  # _name: planning data, not a flag
                 continue
             values = value if isinstance(value, (list, tuple)) else [value]
-            if flag in PATH_FLAGS:
+            if flag in PATH_FLAGS or flag in INPUT_FLAGS:
                 values = [str(output_dir / v) for v in values]
             if flag == "--output":  # repeatable, one path each
                 out += [x for v in values for x in (flag, v)]
@@ -114,6 +117,7 @@ def model_configs(flags: dict) -> list[tuple[ModelConfig, int, int, str, str, bo
     compiled = {"off": [False], "on": [True], "both": [False, True]}[flags.get("--compile", "off")]
     if flags.get("--compile") is True:
         compiled = [True]
+    attention = _list(flags, "--attentions", _list(flags, "--attention", [flags.get("_estimate_attention", "sdpa")]))[0]
     grid = itertools.product(
         _list(flags, "--model-sizes", _list(flags, "--model-size", ["small"])),
         [checkpoint_blocks(str(k)) for k in _list(flags, "--checkpoint-blocks", ["0"])],
@@ -126,7 +130,7 @@ def model_configs(flags: dict) -> list[tuple[ModelConfig, int, int, str, str, bo
     configs = []
     for size, blocks, precision, compile_on, context, batch, pass_type in grid:
         model = ModelConfig.from_size(
-            size, str(flags.get("--size-table", "2025")), context_length=max(contexts), **overrides
+            size, flags.get("--size-table"), context_length=max(contexts), attention=attention, **overrides
         ).replace(checkpoint_blocks=blocks)
         configs.append((model, context, batch, pass_type, precision, compile_on))
     return configs
@@ -151,9 +155,13 @@ def predict(step: Step, target: Target, user_model: bool = False) -> None:
     steps = int(flags.get("--warmup-steps", 5)) + int(flags.get("--measure-steps", 10))
     step.predicted_peak_bytes = None
     if kind in ("benchmark", "warmup", "ddp"):
-        configs = model_configs(flags)
-        per_config = [steps * step_seconds(target, *c[:5]) for c in configs]
-        if not user_model:
+        # ddp_bench always runs training steps
+        configs = model_configs({**flags, "--pass-type": "train-step"} if kind == "ddp" else flags)
+        calls = DO_BENCH_CALLS if flags.get("--timer") == "do-bench" else 1
+        per_config = [steps * calls * step_seconds(target, *c[:5]) for c in configs]
+        if kind == "ddp":
+            step.predicted_peak_bytes = data_parallel_peak(flags, configs[0])
+        elif not user_model or step.flags.get("_estimate_builtin"):
             step.predicted_peak_bytes = max(predicted_peak(target, *c[:5]) for c in configs)
         processes = len(configs) if flags.get("_child_per_config") else 1
         compiles = sum(1 for c in configs if c[5]) * COMPILE_S[target.type]
@@ -179,6 +187,32 @@ def predict(step: Step, target: Target, user_model: bool = False) -> None:
         step.predicted_peak_bytes = 3 * max(sizes)
     else:
         step.predicted_s = step.fixed_s
+
+
+def data_parallel_peak(flags: dict, config: tuple) -> int | None:
+    """A rank's peak over the strategies of a ddp_bench step: a training step with its AdamW state
+    (the student's AdamW holds the same two fp32 tensors per parameter as torch's), parameters,
+    gradients and state each divided as the strategy divides them (ddp_bench's own accounting).
+    The single-process baseline ddp_bench runs first holds everything; where only sharding fits,
+    that one row is an oom row and the others still run."""
+    from ..config import BenchmarkConfig
+    from ..ddp_bench.accounting import predicted_peak_bytes
+    from ..ddp_bench.strategies import SHARDING
+
+    model, context, batch, _, precision, _ = config
+    world = max(int(w) for w in _list(flags, "--world-sizes", [2]))
+    per_rank = BenchmarkConfig(
+        model=model,
+        context_length=context,
+        batch_size=batch,
+        pass_type="train-step",
+        precision=precision,
+        device=str(flags.get("--device", "cuda")),
+    )
+    peaks = [predicted_peak_bytes(per_rank, SHARDING[s], world, "adamw") for s in _list(flags, "--strategies", ["ddp"])]
+    # plus the workspace margin every other prediction of the plan counts (estimate.total_bytes)
+    whole = estimate_memory(model, batch, context, "train-step", precision, per_rank.device.split(":")[0])
+    return max((peak + whole.workspace_margin for peak in peaks if peak is not None), default=None)
 
 
 def _size_bytes(text) -> int:

@@ -70,8 +70,10 @@ def plan_rows(
                 predicted_s=None if step.predicted_s is None else round(step.predicted_s, 1),
                 elapsed_s=done.get("elapsed_s"),
                 exit_status=done.get("exit_status"),
-                command="" if step.status == "skipped" else step.shell(output_dir),
+                command=step.shell(output_dir) if step.flags else "",  # a skipped step's too: how to measure it
                 outputs=" ".join(step.outputs()),
+                reads=" ".join(step.reads),
+                figures=" ".join(step.figures),
                 text_output=step.capture or "",
                 device_name=target.name,
                 device_assumed=target.assumed,
@@ -208,3 +210,15 @@ def plan_table(steps: list[Step], target: Target) -> str:
         )
     headers = ["problem", "what runs", "plan", "predicted peak", "predicted time", "fits", "why"]
     return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def not_measured_line(edition: str) -> str:
+    """The edition's problems that have nothing to measure, by kind (--dry-run prints it under the plan)."""
+    from ..editions import MEASURED, PROBLEM_KIND, PROBLEMS
+
+    kinds: dict[str, list[str]] = {}
+    for problem in PROBLEMS[edition]:
+        if PROBLEM_KIND[problem] != MEASURED:
+            kinds.setdefault(PROBLEM_KIND[problem], []).append(problem)
+    parts = [f"{kind}: {', '.join(problems)}" for kind, problems in kinds.items()]
+    return "Not measured (" + "; ".join(parts) + ")"

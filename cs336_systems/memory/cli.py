@@ -15,6 +15,7 @@ from ..argtypes import ArgumentParser, byte_size, fail, positive_int
 from ..benchmark_flags import (
     add_checkpoint_argument,
     add_shape_arguments,
+    announce_size_table,
     model_config_from_args,
 )
 from ..config import PARAM_DTYPES, PASS_TYPES
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         estimate = estimate_for(args.batch_size, args.context_length)
     except (ConfigError, ValueError) as exc:
         return fail(prog, str(exc))
+    announce_size_table(args)
 
     largest = None
     if args.find_max == "batch-size":
@@ -153,7 +155,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.precision} {args.attention} on {args.device_type}" + (f" {fast}" if fast else "")
     )
     if args.json:
-        out = {"config": title, **estimate.as_dict(), f"total_bytes_with_{other}_attention": alternative.total_bytes}
+        out = {
+            "config": title,
+            "size_table": args.size_table,
+            **estimate.as_dict(),
+            f"total_bytes_with_{other}_attention": alternative.total_bytes,
+        }
         if args.find_max:
             out["find_max"] = {"dimension": args.find_max, "largest_that_fits": largest}
         if largest is not None and largest >= FIND_MAX_LIMIT:  # the cap fits: the answer is not the cap

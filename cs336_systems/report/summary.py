@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import pandas as pd
 
+from ..editions import IMPLEMENTATION, OFFICIAL_TESTS, PROBLEM_KIND, PROBLEMS
 from .document import Section, Table, Text
 from .grid import Spec
-from .problems import catalog
 
 ENVIRONMENT = (  # row label -> column of the result rows
     ("device", "device_name"),
@@ -63,10 +63,10 @@ def environment_frame(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 def problem_status(label: str, steps: list[dict]) -> tuple[str, str]:
     """(status, why) of one problem from its steps' outcomes."""
-    kind = catalog.kind(label)
-    if kind == "implementation":
-        return "code", f"checked by the official tests: uv run pytest {catalog.IMPLEMENTATION[label]}"
-    if kind == "analytic":
+    kind = PROBLEM_KIND[label]
+    if kind == IMPLEMENTATION:
+        return "code", f"checked by the official tests: uv run pytest {OFFICIAL_TESTS[label]}"
+    if kind != "measured":
         return "derivation", "the student's calculation: nothing to measure"
     if not steps:
         return "not measured", "not in this plan (--problems)"
@@ -102,9 +102,8 @@ def checklist_frame(plan: pd.DataFrame) -> pd.DataFrame:
     edition = str(plan["edition"].iloc[0]).split(".")[0]
     records = plan.astype(object).where(plan.notna(), None).to_dict("records")
     body = []
-    for label in catalog.EDITION_PROBLEMS.get(edition, ()):
-        names = {"fsdp_accounting": ("fsdp_accounting", "fsdp")}.get(label, (label,))
-        status, why = problem_status(label, [r for r in records if r["problem"] in names])
+    for label in PROBLEMS.get(edition, ()):
+        status, why = problem_status(label, [r for r in records if r["problem"] == label])
         body.append({"problem": label, "status": status, "why": why})
     return pd.DataFrame(body).set_index("problem")
 

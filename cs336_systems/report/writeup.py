@@ -9,16 +9,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..editions import IMPLEMENTATION, MEASURED, PROBLEM_KIND, PROBLEMS
 from .document import Bullets, Document, Section, Text
 from .grid import Value, grid
-from .problems import Problem, analytic_section, catalog, implementation_section, load_files
+from .problems import Problem, analytic_section, implementation_section, load_files
 from .problems import attention as attention_problems
 from .problems import distributed as distributed_problems
 from .problems import model as model_problems
 from .summary import first_page
-
-# The plan's older name of a problem, where the handout's own label is another.
-ALIASES = {"fsdp_accounting": ("fsdp_accounting", "fsdp")}
 
 
 def _measured_builders(problems: dict[str, Problem]) -> dict[str, Callable[[Problem], Section]]:
@@ -77,17 +75,16 @@ def build_writeup(
     files, missing = load_files(plan, directory)
     files[plan_path.name] = plan.assign(source=plan_path.name)
     problems: dict[str, Problem] = {}
-    for label in catalog.EDITION_PROBLEMS.get(edition, ()):
-        names = ALIASES.get(label, (label,))
-        steps = [s for s in plan.to_dict("records") if s["problem"] in names]
+    for label in PROBLEMS.get(edition, ()):
+        steps = [s for s in plan.to_dict("records") if s["problem"] == label]
         problems[label] = Problem(label, edition, steps, directory, out_dir, stem, files)
     builders = _measured_builders(problems)
     sections = []
     for label, problem in problems.items():
-        kind = catalog.kind(label)
-        if kind == "implementation":
+        kind = PROBLEM_KIND[label]
+        if kind == IMPLEMENTATION:
             sections.append(implementation_section(problem))
-        elif kind == "analytic":
+        elif kind != MEASURED:
             sections.append(analytic_section(problem, distributed_problems.rates(files)))
         elif not problem.steps:
             sections.append(left_out(problem))

@@ -99,7 +99,7 @@ FAST_PATH_CONFIGS = [
 def model_for(shape: dict, context: int) -> ModelConfig:
     shape = dict(shape)
     if "size" in shape:
-        return ModelConfig.from_size(shape.pop("size"), context_length=context, **shape)
+        return ModelConfig.from_size(shape.pop("size"), "2025", context_length=context, **shape)
     return ModelConfig(**shape, context_length=context)
 
 
@@ -144,7 +144,7 @@ def cpu_rows(configs, glibc_default: bool = True) -> list[dict]:
 def cuda_rows(device, sizes: list[str], contexts: list[int], pass_types: list[str], precision: str) -> list[dict]:
     rows = []
     for size in sizes:
-        model_config = ModelConfig.from_size(size, context_length=max(contexts))
+        model_config = ModelConfig.from_size(size, "2025", context_length=max(contexts))
         model = build_model(model_config, device)
         for context in contexts:
             for pass_type in pass_types:
@@ -195,7 +195,7 @@ def laptop_rows() -> list[dict]:
     rows = []
     for attention in ("naive", "sdpa"):
         for size in ("small", "medium", "large", "xl", "2.7B"):
-            model = ModelConfig.from_size(size, context_length=512, attention=attention)
+            model = ModelConfig.from_size(size, "2025", context_length=512, attention=attention)
             e = estimate_memory(model, 4, 512, "forward-backward", "fp32", "cuda", device_memory_bytes=16 * GIB)
             rows.append(
                 dict(

@@ -41,7 +41,7 @@ PY
     stage 50 $py -m cs336_systems.benchmark_direct --model-sizes small medium large xl 2.7B --context-lengths 512 \
       --precisions tf32 --pass-types forward-backward --output "$res/gpu_tf32_h100.csv"; pack
     stage 80 $py scripts/warmup_study.py --device cuda --context-length 512 --output-dir "$res"; pack
-    stage 80 $py -m cs336_systems.find_max --dimension batch-size --model-size xl --context-length 512 \
+    stage 80 $py -m cs336_systems.find_max --dimension batch-size --size-table 2025 --model-size xl --context-length 512 \
       --pass-type train-step --precision bf16 --start 8 --resolution 4 --output "$res/find_max_xl_h100.csv" \
       --summary "$res/find_max_xl_h100.json"; pack
     ls -la "$res"

@@ -1,36 +1,41 @@
-"""Every measurable problem of the CS336 assignment 2 (systems) handout, mapped to this project's tools:
+"""Every measured problem of the CS336 assignment 2 (systems) handout, mapped to this project's tools:
 one builder per problem turns the handout's parameters (parameters.py) into the plan's steps, by part:
-model.py (benchmarking, profiling, memory), attention.py, distributed.py.
+model.py (benchmarking, mixed precision, checkpointing), profiling.py (nsys, memory), attention.py,
+distributed.py, leaderboard.py. Implementation and analytic problems have no builder: nothing runs.
 """
 
 from __future__ import annotations
 
-from ..parameters import PROBLEMS, Options
+from ...editions import MEASURED, PROBLEM_KIND, PROBLEMS
+from ..parameters import Options
 from ..plan import Step, fit_verdict, predict
 from ..target import Target
-from .attention import flash_benchmarking, leaderboard, pytorch_attention, torch_compile
+from .attention import flash_benchmarking, pytorch_attention, torch_compile
 from .distributed import DDP_PROBLEMS, ddp, distributed_communication_single_node
+from .leaderboard import leaderboard
 from .model import (
     benchmarking_mixed_precision,
     benchmarking_script,
     gradient_checkpointing,
-    memory_profiling,
     mixed_precision_accumulation,
-    nsys_profile,
 )
+from .profiling import memory_profiling, nsys_profile
 
 
 def build_steps(options: Options, target: Target, problems: list[str]) -> list[Step]:
     """The plan: every step of the chosen problems in the handout's order, predicted and judged."""
     steps: list[Step] = []
     for problem in PROBLEMS[options.edition]:
-        if problem in problems:
+        if problem in problems and PROBLEM_KIND[problem] == MEASURED:
             steps += BUILDERS[problem](options, target)
     for step in steps:
         if step.status == "run":
             predict(step, target, user_model=options.model_factory is not None)
-            if not step.reason:
-                step.reason = fit_verdict(step.predicted_peak_bytes, target)[1]
+            verdict, why = fit_verdict(step.predicted_peak_bytes, target)
+            if verdict == "no" and step.kind in ("benchmark", "warmup", "ddp"):
+                step.skip(why)  # a model step predicted not to fit (attention steps run every shape on purpose)
+            elif not step.reason:
+                step.reason = why
     return steps
 
 

@@ -1,4 +1,4 @@
-"""The handout's attention problems: PyTorch attention, torch.compile, your FlashAttention-2, the leaderboard."""
+"""The handout's attention problems: PyTorch attention, torch.compile, your FlashAttention-2."""
 
 from __future__ import annotations
 
@@ -9,24 +9,33 @@ from ..target import Target
 from .model import sizes, sweep
 
 
-def _attention_step(options: Options, target: Target, name: str, problem: str, part: str, flags: dict) -> Step:
+def attention_step(options: Options, name: str, problem: str, part: str, flags: dict) -> Step:
+    """One attention_bench run: its rows (CSV, JSONL, Markdown) and its plot."""
     flags = {
         **flags,
         "--device": options.device,
         "--output": [f"{name}.csv", f"{name}.jsonl", f"{name}.md"],
         "--plot": f"{name}.png",
     }
-    return Step(name, problem, part, module_name("attention_bench"), flags, kind="attention", reads=(f"{name}.csv",))
+    return Step(
+        name,
+        problem,
+        part,
+        module_name("attention_bench"),
+        flags,
+        kind="attention",
+        reads=(f"{name}.csv",),
+        figures=(f"{name}.png",),
+    )
 
 
 def pytorch_attention(options: Options, target: Target) -> list[Step]:
     scale = options.scale
-    step = _attention_step(
+    step = attention_step(
         options,
-        target,
         "pytorch_attention",
         "pytorch_attention",
-        f"naive attention, batch {scale.attention_batch}, one head, forward and backward",
+        f"(a) naive attention, batch {scale.attention_batch}, one head, forward and backward",
         {
             "--implementations": ["naive"],
             "--batch-size": scale.attention_batch,
@@ -45,9 +54,8 @@ def pytorch_attention(options: Options, target: Target) -> list[Step]:
 
 def torch_compile(options: Options, target: Target) -> list[Step]:
     scale = options.scale
-    attention = _attention_step(
+    attention = attention_step(
         options,
-        target,
         "torch_compile-attention",
         "torch_compile",
         "(a) torch.compile'd attention on the pytorch_attention grid",
@@ -83,15 +91,14 @@ def torch_compile(options: Options, target: Target) -> list[Step]:
 def flash_benchmarking(options: Options, target: Target) -> list[Step]:
     scale = options.scale
     implementations = ["naive", "flash-triton" if target.type == "cuda" else "flash-pytorch"]
-    step = _attention_step(
+    step = attention_step(
         options,
-        target,
         "flash_benchmarking",
         "flash_benchmarking",
-        f"your FlashAttention-2 ({implementations[1]}) against PyTorch attention, batch 1, causal",
+        f"(a) your FlashAttention-2 ({implementations[1]}) against PyTorch attention, batch 1, causal",
         {
             "--implementations": implementations,
-            "--adapters": options.adapters,
+            "--adapters": options.adapters or "tests/adapters.py",  # the command kept where it is skipped
             "--layout": "bsd",
             "--batch-size": 1,
             "--head-dims": list(scale.flash_head_dims),
@@ -111,33 +118,4 @@ def flash_benchmarking(options: Options, target: Target) -> list[Step]:
         )
     elif not target.triton:
         step.skip("flash-triton needs Triton, which is not installed")
-    return [step]
-
-
-def leaderboard(options: Options, target: Target) -> list[Step]:
-    batch_heads, sequence, head_dim = options.scale.leaderboard
-    step = _attention_step(
-        options,
-        target,
-        "leaderboard",
-        "leaderboard",
-        f"FlashAttention-2 forward + backward, {batch_heads} heads x {head_dim}, sequence {sequence}, "
-        "bf16, causal, do_bench",
-        {
-            "--implementations": ["flash-triton"],
-            "--adapters": options.adapters,
-            "--layout": "bsd",
-            "--batch-size": batch_heads,
-            "--head-dims": [head_dim],
-            "--context-lengths": [sequence],
-            "--precisions": ["bf16"],
-            "--timer": "do-bench",
-            "--warmup-steps": 5,
-            "--measure-steps": options.scale.attention_measure,
-        },
-    )
-    if not options.adapters:
-        step.skip("needs your Triton FlashAttention-2: --adapters tests/adapters.py")
-    elif target.type != "cuda" or not target.triton:
-        step.skip("the leaderboard times the Triton kernel on a GPU: needs CUDA and Triton")
     return [step]

@@ -1,4 +1,5 @@
-"""The handout's distributed problems: all-reduce on one node, and data parallel training per strategy."""
+"""The handout's distributed problems: all-reduce on one node, and data parallel training per strategy
+(DDP, ZeRO-1, FSDP), built in and the student's own."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from ...tools import module_name
 from ..parameters import DDP_CPU_SHAPE, Options
 from ..plan import Step
 from ..target import Target
+from .model import STUDENT_MODEL, defined_in_repository
 
 
 def distributed_communication_single_node(options: Options, target: Target) -> list[Step]:
@@ -32,6 +34,7 @@ def distributed_communication_single_node(options: Options, target: Target) -> l
             flags,
             kind="allreduce",
             reads=(f"{name}.csv",),
+            figures=(f"{name}.png",),
         )
         if backend == "nccl":
             usable = [w for w in worlds if w <= target.gpus]
@@ -48,13 +51,24 @@ def distributed_communication_single_node(options: Options, target: Target) -> l
     return steps
 
 
+# problem -> (built-in strategies, the student's strategy, what runs): every step is ddp_bench, whose
+# rows carry step and communication time, bytes of parameters / gradients / optimizer state per rank,
+# each rank's forward and backward ms and (FSDP) the all-gather and reduce-scatter time.
 DDP_PROBLEMS = {
     "naive_ddp_benchmarking": (["naive"], None, "individual all-reduce after backward"),
     "minimal_ddp_flat_benchmarking": (["naive", "flat"], None, "one flattened all-reduce"),
-    "ddp_overlap_individual_parameters_benchmarking": (["ddp"], "adapter-ddp", "overlapped with backward"),
-    "ddp_bucketed_benchmarking": (["ddp"], "adapter-ddp-bucketed", "bucketed, per bucket size"),
-    "optimizer_state_sharding_accounting": (["ddp", "zero1"], "adapter-sharded-optimizer", "optimizer state sharded"),
-    "fsdp": (["fsdp2"], "adapter-fsdp", "fully sharded"),
+    "ddp_overlap_individual_parameters_benchmarking": (["ddp"], "adapter-ddp", "(a) overlapped with backward"),
+    "ddp_bucketed_benchmarking": (["ddp"], "adapter-ddp-bucketed", "(a) bucketed, per bucket size"),
+    "optimizer_state_sharding_accounting": (
+        ["ddp", "zero1"],
+        "adapter-sharded-optimizer",
+        "(a, b) bytes per rank and step time, optimizer state sharded",
+    ),
+    "fsdp_accounting": (
+        ["fsdp2"],
+        "adapter-fsdp",
+        "(a, b) bytes per rank, all-gather time against the forward, fully sharded",
+    ),
 }
 
 
@@ -79,7 +93,7 @@ def ddp(problem: str, options: Options, target: Target) -> list[Step]:
     step = Step(
         problem,
         problem,
-        f"data parallel, {what}: {' '.join(strategies)}",
+        f"{what}: {' '.join(strategies)}",
         module_name("ddp_bench"),
         flags,
         kind="ddp",
@@ -87,6 +101,9 @@ def ddp(problem: str, options: Options, target: Target) -> list[Step]:
     )
     if options.model_factory:
         flags["--model-factory"] = options.model_factory
+    elif adapter_strategy == "adapter-fsdp" and options.adapters and defined_in_repository(STUDENT_MODEL):
+        flags["--model-factory"] = STUDENT_MODEL  # a student's FSDP shards their own model's layer classes
+        step.reductions.append(f"your model ({STUDENT_MODEL}), whose layers your FSDP wraps")
     if options.optimizer:
         flags["--optimizer"] = options.optimizer  # ddp_bench steps it under each strategy
     if target.gpus >= 2:
@@ -105,7 +122,6 @@ def ddp(problem: str, options: Options, target: Target) -> list[Step]:
                 "--measure-steps": 3,
             }
         )
-        flags.pop("--size-table")
         step.reductions.append(
             f"{'one GPU' if target.gpus == 1 else 'no GPU'}: 2 gloo ranks on CPU at a small shape "
             "(d_model 128, 2 layers, context up to 128, batch 2, 1 + 3 steps): not the handout's "

@@ -1,9 +1,12 @@
-"""The handout's benchmarking, profiling and memory problems: sweeps of the model (benchmark rows),
-each size's contexts kept where the estimator says they fit, the warmup study, nsys, memory snapshots."""
+"""The handout's model problems: sweeps of the model (benchmark rows), each size's contexts kept where
+the estimator says they fit, the warmup study, mixed precision, checkpointing; what the student's
+repository provides (their model, their AdamW), read without importing it."""
 
 from __future__ import annotations
 
-import itertools
+import ast
+import dataclasses
+import importlib.util
 from pathlib import Path
 
 from ...models import SIZE_TABLES
@@ -13,6 +16,43 @@ from ..plan import Step, fit_verdict, model_configs, predicted_peak
 from ..target import Target
 
 SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"  # the repository's scripts/, beside the package
+STUDENT_MODEL = "cs336_basics.model:BasicsTransformerLM"  # the handout's model, as the leaderboard builds it
+STUDENT_ADAMW = "cs336_basics.optimizer:AdamW"  # assignment 1's AdamW, where the student's repository has it
+
+
+def defined_in_repository(spec: str) -> bool:
+    """Whether `package.module:Name` is defined where Python would import it from, read without
+    importing anything: the module's file (found from its top-level package) defines Name at top level."""
+    module, _, name = spec.partition(":")
+    top, *rest = module.split(".")
+    try:
+        found = importlib.util.find_spec(top)  # a top-level name: nothing is imported
+    except (ImportError, ValueError):
+        return False
+    for folder in (found.submodule_search_locations or []) if found else []:
+        path = Path(folder, *rest).with_suffix(".py")
+        try:
+            tree = ast.parse(path.read_text(), str(path))
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in tree.body:
+            names = [node.name] if isinstance(node, (ast.ClassDef, ast.FunctionDef)) else []
+            if isinstance(node, ast.Assign):
+                names = [target.id for target in node.targets if isinstance(target, ast.Name)]
+            if name in names:
+                return True
+    return False
+
+
+def training_optimizer(options: Options) -> tuple[str | None, str, str | None]:
+    """(--optimizer value or None, what the part text calls it, a reduction note or None): the student's
+    --optimizer, else assignment 1's AdamW where the repository has it, else torch's AdamW, saying so."""
+    if options.optimizer:
+        return options.optimizer, f"your optimizer ({options.optimizer})", None
+    if defined_in_repository(STUDENT_ADAMW):
+        return STUDENT_ADAMW, f"your AdamW ({STUDENT_ADAMW})", None
+    note = f"torch's AdamW: no --optimizer given and no {STUDENT_ADAMW} found in your repository"
+    return None, "torch's AdamW", note
 
 
 def sizes(options: Options) -> list[str]:
@@ -24,6 +64,24 @@ def model_flags(options: Options, size: str) -> dict:
     if options.model_factory:
         flags["--model-factory"] = options.model_factory
     return flags
+
+
+def sweep_flags(options: Options, size: str, flags: dict) -> dict:
+    """The sweep tool's flags for one size: the scale's batch and steps, then `flags`."""
+    scale = options.scale
+    base = {
+        **model_flags(options, size),
+        "--batch-sizes": [scale.batch],
+        "--warmup-steps": scale.warmup,
+        "--measure-steps": scale.measure,
+        **flags,
+        "--device": options.device,
+    }
+    if scale.sweep_tool.endswith("run_benchmarks"):
+        base.update({"--timeout": 900, "_child_per_config": True})
+    if options.optimizer and "train-step" in base.get("--pass-types", []):
+        base["--optimizer"] = options.optimizer
+    return base
 
 
 def sweep(
@@ -40,18 +98,7 @@ def sweep(
     keeping the contexts the estimator says fit; the others become one `skipped` step each, with the
     predicted bytes against the device's. Steps whose contexts agree are merged again (fewer processes)."""
     scale = options.scale
-    base = {
-        **model_flags(options, size),
-        "--batch-sizes": [scale.batch],
-        "--warmup-steps": scale.warmup,
-        "--measure-steps": scale.measure,
-        **flags,
-        "--device": options.device,
-    }
-    if scale.sweep_tool.endswith("run_benchmarks"):
-        base.update({"--timeout": 900, "_child_per_config": True})
-    if options.optimizer and "train-step" in base.get("--pass-types", []):
-        base["--optimizer"] = options.optimizer
+    base = sweep_flags(options, size, flags)
     stem = f"{problem}-{key}-{size}".replace(".", "_")
     running, skipped = [], []
     for value in base[split]:
@@ -60,12 +107,19 @@ def sweep(
             worst = worst_peak(options, target, {**base, split: [value], "--context-lengths": [context]})
             (over if fit_verdict(worst, target)[0] == "no" else fitting).append((context, worst))
         if over:
+            name = f"{stem}-{value}"
+            contexts = [c for c, _ in over]
             step = Step(
-                f"{stem}-{value}-skipped",
+                f"{name}-skipped",
                 problem,
-                f"{part}: {size} {split[2:-1]} {value} at contexts {' '.join(str(c) for c, _ in over)}",
+                f"{part}: {size} {split[2:-1]} {value} at contexts {' '.join(map(str, contexts))}",
                 scale.sweep_tool,
-                {},
+                {  # the command that would measure it, kept for the write-up
+                    **base,
+                    split: [value],
+                    "--context-lengths": contexts,
+                    "--output": [f"{name}.csv", f"{name}.jsonl", f"{name}.md"],
+                },
             )
             step.predicted_peak_bytes = max(peak for _, peak in over)
             step.skip(fit_verdict(step.predicted_peak_bytes, target)[1])
@@ -143,70 +197,49 @@ def benchmarking_script(options: Options, target: Target) -> list[Step]:
     warmup.flags["--model-size"] = warmup.flags.pop("--model-sizes")[0]
     device_type = "cpu" if options.device == "cpu" else "cuda"
     warmup.reads = (f"warmup_study_{device_type}.csv",)
+    warmup.figures = (f"warmup_study_{device_type}.png",)
     warmup.flags["_writes"] = [f"warmup_study_{device_type}.{ext}" for ext in ("csv", "md", "png")]
     if not _script("scripts/warmup_study.py"):
         warmup.skip("scripts/warmup_study.py is not here (installed without the repository's scripts/)")
     return [*steps, warmup]
 
 
-def nsys_profile(options: Options, target: Target) -> list[Step]:
-    steps = []
-    for size, context in itertools.product(sizes(options), options.scale.contexts):
-        name = f"nsys_profile-{size}-{context}".replace(".", "_")
-        step = Step(
-            name,
-            "nsys_profile",
-            f"{size} train-step at context {context} under nsys (NVTX ranges)",
-            str(SCRIPTS / "nsys_profile.sh"),
-            kind="benchmark",
-        )
-        flags = {
-            "_stem": name,
-            **model_flags(options, size),
-            "--context-length": context,
-            "--batch-size": options.scale.batch,
-            "--pass-type": "train-step",
-            "--device": options.device,
-        }
-        flags["--model-size"] = flags.pop("--model-sizes")[0]
-        step.flags = flags
-        step.flags["_writes"] = [f"{name}.nsys-rep"]
-        if target.type != "cuda":
-            step.skip("nsys profiles CUDA kernels: needs a GPU")
-        elif not target.nsys and not target.assumed:
-            step.skip("nsys is not on PATH (Nsight Systems)")
-        else:
-            peak = worst_peak(options, target, {**flags, "--model-sizes": [size], "--pass-types": ["train-step"]})
-            verdict, why = fit_verdict(peak, target)
-            if verdict == "no":
-                step.predicted_peak_bytes = peak
-                step.skip(why)
-        steps.append(step)
-    return steps
+def _mixed_precision_step(options: Options, name: str, problem: str, part: str) -> Step:
+    """The mixed_precision tool: it prints both tables (accumulation, the toy model's dtypes) and
+    writes them as rows; each problem's step reads its own table (the `table` column)."""
+    return Step(
+        name,
+        problem,
+        part,
+        module_name("mixed_precision"),
+        {"--device": options.device, "--output": [f"{name}.csv"]},
+        reads=(f"{name}.csv",),
+        capture=f"{name}.txt",
+        fixed_s=15,
+    )
 
 
 def mixed_precision_accumulation(options: Options, target: Target) -> list[Step]:
-    step = Step(
-        "mixed_precision_accumulation",
-        "mixed_precision_accumulation",
-        "fp32/fp16 accumulation, and the toy model's dtypes under autocast",
-        module_name("mixed_precision"),
-        {"--device": options.device},
-        capture="mixed_precision_accumulation.txt",
-        fixed_s=15,
-    )
-    return [step]
+    name = "mixed_precision_accumulation"
+    return [_mixed_precision_step(options, name, name, "0.01 added 1000 times, fp32 and fp16 accumulators")]
 
 
 def benchmarking_mixed_precision(options: Options, target: Target) -> list[Step]:
-    steps = []
+    steps = [
+        _mixed_precision_step(
+            options,
+            "benchmarking_mixed_precision-a-dtypes",
+            "benchmarking_mixed_precision",
+            "(a, b) the toy model's dtypes under fp16 and bf16 autocast",
+        )
+    ]
     for size in sizes(options):
         steps += sweep(
             options,
             target,
             "benchmarking_mixed_precision",
             "bf16",
-            "bf16 autocast",
+            "(c) bf16 autocast",
             size,
             {
                 "--context-lengths": [options.scale.timing_context],
@@ -217,92 +250,24 @@ def benchmarking_mixed_precision(options: Options, target: Target) -> list[Step]
     return steps
 
 
-def memory_profiling(options: Options, target: Target) -> list[Step]:
-    scale, edition = options.scale, options.edition
-    size = scale.memory_size[edition] if not scale.sizes else scale.sizes[0]
-    contexts = list(scale.memory_contexts[edition])
-    steps = sweep(
-        options,
-        target,
-        "memory_profiling",
-        "peaks",
-        "peaks",
-        size,
-        {"--context-lengths": contexts, "--pass-types": ["forward", "train-step"], "--precisions": ["fp32", "bf16"]},
-    )
-    for pass_type in ("forward", "train-step"):
-        name = f"memory_profiling-snapshot-{pass_type}"
-        flags = {
-            **model_flags(options, size),
-            "--context-length": contexts[0],
-            "--batch-size": scale.batch,
-            "--pass-type": pass_type,
-            "--warmup-steps": 1,
-            "--measure-steps": 1,
-            "--device": options.device,
-            "--memory-snapshot": f"{name}.pickle",
-        }
-        flags["--model-size"] = flags.pop("--model-sizes")[0]
-        step = Step(
-            name,
-            "memory_profiling",
-            f"memory snapshot of one {pass_type} ({size}, context {contexts[0]}) for pytorch.org/memory_viz",
-            module_name("benchmark"),
-            flags,
-            kind="benchmark",
-        )
-        if target.type != "cuda":
-            step.skip("a memory snapshot records the CUDA caching allocator: needs a GPU")
-        steps.append(step)
-    if edition == "2026":
-        flags = {
-            **model_flags(options, size),
-            "--context-length": contexts[0],
-            "--batch-size": scale.batch,
-            "--device": options.device,
-        }
-        flags["--model-size"] = flags.pop("--model-sizes")[0]
-        step = Step(
-            "memory_profiling-residuals",
-            "memory_profiling",
-            f"what autograd saves per block ({size})",
-            module_name("residuals"),
-            flags,
-            capture="memory_profiling-residuals.txt",
-            fixed_s=90,
-        )
-        if options.model_factory:
-            flags.pop("--model-factory")
-            step.reductions.append("residuals reads the built-in model's blocks (not your --model-factory)")
-        if scale.name == "small":
-            flags["--no-compile"] = True
-            step.fixed_s = 20
-            step.reductions.append("small scale: the compiled block is left out (compiling it takes a minute on a CPU)")
-        steps.append(step)
-    return steps
-
-
 def gradient_checkpointing(options: Options, target: Target) -> list[Step]:
     scale = options.scale
     size = scale.memory_size["2026"] if not scale.sizes else scale.sizes[0]
-    if options.model_factory:
-        step = Step("gradient_checkpointing", "gradient_checkpointing", "checkpoint block sizes", scale.sweep_tool)
+    flags = {
+        "--context-lengths": [scale.checkpoint_context],
+        "--pass-types": ["train-step"],
+        "--precisions": ["fp32"],
+        "--checkpoint-blocks": list(scale.checkpoint_blocks),
+    }
+    if options.model_factory:  # the command kept is the built-in model's
+        name = "gradient_checkpointing"
+        outputs = {"--output": [f"{name}.csv", f"{name}.jsonl", f"{name}.md"]}
+        builtin = sweep_flags(dataclasses.replace(options, model_factory=None), size, {**flags, **outputs})
+        step = Step(name, name, f"(b) {size} checkpoint block sizes", scale.sweep_tool, builtin)
         step.skip("--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model")
         return [step]
     return sweep(
-        options,
-        target,
-        "gradient_checkpointing",
-        "blocks",
-        "block sizes",
-        size,
-        {
-            "--context-lengths": [scale.checkpoint_context],
-            "--pass-types": ["train-step"],
-            "--precisions": ["fp32"],
-            "--checkpoint-blocks": list(scale.checkpoint_blocks),
-        },
-        split="--checkpoint-blocks",
+        options, target, "gradient_checkpointing", "blocks", "(b) block sizes", size, flags, "--checkpoint-blocks"
     )
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from ...editions import OFFICIAL_TESTS, problem_title
 from ..document import Section, Text
 from ..load import read_file, tool_of
-from . import catalog
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Problem:
 
     @property
     def title(self) -> str:
-        return catalog.TITLES.get(self.label, self.label)
+        return problem_title(self.label, self.edition)
 
     def step(self, contains: str) -> dict | None:
         return next((s for s in self.steps if contains in str(s["step"])), None)
@@ -116,7 +116,7 @@ def _reason(step: dict) -> str:
 
 
 def implementation_section(problem: Problem) -> Section:
-    tests = catalog.IMPLEMENTATION[problem.label]
+    tests = OFFICIAL_TESTS[problem.label]
     return Section(f"{problem.label}: {problem.title}", problem.label).add(
         Text(
             f"Code, not a measurement: the official tests check it (`uv run pytest {tests}`). Its speed and "

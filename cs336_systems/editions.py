@@ -1,0 +1,146 @@
+"""The CS336 assignment 2 (systems) handout editions: each edition's problems in the handout's order,
+with the kind of each (measured, an implementation the official tests check, or a derivation on
+paper), its title and, for an implementation, the official test it passes. The planner (handout/)
+and the write-up (report/) read them here.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+EDITIONS = ("2025", "2026")
+# Every problem of each edition, in the handout's order (2025's leaderboard is its section 1.3.3,
+# right after flash_benchmarking; 2026's is the last problem).
+PROBLEMS = {
+    "2025": (
+        "benchmarking_script",
+        "nsys_profile",
+        "mixed_precision_accumulation",
+        "benchmarking_mixed_precision",
+        "memory_profiling",
+        "pytorch_attention",
+        "torch_compile",
+        "flash_forward",
+        "flash_backward",
+        "flash_benchmarking",
+        "leaderboard",
+        "distributed_communication_single_node",
+        "naive_ddp",
+        "naive_ddp_benchmarking",
+        "minimal_ddp_flat_benchmarking",
+        "ddp_overlap_individual_parameters",
+        "ddp_overlap_individual_parameters_benchmarking",
+        "ddp_overlap_bucketed",
+        "ddp_bucketed_benchmarking",
+        "communication_accounting",
+        "optimizer_state_sharding",
+        "optimizer_state_sharding_accounting",
+    ),
+    "2026": (
+        "benchmarking_script",
+        "nsys_profile",
+        "mixed_precision_accumulation",
+        "benchmarking_mixed_precision",
+        "memory_profiling",
+        "gradient_checkpointing",
+        "pytorch_attention",
+        "torch_compile",
+        "flash_forward",
+        "flash_backward",
+        "flash_benchmarking",
+        "distributed_communication_single_node",
+        "naive_ddp",
+        "naive_ddp_benchmarking",
+        "minimal_ddp_flat_benchmarking",
+        "ddp_overlap_individual_parameters",
+        "ddp_overlap_individual_parameters_benchmarking",
+        "optimizer_state_sharding",
+        "optimizer_state_sharding_accounting",
+        "fsdp",
+        "fsdp_accounting",
+        "alternate_ring_all_reduce",
+        "data_parallel_calcs",
+        "fsdp_calcs",
+        "tp_calcs",
+        "fsdp_tp_calcs",
+        "leaderboard",
+    ),
+}
+ALL_PROBLEMS = tuple(dict.fromkeys(itertools.chain(*PROBLEMS.values())))
+
+# What a problem asks for: `measured` (the plan runs something for it), `implementation` (code the
+# official tests check: nothing to measure), `analytic` (the student derives it on paper).
+MEASURED, IMPLEMENTATION, ANALYTIC = "measured", "implementation", "analytic"
+# Each implementation problem and the official test it passes (`uv run pytest ...`, as the handout says).
+OFFICIAL_TESTS = {
+    "flash_forward": "-k test_flash_forward_pass",
+    "flash_backward": "-k test_flash_backward",
+    "naive_ddp": "tests/test_ddp_individual_parameters.py",  # the handout's pointer: the check is the student's
+    "ddp_overlap_individual_parameters": "tests/test_ddp_individual_parameters.py",
+    "ddp_overlap_bucketed": "tests/test_ddp.py",
+    "optimizer_state_sharding": "tests/test_sharded_optimizer.py",
+    "fsdp": "tests/test_fsdp.py",
+}
+_IMPLEMENTATIONS = tuple(OFFICIAL_TESTS)
+_ANALYTIC = (
+    "communication_accounting",
+    "alternate_ring_all_reduce",
+    "data_parallel_calcs",
+    "fsdp_calcs",
+    "tp_calcs",
+    "fsdp_tp_calcs",
+)
+PROBLEM_KIND = {
+    problem: IMPLEMENTATION if problem in _IMPLEMENTATIONS else ANALYTIC if problem in _ANALYTIC else MEASURED
+    for problem in ALL_PROBLEMS
+}
+KIND_MEANING = {
+    IMPLEMENTATION: "an implementation the official tests check",
+    ANALYTIC: "a derivation on paper",
+    MEASURED: "measured by the plan",
+}
+
+# The handout's title of each problem (2026 names them; 2025's are its section titles).
+PROBLEM_TITLE = {
+    "benchmarking_script": "Benchmarking Script",
+    "nsys_profile": "Nsight Systems Profiling",
+    "mixed_precision_accumulation": "Mixed-Precision Accumulation",
+    "benchmarking_mixed_precision": "Benchmarking Mixed Precision",
+    "memory_profiling": "Memory Profiling",
+    "gradient_checkpointing": "Memory-Optimal Gradient Checkpointing",
+    "pytorch_attention": "PyTorch Attention Benchmarking",
+    "torch_compile": "Torch Compile",
+    "flash_forward": "FlashAttention-2 Forward Pass",
+    "flash_backward": "FlashAttention-2 Backward Pass",
+    "flash_benchmarking": "FlashAttention-2 Benchmarking",
+    "distributed_communication_single_node": "Distributed Communication (Single Node)",
+    "naive_ddp": "Naive DDP",
+    "naive_ddp_benchmarking": "Naive DDP Benchmarking",
+    "minimal_ddp_flat_benchmarking": "Minimal DDP with Flat Gradients Benchmarking",
+    "ddp_overlap_individual_parameters": "DDP with Overlapping Individual Parameters",
+    "ddp_overlap_individual_parameters_benchmarking": "DDP Overlapping Individual Parameters Benchmarking",
+    "ddp_overlap_bucketed": "DDP with Overlapping Bucketed Gradients",
+    "ddp_bucketed_benchmarking": "Bucketed DDP Benchmarking",
+    "communication_accounting": "Communication Accounting (4D Parallelism)",
+    "optimizer_state_sharding": "Optimizer State Sharding",
+    "optimizer_state_sharding_accounting": "Optimizer State Sharding Accounting",
+    "fsdp": "Fully-Sharded Data Parallel",
+    "fsdp_accounting": "FSDP Accounting",
+    "alternate_ring_all_reduce": "Alternate Ring All-Reduce",
+    "data_parallel_calcs": "Data Parallel Calculations",
+    "fsdp_calcs": "Fully Sharded Data Parallel Calculations",
+    "tp_calcs": "Tensor Parallel Calculations",
+    "fsdp_tp_calcs": "2D Parallelism Calculations",
+    "leaderboard": "Leaderboard: Fastest Training Step",  # 2025: LEADERBOARD_TITLE_2025
+}
+LEADERBOARD_TITLE_2025 = "FlashAttention-2 Leaderboard"
+
+
+def problem_title(problem: str, edition: str) -> str:
+    if problem == "leaderboard" and edition == "2025":
+        return LEADERBOARD_TITLE_2025
+    return PROBLEM_TITLE[problem]
+
+
+def measured_problems(edition: str) -> tuple[str, ...]:
+    return tuple(problem for problem in PROBLEMS[edition] if PROBLEM_KIND[problem] == MEASURED)

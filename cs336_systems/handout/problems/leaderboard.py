@@ -1,0 +1,149 @@
+"""The handout's leaderboard, each edition's own: 2025 times the student's Triton FlashAttention-2
+forward + backward; 2026 a full training step (zero_grad, forward, cross-entropy, backward, AdamW step)
+of the student's model with their AdamW in bf16, both with triton.testing.do_bench as the leaderboard
+does. The 2026 configuration (8B) rarely fits one GPU: where the estimator says it does not, the
+largest that does is named instead (the handout's context kept as long as possible, then fewer layers)."""
+
+from __future__ import annotations
+
+from ...models import ModelConfig
+from ...tools import module_name
+from ..parameters import Options
+from ..plan import Step, fit_verdict, predicted_peak
+from ..target import Target
+from .attention import attention_step
+from .model import STUDENT_MODEL, defined_in_repository, training_optimizer
+
+MIN_CONTEXT = 128  # a smaller configuration keeps at least this context
+
+
+def leaderboard(options: Options, target: Target) -> list[Step]:
+    return flash_leaderboard(options, target) if options.edition == "2025" else training_leaderboard(options, target)
+
+
+def flash_leaderboard(options: Options, target: Target) -> list[Step]:
+    batch_heads, sequence, head_dim = options.scale.flash_leaderboard
+    step = attention_step(
+        options,
+        "leaderboard",
+        "leaderboard",
+        f"your Triton FlashAttention-2, forward + backward, {batch_heads} heads x {head_dim}, sequence {sequence}, "
+        "bf16, causal, do_bench",
+        {
+            "--implementations": ["flash-triton"],
+            "--adapters": options.adapters or "tests/adapters.py",
+            "--layout": "bsd",
+            "--batch-size": batch_heads,
+            "--head-dims": [head_dim],
+            "--context-lengths": [sequence],
+            "--precisions": ["bf16"],
+            "--timer": "do-bench",
+            "--warmup-steps": 5,
+            "--measure-steps": options.scale.attention_measure,
+        },
+    )
+    if not options.adapters:
+        step.skip("needs your Triton FlashAttention-2: --adapters tests/adapters.py")
+    elif target.type != "cuda" or not target.triton:
+        step.skip("the leaderboard times the Triton kernel on a GPU: needs CUDA and Triton")
+    return [step]
+
+
+def leaderboard_peak(target: Target, shape: dict, layers: int, context: int, attention: str) -> int:
+    """The estimator's peak of one bf16 training step of the built-in model at this shape."""
+    model = ModelConfig.from_size(
+        "small",
+        d_model=shape["--d-model"],
+        d_ff=shape["--d-ff"],
+        num_layers=layers,
+        num_heads=shape["--num-heads"],
+        vocab_size=shape["--vocab-size"],
+        context_length=context,
+        attention=attention,
+    )
+    return predicted_peak(target, model, context, shape["--batch-size"], "train-step", "bf16")
+
+
+def fitted_configuration(target: Target, shape: dict, attention: str) -> tuple[int, int] | None:
+    """(layers, context) of the largest configuration that fits (not borderline: an 8B-class step is
+    not worth an oom): the handout's context halved only when not even one layer fits at it, and at
+    each context as many layers as fit. None: nothing does."""
+    context = shape["--context-length"]
+    while context >= MIN_CONTEXT:
+        for layers in range(shape["--num-layers"], 0, -1):
+            if fit_verdict(leaderboard_peak(target, shape, layers, context, attention), target)[0] == "fits":
+                return layers, context
+        context //= 2
+    return None
+
+
+def training_leaderboard(options: Options, target: Target) -> list[Step]:
+    scale = options.scale
+    shape = dict(scale.training_leaderboard)
+    model_factory = options.model_factory or (STUDENT_MODEL if defined_in_repository(STUDENT_MODEL) else None)
+    optimizer, optimizer_name, optimizer_note = training_optimizer(options)
+    # the handout's own model materialises the T x T scores: estimate a student's model as naive attention
+    attention = "naive" if model_factory else "sdpa"
+    layers, context = shape["--num-layers"], shape["--context-length"]
+    full_peak = leaderboard_peak(target, shape, layers, context, attention)
+    gpu = target.type == "cuda"
+    fitted = fitted_configuration(target, shape, attention) if gpu and scale.name == "full" else (layers, context)
+    named = scale.training_leaderboard_name
+    notes = []
+    if fitted is not None and fitted != (layers, context):
+        notes.append(
+            f"smaller than the handout's: {fitted[0]} of {layers} layers at context {fitted[1]:,}, the largest "
+            f"the estimator says fits ({named} is {fit_verdict(full_peak, target)[1]})"
+        )
+        layers, context = fitted
+        named = f"{named} with {layers} of {shape['--num-layers']} layers at context {context:,}"
+    timer = "do-bench" if gpu and target.triton else "cuda-event" if gpu else "host"
+    flags = {
+        "--model-size": "small",  # a name the overrides below replace: a custom shape
+        "--size-table": options.edition,
+        "--vocab-size": shape["--vocab-size"],
+        "--d-model": shape["--d-model"],
+        "--d-ff": shape["--d-ff"],
+        "--num-layers": layers,
+        "--num-heads": shape["--num-heads"],
+        "--context-length": context,
+        "--batch-size": shape["--batch-size"],
+        "--pass-type": "train-step",
+        "--precision": "bf16",
+        "--timer": timer,
+        "--warmup-steps": 0 if timer == "do-bench" else scale.warmup,  # do_bench warms up by itself
+        "--measure-steps": 3 if timer == "do-bench" else scale.measure,
+        "--device": options.device,
+        "--output": ["leaderboard.csv", "leaderboard.jsonl", "leaderboard.md"],
+        "_estimate_builtin": True,  # the student's model is the handout's architecture
+        "_estimate_attention": attention,
+    }
+    if model_factory:
+        flags["--model-factory"] = model_factory
+    if optimizer:
+        flags["--optimizer"] = optimizer
+    model_name = f"your model ({model_factory})" if model_factory else "the built-in model"
+    timed = {"do-bench": "do_bench", "cuda-event": "CUDA events (no Triton here)", "host": "the host timer (no GPU)"}
+    step = Step(
+        "leaderboard",
+        "leaderboard",
+        f"a full training step of {model_name} with {optimizer_name}, bf16 autocast, {named}, "
+        f"batch {shape['--batch-size']}, timed with {timed[timer]}",
+        module_name("benchmark"),
+        flags,
+        kind="benchmark",
+        reads=("leaderboard.csv",),
+    )
+    step.reductions += notes + ([optimizer_note] if optimizer_note else [])
+    if not model_factory:
+        step.reductions.append(f"the built-in model: no --model-factory given and no {STUDENT_MODEL} found")
+    if not gpu and scale.name == "full":
+        step.skip("the leaderboard times a GPU training step of an 8B-class model: needs CUDA")
+    elif fitted is None:
+        step.predicted_peak_bytes = full_peak
+        step.skip(
+            f"no configuration down to 1 layer and context {MIN_CONTEXT} fits: {fit_verdict(full_peak, target)[1]}"
+        )
+    elif timer == "cuda-event":
+        step.reductions.append("Triton is not installed: CUDA event pairs instead of do_bench")
+    return [step]
