@@ -190,10 +190,10 @@ def test_the_writeup_opens_with_a_checklist_of_every_problem_and_shows_printed_o
                 order=1,
                 edition="2026",
                 scale="full",
-                problem="mixed_precision_accumulation",
-                step="mixed_precision_accumulation",
-                part="accumulation",
-                tool="cs336_systems.mixed_precision",
+                problem="memory_profiling",
+                step="memory_profiling-residuals",
+                part="(f) what autograd saves per block",
+                tool="cs336_systems.residuals",
                 plan_status="run",
                 outcome="ok",
                 reason="",
@@ -202,7 +202,7 @@ def test_the_writeup_opens_with_a_checklist_of_every_problem_and_shows_printed_o
                 device_memory_bytes=2**30,
                 predicted_s=15.0,
                 elapsed_s=4.2,
-                command="python -m cs336_systems.mixed_precision --device cpu",
+                command="python -m cs336_systems.residuals --device cpu",
                 text_output="printed.txt",
                 device_name="AMD EPYC",
                 device_assumed=False,
@@ -236,11 +236,11 @@ def test_the_writeup_opens_with_a_checklist_of_every_problem_and_shows_printed_o
     assert report_main([str(tmp_path / "handout_plan.csv"), *(x for o in outputs for x in ("--output", str(o)))]) == 0
     markdown, typst, latex = (o.read_text() for o in outputs)
     first = markdown.index("## What was measured, where")
-    assert first < markdown.index("## nsys_profile") < markdown.index("## mixed_precision_accumulation")
+    assert first < markdown.index("## nsys_profile") < markdown.index("## memory_profiling")
     assert "- nsys: not measured here: nsys profiles CUDA kernels: needs a GPU." in markdown
     checklist = next(t for t in parse_tables(markdown) if t.title == "Every problem of the edition")
     status = {row[0]: row[1] for row in checklist.rows}
-    assert status["nsys_profile"] == "not measured" and status["mixed_precision_accumulation"] == "measured"
+    assert status["nsys_profile"] == "not measured" and status["memory_profiling"] == "measured"
     assert status["flash_forward"] == "code" and status["tp_calcs"] == "derivation" and len(status) == 27
     assert "```text\n| accumulator | result |" in markdown
     assert 'raw("| accumulator | result |\\n|---|---|\\n| fp16 | 9.95 #_*$ |", block: true)' in typst

@@ -38,7 +38,9 @@ def _tool_identity() -> dict[str, tuple[str, ...]]:
         "handout": ("problem", "step"),
         "probe": ("source", "run", "window"),
         "find_max": ("source", "dimension"),
-        "mixed_precision": ("table", "experiment", "tensor", "device_name"),
+        "mixed_precision": ("table", "experiment", "tensor", "device", "device_name"),
+        "nsys_kernels": ("Name",),
+        "memory_allocations": ("rank",),
         # the torch profiler's operators of a benchmark row's profiled step, one row each (derive)
         "kernels": _identity(BenchmarkRecord, "size_table", "device_name", "kernel_rank", "kernel"),
     }
@@ -91,6 +93,7 @@ _NUMERIC = {
     "order",
     "kernel_rank",
     "kernel_calls",
+    "rank",
 }
 
 
@@ -127,8 +130,8 @@ def derive(frame: pd.DataFrame, tool: str) -> pd.DataFrame:
         frame = frame.copy()
         records = frame.astype(object).where(frame.notna(), None).to_dict("records")
         frame["model"] = [model_label(row) if any(f in row for f in MODEL_FIELDS) else "" for row in records]
-    if tool == "kernels":
-        return _kernel_rows(derive(frame, "benchmark"))
+    if tool == "kernels":  # once: rows already one per operator stay as they are
+        return frame if "kernel_rank" in frame.columns else _kernel_rows(derive(frame, "benchmark"))
     if tool == "benchmark":
         for phase in PHASES:
             samples = f"{phase}_samples_ms"
@@ -220,6 +223,8 @@ _QUIET = {
     "size_table",
     "compile_scope",
     "compile_mode",
+    "source",  # named once, after the settings
+    "table",
 }
 _DEFAULT_TEXTS = {"off", "no graphs", "separate", "n/a", "host", "1"}  # settings left at their default
 _PHRASES = {

@@ -113,6 +113,8 @@ FORMATS: dict[str, Callable[[dict, str], str]] = {
     "x100": _percent_of_fraction,  # a fraction (MFU, scaling efficiency) as a percentage
     "int": lambda row, name: "" if (v := _number(row, name)) is None else f"{v:,.0f}",
     "sci": lambda row, name: "" if (v := _number(row, name)) is None else f"{v:.1e}",
+    "sci±": lambda row, name: "" if (v := _number(row, name)) is None else f"{v:+.1e}",
+    "ms_from_ns": lambda row, name: "" if (v := _number(row, name)) is None else sig3(v / 1e6),
     "text": lambda row, name: plain(row.get(name)),
     "bytes": lambda row, name: "" if (v := _number(row, name)) is None else format_bytes(v),
     "s": lambda row, name: "" if (v := _number(row, name)) is None else seconds_text(v),
@@ -218,7 +220,19 @@ def _grid(frame, tool, title, labels, values, caption, name, footnotes, keep_emp
     labels = [*labels, *extra]
     label_names = [n for _, n in labels]
     groups: dict[tuple[str, ...], list[dict]] = {}
-    for row in sorted(rows, key=lambda r: tuple(sort_key(n, r) for n in label_names)):
+    first_seen = {n: {} for n in label_names}  # words sort as they first appear in the files
+    for row in rows:
+        for n in label_names:
+            first_seen[n].setdefault(label_text(n, row), len(first_seen[n]))
+
+    def order(row: dict) -> tuple:
+        keys = [sort_key(n, row) for n in label_names]
+        return tuple(
+            (k[0], k[1] if k[0] == 0 else first_seen[n][label_text(n, row)], k[2])
+            for n, k in zip(label_names, keys, strict=True)
+        )
+
+    for row in sorted(rows, key=order):
         groups.setdefault(tuple(label_text(n, row) for n in label_names), []).append(row)
     body = []
     for key, members in groups.items():

@@ -18,6 +18,9 @@ VERSION_COLUMNS = ("cuda_version", "cudnn_version", "torch_version", "python_ver
 # find_max's rows are benchmark rows; its answer is the JSON summary beside them.
 TOOLS = {
     "handout": ("problem", "step", "plan_status", "outcome"),
+    "mixed_precision": ("table", "experiment", "accumulator", "result"),
+    "nsys_kernels": ("Time (%)", "Total Time (ns)", "Instances", "Name"),  # nsys stats cuda_gpu_kern_sum
+    "memory_allocations": ("rank", "size_bytes", "event_index", "user_frame"),  # memory.timeline
     "warmup_study": ("warmup_steps", "step_index", "step_ms"),
     "monitor": ("t_s", "system_cpu_pct", "tree_cpu_pct"),
     "monitor_run": ("command", "exit_status", "interval_s", "num_samples"),  # monitor's .json beside its CSV

@@ -26,7 +26,7 @@ def _measured_builders(problems: dict[str, Problem]) -> dict[str, Callable[[Prob
         "nsys_profile": model_problems.nsys_profile,
         "mixed_precision_accumulation": model_problems.mixed_precision_accumulation,
         "benchmarking_mixed_precision": lambda p: model_problems.benchmarking_mixed_precision(
-            p, _merged(get("mixed_precision_accumulation"), get("benchmarking_script"))
+            p, get("benchmarking_script")
         ),
         "memory_profiling": model_problems.memory_profiling,
         "gradient_checkpointing": model_problems.gradient_checkpointing,
@@ -46,23 +46,6 @@ def _measured_builders(problems: dict[str, Problem]) -> dict[str, Callable[[Prob
             else model_problems.leaderboard(p)
         ),
     }
-
-
-def _merged(*problems: Problem | None) -> Problem | None:
-    """One view of several problems' steps (the mixed-precision section reads the timing rows too)."""
-    found = [p for p in problems if p is not None]
-    if not found:
-        return None
-    first = found[0]
-    return Problem(
-        first.label,
-        first.edition,
-        [s for p in found for s in p.steps],
-        first.directory,
-        first.out_dir,
-        first.stem,
-        first.files,
-    )
 
 
 def build_writeup(

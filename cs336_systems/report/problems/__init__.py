@@ -55,10 +55,12 @@ class Problem:
 def reads(step: dict) -> list[str]:
     """The result files a step's rows are in: the plan's `reads`, else its CSV outputs; a JSONL beside
     a CSV is read instead (it keeps each step's samples, so per-phase spreads can be shown)."""
-    names = str(step.get("reads") or "").split() or [
-        n for n in str(step.get("outputs") or "").split() if n.endswith((".csv", ".json"))
-    ]
+    names = _words(step.get("reads")) or [n for n in _words(step.get("outputs")) if n.endswith((".csv", ".json"))]
     return list(dict.fromkeys(names))
+
+
+def _words(value: object) -> list[str]:
+    return value.split() if isinstance(value, str) else []  # an empty cell reads back as NaN
 
 
 def load_files(plan: pd.DataFrame, directory: Path) -> tuple[dict[str, pd.DataFrame], list[str]]:

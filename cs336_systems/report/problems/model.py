@@ -7,7 +7,7 @@ import pandas as pd
 
 from .. import benchmark, plots
 from ..document import Bullets, Figure, Heading, Listing, Section, Text, byte_unit, sig3
-from ..fields import label_text
+from ..fields import derive, label_text
 from ..grid import Value, grid
 from ..observe import change, number, ok, pick, records, span, times
 from . import Problem, not_measured, reductions
@@ -135,8 +135,6 @@ def benchmarking_script(problem: Problem) -> Section:
 def kernel_rows(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (profiled row, operator) of the rows' top_kernels lists, with its share of the
     profiled operators' time: the torch profiler's table, as a result-file view (derive)."""
-    from ..fields import derive
-
     return derive(frame, "kernels")
 
 
@@ -158,17 +156,53 @@ def nsys_profile(problem: Problem) -> Section:
                 "Label: torch profiler, not nsys."
             )
         )
-        for values, group in profiled.groupby(
-            ["model", "context_length"] if "model" in profiled else ["context_length"], sort=False
-        ):
-            out.add(
-                kernel_table(
-                    group,
-                    f"Longest operators, {' context '.join(str(v) for v in (values if isinstance(values, tuple) else (values,)))}",
-                )
-            )
+        profiled = derive(profiled, "benchmark")
+        for (model, context), group in profiled.groupby(["model", "context_length"], sort=False):
+            out.add(kernel_table(group, f"Longest operators: {model}, context {context}"))
         out.add(Bullets(kernel_observations(records(kernel_rows(profiled), "kernels"))))
+    for step in problem.steps:  # Nsight Systems' own kernel summary, where nsys ran
+        for name in [n for n in _reads(step) if n.endswith("cuda_gpu_kern_sum.csv") and n in problem.files]:
+            rows = problem.files[name]
+            problem.used.add(name)
+            out.add(nsys_kernel_table(rows, f"CUDA kernels by total time: {step['part']}"))
+            out.add(Bullets(nsys_observations(records(rows, "nsys_kernels"))))
     return finish(problem, out)
+
+
+def _reads(step: dict) -> list[str]:
+    from . import reads
+
+    return reads(step)
+
+
+def nsys_kernel_table(rows: pd.DataFrame, title: str):
+    top = rows.sort_values("Total Time (ns)", ascending=False).head(10)
+    return grid(
+        top,
+        "nsys_kernels",
+        title=title,
+        caption="Nsight Systems' CUDA GPU kernel summary (nsys stats), the ten longest kernels",
+        labels=[("kernel", "Name")],
+        values=[
+            Value("time (%)", "Time (%)", "sig3"),
+            Value("total (ms)", "Total Time (ns)", "ms_from_ns"),
+            Value("instances", "Instances", "int"),
+        ],
+    )
+
+
+def nsys_observations(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    top = max(rows, key=lambda r: number(r, "Total Time (ns)") or 0)
+    total = sum(number(r, "Total Time (ns)") or 0 for r in rows)
+    mm = sum(number(r, "Total Time (ns)") or 0 for r in rows if any(m in str(r["Name"]).lower() for m in MATMUL))
+    lines = [
+        f"The longest kernel is `{top['Name']}`: {sig3(number(top, 'Time (%)'))}% of kernel time, {label_text('Instances', top)} launches."
+    ]
+    if total:
+        lines.append(f"Matrix-multiply kernels are {100 * mm / total:.0f}% of the kernel time.")
+    return lines
 
 
 def kernel_table(frame: pd.DataFrame, title: str):
@@ -198,6 +232,17 @@ def kernel_observations(rows: list[dict]) -> list[str]:
                 f"{pass_type}, {row.get('model')} context {label_text('context_length', row)}: the longest is "
                 f"`{row['kernel']}` ({label_text('kernel_calls', row)} calls, {sig3(number(row, 'kernel_share_pct'))}% of the listed time)."
             )
+    for context in dict.fromkeys(label_text("context_length", r) for r in rows):
+        forward = [
+            r for r in rows if label_text("pass_type", r) == "forward" and label_text("context_length", r) == context
+        ]
+        softmax = sum(number(r, "kernel_ms") or 0 for r in forward if "softmax" in str(r["kernel"]))
+        bmm = sum(number(r, "kernel_ms") or 0 for r in forward if "bmm" in str(r["kernel"]))
+        if softmax and bmm:
+            lines.append(
+                f"(e) Context {context}, forward: softmax takes {sig3(softmax)} ms against {sig3(bmm)} ms for attention's "
+                "batched matrix multiplies."
+            )
     by_pass: dict[str, list[float]] = {}
     for pass_type in ("forward", "train-step"):
         picked = [r for r in rows if label_text("pass_type", r) == pass_type]
@@ -215,12 +260,45 @@ def kernel_observations(rows: list[dict]) -> list[str]:
 
 def mixed_precision_accumulation(problem: Problem) -> Section:
     out = section(problem)
-    step = problem.step("mixed_precision")
-    text = _printed(problem, step)
-    if text:
-        accumulation = text.split("Toy model")[0].rstrip()
-        out.add(Text(f"Printed by `{step['command']}`:"), Listing(accumulation))
+    rows = problem.rows("mixed_precision")
+    rows = rows[rows["table"] == "accumulation"] if not rows.empty else rows
+    if not rows.empty:
+        problem.used.update(rows["source"])
+        out.add(
+            grid(
+                rows,
+                "mixed_precision",
+                title="0.01 added 1000 times (exact sum 10)",
+                caption="The sum as printed, and its error against 10",
+                labels=[("experiment", "experiment")],
+                values=[
+                    Value("accumulator", "accumulator", "text"),
+                    Value("addend", "addend", "text"),
+                    Value("sum", "result", "text"),
+                    Value("error", "error", "sci±"),
+                ],
+            )
+        )
+        out.add(Bullets(accumulation_observations(records(rows, "mixed_precision"))))
     return finish(problem, out)
+
+
+def accumulation_observations(rows: list[dict]) -> list[str]:
+    by = {(str(r.get("accumulator")), str(r.get("addend"))): r for r in rows}
+    lines = []
+    exact, half = by.get(("fp32", "fp32")), by.get(("fp16", "fp16"))
+    if number(exact, "error") and number(half, "error"):
+        lines.append(
+            f"An fp16 accumulator ends {number(half, 'error'):+.1e} off, {times(abs(number(half, 'error') / number(exact, 'error')))} "
+            f"the error of an fp32 one ({number(exact, 'error'):+.1e})."
+        )
+    mixed = [r for (acc, add), r in by.items() if acc == "fp32" and add.startswith("fp16")]
+    if len(mixed) >= 2 and len({str(r.get("result")) for r in mixed}) == 1:
+        lines.append(
+            f"fp16 addends into an fp32 accumulator end at {mixed[0]['result']} with or without the explicit "
+            f"cast ({number(mixed[0], 'error'):+.1e})."
+        )
+    return lines
 
 
 def _printed(problem: Problem, step: dict | None) -> str:
@@ -232,15 +310,32 @@ def _printed(problem: Problem, step: dict | None) -> str:
 
 def benchmarking_mixed_precision(problem: Problem, timing: Problem | None) -> Section:
     out = section(problem)
-    printed = _printed(
-        problem,
-        timing_step := next((s for s in (timing.steps if timing else []) if "mixed_precision" in s["step"]), None),
-    )
+    dtypes = problem.rows("mixed_precision")
+    dtypes = dtypes[dtypes["table"] == "autocast"] if not dtypes.empty else dtypes
     out.add(Heading("(a), (b) The toy model's dtypes under autocast"))
-    if printed and "Toy model" in printed:
+    if not dtypes.empty:
+        problem.used.update(dtypes["source"])
         out.add(
-            Text(f"Printed by `{timing_step['command']}`:"), Listing("Toy model" + printed.split("Toy model", 1)[1])
+            grid(
+                dtypes,
+                "mixed_precision",
+                title="dtype of each tensor of the toy model under autocast",
+                caption="fc1, ReLU, LayerNorm, fc2, then cross-entropy and backward, parameters in fp32",
+                labels=[("tensor", "tensor")],
+                values=[Value("fp16 autocast", "fp16", "text"), Value("bf16 autocast", "bf16", "text")],
+            )
         )
+        norm = [r for r in records(dtypes, "mixed_precision") if "LayerNorm" in str(r.get("tensor"))]
+        if norm:
+            out.add(
+                Bullets(
+                    [
+                        f"LayerNorm's output is {norm[0]['fp16']} under fp16 autocast and {norm[0]['bf16']} under bf16 "
+                        f"autocast on {norm[0].get('device')}; autocast's op lists differ between devices, so on a GPU "
+                        "measure it there."
+                    ]
+                )
+            )
     bf16 = problem.rows("benchmark")
     fp32 = timing_rows(timing)
     out.add(Heading("(c) bf16 autocast against fp32, per size"))
@@ -288,11 +383,24 @@ def memory_profiling(problem: Problem) -> Section:
     out = section(problem)
     rows = problem.rows("benchmark", "peaks")
     figures = [s for s in problem.steps if "snapshot" in s["step"]]
-    out.add(Heading("(a) Memory timelines (pytorch.org/memory_viz)"))
+    out.add(Heading("(a), (e) Memory timelines and the largest allocations"))
     for step in figures:
-        for name in str(step.get("figures") or "").split():
+        for name in step["figures"].split() if isinstance(step.get("figures"), str) else []:
             if (problem.directory / name).is_file():
                 out.add(Figure(f"Active memory timeline: {step['part']}", problem.directory / name))
+        for name in [n for n in _reads(step) if n in problem.files]:
+            allocations = problem.files[name]
+            problem.used.add(name)
+            out.add(
+                grid(
+                    allocations.head(10),
+                    "memory_allocations",
+                    title=f"Largest allocations: {step['part']}",
+                    caption="From the memory snapshot: size and the first stack frame outside torch",
+                    labels=[("rank", "rank")],
+                    values=[Value("size (MiB)", "size_bytes", "MiB"), Value("allocated by", "user_frame", "text")],
+                )
+            )
     if not rows.empty:
         problem.used.update(rows["source"])
         fp32 = rows[rows["precision"] == "fp32"]
