@@ -18,6 +18,7 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,7 @@ from .device import DeviceError, compile_unsupported_reason, failure_status, res
 from .memory.estimate import FP32, block_saved_bytes
 from .models import ATTENTION_KINDS, ConfigError, ModelConfig, TransformerBlock, TransformerLM
 from .precision import PRECISIONS, autocast, unsupported_reason
+from .results import ResultFileError, check_output_paths
 
 PROG = "python -m cs336_systems.residuals"
 MIB = 2**20
@@ -227,6 +229,25 @@ def totals(rows: list[SavedTensor]) -> dict[str, int]:
     return out
 
 
+def contributions(rows: list[SavedTensor]) -> list[dict]:
+    """What each (submodule, op) of a block saves for backward, counted storages only, largest
+    first, with its share of the block's total: the handout's "largest contributing operations"."""
+    found: dict[tuple[str, str], dict] = {}
+    for row in rows:
+        if row.counted:
+            entry = found.setdefault(
+                (row.module or "(input)", row.op), {"tensors": 0, "bytes": 0, "component": row.component}
+            )
+            entry["tensors"] += 1
+            entry["bytes"] += row.bytes
+    total = sum(entry["bytes"] for entry in found.values()) or 1
+    ordered = sorted(found.items(), key=lambda item: -item[1]["bytes"])
+    return [
+        {"rank": rank, "module": module, "op": op, **entry, "share_pct": 100 * entry["bytes"] / total}
+        for rank, ((module, op), entry) in enumerate(ordered, 1)
+    ]
+
+
 def block_table(rows: list[SavedTensor]) -> str:
     body = [
         [
@@ -254,6 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd block")
     parser.add_argument("--no-model", action="store_true", help="skip the whole model's totals")
+    parser.add_argument(
+        "--output",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also write what each (submodule, op) of the eager block saves, largest first, to PATH (.csv or .jsonl)",
+    )
     add_device_argument(parser, default="cpu")
     add_shape_arguments(parser)
     args = parser.parse_args(argv)
@@ -266,7 +294,11 @@ def main(argv: list[str] | None = None) -> int:
         reason = unsupported_reason(args.precision, device)
         if reason:
             raise DeviceError(reason)
-    except (ConfigError, DeviceError) as exc:
+        wrong = [path for path in args.output if Path(path).suffix not in (".csv", ".jsonl")]
+        if wrong:
+            raise ConfigError(f"--output {wrong[0]}: residuals writes .csv or .jsonl")
+        args.output = check_output_paths(args.output)
+    except (ConfigError, DeviceError, ResultFileError) as exc:
         return fail(PROG, str(exc))
     announce_size_table(args)
     try:
@@ -292,6 +324,8 @@ def _report(args, config: ModelConfig, device: torch.device) -> int:
         f"batch {batch}, context {seq}, {args.precision}, {args.attention}, {device}\n"
     )
     print(block_table(rows), "\n")
+    if args.output:
+        write_contributions(args, config, device, rows)
 
     variants = [("eager", False, False), ("eager, checkpointed", False, True)]
     compile_reason = compile_unsupported_reason(device)
@@ -326,6 +360,33 @@ def _report(args, config: ModelConfig, device: torch.device) -> int:
             )
         )
     return 0
+
+
+def write_contributions(args, config: ModelConfig, device: torch.device, rows: list[SavedTensor]) -> None:
+    """contributions() as rows, each with the configuration and the environment it was measured in."""
+    import dataclasses
+
+    from .mixed_precision import write_rows
+    from .results import collect_environment
+
+    environment = dataclasses.asdict(collect_environment(device))
+    setting = {
+        "size_table": config.size_table,
+        "model_size": config.size_name,
+        "d_model": config.d_model,
+        "d_ff": config.d_ff,
+        "num_layers": config.num_layers,
+        "num_heads": config.num_heads,
+        "vocab_size": config.vocab_size,
+        "batch_size": args.batch_size,
+        "context_length": args.context_length,
+        "precision": args.precision,
+        "attention": args.attention,
+        "device": str(device),
+    }
+    table = [{**setting, **row, **environment} for row in contributions(rows)]
+    for path in args.output:
+        write_rows(table, path)
 
 
 if __name__ == "__main__":

@@ -180,7 +180,7 @@ def test_a_done_marker_counts_only_for_the_same_command(tmp_path):
     assert run.read_marker(tmp_path, step) is None
 
 
-def test_the_writeup_opens_with_a_checklist_of_every_problem_and_shows_printed_output_as_written(tmp_path):
+def test_the_writeup_opens_with_a_checklist_of_every_problem_and_escapes_what_its_rows_say(tmp_path):
     from cs336_systems.report.cli import main as report_main
     from cs336_systems.report.verify import parse_tables
 
@@ -202,8 +202,9 @@ def test_the_writeup_opens_with_a_checklist_of_every_problem_and_shows_printed_o
                 device_memory_bytes=2**30,
                 predicted_s=15.0,
                 elapsed_s=4.2,
-                command="python -m cs336_systems.residuals --device cpu",
-                text_output="printed.txt",
+                command="python -m cs336_systems.residuals --device cpu --output residuals.csv",
+                reads="residuals.csv",
+                text_output="",
                 device_name="AMD EPYC",
                 device_assumed=False,
             ),
@@ -231,7 +232,13 @@ def test_the_writeup_opens_with_a_checklist_of_every_problem_and_shows_printed_o
         ]
     )
     plan.to_csv(tmp_path / "handout_plan.csv", index=False)
-    (tmp_path / "printed.txt").write_text("| accumulator | result |\n|---|---|\n| fp16 | 9.95 #_*$ |\n")
+    saved = dict(model_size="small", d_model=8, num_layers=1, batch_size=1, context_length=4, precision="fp32")
+    pd.DataFrame(  # a submodule named with Markdown, Typst and LaTeX specials: shown as written everywhere
+        [
+            dict(saved, rank=1, module="ffn #_*$|x", op="MulBackward0", tensors=2, bytes=2**21, share_pct=75.0),
+            dict(saved, rank=2, module="ln1", op="PowBackward0", tensors=1, bytes=2**19, share_pct=25.0),
+        ]
+    ).to_csv(tmp_path / "residuals.csv", index=False)
     outputs = [tmp_path / f"writeup.{ext}" for ext in ("md", "typ", "tex")]
     assert report_main([str(tmp_path / "handout_plan.csv"), *(x for o in outputs for x in ("--output", str(o)))]) == 0
     markdown, typst, latex = (o.read_text() for o in outputs)
@@ -242,9 +249,11 @@ def test_the_writeup_opens_with_a_checklist_of_every_problem_and_shows_printed_o
     status = {row[0]: row[1] for row in checklist.rows}
     assert status["nsys_profile"] == "not measured" and status["memory_profiling"] == "measured"
     assert status["flash_forward"] == "code" and status["tp_calcs"] == "derivation" and len(status) == 27
-    assert "```text\n| accumulator | result |" in markdown
-    assert 'raw("| accumulator | result |\\n|---|---|\\n| fp16 | 9.95 #_*$ |", block: true)' in typst
-    assert "\\begin{verbatim}\n| accumulator | result |" in latex
+    residuals = next(t for t in parse_tables(markdown) if t.title.startswith("The five largest"))
+    assert residuals.rows[0][:3] == ["1", "ffn #_*$|x", "MulBackward0"] and residuals.rows[0][4] == "2.00"
+    assert '"ffn #_*$|x"' in typst and "ffn \\#\\_*\\$|x" in latex
+    assert "The five largest hold 100% of it" in markdown or "the five largest hold 100% of it" in markdown
+    assert report_main(["--verify", str(outputs[0]), str(tmp_path / "handout_plan.csv")]) == 0
 
 
 def test_two_assumed_gpus_run_data_parallel_on_nccl_with_the_handouts_shape():

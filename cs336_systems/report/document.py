@@ -1,5 +1,5 @@
 """What a report is made of, independent of its format: sections holding blocks in reading order
-(text, sub-headings, tables, figures, bullet lists, preformatted listings).
+(text, sub-headings, tables, figures, bullet lists).
 
 Every section builder returns blocks whose cells are already text, so the Markdown, LaTeX and
 Typst writers only lay them out and never format a number themselves.
@@ -54,12 +54,7 @@ class Bullets:
     items: list[str]
 
 
-@dataclass
-class Listing:
-    text: str  # shown as written
-
-
-Block = Table | Figure | Text | Heading | Bullets | Listing
+Block = Table | Figure | Text | Heading | Bullets
 
 
 @dataclass

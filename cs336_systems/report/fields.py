@@ -41,6 +41,7 @@ def _tool_identity() -> dict[str, tuple[str, ...]]:
         "mixed_precision": ("table", "experiment", "tensor", "device", "device_name"),
         "nsys_kernels": ("Name",),
         "memory_allocations": ("rank",),
+        "residuals": ("rank", "model", "context_length", "batch_size", "precision", "device_name"),
         # the torch profiler's operators of a benchmark row's profiled step, one row each (derive)
         "kernels": _identity(BenchmarkRecord, "size_table", "device_name", "kernel_rank", "kernel"),
     }

@@ -94,7 +94,7 @@ def _block(block: Block, directory: Path) -> str:
     if isinstance(block, Bullets):
         items = "".join(f"\\item {_paragraph(item).rstrip()}\n" for item in block.items)
         return f"\\begin{{itemize}}\n{items}\\end{{itemize}}\n"
-    return f"{{\\footnotesize\\begin{{verbatim}}\n{block.text}\n\\end{{verbatim}}}}\n"
+    raise TypeError(f"no LaTeX for {type(block).__name__}")
 
 
 def document_latex(document: Document, directory: Path) -> str:

@@ -21,6 +21,7 @@ TOOLS = {
     "mixed_precision": ("table", "experiment", "accumulator", "result"),
     "nsys_kernels": ("Time (%)", "Total Time (ns)", "Instances", "Name"),  # nsys stats cuda_gpu_kern_sum
     "memory_allocations": ("rank", "size_bytes", "event_index", "user_frame"),  # memory.timeline
+    "residuals": ("rank", "module", "op", "share_pct"),
     "warmup_study": ("warmup_steps", "step_index", "step_ms"),
     "monitor": ("t_s", "system_cpu_pct", "tree_cpu_pct"),
     "monitor_run": ("command", "exit_status", "interval_s", "num_samples"),  # monitor's .json beside its CSV

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .document import Bullets, Document, Figure, Heading, Listing, Table, Text
+from .document import Bullets, Document, Figure, Heading, Table, Text
 from .grid import spec_comment
 
 
@@ -49,6 +49,4 @@ def document_markdown(document: Document, directory: Path) -> str:
                 lines.append(figure_markdown(block, directory))
             elif isinstance(block, Bullets):
                 lines += [*(f"- {item}" for item in block.items), ""]
-            elif isinstance(block, Listing):
-                lines += ["```text", block.text, "```", ""]
     return "\n".join(lines).rstrip("\n") + "\n"

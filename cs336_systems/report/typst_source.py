@@ -11,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .document import Bullets, Document, Figure, Heading, Listing, Table, Text
+from .document import Bullets, Document, Figure, Heading, Table, Text
 
 # No creation date in the PDF: the same results make the same bytes.
 PREAMBLE = """#set document(date: none)
@@ -112,8 +112,6 @@ def document_typst(document: Document, directory: Path) -> str:
                 out.append(figure_typst(block, directory))
             elif isinstance(block, Bullets):
                 out += [f"- {_markup(item)}\n" for item in block.items] + ["\n"]
-            elif isinstance(block, Listing):
-                out.append(f"#text(size: 6.5pt, raw({string(block.text)}, block: true))\n\n")
         if section.page_break:
             out.append("#pagebreak()\n")
     return "".join(out)

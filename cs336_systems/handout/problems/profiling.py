@@ -198,6 +198,7 @@ def _residuals_step(options: Options, size: str, context: int) -> Step:
         "--context-length": context,
         "--batch-size": options.scale.batch,
         "--device": options.device,
+        "--output": ["memory_profiling-residuals.csv"],
     }
     flags["--model-size"] = flags.pop("--model-sizes")[0]
     step = Step(
@@ -206,6 +207,7 @@ def _residuals_step(options: Options, size: str, context: int) -> Step:
         f"(f) what autograd saves per block ({size})",
         module_name("residuals"),
         flags,
+        reads=("memory_profiling-residuals.csv",),
         capture="memory_profiling-residuals.txt",
         fixed_s=90,
     )

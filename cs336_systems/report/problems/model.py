@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .. import benchmark, plots
-from ..document import Bullets, Figure, Heading, Listing, Section, Text, byte_unit, sig3
+from ..document import Bullets, Figure, Heading, Section, Text, byte_unit, sig3
 from ..fields import derive, label_text
 from ..grid import Value, grid
 from ..observe import change, number, ok, pick, records, span, times
@@ -301,13 +301,6 @@ def accumulation_observations(rows: list[dict]) -> list[str]:
     return lines
 
 
-def _printed(problem: Problem, step: dict | None) -> str:
-    if not step or step.get("outcome") != "ok" or not isinstance(step.get("text_output"), str):
-        return ""
-    path = problem.directory / step["text_output"]
-    return path.read_text(errors="replace").rstrip() if path.is_file() else ""
-
-
 def benchmarking_mixed_precision(problem: Problem, timing: Problem | None) -> Section:
     out = section(problem)
     dtypes = problem.rows("mixed_precision")
@@ -413,11 +406,40 @@ def memory_profiling(problem: Problem) -> Section:
             out.add(Bullets(precision_memory_observations(records(rows, "benchmark"))))
         out.add(Heading("(d) One residual-stream activation"))
         out.add(Bullets(residual_stream(records(rows, "benchmark"))))
-    residuals = _printed(problem, problem.step("residuals"))
-    if residuals:
+    residuals = problem.rows("residuals")
+    if not residuals.empty:
+        problem.used.update(residuals["source"])
         out.add(Heading("(f) What one block saves for backward"))
-        out.add(Text(f"Printed by `{problem.step('residuals')['command']}`:"), Listing(residuals))
+        out.add(
+            grid(
+                residuals[residuals["rank"] <= 5],
+                "residuals",
+                title="The five largest contributors to one block's saved tensors",
+                caption="Each storage counted once, parameters left out; share of all the block saves",
+                labels=[("rank", "rank")],
+                values=[
+                    Value("submodule", "module", "text"),
+                    Value("saved by", "op", "text"),
+                    Value("tensors", "tensors", "int"),
+                    Value("MiB", "bytes", "MiB"),
+                    Value("share (%)", "share_pct", "sig3"),
+                ],
+            )
+        )
+        out.add(Bullets(residual_observations(records(residuals, "residuals"))))
     return finish(problem, out)
+
+
+def residual_observations(rows: list[dict]) -> list[str]:
+    total = sum(number(r, "bytes") or 0 for r in rows)
+    top = sorted(rows, key=lambda r: number(r, "rank") or 0)[:5]
+    if not total or not top:
+        return []
+    share = sum(number(r, "bytes") or 0 for r in top) / total
+    return [
+        f"One block saves {sig3(total / MIB)} MiB for backward (batch {label_text('batch_size', top[0])}, context "
+        f"{label_text('context_length', top[0])}, {label_text('precision', top[0])}); the five largest hold {100 * share:.0f}% of it."
+    ]
 
 
 def peak_observations(rows: list[dict]) -> list[str]:
