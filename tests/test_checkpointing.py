@@ -4,6 +4,7 @@ import json
 import math
 import subprocess
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -176,13 +177,30 @@ def test_residual_totals_per_component_match_the_estimator(attention, precision)
     assert (32,) in parameters and not any(r.counted for r in rows if r.kind == "parameter")  # the norms' weights
     assert ((32, 32) in parameters) == (precision == "fp32")  # under autocast mm saves the weight's cast
     assert {"MmBackward0", "PowBackward0"} <= {r.op for r in rows}
+    contributions = residuals.contributions(rows)  # per (submodule, op), largest first, shares adding to 100%
+    assert [c["rank"] for c in contributions] == list(range(1, len(contributions) + 1))
+    assert sum(c["bytes"] for c in contributions) == sum(residuals.totals(rows).values())
+    assert contributions[0]["bytes"] == max(c["bytes"] for c in contributions)
+    assert abs(sum(c["share_pct"] for c in contributions) - 100) < 1e-9
 
 
-def test_residuals_command(capsys):
+def test_residuals_command(capsys, tmp_path):
+    output = tmp_path / "saved.csv"
     code, out, _ = run_main(
-        residuals.main, capsys, *TINY_SHAPE, "--context-length", "8", "--batch-size", "2", "--no-compile"
+        residuals.main,
+        capsys,
+        *TINY_SHAPE,
+        "--context-length",
+        "8",
+        "--batch-size",
+        "2",
+        "--no-compile",
+        "--output",
+        str(output),
     )
     assert code == 0
+    written = pd.read_csv(output)
+    assert written["rank"].tolist()[:2] == [1, 2] and {"module", "op", "share_pct", "torch_version"} <= set(written)
     for part in ("saved by", "MmBackward0", "eager, checkpointed", "estimator", "Whole model (2 blocks"):
         assert part in out
     code, _, err = run_main(residuals.main, capsys, "--model-size", "giant")
