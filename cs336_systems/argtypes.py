@@ -7,6 +7,7 @@ stderr and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterable
 
@@ -103,6 +104,13 @@ def byte_size(text: str) -> int:
         return parse_bytes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def output_path(text: str) -> str:
+    """An output file's path, made absolute as the flags are read: the user's code may change the
+    working directory (a model factory that chdirs), and the rows must still go where the user said.
+    A trailing '/' is kept, so the path check still refuses a directory."""
+    return text if not text or os.path.isabs(text) else os.path.join(os.getcwd(), text)
 
 
 def _parse(kind, text: str):

@@ -14,7 +14,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from . import cuda_graphs, nvtx
-from .argtypes import EXIT_FAILED, ArgumentParser, exit_status, fail, positive_int
+from .argtypes import EXIT_FAILED, ArgumentParser, exit_status, fail, output_path, positive_int
 from .benchmark_flags import (
     add_checkpoint_argument,
     add_execution_arguments,
@@ -26,14 +26,16 @@ from .benchmark_flags import (
 from .command import run_command
 from .config import COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
 from .device import DeviceError, resolve_device
+from .lifetime import exit_with
 from .models import ATTENTION_KINDS, SIZE_TABLES, ConfigError, count_parameters_for
 from .monitor import MonitorPathError, add_monitor_arguments, check_monitor_arguments, monitored
-from .optimizer import OptimizerFactoryError, load_optimizer_factory
+from .optimizer import OptimizerFactoryError, check_user_optimizer
 from .precision import PRECISIONS
 from .results import BenchmarkRecord, ResultFileError, ResultSink, ResultWriteError, check_output_paths
 from .runner import run_benchmark
+from .terminal import show
 from .user_model import ModelFactoryError, load_model_factory
-from .usercode import DEFAULT_TIMEOUT_S, timeout_seconds
+from .usercode import add_timeout_argument, import_timeout
 
 PROG = "python -m cs336_systems.benchmark"
 
@@ -67,6 +69,7 @@ def build_parser() -> ArgumentParser:
     add_optimizer_argument(parser)
     parser.add_argument(
         "--memory-snapshot",
+        type=output_path,
         metavar="PATH.pickle",
         help="CUDA: record the allocator's history over the measured steps and dump it (view at pytorch.org/memory_viz)",
     )
@@ -149,21 +152,10 @@ def config_from_args(args) -> BenchmarkConfig:
     )
 
 
-def add_timeout_argument(parser) -> None:
-    """benchmark's own --timeout (per step, in this process); the sweeps built on build_parser() have
-    theirs, per configuration in a child (child.add_child_arguments)."""
-    parser.add_argument(
-        "--timeout",
-        type=timeout_seconds,
-        default=DEFAULT_TIMEOUT_S,
-        metavar="SECONDS",
-        help=f"per step, model build and import of your code: past it the row is 'timeout' (default {DEFAULT_TIMEOUT_S:g})",
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    add_timeout_argument(parser)
+    # the sweeps built on build_parser() have theirs, per configuration in a child (child.add_child_arguments)
+    add_timeout_argument(parser, "per step, model build and import of your code")
     args = parser.parse_args(argv)
     try:
         if args.list_sizes:
@@ -178,9 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.memory_snapshot and device.type != "cuda":
             raise DeviceError("--memory-snapshot needs a CUDA device (it records the CUDA allocator's history)")
         if config.model_factory:
-            load_model_factory(config.model_factory, args.timeout)
+            load_model_factory(config.model_factory, import_timeout(args.timeout))
         if config.optimizer_factory:
-            load_optimizer_factory(config.optimizer_factory, args.timeout)
+            check_user_optimizer(config.optimizer_factory, import_timeout(args.timeout))
         sink = ResultSink(check_output_paths(args.output))
         check_monitor_arguments(args)
     except (
@@ -199,18 +191,21 @@ def main(argv: list[str] | None = None) -> int:
         record = run_benchmark(
             config.replace(device=str(device)), memory_snapshot=args.memory_snapshot, timeout_s=args.timeout
         )
-    print(BenchmarkRecord.console([record.to_row()]))
-    try:
+    try:  # the row first: whatever the user's code did to stdout, the result is kept
         sink.write(record)
-    except ResultWriteError as exc:  # a full disk: the row is on screen above, the file kept whole
-        print(f"{PROG}: error: {exc.strerror}", file=sys.stderr)
+    except ResultWriteError as exc:  # a full disk: the row is shown below, the file kept whole
+        show(BenchmarkRecord.console([record.to_row()]))
+        show(f"{PROG}: error: {exc.strerror}", sys.stderr)
         return EXIT_FAILED
+    finally:
+        sink.close()
+    show(BenchmarkRecord.console([record.to_row()]))
     for path in [*args.output, *([args.memory_snapshot] if args.memory_snapshot else [])]:
-        print(f"wrote {path}", file=sys.stderr)
+        show(f"wrote {path}", sys.stderr)
     if exit_status([record.status]):
-        print(f"{PROG}: error: {record.error}", file=sys.stderr)
+        show(f"{PROG}: error: {record.error}", sys.stderr)
     return exit_status([record.status])
 
 
 if __name__ == "__main__":
-    sys.exit(run_command(PROG, main))  # Ctrl-C 130, SIGTERM 143, one line
+    exit_with(lambda: run_command(PROG, main))  # Ctrl-C 130, SIGTERM 143, one line

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from .argtypes import add_device_argument, non_negative_int, positive_float, positive_int
+from .argtypes import add_device_argument, non_negative_int, output_path, positive_float, positive_int
 from .config import COMPILE_MODES, PARAM_DTYPES, BenchmarkConfig
 from .cuda_graphs import OPTIMIZER_REFUSAL
 from .flops import PEAK_CHOICES
@@ -150,6 +150,7 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--output",
         action="append",
+        type=output_path,
         default=[],
         metavar="PATH",
         help="write results to PATH (.csv, .md or .jsonl; repeatable)",

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from cs336_systems import lifetime
-from cs336_systems.usercode import UserCodeError, UserCodeTimeout, check_timeout, guarded
+from cs336_systems.usercode import StepLimits, UserCodeError, UserCodeTimeout, check_timeout, guarded
 from tests.conftest import PYTHON, REPO, TINY_CPU, TINY_SHAPE, TINY_STEPS, child_env
 
 
@@ -107,6 +107,68 @@ def test_an_outer_alarm_still_goes_off_and_is_set_again():
         signal.signal(signal.SIGALRM, previous)
 
 
+class _Boom(BaseException):
+    pass
+
+
+class _MyInterrupt(KeyboardInterrupt):
+    pass
+
+
+@pytest.mark.parametrize(
+    "raised, words",
+    [
+        (_Boom("mine"), "raised _Boom (a BaseException, not an Exception): mine"),
+        (GeneratorExit(), "raised GeneratorExit (a BaseException"),
+        (_MyInterrupt(), "raised _MyInterrupt (a KeyboardInterrupt) itself"),
+    ],
+)
+def test_any_base_exception_the_code_raises_is_its_error(raised, words):
+    with lifetime.signals_interrupt(), pytest.raises(UserCodeError, match=re.escape(words)), guarded("my code"):
+        raise raised
+    with pytest.raises(UserCodeError), guarded("my code"):  # under Python's own handler too
+        raise raised
+
+
+def test_the_code_cannot_replace_our_interrupt_handlers():
+    with lifetime.signals_interrupt():
+        ours = signal.getsignal(signal.SIGTERM)
+        with guarded("my code") as rearm:
+            assert signal.signal(signal.SIGTERM, signal.SIG_IGN) is ours  # refused: ours stays
+            assert signal.getsignal(signal.SIGTERM) is ours
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            rearm()  # each step unblocks them
+            assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+        with pytest.raises(lifetime.Terminated):
+            signal.raise_signal(signal.SIGTERM)
+    assert signal.signal is not None and signal.getsignal(signal.SIGUSR1) is not None
+
+
+def test_default_limits_follow_the_measured_step():
+    limits = StepLimits(first_s=0.6, factor=2.0, floor_s=0.05)
+    with guarded("my step", limits) as rearm:
+        rearm()
+        time.sleep(0.3)  # the first step: under first_s
+        rearm()
+        time.sleep(0.05)  # 0.05 s: under 2 x 0.3 s
+        rearm()
+        with pytest.raises(UserCodeTimeout, match=r"my step did not return within 0.1\d* s \(the default limit 2x"):
+            time.sleep(2)  # over 2 x 0.05 s
+    assert limits.limit_s(None) == 0.6 and limits.limit_s(10.0) == 20.0 and limits.limit_s(0.001) == 0.05
+
+
+def test_a_forked_copy_never_comes_back_out_of_the_block(tmp_path):
+    marks = tmp_path / "marks"
+    with guarded("my code"):
+        child = os.fork()  # the user's code forks; both processes return into the harness
+    with open(marks, "a") as handle:
+        handle.write(f"{os.getpid()}\n")
+    if child:
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    assert marks.read_text().split() == [str(os.getpid())]  # only this process went on
+
+
 @pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), 1e20])
 def test_absurd_timeouts_are_refused(value):
     with pytest.raises(ValueError, match="--timeout must be more than 0 and at most"):
@@ -186,7 +248,10 @@ def test_attention_flash_getter_that_exits_is_an_error_row():
     record = run_attention(
         AttentionConfig("flash-pytorch", head_dim=8, context_length=16, measure_steps=2, adapters=adapters)
     )
-    assert (record.status, record.error) == ("error", "setup: flash-pytorch called sys.exit(0)")
+    assert (record.status, record.error) == (
+        "error",
+        "setup: get_flashattention_autograd_function_pytorch() called sys.exit(0)",
+    )
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from ..precision import cpu_has_native, precision_mode, unsupported_reason
 from ..results import Environment, collect_environment, fill_timing
 from ..stats import is_noisy, summarize
 from ..timing import HostTimer, UntimedSetup, device_synchronizer, make_timer, time_steps
-from ..usercode import DEFAULT_TIMEOUT_S, guarded
+from ..usercode import DEFAULT_TIMEOUT, StepLimits, guarded
 from .config import FLASH_IMPLEMENTATIONS, PASSES, TENSOR_DTYPES, AttentionConfig
 from .correctness import check, reference
 from .dobench import TRITON, do_bench_backend, do_bench_samples
@@ -283,7 +283,7 @@ def run_attention(
     clock: Callable[[], float] = time.perf_counter,
     memory_limit_bytes: int | None = None,
     adapters: Adapters | None = None,
-    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    timeout_s: float | StepLimits | None = DEFAULT_TIMEOUT,
 ) -> AttentionRecord:
     """Measure one configuration. Out of memory (or any failure) is a row, never a raise; an
     adapter that raises NotImplementedError is a 'skipped' row, a wrong output a 'wrong' row.

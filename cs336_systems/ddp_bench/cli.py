@@ -20,7 +20,7 @@ from ..config import BenchmarkConfig
 from ..distributed import LaunchError
 from ..distributed.driver import add_launch_arguments, launch_from_args, run_rows
 from ..models import ATTENTION_KINDS, MODEL_SIZES, ConfigError
-from ..optimizer import OptimizerFactoryError, load_optimizer_factory
+from ..optimizer import OptimizerFactoryError, check_user_optimizer
 from ..precision import PRECISIONS, unsupported_reason
 from ..results import ResultFileError, ResultSink, check_output_paths
 from ..user_model import ModelFactoryError, load_model_factory
@@ -191,7 +191,7 @@ def _run(args: argparse.Namespace) -> int:
         config = config_from_args(args, device.type)
         args.loaded_adapters = check_adapters(args)
         if ":" in args.optimizer:
-            load_optimizer_factory(args.optimizer)
+            check_user_optimizer(args.optimizer)
         sink = ResultSink(check_output_paths(args.output) if launch.rank0 else [], DdpRecord)
     except (LaunchError, ConfigError, ModelFactoryError, ResultFileError, AdapterError, OptimizerFactoryError) as exc:
         return fail(PROG, str(exc))

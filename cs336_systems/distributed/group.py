@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from ..device import first_line, is_out_of_memory
 from ..results import Environment
+from ..usercode import UserCodeTimeout
 
 BACKENDS = ("gloo", "nccl")
 INJECT_FAILURE_ENV = "CS336_SYSTEMS_INJECT_FAILURE"
@@ -196,5 +197,5 @@ def maybe_inject_failure(rank: int) -> None:
 
 
 def _describe_failure(exc: BaseException) -> tuple[str, str]:
-    status = "oom" if is_out_of_memory(exc) else "error"
+    status = "oom" if is_out_of_memory(exc) else "timeout" if isinstance(exc, UserCodeTimeout) else "error"
     return status, f"{type(exc).__name__}: {_SOURCE_LOCATION.sub('', first_line(exc))}"

@@ -86,9 +86,9 @@ def _check_loadable(args: argparse.Namespace) -> None:
 
         load_model_factory(args.model_factory)
     if args.optimizer:
-        from ..optimizer import load_optimizer_factory
+        from ..optimizer import check_user_optimizer
 
-        load_optimizer_factory(args.optimizer)
+        check_user_optimizer(args.optimizer)
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:

@@ -24,12 +24,13 @@ from ..argtypes import (
     fail,
     non_negative_float,
     non_negative_int,
+    output_path,
     positive_float,
     positive_int,
 )
 from ..command import run_command
 from ..device import DeviceError, resolve_device
-from ..lifetime import check_interrupted, temporary_directory
+from ..lifetime import check_interrupted, exit_with, temporary_directory
 from ..monitor import add_monitor_arguments, check_monitor_arguments, monitored
 from ..results import (
     ResultFileError,
@@ -126,7 +127,14 @@ def build_parser() -> ArgumentParser:
         metavar="SIZE",
         help="host RAM the loader's buffer may use (default: RAM available now)",
     )
-    parser.add_argument("--output", action="append", default=[], metavar="PATH", help=".csv, .md or .jsonl; repeatable")
+    parser.add_argument(
+        "--output",
+        action="append",
+        type=output_path,
+        default=[],
+        metavar="PATH",
+        help=".csv, .md or .jsonl; repeatable",
+    )
     add_monitor_arguments(parser)
     return parser
 
@@ -257,4 +265,4 @@ def progress_line(loader: LoaderConfig, records: Sequence[LoaderRecord]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..argtypes import positive_float
+from ..argtypes import output_path, positive_float
 from ..identity import identity_field
 from ..results.errors import ResultFileError, ResultWriteError
 from ..results.files import append_line, write_whole
@@ -247,6 +247,7 @@ def add_monitor_arguments(parser) -> None:
     group = parser.add_argument_group("resource monitor")
     group.add_argument(
         "--monitor",
+        type=output_path,
         metavar="PATH.csv",
         help="sample GPU/CPU/memory/network/disk during the run into PATH.csv (+ .png, .json beside it)",
     )

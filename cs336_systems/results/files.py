@@ -7,7 +7,6 @@ runs never interleave rows or write a header twice. The paths are checked first 
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import csv
 import errno
@@ -23,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from ..lifetime import at_exit
 from . import validate
 from .errors import ResultFileError, ResultWriteError
 from .paths import TEMP_SUFFIX, check_output_paths, lock_path
@@ -111,7 +111,7 @@ class OutputLock:
             os.close(entry[0])
 
 
-@atexit.register
+@at_exit
 def _release_all() -> None:
     for path, (fd, _) in list(OutputLock.held.items()):
         path.unlink(missing_ok=True)
@@ -318,6 +318,7 @@ class ResultSink:
     ):
         fields, render = record_type.row_fields(), record_type.markdown
         self.record_type = record_type
+        self.owner = os.getpid()
         self.paths = check_output_paths(paths)
         self.locks: list[OutputLock] = []
         self.writers: list = []
@@ -352,6 +353,8 @@ class ResultSink:
                 writer.rows = list(rows)
 
     def write(self, record: ResultRecord) -> None:
+        if os.getpid() != self.owner:  # a process the user's code forked: the rows are its parent's to write
+            return
         key = record.key() if self.holds else None
         for writer in self.writers:
             if key is not None and key in self.holds.get(writer.path, ()):
