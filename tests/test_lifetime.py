@@ -16,9 +16,9 @@ import psutil
 import pytest
 
 from cs336_systems.lifetime import (
+    OWNER_MARK,
     child_preexec,
     deferring_interrupts,
-    OWNER_MARK,
     remove_stale_temporary_directories,
     temporary_directory,
 )

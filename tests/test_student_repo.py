@@ -20,7 +20,10 @@ from cs336_systems.attention_bench import AttentionConfig
 from cs336_systems.attention_bench.implementations import heads_in_batch
 from cs336_systems.attention_bench.measure import _check_ignores_causal, _Phase
 from cs336_systems.ddp_bench.accounting import measured_sharding
+from cs336_systems.ddp_bench.trainer import optimizer_class
 from cs336_systems.loading import repo_paths
+from cs336_systems.models import build_model, count_parameters_for
+from cs336_systems.optimizer import OPTIMIZER_KWARGS, OptimizerFactoryError, check_user_optimizer, load_user_optimizer
 from cs336_systems.tools import discover
 from cs336_systems.user_model import FACTORY_KEYWORDS, FACTORY_SYNONYMS, ModelFactoryError, factory_keywords
 from tests.conftest import FIXTURES, REPO, TINY_SHAPE, tiny_model_config
@@ -79,7 +82,9 @@ def test_benchmark_runs_ours_with_the_students_optimizer(tmp_path):
         "--measure-steps",
         "2",
         "--optimizer",
-        "cs336_systems.optimizer:AdamW",
+        "cs336_systems.optimizer:AdamW",  # every hyperparameter required
+        "--model-factory",
+        "cs336_basics.model:TransformerLM",  # device and dtype required
         "--output",
         str(out),
     )
@@ -308,6 +313,61 @@ def test_factory_keywords_follow_the_signature_with_theta_as_rope_theta():
 
     with pytest.raises(ModelFactoryError, match=r"^--model-factory m:f: cannot fill its parameter 'n_embd'"):
         factory_keywords(needs_more, given, "m:f")
+
+
+class RequiredAdamW(torch.optim.AdamW):
+    """An assignment-1 AdamW: every hyperparameter required."""
+
+    def __init__(self, params, lr, weight_decay, betas, eps):
+        super().__init__(params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
+
+
+def lr_only(params, lr):
+    return torch.optim.SGD(params, lr=lr)
+
+
+def needs_momentum(params, lr, momentum):
+    return torch.optim.SGD(params, lr=lr, momentum=momentum)
+
+
+def fails_to_build(params, **kwargs):
+    raise ValueError("Invalid learning rate")
+
+
+def test_a_users_optimizer_is_built_one_way_with_the_hyperparameters_it_takes():
+    required = check_user_optimizer("tests.test_student_repo:RequiredAdamW")
+    assert required.make is RequiredAdamW and required.keywords == OPTIMIZER_KWARGS  # a class stays a class
+    lr = load_user_optimizer("tests.test_student_repo:lr_only")
+    assert lr.keywords == {"lr": OPTIMIZER_KWARGS["lr"]}
+    assert lr([torch.nn.Parameter(torch.zeros(1))], lr=0.5, eps=1.0).defaults["lr"] == 0.5  # ddp_bench's scaled lr
+    # ddp_bench hands the class and its keywords to strategies (a student's sharded optimizer among them)
+    cls, kwargs = optimizer_class("tests.test_student_repo:RequiredAdamW", torch.device("cpu"), lr=0.25)
+    assert cls is RequiredAdamW and kwargs == {**OPTIMIZER_KWARGS, "lr": 0.25}
+    with pytest.raises(
+        OptimizerFactoryError, match=r"^--optimizer \S+needs_momentum: cannot fill its parameter 'momentum'"
+    ):
+        check_user_optimizer("tests.test_student_repo:needs_momentum")
+    with pytest.raises(OptimizerFactoryError, match=r"fails_to_build raised ValueError: Invalid learning rate$"):
+        check_user_optimizer("tests.test_student_repo:fails_to_build")  # before any model, rank or worker
+
+
+def assignment1_model(vocab_size, d_model, device, dtype):
+    model = torch.nn.Sequential(torch.nn.Embedding(vocab_size, d_model, device=device, dtype=dtype))
+    model.given = (device, dtype)
+    return model
+
+
+def test_a_factory_that_requires_device_and_dtype_gets_the_runs():
+    config = tiny_model_config()
+    model = build_model(config, "cpu", "tests.test_student_repo:assignment1_model")
+    assert model.given == (torch.device("cpu"), torch.float32)
+    assert count_parameters_for(config, "tests.test_student_repo:assignment1_model") == 97 * 32  # built on meta
+
+    def needs_more(vocab_size, device, dtype, n_embd):
+        pass
+
+    with pytest.raises(ModelFactoryError, match=r"cannot fill its parameter 'n_embd'; it is given .*device, dtype"):
+        factory_keywords(needs_more, dict.fromkeys((*FACTORY_KEYWORDS, "device", "dtype")), "m:f")
 
 
 def test_heads_are_folded_into_the_batch_for_adapters():
