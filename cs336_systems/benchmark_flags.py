@@ -10,13 +10,11 @@ import dataclasses
 
 from .argtypes import add_device_argument, non_negative_int, output_path, positive_float, positive_int
 from .config import COMPILE_MODES, PARAM_DTYPES, BenchmarkConfig
-from .cuda_graphs import OPTIMIZER_REFUSAL
 from .flops import PEAK_CHOICES
 from .models import (
     CHECKPOINT_WORDS,
     DEFAULT_SIZE_TABLE,
     SIZE_TABLES,
-    ConfigError,
     ModelConfig,
 )
 from .timing import TIMERS
@@ -182,11 +180,8 @@ def model_config_from_args(
 def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **run) -> BenchmarkConfig:
     """One configuration: `model` and this run's values (context_length, batch_size, pass_type,
     precision, compile, device) with the flags every benchmark command shares. A flag whose
-    destination is a BenchmarkConfig field's name sets that field (unset flags keep its default)."""
-    if args.cuda_graphs and getattr(args, "optimizer", None):
-        raise ConfigError(OPTIMIZER_REFUSAL)
-    if args.model_factory and model.fused_projections:
-        raise ConfigError("--fused-projections changes the built-in model's projections; not a --model-factory model's")
+    destination is a BenchmarkConfig field's name sets that field (unset flags keep its default).
+    The configuration checks itself (ConfigError): the flags' contradictions are refused there."""
     settings = {
         field.name: getattr(args, field.name)
         for field in dataclasses.fields(BenchmarkConfig)

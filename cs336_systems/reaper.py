@@ -22,7 +22,6 @@ import ctypes
 import os
 import select
 import signal
-import subprocess
 import sys
 import time
 
@@ -34,24 +33,29 @@ _BOOT = "import runpy, sys; runpy.run_path(sys.argv[1])['serve'](*sys.argv[2:])"
 
 _owner: int | None = None  # the pid that started the reaper; a forked child has its own pid
 _pipe: int | None = None
-_process: subprocess.Popen | None = None
+_pid: int | None = None  # the reaper's
 
 
 def start() -> bool:
     """Start this process's reaper unless it runs already; False where it cannot run."""
-    global _owner, _pipe, _process
+    global _owner, _pipe, _pid
     if _owner == os.getpid():
         return True
     if not sys.platform.startswith("linux") or not sys.executable:
         return False
     read, write = os.pipe()
     try:
-        _process = subprocess.Popen(
+        os.set_inheritable(read, True)
+        _pid = os.posix_spawn(
+            sys.executable,
             [sys.executable, "-I", "-S", "-c", _BOOT, os.path.abspath(__file__), str(os.getpid()), str(read)],
-            pass_fds=(read,),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
+            os.environ,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_CLOSE, write),
+            ],
+            setsid=True,
         )
     except OSError:  # no process to spare (a process limit, an address-space cap)
         os.close(write)
@@ -86,7 +90,7 @@ def disarm() -> None:
 def end_descendants() -> None:
     """End every process below this one now (lifetime.exit_with, as the tool exits): the reaper's
     snapshot may be up to SNAPSHOT_S old, this is not."""
-    skip = _process.pid if _process is not None and _owner == os.getpid() else None
+    skip = _pid if _owner == os.getpid() else None
     _end(
         _descendants({pid: started for pid in _children(os.getpid()) if pid != skip and (started := _start_time(pid))})
     )

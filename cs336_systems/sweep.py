@@ -80,10 +80,6 @@ def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[Bench
     ):
         model = benchmark_flags.model_config_from_args(args, size, longest, attention, checkpoint)
         model.check_context(longest, f"--context-lengths up to {longest}")
-        if model.checkpoint_group_size and args.model_factory:
-            raise ConfigError(
-                "--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model"
-            )
         configs.append(
             benchmark_flags.benchmark_config_from_args(
                 args,
