@@ -90,18 +90,24 @@ def load_callable(
 
 
 def fit_keywords(
-    function: Callable, offered: Mapping[str, object], positional: int = 0, synonyms: Mapping[str, str] | None = None
+    function: Callable,
+    offered: Mapping[str, object],
+    positional: int = 0,
+    synonyms: Mapping[str, str] | None = None,
+    only_named: tuple[str, ...] = (),
 ) -> tuple[dict, list[str]]:
     """The `offered` keywords that `function`'s signature takes (all of them when it takes **kwargs or
-    its signature cannot be read), and the names of its parameters without a default that neither
-    those nor the first `positional` arguments fill. `synonyms` maps a parameter's spelling to the
-    offered name it stands for (theta for rope_theta)."""
+    its signature cannot be read, but those in `only_named`, given only to a parameter of that name), and
+    the names of its parameters without a default that neither those nor the first `positional`
+    arguments fill. `synonyms` maps a parameter's spelling to the offered name it stands for (theta for
+    rope_theta)."""
     try:
         parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
-        return dict(offered), []
+        return {k: v for k, v in offered.items() if k not in only_named}, []
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return dict(offered), []
+        named = {p.name for p in parameters}
+        return {k: v for k, v in offered.items() if k not in only_named or k in named}, []
     given, unfilled = {}, []
     for index, parameter in enumerate(parameters):
         if parameter.kind is inspect.Parameter.VAR_POSITIONAL:

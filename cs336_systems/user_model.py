@@ -26,7 +26,8 @@ class ModelFactoryError(RuntimeError):
 
 # what ModelConfig.factory_kwargs gives a factory
 FACTORY_KEYWORDS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")
-# and what build_user_model adds: assignment-1 constructors often require both
+# and what build_user_model adds: assignment-1 constructors often require both (given only to a parameter of
+# that name: a factory passing **kwargs on to a config would not expect them)
 PLACEMENT_KEYWORDS = ("device", "dtype")
 # other spellings of a keyword in students' constructors (the handout's model says rope_theta)
 FACTORY_SYNONYMS = {"theta": "rope_theta", "rope_theta": "theta"}
@@ -38,7 +39,7 @@ def factory_keywords(factory: Callable, keywords: dict, spec: str) -> dict:
     synonym where it spells one differently (theta for rope_theta). A parameter without a default
     that none of them fills is a ModelFactoryError naming it. All of them when the signature
     takes **kwargs or cannot be read."""
-    given, unfilled = fit_keywords(factory, keywords, synonyms=FACTORY_SYNONYMS)
+    given, unfilled = fit_keywords(factory, keywords, synonyms=FACTORY_SYNONYMS, only_named=PLACEMENT_KEYWORDS)
     if unfilled:
         raise ModelFactoryError(
             f"--model-factory {spec}: cannot fill its parameter {unfilled[0]!r}; it is given "

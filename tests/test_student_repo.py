@@ -6,6 +6,7 @@ installed student package would be; the ddp_bench runs check the spawned ranks t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ import torch
 
 from cs336_systems.attention_bench import AttentionConfig
 from cs336_systems.attention_bench.implementations import heads_in_batch
-from cs336_systems.attention_bench.measure import _check_ignores_causal, _Phase
+from cs336_systems.attention_bench.measure import _judge_causal, _Phase, run_attention
 from cs336_systems.ddp_bench.accounting import measured_sharding
 from cs336_systems.ddp_bench.trainer import optimizer_class
 from cs336_systems.loading import repo_paths
@@ -159,7 +160,7 @@ def test_attention_bench_defaults_pass_a_3d_flash_that_ignores_is_causal(tmp_pat
     rows = pd.read_csv(out).set_index("implementation")
     flash = rows.loc["flash-pytorch"]
     assert flash["status"] == "ok" and flash["causal"] and flash["layout"] == "bhsd"
-    assert "ignores is_causal" in flash["notes"]
+    assert "with is_causal=True its forward ignores it and its backward ignores it" in flash["notes"]
     assert rows.loc["flash-triton", "status"] == "unsupported"  # Triton needs CUDA; not an error
 
 
@@ -383,30 +384,31 @@ def test_heads_are_folded_into_the_batch_for_adapters():
     assert shapes == [(6, 5, 4)] and out.shape == q.shape and torch.equal(out, 2 * q)
 
 
-def _noncausal_check_inputs(implementation: str):
+def test_a_flash_forward_that_ignores_is_causal_and_a_backward_that_applies_it_is_judged_as_its_test_judges():
+    adapters = str(FIXTURES / "adapters_causal_backward.py")
+    config = AttentionConfig("flash-pytorch", head_dim=8, context_length=16, warmup_steps=1, measure_steps=2)
+    record = run_attention(dataclasses.replace(config, adapters=adapters))
+    assert record.status == "ok", record.error
+    said = "with is_causal=True its forward ignores it and its backward matches neither"
+    assert said in record.notes and "checked and timed with is_causal=False" in record.notes
+    assert record.max_abs_err_out < 1e-4 and record.forward_median_ms > 0  # checked and timed non-causal
+
+
+def test_a_triton_flash_that_ignores_is_causal_is_wrong_saying_what_it_does():
     from types import SimpleNamespace
 
     from cs336_systems.attention_bench.correctness import check, reference
 
-    config = AttentionConfig(implementation=implementation, head_dim=4, context_length=8, adapters="a.py")
+    config = AttentionConfig(implementation="flash-triton", head_dim=4, context_length=8, adapters="a.py")
     q, k, v, grad_out = (torch.randn(1, 8, 4, requires_grad=i < 3) for i in range(4))
-    out = torch.softmax(q @ k.transpose(-1, -2) / 2, dim=-1) @ v  # non-causal attention
+    out = torch.softmax(q @ k.transpose(-1, -2) / 2, dim=-1) @ v  # non-causal attention, forward and backward
     out.backward(grad_out)
     expected_out, expected_grads = reference(q, k, v, grad_out, True)
     causal = check(out, (q.grad, k.grad, v.grad), expected_out, expected_grads, "fp32")
     record = SimpleNamespace(status="ok", error=None, max_abs_err_out=None, max_abs_err_grad=None)
-    return config, record, (q, k, v, grad_out), out.detach(), causal
-
-
-@pytest.mark.parametrize("implementation, status", [("flash-pytorch", "ok"), ("flash-triton", "wrong")])
-def test_ignoring_is_causal_is_named_and_allowed_for_the_pytorch_version_only(implementation, status):
-    config, record, inputs, out, causal = _noncausal_check_inputs(implementation)
-    assert causal.wrong
-    phase = _Phase()
-    _check_ignores_causal(config, record, phase, inputs, out, causal)
-    assert record.status == status
-    said = record.error if status == "wrong" else phase.notes[0]
-    assert said.startswith("ignores is_causal")
+    assert not _judge_causal(config, record, _Phase(), (q, k, v, grad_out), out.detach(), causal, None)
+    assert record.status == "wrong"
+    assert record.error.startswith("with is_causal=True its forward ignores it and its backward ignores it: differs")
 
 
 def test_measured_sharding_believes_bytes_not_declarations():

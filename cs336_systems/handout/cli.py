@@ -10,10 +10,11 @@ from pathlib import Path
 
 from ..argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser, fail
 from ..command import run_command
+from .outputs import check_output_dir, claim, lock
 from .parameters import ALL_PROBLEMS, EDITIONS, PROBLEMS, SCALES, Options
 from .plan import fit_budget, format_seconds, parse_duration, total_seconds
 from .problems import build_steps
-from .run import LOGS, PLAN_FILE, execute, plan_table
+from .run import PLAN_FILE, execute, log_name, plan_table
 from .target import Target, TargetError, assumed_target, present_target
 
 PROG = "python -m cs336_systems.handout"
@@ -106,7 +107,11 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
             raise ValueError(
                 f"--problems {unknown[0]}: unknown{where}; choose from {', '.join(PROBLEMS[args.edition])}"
             )
-        budget_s = parse_duration(args.budget) if args.budget else None
+        budget_s = parse_duration(args.budget) if args.budget is not None else None  # '' refused there
+        if budget_s is not None and not budget_s > 0:
+            raise ValueError(f"--budget {args.budget!r}: must be more than zero")
+        if args.assume_device is not None and not args.assume_device.strip():
+            raise ValueError("--assume-device '': name the GPU and its memory, e.g. 'H100 80GB'")
         target, device = _target(args)
         _check_loadable(args)
         options = Options(args.edition, SCALES[args.scale], device, args.adapters, args.model_factory, args.optimizer)
@@ -115,6 +120,10 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         output_dir = args.output_dir or Path("results") / f"handout-{args.edition}-{target.label}"
         if output_dir.exists() and not output_dir.is_dir():
             raise ValueError(f"--output-dir {output_dir} is a file")
+        if not (args.dry_run or args.assume_device):
+            names = written_names(steps, output_dir)
+            check_output_dir(output_dir, names, legacy=names)
+            lock(output_dir, PLAN_FILE)  # held until exit: a second handout here is refused
     except (TargetError, DeviceError, AdapterError, LoadError, ConfigError, ModelFactoryError, ValueError) as exc:
         return fail(PROG, str(exc))
 
@@ -144,19 +153,27 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
             file=sys.stderr,
         )
         raise
-    failed = [step_id for step_id, outcome in outcomes.items() if outcome.get("outcome") != "ok"]
-    for step_id in failed:
-        print(
-            f"{PROG}: {step_id}: {outcomes[step_id]['outcome']} (see {output_dir / LOGS / (step_id + '.log')})",
-            file=sys.stderr,
-        )
-    if not args.no_report:
-        write_report(steps, output_dir, args, notes)
+    failed = [step for step in steps if outcomes.get(step.id, {}).get("outcome", "ok") != "ok"]
+    for step in failed:
+        print(f"{PROG}: {step.id}: {outcomes[step.id]['outcome']} (see {output_dir / log_name(step)})", file=sys.stderr)
+    if not args.no_report and not write_report(steps, output_dir, args, notes):
+        return EXIT_FAILED
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def write_report(steps, output_dir: Path, args: argparse.Namespace, budget_notes: list[str]) -> None:
-    """The report of every step's results into OUTPUT_DIR/writeup.*; PDF when typst is installed."""
+def written_names(steps, output_dir: Path) -> list[str]:
+    """Every file this run may write in `output_dir` (outputs.check_output_dir checks them first)."""
+    names = [PLAN_FILE, *(f"{WRITEUP}{suffix}" for suffix in (".md", ".tex", ".typ", ".pdf"))]
+    names += [path.name for path in output_dir.glob(f"{WRITEUP}_*.png")]  # the write-up's figures
+    for step in steps:
+        if step.status == "run":
+            names += [*step.outputs(), log_name(step)]
+    return names
+
+
+def write_report(steps, output_dir: Path, args: argparse.Namespace, budget_notes: list[str]) -> bool:
+    """The report of every step's results into OUTPUT_DIR/writeup.*; PDF when typst is installed. False
+    (after one line) when it failed."""
     from ..report.cli import main as report_main
 
     inputs = [str(output_dir / PLAN_FILE)]
@@ -183,10 +200,13 @@ def write_report(steps, output_dir: Path, args: argparse.Namespace, budget_notes
     )
     if budget_notes:
         note += f" To fit --budget {args.budget} the plan was shrunk ({', '.join(budget_notes)}); see the plan section."
+    claim(output_dir, [f"{WRITEUP}{suffix}" for suffix in formats])
     outputs = [x for suffix in formats for x in ("--output", str(output_dir / f"{WRITEUP}{suffix}"))]
     status = report_main([*inputs, *outputs, "--note", note])
+    claim(output_dir, [path.name for path in output_dir.glob(f"{WRITEUP}_*.png")])  # its figures
     if status != 0:
-        print(f"{PROG}: the report failed (exit {status}); the results are in {output_dir}", file=sys.stderr)
+        print(f"{PROG}: error: the write-up failed (exit {status}); the results are in {output_dir}", file=sys.stderr)
+    return status == 0
 
 
 def _has_rows(path: Path) -> bool:

@@ -274,12 +274,28 @@ class MarkdownWriter:
         write_whole(self.path, self.render(self.rows))
 
 
-def write_whole(path: Path, text: str) -> None:
+def open_to_write(path: Path):
+    """`path` opened to write from its start, as a text file: never through a link planted at its name,
+    never a FIFO or a device (whose open or write would not end). ResultWriteError naming it otherwise."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise ResultWriteError(exc.errno, f"{path}: cannot write it ({why})") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ResultWriteError(errno.EINVAL, f"{path}: cannot write it (not a regular file)")
+    os.set_blocking(fd, True)
+    os.ftruncate(fd, 0)
+    return os.fdopen(fd, "w")
+
+
+def write_whole(path: Path, text: str | bytes) -> None:
     """Replace `path` with `text` atomically: a temp file beside it (created fresh, never
     through a link planted at its name), then a rename. A failure (a full disk) leaves the
     previous file and no temp file, and raises ResultWriteError naming the file."""
     temporary = path.with_name(path.name + TEMP_SUFFIX)
-    data = text.encode()
+    data = text.encode() if isinstance(text, str) else text
     try:
         temporary.unlink(missing_ok=True)  # a stale one, or a planted link (unlink never follows)
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
