@@ -45,8 +45,13 @@ from dataclasses import dataclass
 
 from . import lifetime, reaper
 
+
+class DefaultLimit(float):
+    """A limit in seconds the user did not set (not their --timeout): its message says so."""
+
+
 # No honest import or getter comes near this; it exists so that a hang ends on its own, soon.
-DEFAULT_IMPORT_TIMEOUT_S = 60.0
+DEFAULT_IMPORT_TIMEOUT_S = DefaultLimit(60.0)
 # A model build and first step (a 2.7B-parameter training step on a CPU takes minutes, a compile too),
 # then each later step against the one before it.
 FIRST_STEP_TIMEOUT_S = 1800.0
@@ -325,6 +330,8 @@ class _Alarm:
         raise UserCodeTimeout(f"{self.what} did not return within {self.describe()}")
 
     def describe(self) -> str:
+        if isinstance(self.fixed_s, DefaultLimit):
+            return f"{self.fixed_s:g} s (the default limit of an import or an adapter's getter; --timeout SECONDS sets one)"
         if self.limits is None:
             return f"--timeout {self.timeout_s:g} s"
         which = (

@@ -200,6 +200,7 @@ def test_a_step_that_crashed_or_was_refused_runs_again_next_time(tmp_path, monke
     from cs336_systems.handout.target import assumed_target
 
     step = Step("s", "p", "x", "cs336_systems.attention_bench", {"--output": ["rows.csv"]})
+
     def run_step(step, output_dir):
         (output_dir / "rows.csv").write_text("a\n1\n")
         return status, 0.1

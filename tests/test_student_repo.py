@@ -41,7 +41,7 @@ def run(*args: str, cwd: Path = STUDENT, module: str = "cs336_bench", timeout: i
     )
 
 
-def test_help_lists_the_tools_and_an_unknown_tool_is_one_line_and_exit_2():
+def test_help_lists_the_tools_and_no_tool_or_an_unknown_one_is_one_line_and_exit_2():
     shown = run("--help")
     assert shown.returncode == 0
     assert "benchmark " in shown.stdout and "ddp_bench " in shown.stdout and "attention_bench " in shown.stdout
@@ -49,6 +49,11 @@ def test_help_lists_the_tools_and_an_unknown_tool_is_one_line_and_exit_2():
     unknown = run("no_such_tool")
     assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1
     assert "unknown tool 'no_such_tool'" in unknown.stderr
+    none = run()  # no tool: bad input, one line
+    assert none.returncode == 2 and len(none.stderr.strip().splitlines()) == 1 and not none.stdout
+    assert "name a tool" in none.stderr
+    hidden = run("storage", "serve", "--help")  # not listed, but the README shows it
+    assert hidden.returncode == 0 and "--root" in hidden.stdout, hidden.stderr
 
 
 def test_tools_are_found_on_disk_with_their_first_docstring_line(tmp_path):

@@ -254,6 +254,26 @@ def test_attention_flash_getter_that_exits_is_an_error_row():
     )
 
 
+def test_a_getter_or_an_import_that_hangs_ends_within_the_default_limit_not_the_steps(monkeypatch):
+    from cs336_systems import adapters, loading
+    from cs336_systems.attention_bench import AttentionConfig, run_attention
+    from cs336_systems.usercode import DEFAULT_IMPORT_TIMEOUT_S, DefaultLimit
+
+    assert DEFAULT_IMPORT_TIMEOUT_S <= 60  # "within a minute by default"
+    monkeypatch.setattr(adapters, "DEFAULT_IMPORT_TIMEOUT_S", DefaultLimit(0.5))
+    started = time.monotonic()
+    hanging = str(REPO / "tests/fixtures/hostile/adapters_hang.py")
+    record = run_attention(AttentionConfig("flash-pytorch", head_dim=8, context_length=16, adapters=hanging))
+    assert record.status == "timeout" and time.monotonic() - started < 10  # not the steps' 30 min
+    assert "get_flashattention_autograd_function_pytorch() did not return within 0.5 s (the default limit" in (
+        record.error
+    )
+    with pytest.raises(loading.LoadError, match=r"did not return within 0.5 s \(the default limit"):
+        loading.load_callable(
+            "tests.fixtures.hostile.hang_at_import:build", "--model-factory", timeout_s=DefaultLimit(0.5)
+        )
+
+
 @pytest.mark.parametrize(
     "factory, message", [("exits", r"called sys.exit\(0\)"), ("interrupts", "KeyboardInterrupt itself")]
 )

@@ -41,6 +41,7 @@ from ..results import (
 from ..storage import (
     STORAGE_KINDS,
     StorageError,
+    check_data_dir,
     evict_page_cache,
     http_server,
     model_from_args,
@@ -163,6 +164,8 @@ def bench_from_args(args) -> BenchConfig:
         where = where if where.exists() else where.parent
         if where.exists() and shutil.disk_usage(where).free < need:
             raise ValueError(f"--data-dir: {format_bytes(need)} of item files do not fit on {where}")
+        if args.data_dir is not None:
+            check_data_dir(args.data_dir, num_items)
     return BenchConfig(
         storage=storage,
         num_items=num_items,

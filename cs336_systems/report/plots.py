@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from PIL import Image  # noqa: E402  (installed with matplotlib)
 
+from ..results import ResultWriteError, write_whole  # noqa: E402
 from .benchmark import prepare, size_order, title, varying  # noqa: E402
 from .document import Figure  # noqa: E402
 
@@ -26,14 +27,23 @@ def _panels(count: int):
     return fig, axes.flat
 
 
-def _save(fig, path: Path) -> Path:
-    """A 256-colour PNG: a fifth of the bytes of full colour, so the PDF stays small."""
+UNWRITTEN: list[str] = []  # why a figure is not in the report (a full disk): the CLI says so and exits 1
+
+
+def _save(fig, path: Path) -> list[Path]:
+    """A 256-colour PNG (a fifth of the bytes of full colour, so the PDF stays small), written whole and
+    never through a link planted at its name; [] when it could not be written (UNWRITTEN says why)."""
     fig.tight_layout()
-    buffer = io.BytesIO()
+    buffer, png = io.BytesIO(), io.BytesIO()
     fig.savefig(buffer, dpi=80)
     plt.close(fig)
-    Image.open(buffer).convert("RGB").quantize(256).save(path, optimize=True)
-    return path
+    Image.open(buffer).convert("RGB").quantize(256).save(png, format="PNG", optimize=True)
+    try:
+        write_whole(path, png.getvalue())
+    except ResultWriteError as exc:
+        UNWRITTEN.append(f"figure {exc.strerror}; the report goes on without it")
+        return []
+    return [path]
 
 
 def benchmark_plots(frame: pd.DataFrame, directory: Path, stem: str) -> list[Figure]:
@@ -80,7 +90,7 @@ def benchmark_plots(frame: pd.DataFrame, directory: Path, stem: str) -> list[Fig
             ax.set_title(title(keys, values), fontsize=9)
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
-        made.append(Figure(heading, _save(fig, directory / f"{stem}_{name}.png")))
+        made += [Figure(heading, path) for path in _save(fig, directory / f"{stem}_{name}.png")]
     return made
 
 
@@ -95,7 +105,9 @@ def allreduce_plot(frame: pd.DataFrame, directory: Path, stem: str) -> list[Figu
     ax.set(xscale="log", xlabel="tensor size (bytes)", ylabel="bus bandwidth (GB/s)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    return [Figure("All-reduce bus bandwidth vs tensor size", _save(fig, directory / f"{stem}_allreduce.png"))]
+    return [
+        Figure("All-reduce bus bandwidth vs tensor size", p) for p in _save(fig, directory / f"{stem}_allreduce.png")
+    ]
 
 
 def warmup_plot(frame: pd.DataFrame, directory: Path, stem: str) -> list[Figure]:
@@ -106,4 +118,5 @@ def warmup_plot(frame: pd.DataFrame, directory: Path, stem: str) -> list[Figure]
     ax.set(xlabel="step (warmup steps first)", ylabel="step time (ms)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    return [Figure("Step time per step, by number of warmup steps", _save(fig, directory / f"{stem}_warmup.png"))]
+    heading = "Step time per step, by number of warmup steps"
+    return [Figure(heading, path) for path in _save(fig, directory / f"{stem}_warmup.png")]

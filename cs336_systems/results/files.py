@@ -24,12 +24,14 @@ from typing import Protocol
 
 from ..lifetime import at_exit
 from . import validate
-from .errors import ResultFileError, ResultWriteError
+from .errors import OutputLockedError, ResultFileError, ResultWriteError
 from .paths import TEMP_SUFFIX, check_output_paths, lock_path
 from .records import BenchmarkRecord
 
 # Tests inject faults through this variable: "enospc@N" makes the Nth row write fail half
-# written with ENOSPC; "kill@N" SIGKILLs the process right after the Nth row write.
+# written with ENOSPC; "kill@N" SIGKILLs the process right after the Nth row write; "full" makes
+# every write fail with ENOSPC, "full:.png,.tex" only those of files with these suffixes (a disk that
+# fills up with the larger files).
 FAULT_ENV = "CS336_SYSTEMS_FAULT"
 
 
@@ -80,7 +82,7 @@ class OutputLock:
                 holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
                 if not wait:
                     os.close(fd)
-                    raise ResultFileError(
+                    raise OutputLockedError(
                         f"{output} is being written by process {holder} (lock {self.path.name}); "
                         f"wait for it to finish{self.wait_hint}"
                     ) from None
@@ -124,11 +126,18 @@ def _release_all() -> None:
 _row_writes = 0
 
 
+def _full_disk(path: Path) -> None:
+    """The test fault hook's full disk (FAULT_ENV "full[:SUFFIX,...]"): ENOSPC for the writes it names."""
+    kind, _, suffixes = os.environ.get(FAULT_ENV, "").partition(":")
+    if kind == "full" and (not suffixes or path.suffix in suffixes.split(",")):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
 def _fault(data: bytes, fd: int) -> None:
     """The test fault hook (FAULT_ENV); does nothing unless the variable is set."""
     global _row_writes
     fault = os.environ.get(FAULT_ENV)
-    if not fault:
+    if not fault or fault.startswith("full"):
         return
     _row_writes += 1
     kind, _, count = fault.partition("@")
@@ -157,6 +166,7 @@ def append_line(path: Path, line: str, *, inject: bool = True) -> None:
     try:
         size = os.fstat(fd).st_size
         try:
+            _full_disk(path)
             if inject:
                 _fault(data, fd)
             written = os.write(fd, data)
@@ -300,6 +310,7 @@ def write_whole(path: Path, text: str | bytes) -> None:
         temporary.unlink(missing_ok=True)  # a stale one, or a planted link (unlink never follows)
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
+            _full_disk(path)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
