@@ -55,8 +55,8 @@ def add_optimizer_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--optimizer",
         metavar="package.module:callable",
-        help="train-step: your optimizer instead of torch's fused AdamW, called with the parameters and "
-        "lr, weight_decay, betas, eps",
+        help="train-step: your optimizer instead of torch's fused AdamW, called with the parameters and those of "
+        "lr, weight_decay, betas, eps its signature takes (built once before any work)",
     )
 
 
@@ -88,8 +88,9 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--model-factory",
         metavar="package.module:callable",
-        help="benchmark your own model: called with vocab_size, context_length, d_model, num_layers, "
-        "num_heads, d_ff, rope_theta; must return an nn.Module mapping (B, T) int64 tokens to (B, T, V) logits",
+        help="benchmark your own model: called with those of vocab_size, context_length, d_model, num_layers, "
+        "num_heads, d_ff, rope_theta (and device, dtype) its signature names; must return an nn.Module mapping "
+        "(B, T) int64 tokens to (B, T, V) logits",
     )
 
 

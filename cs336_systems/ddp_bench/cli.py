@@ -84,8 +84,8 @@ def build_parser() -> ArgumentParser:
         type=optimizer_spec,
         default="adamw",
         metavar="OPTIMIZER",
-        help=f"{' or '.join(OPTIMIZERS)}, or your own as package.module:callable, called as "
-        "callable(params, lr=...) (default adamw)",
+        help=f"{' or '.join(OPTIMIZERS)}, or your own as package.module:callable, called with the parameters and "
+        "those of lr (scaled), weight_decay, betas, eps its signature takes, as benchmark calls it (default adamw)",
     )
     group.add_argument("--base-lr", type=positive_float, default=1e-4, help="learning rate tuned at --base-batch-size")
     group.add_argument(
