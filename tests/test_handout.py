@@ -228,7 +228,7 @@ def test_a_write_up_that_failed_exits_1(tmp_path, monkeypatch, capsys):
     assert "error: the write-up failed (exit 1)" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("plant", ["theirs", "link", "logs_link", "markers_file", "locked"])
+@pytest.mark.parametrize("plant", ["theirs", "link", "logs_link", "markers_file", "marker_dir", "locked"])
 def test_handout_writes_nothing_through_a_link_nor_over_a_file_it_did_not_write(tmp_path, monkeypatch, capsys, plant):
     out, argv = _handout_dir(tmp_path, monkeypatch)
     out.mkdir()
@@ -239,6 +239,7 @@ def test_handout_writes_nothing_through_a_link_nor_over_a_file_it_did_not_write(
         "link": "handout_plan.csv is a symbolic link",
         "logs_link": "logs is a symbolic link",
         "markers_file": ".handout is a file where handout keeps a directory",
+        "marker_dir": ".handout/pytorch_attention.json is not a regular file",
         "locked": "another handout runs there",
     }[plant]
     if plant == "theirs":
@@ -249,6 +250,9 @@ def test_handout_writes_nothing_through_a_link_nor_over_a_file_it_did_not_write(
         (out / "logs").symlink_to(tmp_path)
     elif plant == "markers_file":
         (out / ".handout").write_text("")
+    elif plant == "marker_dir":  # a done marker's name taken by a directory
+        (out / ".handout" / "pytorch_attention.json").mkdir(parents=True)
+        outputs.claim(out, [".handout/pytorch_attention.json"])
     else:  # another handout holds the directory's lock (flock: a second open file conflicts even here)
         held = os.open(lock_path(out / run.PLAN_FILE), os.O_RDWR | os.O_CREAT)
         fcntl.flock(held, fcntl.LOCK_EX)

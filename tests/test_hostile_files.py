@@ -446,3 +446,12 @@ def test_loader_bench_writes_no_item_through_a_link_in_its_data_dir(tmp_path, ca
     err = capsys.readouterr().err
     assert "item_0000001.bin is a symbolic link" in err and len(err.strip().splitlines()) == 1
     assert victim.read_bytes() == b"theirs"
+
+
+def test_report_writes_no_figure_through_a_planted_link(tmp_path):
+    victim = tmp_path / "victim.png"
+    victim.write_bytes(b"theirs")
+    (tmp_path / "r_time_vs_context.png").symlink_to(victim)
+    assert report_main([str(REPO / "results" / "cpu_sweep.csv"), "--output", str(tmp_path / "r.md")]) == 0
+    assert victim.read_bytes() == b"theirs"
+    assert (tmp_path / "r_time_vs_context.png").read_bytes().startswith(b"\x89PNG")  # a file of its own now

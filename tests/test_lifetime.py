@@ -418,7 +418,7 @@ def test_a_helper_the_code_left_ends_with_the_process_however_it_ends(end):
 def test_under_an_address_space_cap_the_reaper_ends_a_hang_python_cannot_interrupt():
     then = (
         "reaper.arm(time.monotonic() + 0.5, 'error: my step did not return; ending the process')\n"
-        "import re; re.match(r'(a+)+$', 'a' * 40 + 'b')  # holds the GIL: no handler or thread of ours runs"
+        "import re; re.match(r'(a+)+$', 'a' * 40 + 'b')  # a hang; nothing of ours in this process ends it"
     )
     process, helper = _run_until_pid(LEAVES_A_HELPER.format(then=then))
     _, stderr = process.communicate(timeout=20)

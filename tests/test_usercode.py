@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -304,3 +305,23 @@ def test_benchmark_direct_sweep_gets_an_error_row_not_our_exit(tmp_path, factory
     )
     row = json.loads(output.read_text().splitlines()[-1])
     assert code == 1 and row["status"] == "error" and re.search(message, row["error"])
+
+
+def test_under_an_address_space_cap_a_hang_no_handler_can_reach_is_still_ended():
+    """No watchdog thread fits under --memory-limit: the reaper process ends the step instead."""
+    script = textwrap.dedent(
+        """
+        import resource, signal, time
+        from cs336_systems import usercode
+        usercode.WATCHDOG_GRACE_S = 0.5
+        with open("/proc/self/status") as status:
+            mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + 2**30, resource.RLIM_INFINITY))
+        with usercode.guarded("my step", timeout_s=0.5):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # the code blocks our alarm
+            time.sleep(3600)
+        """
+    )
+    result = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=60, env=child_env())
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    assert "my step did not return within 0.5 s and cannot be interrupted" in result.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser, fail
 from ..command import run_command
-from .outputs import check_output_dir, claim, lock
+from .outputs import MARKERS, check_output_dir, claim, lock
 from .parameters import ALL_PROBLEMS, EDITIONS, PROBLEMS, SCALES, Options
 from .plan import fit_budget, format_seconds, parse_duration, total_seconds
 from .problems import build_steps
@@ -167,7 +167,7 @@ def written_names(steps, output_dir: Path) -> list[str]:
     names += [path.name for path in output_dir.glob(f"{WRITEUP}_*.png")]  # the write-up's figures
     for step in steps:
         if step.status == "run":
-            names += [*step.outputs(), log_name(step)]
+            names += [*step.outputs(), log_name(step), f"{MARKERS}/{step.id}.json"]
     return names
 
 

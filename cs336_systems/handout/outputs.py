@@ -99,6 +99,8 @@ def check_output_dir(output_dir: Path, names: Iterable[str], legacy: Iterable[st
             raise OutputDirError(
                 f"--output-dir {output_dir}: {name} is a symbolic link; handout writes nothing through one: remove it"
             )
+        if not stat.S_ISREG(mode):
+            raise OutputDirError(f"--output-dir {output_dir}: {name} is not a regular file; remove it")
         if name not in ours:
             raise OutputDirError(
                 f"--output-dir {output_dir}: {name} is there and handout did not write it; move it, or choose "
