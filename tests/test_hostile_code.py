@@ -56,10 +56,9 @@ def test_a_factory_that_leaves_a_mess_loses_no_row_and_leaves_nothing_running(tm
 
 @pytest.mark.parametrize(
     "tool, sig, status",
-    [
+    [  # (a SIGKILLed process's helpers: test_lifetime's reaper test, without a tool around it)
         ("benchmark_direct", signal.SIGTERM, 143),
-        ("benchmark_direct", signal.SIGKILL, -signal.SIGKILL),
-        ("run_benchmarks", signal.SIGKILL, -signal.SIGKILL),
+        ("run_benchmarks", signal.SIGKILL, -signal.SIGKILL),  # the child's reaper ends its helpers
     ],
 )
 def test_stopping_the_tool_ends_the_helpers_of_the_users_code(tmp_path, tool, sig, status):
