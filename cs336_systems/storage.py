@@ -255,8 +255,8 @@ class ItemServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # many loader workers may connect at once
 
-    def __init__(self, root: Path, model: LatencyModel, port: int = 0):
-        super().__init__((HOST, port), _ItemHandler)
+    def __init__(self, root: Path, model: LatencyModel, port: int = 0, host: str = HOST):
+        super().__init__((host, port), _ItemHandler)
         self.root, self.model = Path(root), model
         self._requests: dict[int, int] = {}
         self._lock = threading.Lock()
@@ -270,7 +270,7 @@ class ItemServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.server_address[1]}"
+        return f"http://{self.server_address[0]}:{self.server_address[1]}"
 
 
 class _ItemHandler(BaseHTTPRequestHandler):
@@ -383,6 +383,9 @@ def build_parser() -> ArgumentParser:
     serve = sub.add_parser("serve", help="serve root/item_NNNNNNN.bin as GET /items/N on 127.0.0.1")
     serve.add_argument("--root", type=Path, required=True)
     serve.add_argument("--port", type=non_negative_int, default=0, help="0: any free port (the URL is printed)")
+    serve.add_argument(
+        "--host", default=HOST, help=f"the interface to listen on ({HOST}: this machine only; 0.0.0.0: every one)"
+    )
     serve.add_argument("--latency-ms", type=non_negative_float, default=0.0)
     serve.add_argument(
         "--bandwidth",
@@ -408,9 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     try:
-        server = ItemServer(args.root, model, args.port)
-    except OSError as exc:  # a port taken, or one below 1024
-        parser.error(f"--port {args.port}: cannot listen on {HOST}:{args.port} ({exc.strerror})")
+        server = ItemServer(args.root, model, args.port, args.host)
+    except OSError as exc:  # a port taken or below 1024, an address not this machine's
+        parser.error(f"--port {args.port} --host {args.host}: cannot listen there ({exc.strerror})")
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     print(server.url, flush=True)
     with contextlib.suppress(KeyboardInterrupt):
