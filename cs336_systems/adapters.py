@@ -14,6 +14,7 @@ the CLIs turn it into exit status 2).
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import importlib.util
 import sys
@@ -137,11 +138,15 @@ class Adapters:
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Call adapter `name`; NotImplementedAdapter if it raises NotImplementedError,
-        MissingAdapter if the module lacks it. Other exceptions are the student's and propagate."""
+        MissingAdapter if the module lacks it. Other exceptions are the student's and propagate; a getter
+        (get_*) that exits or takes longer than DEFAULT_IMPORT_TIMEOUT_S raises UserCodeError / UserCodeTimeout."""
         if name not in self.functions:
             raise MissingAdapter(f"{self.spec} defines no {name}")
+        # a getter only builds or returns something: it gets an import's limit, not a step's
+        limit = DEFAULT_IMPORT_TIMEOUT_S if name.startswith("get_") else None
         try:
-            return self.functions[name](*args, **kwargs)
+            with guarded(f"{name}()", limit) if limit else contextlib.nullcontext():
+                return self.functions[name](*args, **kwargs)
         except NotImplementedError as exc:
             raise NotImplementedAdapter(f"{name} is not implemented yet (raises NotImplementedError)") from exc
 

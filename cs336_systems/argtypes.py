@@ -7,6 +7,7 @@ stderr and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterable
 
@@ -103,6 +104,54 @@ def byte_size(text: str) -> int:
         return parse_bytes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def output_path(text: str) -> str:
+    """An output file's path, made absolute as the flags are read: the user's code may change the
+    working directory (a model factory that chdirs), and the rows must still go where the user said.
+    A trailing '/' is kept, so the path check still refuses a directory."""
+    return text if not text or os.path.isabs(text) else os.path.join(os.getcwd(), text)
+
+
+def as_flag_value(action: argparse.Action, value: object) -> object:
+    """`value` (from a configuration file) checked and converted as its flag `action` would read it from
+    the command line: its type and choices; a switch (store_true / store_false) takes true or false only.
+    argparse.ArgumentTypeError (one line) otherwise. None passes: the configuration says whether it may."""
+    if value is None:
+        return None
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        if not isinstance(value, bool):
+            raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise argparse.ArgumentTypeError(f"expected a single value as the flag takes, got {value!r}")
+    if action.type is not None:
+        try:
+            value = action.type(str(value))
+        except ValueError as exc:  # ArgumentTypeError is one; a plain type such as int raises ValueError
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    if action.choices is not None and value not in action.choices:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice {value!r} (choose from {', '.join(map(str, action.choices))})"
+        )
+    return value
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> list[argparse.Action]:
+    """The actions of the flags written on the command line `argv` (not those left at their defaults)."""
+    spellings = {option: action for action in parser._actions for option in action.option_strings}
+    given: list[argparse.Action] = []
+    for word in argv:
+        if word == "--":
+            break
+        word = word.split("=", 1)[0]
+        # argparse takes a unique prefix of a long flag too (--batch for --batch-size)
+        found = [spellings[word]] if word in spellings else []
+        if not found and word.startswith("--"):
+            found = list({id(a): a for option, a in spellings.items() if option.startswith(word)}.values())
+        if len(found) == 1 and found[0] not in given:
+            given.append(found[0])
+    return given
 
 
 def _parse(kind, text: str):

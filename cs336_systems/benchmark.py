@@ -7,14 +7,26 @@ Example:
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
+import os
+import stat
 import sys
-from pathlib import Path
 
 from tabulate import tabulate
 
 from . import cuda_graphs, nvtx
-from .argtypes import EXIT_FAILED, ArgumentParser, exit_status, fail, positive_int
+from .argtypes import (
+    EXIT_FAILED,
+    ArgumentParser,
+    as_flag_value,
+    exit_status,
+    fail,
+    given_flags,
+    output_path,
+    positive_int,
+)
 from .benchmark_flags import (
     add_checkpoint_argument,
     add_execution_arguments,
@@ -28,15 +40,17 @@ from .benchmark_flags import (
 from .command import run_command
 from .config import COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
 from .device import DeviceError, resolve_device
-from .models import ATTENTION_KINDS, SIZE_TABLES, ConfigError, count_parameters_for
+from .lifetime import exit_with
+from .models import ATTENTION_KINDS, SIZE_TABLES, ConfigError, ModelConfig, count_parameters_for
 from .monitor import MonitorPathError, add_monitor_arguments, check_monitor_arguments, monitored
-from .optimizer import OptimizerFactoryError, load_optimizer_factory
+from .optimizer import OptimizerFactoryError, check_user_optimizer
 from .precision import PRECISIONS
 from .results import BenchmarkRecord, ResultFileError, ResultSink, ResultWriteError, check_output_paths
 from .runner import run_benchmark
+from .terminal import show
 from .timing import timer_unsupported_reason
 from .user_model import ModelFactoryError, load_model_factory
-from .usercode import DEFAULT_TIMEOUT_S, timeout_seconds
+from .usercode import add_timeout_argument, import_timeout
 
 PROG = "python -m cs336_systems.benchmark"
 
@@ -70,6 +84,7 @@ def build_parser() -> ArgumentParser:
     add_optimizer_argument(parser)
     parser.add_argument(
         "--memory-snapshot",
+        type=output_path,
         metavar="PATH.pickle",
         help="CUDA: record the allocator's history over the measured steps and dump it (view at pytorch.org/memory_viz)",
     )
@@ -110,36 +125,79 @@ def size_table(args) -> str:
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
-def check_checkpointing(model, model_factory: str | None) -> None:
-    if model.checkpoint_group_size and model_factory:
+# Where a --config file's settings come from on the command line: each is checked as its flag is.
+FLAG_OF = {"optimizer_factory": "optimizer"}
+MODEL_FLAG_OF = {"context_length": "max_context_length", "size_name": "model_size"}
+# The flags whose values a --config file replaces (the rest, --output or --timeout, apply beside it).
+CONFIGURATION_DESTS = {
+    *(f.name for f in dataclasses.fields(BenchmarkConfig)),
+    *(f.name for f in dataclasses.fields(ModelConfig)),
+    *FLAG_OF.values(),
+    *MODEL_FLAG_OF.values(),
+}
+MAX_CONFIG_BYTES = 1 << 20  # a configuration is a few hundred bytes
+
+
+def _through_flags(parser, values: dict, flag_of: dict, where: str) -> dict:
+    """Each value of a --config file checked and converted by its flag's own type and choices."""
+    actions = {action.dest: action for action in parser._actions if action.option_strings}
+    checked = {}
+    for name, value in values.items():
+        action = actions.get(flag_of.get(name, name))
+        try:
+            checked[name] = value if action is None else as_flag_value(action, value)
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"--config: {where}{name} (as {action.option_strings[0]}): {exc}") from None
+    return checked
+
+
+def _config_text(text: str) -> str:
+    """--config's JSON: the text itself (starting with '{'), or a regular file's (never a FIFO or a device,
+    whose read would not end)."""
+    if text.lstrip().startswith("{"):
+        return text
+    try:
+        if not stat.S_ISREG(os.stat(text).st_mode):
+            raise ConfigError(f"--config {text}: not a regular file (give a JSON file or JSON text)")
+        with open(text, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"--config {text}: cannot read it ({exc.strerror})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"--config {text}: larger than {MAX_CONFIG_BYTES} bytes; not a configuration")
+    return data.decode(errors="replace")
+
+
+def read_config(text: str, parser: argparse.ArgumentParser | None = None) -> BenchmarkConfig:
+    """--config: a JSON file, or JSON text (a configuration's whole object, starting with '{'), each value
+    checked as its flag would be (`parser`'s types and choices), then by the configuration itself."""
+    try:
+        data = json.loads(_config_text(text))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--config: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    if parser is not None and isinstance(data, dict) and isinstance(data.get("model"), dict):
+        model = _through_flags(parser, data["model"], MODEL_FLAG_OF, "model.")
+        data = {**_through_flags(parser, {k: v for k, v in data.items() if k != "model"}, FLAG_OF, ""), "model": model}
+    try:
+        return BenchmarkConfig.from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"--config: {exc}") from None
+
+
+def check_beside_config(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """A configuration flag given beside --config would be silently dropped: refused instead."""
+    beside = [action for action in given_flags(parser, argv) if action.dest in CONFIGURATION_DESTS]
+    if beside:
         raise ConfigError(
-            "--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model"
+            f"--config holds the whole configuration; {beside[0].option_strings[0]} given beside it would be "
+            "ignored: put it in the file, or drop --config"
         )
 
 
-def read_config(text: str) -> BenchmarkConfig:
-    """--config: a JSON file, or JSON text (a configuration's whole object, starting with '{')."""
-    if not text.lstrip().startswith("{"):
-        try:
-            text = Path(text).read_text()
-        except OSError as exc:
-            raise ConfigError(f"--config {text}: cannot read it ({exc.strerror})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--config: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-    return BenchmarkConfig.from_dict(data)
-
-
-def config_from_args(args) -> BenchmarkConfig:
+def config_from_args(args, parser: argparse.ArgumentParser | None = None) -> BenchmarkConfig:
     if args.config:
-        config = read_config(args.config)
-        config.model.check_context(config.context_length)
-        check_checkpointing(config.model, config.model_factory)
-        return config
+        return read_config(args.config, parser or build_parser())
     model = model_config_from_args(args, args.model_size, args.context_length, args.attention)
-    model.check_context(args.context_length)
-    check_checkpointing(model, args.model_factory)
     return benchmark_config_from_args(
         args,
         model,
@@ -152,27 +210,19 @@ def config_from_args(args) -> BenchmarkConfig:
     )
 
 
-def add_timeout_argument(parser) -> None:
-    """benchmark's own --timeout (per step, in this process); the sweeps built on build_parser() have
-    theirs, per configuration in a child (child.add_child_arguments)."""
-    parser.add_argument(
-        "--timeout",
-        type=timeout_seconds,
-        default=DEFAULT_TIMEOUT_S,
-        metavar="SECONDS",
-        help=f"per step, model build and import of your code: past it the row is 'timeout' (default {DEFAULT_TIMEOUT_S:g})",
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    add_timeout_argument(parser)
+    # the sweeps built on build_parser() have theirs, per configuration in a child (child.add_child_arguments)
+    add_timeout_argument(parser, "per step, model build and import of your code")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     try:
         if args.list_sizes:
             print(size_table(args))
             return 0
-        config = config_from_args(args)
+        if args.config:
+            check_beside_config(parser, argv)
+        config = config_from_args(args, parser)
         device = resolve_device(config.device)
         if reason := timer_unsupported_reason(config.timer, device):
             raise DeviceError(reason)
@@ -181,9 +231,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.memory_snapshot and device.type != "cuda":
             raise DeviceError("--memory-snapshot needs a CUDA device (it records the CUDA allocator's history)")
         if config.model_factory:
-            load_model_factory(config.model_factory, args.timeout)
+            load_model_factory(config.model_factory, import_timeout(args.timeout))
         if config.optimizer_factory:
-            load_optimizer_factory(config.optimizer_factory, args.timeout)
+            check_user_optimizer(config.optimizer_factory, import_timeout(args.timeout))
         sink = ResultSink(check_output_paths(args.output))
         check_monitor_arguments(args)
     except (
@@ -204,18 +254,21 @@ def main(argv: list[str] | None = None) -> int:
         record = run_benchmark(
             config.replace(device=str(device)), memory_snapshot=args.memory_snapshot, timeout_s=args.timeout
         )
-    print(BenchmarkRecord.console([record.to_row()]))
-    try:
+    try:  # the row first: whatever the user's code did to stdout, the result is kept
         sink.write(record)
-    except ResultWriteError as exc:  # a full disk: the row is on screen above, the file kept whole
-        print(f"{PROG}: error: {exc.strerror}", file=sys.stderr)
+    except ResultWriteError as exc:  # a full disk: the row is shown below, the file kept whole
+        show(BenchmarkRecord.console([record.to_row()]))
+        show(f"{PROG}: error: {exc.strerror}", sys.stderr)
         return EXIT_FAILED
+    finally:
+        sink.close()
+    show(BenchmarkRecord.console([record.to_row()]))
     for path in [*args.output, *([args.memory_snapshot] if args.memory_snapshot else [])]:
-        print(f"wrote {path}", file=sys.stderr)
+        show(f"wrote {path}", sys.stderr)
     if exit_status([record.status]):
-        print(f"{PROG}: error: {record.error}", file=sys.stderr)
+        show(f"{PROG}: error: {record.error}", sys.stderr)
     return exit_status([record.status])
 
 
 if __name__ == "__main__":
-    sys.exit(run_command(PROG, main))  # Ctrl-C 130, SIGTERM 143, one line
+    exit_with(lambda: run_command(PROG, main))  # Ctrl-C 130, SIGTERM 143, one line

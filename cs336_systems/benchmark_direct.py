@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import sys
 
 from .child import failed_record
 from .device import failure_status, release_memory, resolve_device
+from .lifetime import exit_with
 from .memory import baseline_memory_bytes
 from .models import build_model, count_parameters_for
 from .runner import run_benchmark
@@ -66,4 +66,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

@@ -9,9 +9,8 @@ import argparse
 import dataclasses
 import sys
 
-from .argtypes import add_device_argument, non_negative_int, positive_float, positive_int
+from .argtypes import add_device_argument, non_negative_int, output_path, positive_float, positive_int
 from .config import COMPILE_MODES, PARAM_DTYPES, BenchmarkConfig
-from .cuda_graphs import OPTIMIZER_REFUSAL
 from .flops import PEAK_CHOICES
 from .models import CHECKPOINT_WORDS, ConfigError, ModelConfig
 from .size_tables import AUTO, SIZE_TABLE_CHOICES, SizeTableChoice, choose_size_table
@@ -53,8 +52,8 @@ def add_optimizer_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--optimizer",
         metavar="package.module:callable",
-        help="train-step: your optimizer instead of torch's fused AdamW, called with the parameters and "
-        "lr, weight_decay, betas, eps",
+        help="train-step: your optimizer instead of torch's fused AdamW, called with the parameters and those of "
+        "lr, weight_decay, betas, eps its signature takes (built once before any work)",
     )
 
 
@@ -88,8 +87,9 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--model-factory",
         metavar="package.module:callable",
-        help="benchmark your own model: called with vocab_size, context_length, d_model, num_layers, "
-        "num_heads, d_ff, rope_theta; must return an nn.Module mapping (B, T) int64 tokens to (B, T, V) logits",
+        help="benchmark your own model: called with those of vocab_size, context_length, d_model, num_layers, "
+        "num_heads, d_ff, rope_theta (and device, dtype) its signature names; must return an nn.Module mapping "
+        "(B, T) int64 tokens to (B, T, V) logits",
     )
 
 
@@ -149,6 +149,7 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--output",
         action="append",
+        type=output_path,
         default=[],
         metavar="PATH",
         help="write results to PATH (.csv, .md or .jsonl; repeatable)",
@@ -203,11 +204,8 @@ def model_config_from_args(
 def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **run) -> BenchmarkConfig:
     """One configuration: `model` and this run's values (context_length, batch_size, pass_type,
     precision, compile, device) with the flags every benchmark command shares. A flag whose
-    destination is a BenchmarkConfig field's name sets that field (unset flags keep its default)."""
-    if args.cuda_graphs and getattr(args, "optimizer", None):
-        raise ConfigError(OPTIMIZER_REFUSAL)
-    if args.model_factory and model.fused_projections:
-        raise ConfigError("--fused-projections changes the built-in model's projections; not a --model-factory model's")
+    destination is a BenchmarkConfig field's name sets that field (unset flags keep its default).
+    The configuration checks itself (ConfigError): the flags' contradictions are refused there."""
     settings = {
         field.name: getattr(args, field.name)
         for field in dataclasses.fields(BenchmarkConfig)

@@ -12,11 +12,11 @@ status is 0. Rows present on one side only are listed, never failed.
 from __future__ import annotations
 
 import math
-import sys
 
 from tabulate import tabulate
 
 from .argtypes import ArgumentParser, fail, positive_float
+from .lifetime import exit_with
 from .report import model_label
 from .results import BenchmarkRecord, ResultFileError, read_results, validate
 from .results.records import NONFINITE_LOSS_NOTE
@@ -132,4 +132,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

@@ -14,12 +14,18 @@ or from its model), else a name in NOT_IDENTITY.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .anomalies import fast_path_flags
+from .argtypes import MAX_INT
+from .cuda_graphs import OPTIMIZER_REFUSAL
+from .flops import PEAK_CHOICES
 from .identity import identity_field, row_key
 from .models import ConfigError, ModelConfig
+from .precision import PRECISIONS
+from .timing import TIMERS
 
 PASS_TYPES = ("forward", "forward-backward", "train-step")
 COMPILE_SCOPES = ("model", "blocks")  # "model": torch.compile(model); "blocks": each block (regional)
@@ -99,6 +105,9 @@ class BenchmarkConfig:
     grad_accum_steps: int = 1  # forward-backward micro-batches (of batch_size each) per step
     param_dtype: str = "fp32"  # PARAM_DTYPES; bf16: parameters and gradients in bf16, fp32 master weights
 
+    def __post_init__(self) -> None:
+        check_benchmark_config(self)
+
     @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.context_length * self.grad_accum_steps
@@ -157,10 +166,66 @@ class BenchmarkConfig:
             raise ConfigError(f"unknown configuration field(s): {', '.join(unknown)}")
         try:
             model = ModelConfig(**data["model"])
-            model.validate()
             return cls(**{**data, "model": model})
         except TypeError as exc:  # a required field missing
             raise ConfigError(f"incomplete configuration: {exc}") from None
+
+
+# What each setting may hold (the same choices as its flag); contradictions are checked after these.
+CHOICES = {
+    "pass_type": PASS_TYPES,
+    "precision": PRECISIONS,
+    "compile_scope": COMPILE_SCOPES,
+    "compile_mode": COMPILE_MODES,
+    "timer": TIMERS,
+    "peak": PEAK_CHOICES,
+    "param_dtype": PARAM_DTYPES,
+}
+POSITIVE = ("context_length", "batch_size", "measure_steps", "grad_accum_steps")
+NON_NEGATIVE = ("warmup_steps",)
+SWITCHES = ("compile", "cuda_graphs", "profile_step")
+CALLABLES = {"model_factory": "--model-factory", "optimizer_factory": "--optimizer"}
+
+
+def check_benchmark_config(config: BenchmarkConfig) -> None:
+    """A configuration refuses itself (ConfigError, one line) on a value its flag would refuse and on a
+    contradiction between settings: flags, grids, --config files and planners get one validator."""
+    if not isinstance(config.model, ModelConfig):
+        raise ConfigError(f"model must be a ModelConfig, got {type(config.model).__name__}")
+    for name, allowed in CHOICES.items():
+        if getattr(config, name) not in allowed:
+            raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(config, name)!r}")
+    for name in (*POSITIVE, *NON_NEGATIVE, "seed"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or abs(value) > MAX_INT:
+            raise ConfigError(f"{name} must be an integer of at most 2**40, got {value!r}")
+        if value < (1 if name in POSITIVE else 0 if name in NON_NEGATIVE else -MAX_INT):
+            raise ConfigError(f"{name} must be {'positive' if name in POSITIVE else 'zero or more'}, got {value}")
+    for name in SWITCHES:
+        if not isinstance(getattr(config, name), bool):
+            raise ConfigError(f"{name} must be true or false, got {getattr(config, name)!r}")
+    if config.peak_tflops is not None and (
+        isinstance(config.peak_tflops, bool)
+        or not isinstance(config.peak_tflops, int | float)
+        or not 0 < config.peak_tflops < math.inf
+    ):
+        raise ConfigError(f"peak_tflops must be a positive number of TFLOP/s, got {config.peak_tflops!r}")
+    if not isinstance(config.device, str) or not config.device.strip():
+        raise ConfigError(f"device must name a device (auto, cpu, cuda or cuda:N), got {config.device!r}")
+    for name, flag in CALLABLES.items():
+        spec = getattr(config, name)
+        if spec is not None and (not isinstance(spec, str) or ":" not in spec):
+            raise ConfigError(f"{flag} must look like package.module:callable, got {spec!r}")
+    # contradictions
+    config.model.check_context(config.context_length)
+    if config.cuda_graphs and config.optimizer_factory:
+        raise ConfigError(OPTIMIZER_REFUSAL)
+    if config.model_factory and config.model.fused_projections:
+        raise ConfigError("--fused-projections changes the built-in model's projections; not a --model-factory model's")
+    if config.model_factory and config.model.checkpoint_group_size:
+        raise ConfigError(
+            "--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model"
+        )
 
 
 def _names(cls: type) -> set[str]:

@@ -25,16 +25,17 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from .argtypes import EXIT_FAILED, EXIT_OK, fail, positive_int
+from .argtypes import EXIT_FAILED, EXIT_OK, fail, output_path, positive_int
 from .benchmark import build_parser as build_benchmark_parser
 from .benchmark import config_from_args
 from .benchmark_flags import announce_size_table
 from .child import add_child_arguments, child_limits_from_args, run_in_child
 from .config import BenchmarkConfig
 from .device import DeviceError, resolve_device
+from .lifetime import exit_with
 from .models import ConfigError
 from .monitor import check_monitor_arguments, monitored
-from .optimizer import load_optimizer_factory
+from .optimizer import check_user_optimizer
 from .results import (
     ResultFileError,
     ResultSink,
@@ -66,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start", type=positive_int, help="first value probed (default: 1 for batch, 128 for context)")
     parser.add_argument("--max", type=positive_int, default=1 << 20, help="largest value probed")
     parser.add_argument("--resolution", type=positive_int, default=1, help="stop when ok and oom are this close")
-    parser.add_argument("--summary", help="write the answer as JSON here (default: first --output, .json)")
+    parser.add_argument(
+        "--summary", type=output_path, help="write the answer as JSON here (default: first --output, .json)"
+    )
     add_child_arguments(parser)
     parser.set_defaults(warmup_steps=1, measure_steps=1)
     args = parser.parse_args(argv)
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.model_factory:
             load_model_factory(args.model_factory)
         if args.optimizer:
-            load_optimizer_factory(args.optimizer)
+            check_user_optimizer(args.optimizer)
         start = args.start or (1 if args.dimension == "batch-size" else 128)
         if start > args.max:
             raise ValueError(f"--start {start} is above --max {args.max}")
@@ -160,4 +163,4 @@ def searched_config(base: BenchmarkConfig, dimension: str) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

@@ -12,26 +12,38 @@ never left behind. torch-free on import.
 - `ignoring_interrupts()` / `deferring_interrupts()`: processes started inside do not see a
   terminal's Ctrl-C (their parent ends them), and no interrupt is lost while they start.
 - `temporary_directory(kind)`: `cs336-KIND-PID-…` in the temp directory; a directory whose owner
-  pid is no longer running (it was SIGKILLed) is removed by the next one made.
+  pid is no longer running (it was SIGKILLed) is removed by the next one made, if it holds our mark.
+- `exit_with(main)`: a tool's process ends when main returns, whatever the user's code left: the
+  processes it started end, its non-daemon threads are not waited for, exit hooks get
+  EXIT_HOOKS_GRACE_S, not forever.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import os
 import re
 import shutil
 import signal
+import stat
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NoReturn
+
+from . import reaper
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+EXIT_HOOKS_GRACE_S = 2.0  # ours (temporary directories, child processes) take milliseconds; a user's may hang
 TEMP_PREFIX = "cs336-"
 _OWNED = re.compile(rf"^{re.escape(TEMP_PREFIX)}[a-z]+-(\d+)-")
 _libc = None
+_os_exit = os._exit  # saved at import, before any user code could replace it
+OWNER_MARK = ".cs336-owned"  # inside each temporary directory we make: only those are removed as stale
 
 
 def _prctl():
@@ -71,7 +83,12 @@ def child_preexec(deadline_s: float | None = None) -> Callable[[], None]:
     return preexec
 
 
-class Terminated(KeyboardInterrupt):
+class OurInterrupt(KeyboardInterrupt):
+    """An interrupt raised by one of our signal handlers: a real signal, never the user's code's own
+    raise (usercode.guarded tells the two apart by this class)."""
+
+
+class Terminated(OurInterrupt):
     """SIGTERM, raised where Ctrl-C would raise KeyboardInterrupt."""
 
 
@@ -80,7 +97,7 @@ _received: list[int] = []  # signals seen by signals_interrupt's handler, in ord
 
 def _raise_interrupt(signum, frame):
     _received.append(signum)
-    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    raise Terminated() if signum == signal.SIGTERM else OurInterrupt()
 
 
 def interrupt_received() -> int | None:
@@ -153,20 +170,71 @@ def _pid_running(pid: int) -> bool:
     return True
 
 
+def _ours(entry: Path) -> bool:
+    """A directory (not a link) of this user holding our mark: one of ours, whoever named it alike."""
+    try:
+        info = os.lstat(entry)
+        mark = os.lstat(entry / OWNER_MARK)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and stat.S_ISREG(mark.st_mode)
+
+
 def remove_stale_temporary_directories(root: str | Path | None = None) -> list[Path]:
-    """Remove the `cs336-KIND-PID-…` directories in `root` (the temp directory) whose owner is gone."""
+    """Remove the `cs336-KIND-PID-…` directories we made in `root` (the temp directory) whose owner is gone;
+    a link or a directory without our mark is never touched, whatever its name."""
     root = Path(root or tempfile.gettempdir())
     removed = []
     with contextlib.suppress(OSError):
         for entry in root.iterdir():
             match = _OWNED.match(entry.name)
-            if match and int(match.group(1)) != os.getpid() and not _pid_running(int(match.group(1))):
+            owner = int(match.group(1)) if match else None
+            if owner is not None and owner != os.getpid() and not _pid_running(owner) and _ours(entry):
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(entry)
     return removed
 
 
 def temporary_directory(kind: str, dir: str | Path | None = None) -> tempfile.TemporaryDirectory:  # noqa: A002
-    """A TemporaryDirectory named after its kind and owner pid; stale ones of dead owners go first."""
+    """A TemporaryDirectory named after its kind and owner pid, holding our mark; stale ones of dead
+    owners go first."""
     remove_stale_temporary_directories(dir)
-    return tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}{kind}-{os.getpid()}-", dir=dir)
+    directory = tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}{kind}-{os.getpid()}-", dir=dir)
+    (Path(directory.name) / OWNER_MARK).touch()
+    return directory
+
+
+_cleanups: list[Callable[[], None]] = []
+
+
+def at_exit(cleanup: Callable[[], None]) -> Callable[[], None]:
+    """atexit.register for our own cleanups (lock files): exit_with runs them first, before any hook the
+    user's code registered (exit hooks run last-registered first, and a user's may never return)."""
+    _cleanups.append(cleanup)
+    return atexit.register(cleanup)
+
+
+def exit_with(main: Callable[[], int | None]) -> NoReturn:
+    """Run a tool's main and end the process with its status once it returns. Python's own exit would
+    first wait for every non-daemon thread and then run every exit hook to its end: a thread or an
+    atexit hook the user's code left would keep a finished tool alive for ever. Here the exit hooks
+    (ours remove lock files and temporary directories) run in a thread given EXIT_HOOKS_GRACE_S, the
+    streams are flushed, and the process ends."""
+    try:
+        status = main()
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code
+        if isinstance(code, str):
+            print(code, file=sys.stderr)
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+    for cleanup in reversed(_cleanups):
+        with contextlib.suppress(Exception):
+            cleanup()
+    reaper.end_descendants()  # helpers the user's code started and left
+    hooks = threading.Thread(target=atexit._run_exitfuncs, name="cs336-exit-hooks", daemon=True)
+    hooks.start()
+    hooks.join(EXIT_HOOKS_GRACE_S)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a stream the user's code or the shell closed
+            stream.flush()
+    _os_exit(status or 0)

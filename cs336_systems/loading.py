@@ -7,8 +7,9 @@ callable may be a dotted attribute path (`pkg.mod:Class.create`).
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeError, UserCodeTimeout, guarded
@@ -86,3 +87,36 @@ def load_callable(
     if not callable(target):
         raise error(f"{flag} {spec} is not callable")
     return target
+
+
+def fit_keywords(
+    function: Callable,
+    offered: Mapping[str, object],
+    positional: int = 0,
+    synonyms: Mapping[str, str] | None = None,
+    only_named: tuple[str, ...] = (),
+) -> tuple[dict, list[str]]:
+    """The `offered` keywords that `function`'s signature takes (all of them when it takes **kwargs or
+    its signature cannot be read, but those in `only_named`, given only to a parameter of that name), and
+    the names of its parameters without a default that neither those nor the first `positional`
+    arguments fill. `synonyms` maps a parameter's spelling to the offered name it stands for (theta for
+    rope_theta)."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return {k: v for k, v in offered.items() if k not in only_named}, []
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        named = {p.name for p in parameters}
+        return {k: v for k, v in offered.items() if k not in only_named or k in named}, []
+    given, unfilled = {}, []
+    for index, parameter in enumerate(parameters):
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            continue
+        if index < positional and parameter.kind is not inspect.Parameter.KEYWORD_ONLY:
+            continue  # the caller passes it positionally
+        source = parameter.name if parameter.name in offered else (synonyms or {}).get(parameter.name)
+        if source in offered and parameter.kind is not inspect.Parameter.POSITIONAL_ONLY:
+            given[parameter.name] = offered[source]
+        elif parameter.default is inspect.Parameter.empty:
+            unfilled.append(parameter.name)
+    return given, unfilled

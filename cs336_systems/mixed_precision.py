@@ -27,6 +27,7 @@ from torch import nn
 from .argtypes import EXIT_FAILED, ArgumentParser, add_device_argument, fail
 from .command import run_command
 from .device import DeviceError, resolve_device
+from .lifetime import exit_with
 
 PROG = "python -m cs336_systems.mixed_precision"
 STEPS, ADDEND, EXACT = 1000, 0.01, 10.0
@@ -315,4 +316,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_command(PROG, main))  # Ctrl-C 130, SIGTERM 143, one line
+    exit_with(lambda: run_command(PROG, main))  # Ctrl-C 130, SIGTERM 143, one line

@@ -131,8 +131,14 @@ class ModelConfig:
     def checkpoint_group_size(self) -> int:
         return checkpoint_group_size(self.checkpoint_blocks, self.num_layers)
 
+    def __post_init__(self) -> None:
+        self.validate()  # a shape refuses itself, whoever builds it: flags, a grid, a --config file
+
     def validate(self) -> None:
         for field in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"{field} must be an integer, got {value!r}")
             if getattr(self, field) <= 0:
                 raise ConfigError(f"{field} must be positive, got {getattr(self, field)}")
             if getattr(self, field) > MODEL_LIMITS[field]:
@@ -140,13 +146,18 @@ class ModelConfig:
                     f"{field} must be at most {MODEL_LIMITS[field]} (far past any published model), "
                     f"got {getattr(self, field)}"
                 )
-        if self.rope_theta <= 0:
-            raise ConfigError(f"rope_theta must be positive, got {self.rope_theta}")
+        if isinstance(self.rope_theta, bool) or not isinstance(self.rope_theta, int | float) or not self.rope_theta > 0:
+            raise ConfigError(f"rope_theta must be a positive number, got {self.rope_theta!r}")
+        if not isinstance(self.size_name, str) or not isinstance(self.fused_projections, bool):
+            raise ConfigError(
+                f"size_name must be text and fused_projections true or false, got {self.size_name!r}, "
+                f"{self.fused_projections!r}"
+            )
         if self.d_model % self.num_heads:
             raise ConfigError(f"d_model {self.d_model} is not divisible by num_heads {self.num_heads}")
         if self.head_dim % 2:
             raise ConfigError(f"RoPE needs an even head dimension, got d_model/num_heads = {self.head_dim}")
-        if self.attention not in ATTENTION_KINDS:
+        if not isinstance(self.attention, str) or self.attention not in ATTENTION_KINDS:
             raise ConfigError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
         size_table(self.size_table)
         blocks = self.checkpoint_blocks

@@ -3,13 +3,17 @@ or a user's own (`--optimizer package.module:callable`, e.g. their AdamW)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from .loading import load_callable
-from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeTimeout
+from .loading import fit_keywords, load_callable
+from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeError, UserCodeTimeout, guarded
 
-# The hyperparameters a user's optimizer is called with (torch's AdamW defaults, our lr).
+# The hyperparameters a user's optimizer is given where its signature takes them (torch's AdamW
+# defaults, our lr): an assignment-1 AdamW often requires all four.
 OPTIMIZER_KWARGS = dict(lr=1e-4, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-8)
 
 
@@ -17,8 +21,55 @@ class OptimizerFactoryError(ValueError):
     """A user's --optimizer that cannot be imported, called or used."""
 
 
-def load_optimizer_factory(spec: str, import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S):
-    return load_callable(spec, "--optimizer", OptimizerFactoryError, import_timeout_s)
+@dataclass(frozen=True)
+class UserOptimizer:
+    """A user's --optimizer as every tool builds it: `make` as they wrote it (a class stays a class: a
+    student's sharded optimizer may check that it subclasses torch.optim.Optimizer) and the
+    OPTIMIZER_KWARGS its signature takes, so `make(params, **keywords)` is the one call."""
+
+    spec: str
+    make: Callable
+    keywords: dict
+
+    def __call__(self, params, **overrides) -> torch.optim.Optimizer:
+        """`make(params, **keywords)`, `overrides` (ddp_bench's scaled lr) replacing the keywords it takes."""
+        keywords = {**self.keywords, **{k: v for k, v in overrides.items() if k in self.keywords}}
+        try:
+            optimizer = self.make(params, **keywords)
+        except (torch.OutOfMemoryError, MemoryError, UserCodeTimeout):
+            raise
+        except Exception as exc:
+            raise OptimizerFactoryError(f"--optimizer {self.spec} raised {type(exc).__name__}: {exc}") from exc
+        if not callable(getattr(optimizer, "step", None)) or not callable(getattr(optimizer, "zero_grad", None)):
+            raise OptimizerFactoryError(
+                f"--optimizer {self.spec} returned {type(optimizer).__name__}, which has no step()/zero_grad()"
+            )
+        return optimizer
+
+
+def load_user_optimizer(spec: str, import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S) -> UserOptimizer:
+    """The user's callable and the hyperparameters it takes; a parameter none of them fills (besides
+    the parameters, its first argument) is an OptimizerFactoryError naming it."""
+    make = load_callable(spec, "--optimizer", OptimizerFactoryError, import_timeout_s)
+    keywords, unfilled = fit_keywords(make, OPTIMIZER_KWARGS, positional=1)
+    if unfilled:
+        raise OptimizerFactoryError(
+            f"--optimizer {spec}: cannot fill its parameter {unfilled[0]!r}; it is called with the parameters and "
+            f"{', '.join(OPTIMIZER_KWARGS)}; give {unfilled[0]!r} a default or wrap the callable"
+        )
+    return UserOptimizer(spec, make, keywords)
+
+
+def check_user_optimizer(spec: str, import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S) -> UserOptimizer:
+    """Load the user's optimizer and build it once on a dummy parameter, before any model, rank or
+    worker exists: one that cannot be built is an OptimizerFactoryError (one line) now, not in every row."""
+    optimizer = load_user_optimizer(spec, import_timeout_s)
+    try:
+        with guarded(f"--optimizer {spec}", import_timeout_s):
+            optimizer([nn.Parameter(torch.zeros(2))])
+    except (UserCodeError, UserCodeTimeout) as exc:
+        raise OptimizerFactoryError(f"--optimizer {spec}: building it on one parameter failed: {exc}") from None
+    return optimizer
 
 
 class MasterWeights:
@@ -76,18 +127,7 @@ def make_optimizer(
     if factory is None:
         # Fused AdamW: one kernel for all parameters instead of several per tensor.
         return torch.optim.AdamW(model.parameters(), fused=device.type in ("cuda", "cpu"), **OPTIMIZER_KWARGS)
-    make = load_optimizer_factory(factory)
-    try:
-        optimizer = make(model.parameters(), **OPTIMIZER_KWARGS)
-    except (torch.OutOfMemoryError, MemoryError, UserCodeTimeout):
-        raise
-    except Exception as exc:
-        raise OptimizerFactoryError(f"--optimizer {factory} raised {type(exc).__name__}: {exc}") from exc
-    if not callable(getattr(optimizer, "step", None)) or not callable(getattr(optimizer, "zero_grad", None)):
-        raise OptimizerFactoryError(
-            f"--optimizer {factory} returned {type(optimizer).__name__}, which has no step()/zero_grad()"
-        )
-    return optimizer
+    return load_user_optimizer(factory)(model.parameters())
 
 
 def _holding(module: nn.Module, params: list[nn.Parameter]) -> nn.Module:

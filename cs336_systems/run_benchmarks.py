@@ -14,9 +14,8 @@ Example:
 
 from __future__ import annotations
 
-import sys
-
 from .child import benchmark_command, run_in_child
+from .lifetime import exit_with
 from .sweep import sweep_main
 
 PROG = "python -m cs336_systems.run_benchmarks"
@@ -38,4 +37,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

@@ -46,7 +46,7 @@ from .timing import (
     time_steps,
 )
 from .user_model import ModelFactoryError, check_model_output
-from .usercode import DEFAULT_TIMEOUT_S, UserCodeError, UserCodeTimeout, guarded
+from .usercode import DEFAULT_TIMEOUT, StepLimits, UserCodeError, UserCodeTimeout, guarded
 
 OPTIMIZER_STATE_NOTE = "first measured step includes creating the AdamW state (no warmup step ran before it)"
 
@@ -238,7 +238,7 @@ def run_benchmark(
     clock: Callable[[], float] = time.perf_counter,
     memory_baseline_bytes: int | None = None,
     memory_snapshot: str | None = None,
-    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    timeout_s: float | StepLimits | None = DEFAULT_TIMEOUT,
 ) -> BenchmarkRecord:
     """Measure one configuration.
 

@@ -27,6 +27,7 @@ import random
 import re
 import selectors
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -178,15 +179,37 @@ class HttpStore:
             return response.read()
 
 
-def write_items(root: str | Path, num_items: int, item_bytes: int, seed: int = 0) -> None:
-    """Write the dataset as one file per item, flushed to disk (so the page cache can drop it)."""
+def check_data_dir(root: str | Path, num_items: int) -> None:
+    """--data-dir before any work: a directory (or none yet), and no item file there a link or not a file
+    (the items are written there, never through a link). StorageError (one line) otherwise."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    if root.exists() and not root.is_dir():
+        raise StorageError(f"--data-dir {root}: not a directory")
+    if not root.is_dir():
+        return
     for index in range(num_items):
-        with item_path(root, index).open("wb") as handle:
-            handle.write(item_payload(index, item_bytes, seed))
-            handle.flush()
-            os.fsync(handle.fileno())
+        path = item_path(root, index)
+        with contextlib.suppress(FileNotFoundError):
+            mode = os.lstat(path).st_mode
+            if not stat.S_ISREG(mode):
+                what = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+                raise StorageError(f"--data-dir {root}: {path.name} is {what}; item files are written only as files")
+
+
+def write_items(root: str | Path, num_items: int, item_bytes: int, seed: int = 0) -> None:
+    """Write the dataset as one file per item, flushed to disk (so the page cache can drop it); never
+    through a link planted at an item's name."""
+    root = Path(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for index in range(num_items):
+            fd = os.open(item_path(root, index), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(item_payload(index, item_bytes, seed))
+                handle.flush()
+                os.fsync(handle.fileno())
+    except OSError as exc:
+        raise StorageError(f"--data-dir {root}: cannot write the item files ({exc.strerror})") from None
 
 
 def filesystem_type(path: str | Path) -> str | None:
@@ -232,8 +255,8 @@ class ItemServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # many loader workers may connect at once
 
-    def __init__(self, root: Path, model: LatencyModel, port: int = 0):
-        super().__init__((HOST, port), _ItemHandler)
+    def __init__(self, root: Path, model: LatencyModel, port: int = 0, host: str = HOST):
+        super().__init__((host, port), _ItemHandler)
         self.root, self.model = Path(root), model
         self._requests: dict[int, int] = {}
         self._lock = threading.Lock()
@@ -247,7 +270,7 @@ class ItemServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.server_address[1]}"
+        return f"http://{self.server_address[0]}:{self.server_address[1]}"
 
 
 class _ItemHandler(BaseHTTPRequestHandler):
@@ -360,6 +383,9 @@ def build_parser() -> ArgumentParser:
     serve = sub.add_parser("serve", help="serve root/item_NNNNNNN.bin as GET /items/N on 127.0.0.1")
     serve.add_argument("--root", type=Path, required=True)
     serve.add_argument("--port", type=non_negative_int, default=0, help="0: any free port (the URL is printed)")
+    serve.add_argument(
+        "--host", default=HOST, help=f"the interface to listen on ({HOST}: this machine only; 0.0.0.0: every one)"
+    )
     serve.add_argument("--latency-ms", type=non_negative_float, default=0.0)
     serve.add_argument(
         "--bandwidth",
@@ -384,7 +410,10 @@ def main(argv: list[str] | None = None) -> int:
         model = model_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    server = ItemServer(args.root, model, args.port)
+    try:
+        server = ItemServer(args.root, model, args.port, args.host)
+    except OSError as exc:  # a port taken or below 1024, an address not this machine's
+        parser.error(f"--port {args.port} --host {args.host}: cannot listen there ({exc.strerror})")
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     print(server.url, flush=True)
     with contextlib.suppress(KeyboardInterrupt):

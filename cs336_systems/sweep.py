@@ -25,9 +25,10 @@ from .argtypes import EXIT_FAILED, EXIT_INTERRUPTED, ArgumentParser, exit_status
 from .child import add_child_arguments, child_limits_from_args
 from .config import COMPILE_CHOICES, COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
 from .device import DeviceError, resolve_device
+from .lifetime import OurInterrupt
 from .models import ATTENTION_KINDS, ConfigError
 from .monitor import add_monitor_arguments, check_monitor_arguments, monitored
-from .optimizer import load_optimizer_factory
+from .optimizer import check_user_optimizer
 from .precision import PRECISIONS
 from .results import (
     BenchmarkRecord,
@@ -38,6 +39,7 @@ from .results import (
     collect_environment,
     read_results,
 )
+from .terminal import show
 from .timing import timer_unsupported_reason
 from .user_model import ModelFactoryError, load_model_factory
 
@@ -79,10 +81,6 @@ def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[Bench
     ):
         model = benchmark_flags.model_config_from_args(args, size, longest, attention, checkpoint)
         model.check_context(longest, f"--context-lengths up to {longest}")
-        if model.checkpoint_group_size and args.model_factory:
-            raise ConfigError(
-                "--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model"
-            )
         configs.append(
             benchmark_flags.benchmark_config_from_args(
                 args,
@@ -148,7 +146,7 @@ def pending_configs(
 # -- Ctrl-C -----------------------------------------------------------------------------
 
 
-class Abort(KeyboardInterrupt):
+class Abort(OurInterrupt):
     """Stop now: a second Ctrl-C, or SIGTERM. A child in progress is killed with its group."""
 
     def __init__(self, signum: int):
@@ -280,7 +278,7 @@ def sweep_main(
         if args.model_factory:
             load_model_factory(args.model_factory)
         if args.optimizer:
-            load_optimizer_factory(args.optimizer)
+            check_user_optimizer(args.optimizer)
         configs = grid_from_args(args, device)
         outputs = check_output_paths(args.output)
         check_monitor_arguments(args)
@@ -326,7 +324,7 @@ def sweep_main(
     shown = {BenchmarkRecord.row_key(row) for row in previous}  # a row re-run only for a file that lacked it shows once
     rows = [*previous, *(record.to_row() for record in writer.written if record.key() not in shown)]
     if rows:
-        print(BenchmarkRecord.markdown(rows))
+        show(BenchmarkRecord.markdown(rows))
     if stop.requested and len(writer.written) < len(pending):
         done = f"stopped: {len(writer.written)} of {len(pending)} configurations done"
         if resumable(outputs):

@@ -80,3 +80,10 @@ def install() -> None:
                 reconfigure(encoding="ascii", errors=ERRORS)
             elif stream.errors == "strict":
                 reconfigure(errors=ERRORS)
+
+
+def show(text: str, file=None) -> None:
+    """print(), where the stream may be gone: the user's code closed it, or the shell started us with it
+    closed, or the reader of a pipe left. The results are already written; losing the echo is not a failure."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        print(text, file=file if file is not None else sys.stdout, flush=True)

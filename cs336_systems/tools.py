@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-INTERNAL = {"memory_cap", "storage"}  # started by the tools themselves, not by users
+# Started by the tools themselves: not listed, but runnable by name (the README shows `storage serve`).
+INTERNAL = {"memory_cap", "storage"}
 COMMAND = "cs336-bench"
 
 
@@ -54,11 +55,12 @@ def _parse(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), str(path))
 
 
-def discover(root: Path = HERE) -> dict[str, str]:
-    """{tool name: one-line description} for every tool in `root`, sorted by name."""
+def discover(root: Path = HERE, internal: bool = False) -> dict[str, str]:
+    """{tool name: one-line description} for every tool in `root`, sorted by name (`internal`: with the
+    INTERNAL ones)."""
     found = {}
     for path in sorted(root.iterdir()):
-        if path.name.startswith("_") or path.stem in INTERNAL:
+        if path.name.startswith("_") or (path.stem in INTERNAL and not internal):
             continue
         if path.is_dir() and (path / "__main__.py").is_file():
             init = path / "__init__.py"
@@ -86,12 +88,15 @@ def usage(tools: dict[str, str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     tools = discover()
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
         print(usage(tools))
-        return 0 if argv else 2
+        return 0
+    if not argv:  # bad input: one line, exit 2
+        print(f"{COMMAND}: error: name a tool, one of: {', '.join(tools)} (`{COMMAND} --help`)", file=sys.stderr)
+        return 2
     tool, *args = argv
-    if tool not in tools:
-        print(f"{COMMAND}: unknown tool {tool!r}; one of: {', '.join(tools)}", file=sys.stderr)
+    if tool not in discover(internal=True):
+        print(f"{COMMAND}: error: unknown tool {tool!r}; one of: {', '.join(tools)}", file=sys.stderr)
         return 2
     # As `python -m` does: the current directory comes first, so the student's packages are theirs.
     if "" not in sys.path and str(Path.cwd()) not in sys.path[:1]:

@@ -3,14 +3,13 @@ ones the harness gives, building it and checking what it returns."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Protocol
 
 import torch
 from torch import nn
 
-from .loading import load_callable
+from .loading import fit_keywords, load_callable
 from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeTimeout
 
 
@@ -27,8 +26,12 @@ class ModelFactoryError(RuntimeError):
 
 # what ModelConfig.factory_kwargs gives a factory
 FACTORY_KEYWORDS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")
+# and what build_user_model adds: assignment-1 constructors often require both (given only to a parameter of
+# that name: a factory passing **kwargs on to a config would not expect them)
+PLACEMENT_KEYWORDS = ("device", "dtype")
 # other spellings of a keyword in students' constructors (the handout's model says rope_theta)
 FACTORY_SYNONYMS = {"theta": "rope_theta", "rope_theta": "theta"}
+BUILD_DTYPE = torch.float32  # what a model is built in; --param-dtype casts its parameters afterwards
 
 
 def factory_keywords(factory: Callable, keywords: dict, spec: str) -> dict:
@@ -36,24 +39,12 @@ def factory_keywords(factory: Callable, keywords: dict, spec: str) -> dict:
     synonym where it spells one differently (theta for rope_theta). A parameter without a default
     that none of them fills is a ModelFactoryError naming it. All of them when the signature
     takes **kwargs or cannot be read."""
-    try:
-        parameters = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return keywords
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return keywords
-    given = {}
-    for name, parameter in parameters.items():
-        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.POSITIONAL_ONLY):
-            continue
-        source = name if name in keywords else FACTORY_SYNONYMS.get(name)
-        if source in keywords:
-            given[name] = keywords[source]
-        elif parameter.default is inspect.Parameter.empty:
-            raise ModelFactoryError(
-                f"--model-factory {spec}: cannot fill its parameter {name!r}; it is given "
-                f"{', '.join(keywords)} (theta = rope_theta); give {name!r} a default or wrap the callable"
-            )
+    given, unfilled = fit_keywords(factory, keywords, synonyms=FACTORY_SYNONYMS, only_named=PLACEMENT_KEYWORDS)
+    if unfilled:
+        raise ModelFactoryError(
+            f"--model-factory {spec}: cannot fill its parameter {unfilled[0]!r}; it is given "
+            f"{', '.join(keywords)} (theta = rope_theta); give {unfilled[0]!r} a default or wrap the callable"
+        )
     return given
 
 
@@ -61,16 +52,18 @@ def load_model_factory(spec: str, import_timeout_s: float = DEFAULT_IMPORT_TIMEO
     """Resolve 'package.module:callable' (the callable may be a dotted attribute path); a parameter
     it has that no keyword fills is an error now, before any model is built."""
     factory = load_callable(spec, "--model-factory", ModelFactoryError, import_timeout_s)
-    factory_keywords(factory, dict.fromkeys(FACTORY_KEYWORDS), spec)
+    factory_keywords(factory, dict.fromkeys(FACTORY_KEYWORDS + PLACEMENT_KEYWORDS), spec)
     return factory
 
 
 def build_user_model(spec: str, keywords: dict, device: torch.device | str) -> nn.Module:
-    """The factory `spec` called with the keywords its signature takes, on `device`."""
+    """The factory `spec` called with the keywords its signature takes, on `device`: `device` and
+    `dtype` (BUILD_DTYPE) are given too where the signature names them."""
+    placement = dict(device=torch.device(device), dtype=BUILD_DTYPE)
     with torch.device(device):
         factory = load_model_factory(spec)
         try:
-            model = factory(**factory_keywords(factory, keywords, spec))
+            model = factory(**factory_keywords(factory, {**keywords, **placement}, spec))
         except (torch.OutOfMemoryError, MemoryError, UserCodeTimeout):
             raise
         except Exception as exc:

@@ -10,12 +10,21 @@
 Inside the block:
 - `sys.exit(n)` raises UserCodeError naming it;
 - a KeyboardInterrupt the code raised itself (no SIGINT or SIGTERM arrived: our handlers record those or
-  raise their own subclasses) raises UserCodeError; a real Ctrl-C stays a KeyboardInterrupt;
+  raise their own subclasses, lifetime.OurInterrupt) raises UserCodeError, a subclass of its own too;
+  a real Ctrl-C stays a KeyboardInterrupt;
+- any other BaseException (GeneratorExit, a class of the user's own) raises UserCodeError;
 - `os._exit(n)` raises UserCodeError: os._exit is replaced inside the block for this process only
-  (a process forked inside, e.g. a DataLoader worker, still exits for real);
-- no return within `timeout_s` raises UserCodeTimeout (SIGALRM, main thread only). Code stuck where
-  Python cannot raise (inside one C call) is ended by a watchdog thread WATCHDOG_GRACE_S later: one
-  line on stderr, then the process exits with status 1 (its children die with it: lifetime).
+  (a process forked inside, e.g. a DataLoader worker, still exits for real); a process the code forked
+  that comes back out of the block ends there, so only the process that started writes rows;
+- our SIGINT, SIGTERM and SIGALRM handlers are put back at each rearm() and on leaving, so a handler
+  the code installed cannot make the tool unstoppable;
+- no return within the time limit raises UserCodeTimeout (SIGALRM, main thread only). The limit is
+  `timeout_s` seconds (a user's --timeout), or by default StepLimits: FIRST_STEP_TIMEOUT_S up to the end
+  of the first step (torch.compile can take minutes), then LATER_STEP_FACTOR times the step before
+  (at least LATER_STEP_FLOOR_S). Imports and adapter getters get DEFAULT_IMPORT_TIMEOUT_S. Code stuck
+  where Python cannot raise (inside one C call) is ended WATCHDOG_GRACE_S later: one line on stderr,
+  then the process exits with status 1 (a watchdog thread), or, under an address-space cap where no
+  thread fits, is killed by the reaper (reaper.py), which also ends every helper process the code left.
 
 device.failure_status makes UserCodeError an 'error' row and UserCodeTimeout a 'timeout' row.
 The cost inside a timed step is one `rearm()`: a setitimer system call (about a microsecond).
@@ -24,6 +33,7 @@ The cost inside a timed step is one `rearm()`: a setitimer system call (about a 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import resource
 import signal
@@ -31,17 +41,53 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
-from . import lifetime
+from . import lifetime, reaper
 
-# No honest step, model build or import comes near these (a 2.7B-parameter training step on a CPU
-# takes minutes); they exist so that a hang ends on its own.
-DEFAULT_TIMEOUT_S = 3600.0
-DEFAULT_IMPORT_TIMEOUT_S = 600.0
+
+class DefaultLimit(float):
+    """A limit in seconds the user did not set (not their --timeout): its message says so."""
+
+
+# No honest import or getter comes near this; it exists so that a hang ends on its own, soon.
+DEFAULT_IMPORT_TIMEOUT_S = DefaultLimit(60.0)
+# A model build and first step (a 2.7B-parameter training step on a CPU takes minutes, a compile too),
+# then each later step against the one before it.
+FIRST_STEP_TIMEOUT_S = 1800.0
+LATER_STEP_FACTOR = 10.0
+LATER_STEP_FLOOR_S = 60.0
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # setitimer and threading take no more; a week is past any run
 WATCHDOG_GRACE_S = 30.0
 REPEAT_S = 1.0  # a timeout the code caught and swallowed is raised again this often
 _real_os_exit = os._exit  # guarded replaces os._exit; the watchdog must still end the process
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    """The default time limit of code run in steps: `first_s` until the first step has been measured
+    (from entering the block to the second rearm), then `factor` times the step before, at least `floor_s`."""
+
+    first_s: float = FIRST_STEP_TIMEOUT_S
+    factor: float = LATER_STEP_FACTOR
+    floor_s: float = LATER_STEP_FLOOR_S
+
+    def limit_s(self, last_step_s: float | None) -> float:
+        return self.first_s if last_step_s is None else max(self.floor_s, self.factor * last_step_s)
+
+    def __str__(self) -> str:  # what --help shows as the default
+        return (
+            f"{self.first_s / 60:g} min for the build and first step, then {self.factor:g}x the step before "
+            f"(at least {self.floor_s:g} s)"
+        )
+
+
+DEFAULT_TIMEOUT = StepLimits()
+
+
+def import_timeout(timeout: float | StepLimits | None) -> float:
+    """The limit of importing the user's code under a tool's --timeout: the user's own number, else the default."""
+    return timeout if isinstance(timeout, float | int) else DEFAULT_IMPORT_TIMEOUT_S
 
 
 class UserCodeError(Exception):
@@ -75,12 +121,28 @@ def timeout_seconds(text: str) -> float:
     return value
 
 
+def add_timeout_argument(parser, what: str) -> None:
+    """--timeout SECONDS: one limit for every step, model build and import of the user's code; by default
+    DEFAULT_TIMEOUT (StepLimits) and DEFAULT_IMPORT_TIMEOUT_S for imports and adapter getters."""
+    parser.add_argument(
+        "--timeout",
+        type=timeout_seconds,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"{what}: past it the row is 'timeout' (default: {DEFAULT_TIMEOUT}; importing your code and "
+        f"calling an adapter's getter {DEFAULT_IMPORT_TIMEOUT_S:g} s)",
+    )
+
+
 def _real_interrupt(exc: KeyboardInterrupt) -> bool:
     """Whether a KeyboardInterrupt is the user's Ctrl-C (or SIGTERM) rather than the code's own raise.
-    Our handlers raise subclasses (lifetime.Terminated, a sweep's Abort) or record the signal (lifetime);
-    under Python's own handler we cannot tell, and an interrupt must never be swallowed."""
-    if type(exc) is not KeyboardInterrupt or lifetime.interrupt_received() is not None:
+    Our handlers raise lifetime.OurInterrupt (Terminated, a sweep's Abort) or record the signal; under
+    Python's own handler we cannot tell a plain KeyboardInterrupt apart, and an interrupt must never be
+    swallowed, but a subclass of the code's own is the code's."""
+    if isinstance(exc, lifetime.OurInterrupt) or lifetime.interrupt_received() is not None:
         return True
+    if type(exc) is not KeyboardInterrupt:
+        return False
     return signal.getsignal(signal.SIGINT) in (signal.default_int_handler, signal.SIG_DFL, None)
 
 
@@ -90,46 +152,77 @@ def _address_space_capped() -> bool:
 
 
 class _Watchdog:
-    """Ends the process when the deadline passed WATCHDOG_GRACE_S ago and the code has not returned."""
+    """Ends the process when the deadline passed WATCHDOG_GRACE_S ago and the code has not returned:
+    a thread of ours, or under an address-space cap (where a thread's stack and malloc arena count
+    against --memory-limit) the reaper process."""
 
-    def __init__(self, what: str, timeout_s: float):
-        self.what, self.timeout_s = what, timeout_s
-        self.deadline = time.monotonic() + timeout_s
+    def __init__(self, what: str):
+        self.what, self.limit_s = what, 0.0
+        self.deadline = math.inf
         self.done = threading.Event()
-        if _address_space_capped():
-            return  # a thread's stack and malloc arena count against --memory-limit: the alarm alone guards
+        self.by_reaper = _address_space_capped()
+        if self.by_reaper:
+            return
         thread = threading.Thread(target=self._watch, name="cs336-user-code-watchdog", daemon=True)
         with contextlib.suppress(RuntimeError):  # no room left for a thread: the alarm alone guards
             thread.start()
 
+    def message(self) -> str:
+        return (
+            f"error: {self.what} did not return within {self.limit_s:g} s and cannot be interrupted "
+            "(stuck inside one native call); ending the process"
+        )
+
+    def set(self, deadline: float, limit_s: float) -> None:
+        self.deadline, self.limit_s = deadline, limit_s
+        if self.by_reaper:
+            reaper.arm(deadline + WATCHDOG_GRACE_S, self.message())
+
     def _watch(self) -> None:
         while not self.done.wait(1.0):
             if time.monotonic() > self.deadline + WATCHDOG_GRACE_S:
-                print(
-                    f"error: {self.what} did not return within {self.timeout_s:g} s and cannot be interrupted "
-                    "(stuck inside one native call); ending the process",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                print(self.message(), file=sys.stderr, flush=True)
                 _real_os_exit(1)
 
     def stop(self) -> None:
         self.done.set()
+        if self.by_reaper:
+            reaper.disarm()
+
+
+_OUR_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _restore_handlers(handlers: dict) -> None:
+    """Put back the handlers the block was entered with, where the user's code replaced them, and
+    unblock the signals it may have blocked (main thread only)."""
+    for sig, handler in handlers.items():
+        if signal.getsignal(sig) is not handler:
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(sig, handler)
+    with contextlib.suppress(ValueError, OSError):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (*handlers, signal.SIGALRM))
 
 
 @contextlib.contextmanager
-def guarded(what: str, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> Iterator[Callable[[], None]]:
-    """Run the user's code inside; yields `rearm()`, which restarts the time limit (call it per step)."""
+def guarded(what: str, timeout_s: float | StepLimits | None = DEFAULT_TIMEOUT) -> Iterator[Callable[[], None]]:
+    """Run the user's code inside; yields `rearm()`, which starts the next step's time limit (call it
+    at the start of each step). `timeout_s`: seconds per step (a user's --timeout), StepLimits, or None."""
     owner = os.getpid()
     real_exit = os._exit  # a guard inside a guard puts back the outer one's
+    handlers = {sig: signal.getsignal(sig) for sig in _OUR_SIGNALS}
+    handlers = {sig: handler for sig, handler in handlers.items() if handler is not None}
+    reaper.start()  # a helper process the code starts and abandons ends with us
 
     def exit_instead(status: int = 0) -> None:
         if os.getpid() != owner:  # a child forked inside: its exit is its own
             _real_os_exit(status)
         raise _OsExit(status)
 
-    timer = _Alarm(what, timeout_s) if timeout_s is not None else None
+    timer = _Alarm(what, timeout_s, lambda: _restore_handlers(handlers)) if timeout_s is not None else None
     os._exit = exit_instead
+    real_signal = signal.signal
+    signal.signal = _keeping(handlers, real_signal)
     try:
         with timer or contextlib.nullcontext():
             yield timer.rearm if timer else (lambda: None)
@@ -140,9 +233,36 @@ def guarded(what: str, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> Iterator[
     except KeyboardInterrupt as exc:
         if _real_interrupt(exc):
             raise
-        raise UserCodeError(f"{what} raised KeyboardInterrupt itself (no Ctrl-C or SIGTERM arrived)") from None
+        kind = "KeyboardInterrupt" if type(exc) is KeyboardInterrupt else f"{type(exc).__name__} (a KeyboardInterrupt)"
+        raise UserCodeError(f"{what} raised {kind} itself (no Ctrl-C or SIGTERM arrived)") from None
+    except Exception:
+        raise
+    except BaseException as exc:  # GeneratorExit, a BaseException of the code's own: its row's error
+        raise UserCodeError(
+            f"{what} raised {type(exc).__name__} (a BaseException, not an Exception): {exc}".rstrip(": ")
+        ) from None
     finally:
         os._exit = real_exit
+        signal.signal = real_signal
+        if os.getpid() != owner:  # a process the code forked came back out here: it must not go on as us
+            _real_os_exit(0)
+        _restore_handlers(handlers)
+
+
+def _keeping(handlers: dict, real_signal: Callable) -> Callable:
+    """signal.signal inside the block: the code may install any handler but ours for SIGINT and SIGTERM
+    (one that ignores them would make the tool unstoppable); those calls are no-ops returning ours."""
+
+    def install(signum, handler):
+        if signum in handlers:
+            return (
+                real_signal(signum, handlers[signum])
+                if signal.getsignal(signum) is not handlers[signum]
+                else handlers[signum]
+            )
+        return real_signal(signum, handler)
+
+    return install
 
 
 class _OsExit(BaseException):
@@ -152,29 +272,52 @@ class _OsExit(BaseException):
 
 
 class _Alarm:
-    """SIGALRM after `timeout_s`, raising UserCodeTimeout; an alarm already set (lifetime.child_preexec's
+    """SIGALRM at the limit, raising UserCodeTimeout; an alarm already set (lifetime.child_preexec's
     watchdog) still goes off at its own time, and is set again on leaving."""
 
-    def __init__(self, what: str, timeout_s: float):
-        self.what, self.timeout_s = what, check_timeout(timeout_s)
+    def __init__(self, what: str, timeout: float | StepLimits, restore: Callable[[], None]):
+        self.what, self.restore, self.owner = what, restore, os.getpid()
+        self.limits = timeout if isinstance(timeout, StepLimits) else None
+        self.fixed_s = None if self.limits else check_timeout(timeout)
+        self.step_started: float | None = None
+        self.last_step_s: float | None = None
         self.installed = False
 
+    @property
+    def timeout_s(self) -> float:
+        return self.fixed_s if self.limits is None else self.limits.limit_s(self.last_step_s)
+
     def __enter__(self) -> _Alarm:
-        self.watchdog = _Watchdog(self.what, self.timeout_s)
+        self.watchdog = _Watchdog(self.what)
         try:
             self.previous_handler = signal.signal(signal.SIGALRM, self._fire)
         except ValueError:  # not the main thread: only the watchdog guards
+            self._arm()
             return self
         self.installed = True
         remaining, _ = signal.setitimer(signal.ITIMER_REAL, 0)
         self.outer_deadline = time.monotonic() + remaining if remaining > 0 else None
-        self.rearm()
+        self._arm()
         return self
 
     def rearm(self) -> None:
+        """A step starts: the one before it is measured (StepLimits), the limit starts again."""
+        if os.getpid() != self.owner:  # a process the code forked, running our steps: it must not go on as us
+            _real_os_exit(0)
         now = time.monotonic()
+        if self.step_started is not None:
+            self.last_step_s = now - self.step_started
+        self.step_started = now
+        if self.installed:
+            self.restore()
+            if signal.getsignal(signal.SIGALRM) is not self._fire:  # the code replaced ours
+                signal.signal(signal.SIGALRM, self._fire)
+        self._arm(now)
+
+    def _arm(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
         self.deadline = now + self.timeout_s
-        self.watchdog.deadline = self.deadline
+        self.watchdog.set(self.deadline, self.timeout_s)
         if self.installed:
             until = self.deadline if self.outer_deadline is None else min(self.deadline, self.outer_deadline)
             signal.setitimer(signal.ITIMER_REAL, max(until - now, 1e-3), REPEAT_S)
@@ -184,7 +327,17 @@ class _Alarm:
             self._restore(rearm_outer=False)
             signal.raise_signal(signal.SIGALRM)  # the outer alarm's own action (usually: end the process)
             return
-        raise UserCodeTimeout(f"{self.what} did not return within --timeout {self.timeout_s:g} s")
+        raise UserCodeTimeout(f"{self.what} did not return within {self.describe()}")
+
+    def describe(self) -> str:
+        if isinstance(self.fixed_s, DefaultLimit):
+            return f"{self.fixed_s:g} s (the default limit of an import or an adapter's getter; --timeout SECONDS sets one)"
+        if self.limits is None:
+            return f"--timeout {self.timeout_s:g} s"
+        which = (
+            "for the build and first step" if self.last_step_s is None else f"{self.limits.factor:g}x the step before"
+        )
+        return f"{self.timeout_s:g} s (the default limit {which}; --timeout SECONDS sets one)"
 
     def _restore(self, rearm_outer: bool = True) -> None:
         if not self.installed:

@@ -47,6 +47,8 @@ def tiny_model_config(**changes) -> ModelConfig:
 
 def tiny_benchmark_config(**changes) -> BenchmarkConfig:
     model_changes = {k: changes.pop(k) for k in list(changes) if k in ("attention", "vocab_size", "d_model")}
+    # a model as long as the context asked (a configuration refuses a context longer than its model)
+    model_changes["context_length"] = max(16, changes.get("context_length", 16))
     base = dict(
         model=tiny_model_config(**model_changes),
         context_length=16,

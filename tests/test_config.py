@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -9,8 +10,9 @@ from cs336_systems import benchmark
 from cs336_systems.child import ChildLimits, benchmark_arguments
 from cs336_systems.config import IDENTITY_FIELDS, MODEL_SHAPE_FIELDS, NOT_IDENTITY, BenchmarkConfig
 from cs336_systems.ddp_bench.record import DdpRecord
+from cs336_systems.models import ConfigError
 from cs336_systems.results import BenchmarkRecord, read_results
-from tests.conftest import tiny_benchmark_config
+from tests.conftest import tiny_benchmark_config, tiny_model_config
 
 row_key = BenchmarkRecord.row_key
 
@@ -106,30 +108,39 @@ def _other(field: dataclasses.Field, value: object) -> object:
     raise AssertionError(f"give the new field {field.name!r} a non-default value in OTHER_TEXT")
 
 
-def _every_field_changed() -> BenchmarkConfig:
+# What a configuration refuses together (its constructor says so): the user's code with the built-in
+# model's checkpointing, fused projections or CUDA-graph capture.
+BUILT_IN_ONLY = ("cuda_graphs", "fused_projections", "checkpoint_blocks")
+USER_CODE = ("model_factory", "optimizer_factory")
+
+
+def _every_field_changed(user_code: bool) -> BenchmarkConfig:
+    """Every setting changed from the default but those that contradict the user's code (`user_code`)
+    or are the user's code (not `user_code`): the two configurations change every setting between them."""
+    kept = BUILT_IN_ONLY if user_code else USER_CODE
     base = tiny_benchmark_config()
     model = base.model.replace(
-        **{f.name: _other(f, getattr(base.model, f.name)) for f in dataclasses.fields(base.model)}
+        **{f.name: _other(f, getattr(base.model, f.name)) for f in dataclasses.fields(base.model) if f.name not in kept}
     )
-    changes = {f.name: _other(f, getattr(base, f.name)) for f in dataclasses.fields(base) if f.name != "model"}
+    changes = {
+        f.name: _other(f, getattr(base, f.name))
+        for f in dataclasses.fields(base)
+        if f.name != "model" and f.name not in kept
+    }
     return base.replace(model=model, **changes)
 
 
 def test_every_setting_reaches_a_child_process_as_data():
-    config = _every_field_changed()
+    both = (_every_field_changed(user_code=False), _every_field_changed(user_code=True))
     default = tiny_benchmark_config()
     for field in dataclasses.fields(BenchmarkConfig):
-        assert getattr(config, field.name) != getattr(default, field.name), field.name
-    assert BenchmarkConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
-    # what a sweep's child runs: `benchmark --config JSON` (and a file holding it)
-    # (checkpointing cannot wrap a --model-factory model: one of the two at a time)
-    for runnable in (
-        config.replace(model_factory=None),
-        config.replace(model=config.model.replace(checkpoint_blocks=None)),
-    ):
-        arguments = benchmark_arguments(runnable, ChildLimits())
+        assert any(getattr(config, field.name) != getattr(default, field.name) for config in both), field.name
+    for config in both:
+        assert BenchmarkConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+        # what a sweep's child runs: `benchmark --config JSON` (and a file holding it)
+        arguments = benchmark_arguments(config, ChildLimits())
         assert arguments[:2] == ["cs336_systems.benchmark", "--config"]
-        assert benchmark.config_from_args(benchmark.build_parser().parse_args(arguments[1:])) == runnable
+        assert benchmark.config_from_args(benchmark.build_parser().parse_args(arguments[1:])) == config
 
 
 def test_every_setting_is_identity_or_said_not_to_be_and_every_identity_column_is_recorded():
@@ -137,14 +148,15 @@ def test_every_setting_is_identity_or_said_not_to_be_and_every_identity_column_i
         assert (field.name in IDENTITY_FIELDS) != (field.name in NOT_IDENTITY), (
             f"{field.name}: add it to BenchmarkIdentity (it changes what is measured) or to NOT_IDENTITY"
         )
-    config = _every_field_changed().replace(pass_type="train-step", compile=True)
-    row = BenchmarkRecord.for_config(config, torch.device("cpu"), None, None).to_row()
-    assert {name: row[name] for name in IDENTITY_FIELDS} == {**config.identity(), "device": "cpu"}
+    for user_code in (False, True):
+        config = _every_field_changed(user_code).replace(pass_type="train-step", compile=True)
+        row = BenchmarkRecord.for_config(config, torch.device("cpu"), None, None).to_row()
+        assert {name: row[name] for name in IDENTITY_FIELDS} == {**config.identity(), "device": "cpu"}
     base = tiny_benchmark_config(compile=True)
     for name in set(IDENTITY_FIELDS) - {"model_size", "attention", "optimizer_factory"}:  # these follow others
         owner = base if hasattr(base, name) else base.model
         field = next(f for f in dataclasses.fields(owner) if f.name == name)
-        value = _other(field, getattr(owner, name))
+        value = 8 if name == "context_length" else _other(field, getattr(owner, name))  # within the model's 16
         changed = (
             base.replace(**{name: value}) if owner is base else base.replace(model=base.model.replace(**{name: value}))
         )
@@ -175,3 +187,52 @@ def test_config_file_runs_the_configuration_it_holds(tmp_path, capsys):
     assert benchmark.main(["--config", str(path), "--output", str(out)]) == 0, capsys.readouterr().err
     row = json.loads(out.read_text())
     assert BenchmarkRecord.row_key(row) == config.key() and len(row["step_ms"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"pass_type": "bogus"}, "pass_type (as --pass-type): invalid choice 'bogus'"),
+        ({"grad_accum_steps": 0}, "grad_accum_steps (as --grad-accum-steps): must be a positive integer, got 0"),
+        ({"peak_tflops": -1}, "peak_tflops (as --peak-tflops): must be a positive number, got -1"),
+        ({"compile": "yes"}, "compile (as --compile): expected true or false, got 'yes'"),
+        ({"warmup_steps": 1.5}, "warmup_steps (as --warmup-steps): expected an integer, got '1.5'"),
+        ({"model": {"d_model": "wide"}}, "model.d_model (as --d-model): expected an integer, got 'wide'"),
+        ({"model": {"checkpoint_blocks": -2}}, "model.checkpoint_blocks (as --checkpoint-blocks)"),
+        ({"context_length": 64}, "--context-length 64 is longer than the model supports"),
+        ({"cuda_graphs": True, "optimizer_factory": "m:f"}, "--cuda-graphs captures torch's fused AdamW"),
+    ],
+)
+def test_a_config_file_is_checked_as_the_flags_are_before_anything_is_built(tmp_path, capsys, changes, message):
+    data = tiny_benchmark_config().to_dict()
+    data.update({key: value for key, value in changes.items() if key != "model"})
+    data["model"].update(changes.get("model", {}))
+    code = benchmark.main(["--config", json.dumps(data)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("python -m cs336_systems.benchmark: error: --config") and err.count("\n") == 1
+    assert message in err, err
+
+
+def test_a_config_that_is_a_fifo_or_has_flags_beside_it_is_refused(tmp_path, capsys):
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    assert benchmark.main(["--config", str(fifo)]) == 2  # not a read that never ends
+    assert "not a regular file" in capsys.readouterr().err
+    text = json.dumps(tiny_benchmark_config().to_dict())
+    for beside, flag in ((["--batch-size", "8"], "--batch-size"), (["--batch", "8"], "--batch-size")):
+        assert benchmark.main(["--config", text, *beside]) == 2
+        err = capsys.readouterr().err
+        assert f"{flag} given beside it would be ignored" in err and err.count("\n") == 1
+
+
+def test_a_configuration_refuses_itself_wherever_it_is_built():
+    with pytest.raises(ConfigError, match="pass_type must be one of"):
+        tiny_benchmark_config(pass_type="bogus")
+    with pytest.raises(ConfigError, match="grad_accum_steps must be positive"):
+        tiny_benchmark_config(grad_accum_steps=0)
+    with pytest.raises(ConfigError, match="peak_tflops must be a positive number"):
+        tiny_benchmark_config(peak_tflops=float("nan"))
+    with pytest.raises(ConfigError, match="cannot wrap a --model-factory model"):
+        tiny_benchmark_config(model=tiny_model_config(checkpoint_blocks=1), model_factory="m:f")
+    with pytest.raises(ConfigError, match="d_model must be an integer"):
+        tiny_model_config(d_model=32.0)

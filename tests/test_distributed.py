@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pandas as pd
+import psutil
 import pytest
 import torch
 import torch.distributed as dist
@@ -69,15 +70,17 @@ def test_rank_aggregation_and_learning_rates():
 def mean_worker(ctx, unit):
     tensor = torch.arange(6, dtype=torch.float32) + 10.0 * ctx.rank
     all_reduce_mean(tensor)
-    return tensor.numpy()
+    listening = {c.laddr.ip for c in psutil.Process().net_connections(kind="inet") if c.status == "LISTEN"}
+    return tensor.numpy(), listening
 
 
-def test_all_reduce_sums_then_divides_by_world_size():
+def test_all_reduce_sums_then_divides_by_world_size_and_listens_on_this_machine_only():
     [(_, result)] = list(run_spawned(mean_worker, [None], SPEC, unit_timeout_s=60))
     assert result.status == "ok", result.error
     expected = np.arange(6) + 10.0 * (0 + 1) / 2  # mean over ranks 0 and 1
-    for message in result.messages:
+    for message, listening in result.messages:
         np.testing.assert_array_equal(message, expected)
+        assert listening and listening <= {"127.0.0.1", "::1"}  # the store and gloo: no other interface
 
 
 def one_step_worker(ctx, unit):

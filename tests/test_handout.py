@@ -3,18 +3,21 @@ from the predictions, bad input, a real small run into a write-up, and a stopped
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 
 import pandas as pd
 import pytest
 
 from cs336_systems.editions import PROBLEM_KIND, PROBLEM_TITLE, PROBLEMS, measured_problems
-from cs336_systems.handout import cli, run
+from cs336_systems.handout import cli, outputs, run
 from cs336_systems.handout.parameters import FULL, SMALL, Options
 from cs336_systems.handout.plan import fit_budget, parse_duration, predicted_peak, total_seconds
 from cs336_systems.handout.problems import build_steps
 from cs336_systems.handout.target import Target, assumed_target
 from cs336_systems.models import ModelConfig
+from cs336_systems.results.paths import lock_path
 
 H100 = "H100 80GB"
 
@@ -89,6 +92,9 @@ def test_a_roomy_budget_changes_nothing():
         (["--problems", "flash_forward"], "--problems flash_forward: an implementation the official tests check"),
         (["--problems", "tp_calcs"], "--problems tp_calcs: a derivation on paper"),
         (["--budget", "soon"], "expected a duration"),
+        (["--budget", "0", "--dry-run"], "--budget '0': must be more than zero"),
+        (["--budget", "", "--dry-run"], "--budget ''"),
+        (["--assume-device", ""], "--assume-device '': name the GPU"),
         (["--device", "cpu", "--adapters", "no_such_adapters_module", "--dry-run"], "no_such_adapters_module"),
     ],
 )
@@ -163,10 +169,15 @@ def test_an_unfinished_sweep_continues_with_its_own_resume_and_any_other_step_st
 
     sweep = Step("sweep", "p", "a sweep", "cs336_systems.benchmark_direct", {"--output": ["sweep.csv"]}, resumable=True)
     other = Step("other", "p", "attention", "cs336_systems.attention_bench", {"--output": ["other.csv"]})
-    for name in ("sweep.csv", "other.csv"):
+    (tmp_path / ".handout").mkdir()
+    outputs.claim(tmp_path, ["sweep.csv", "other.csv"])  # written by handout
+    for name in ("sweep.csv", "other.csv", "theirs.csv"):
         (tmp_path / name).write_text("partial rows\n")
     assert run.prepare(sweep, tmp_path)[-1] == "--resume" and (tmp_path / "sweep.csv").exists()
     assert "--resume" not in run.prepare(other, tmp_path) and not (tmp_path / "other.csv").exists()
+    theirs = Step("theirs", "p", "attention", "cs336_systems.attention_bench", {"--output": ["theirs.csv"]})
+    run.prepare(theirs, tmp_path)
+    assert (tmp_path / "theirs.csv").exists()  # not handout's: never removed
 
 
 def test_a_done_marker_counts_only_for_the_same_command(tmp_path):
@@ -178,6 +189,96 @@ def test_a_done_marker_counts_only_for_the_same_command(tmp_path):
     assert run.read_marker(tmp_path, step)["outcome"] == "ok"
     step.flags["--measure-steps"] = 5  # e.g. another --budget: the step runs again
     assert run.read_marker(tmp_path, step) is None
+
+
+def test_a_done_marker_is_trusted_only_while_its_outputs_are_there_and_whole(tmp_path):
+    from cs336_systems.handout.plan import Step
+
+    step = Step("s", "p", "x", "cs336_systems.attention_bench", {"--output": ["rows.csv"]})
+    (tmp_path / "rows.csv").write_text("a,b\n1,2\n")
+    marker = {"command": step.shell(tmp_path), "outcome": "ok", "outputs": {"rows.csv": 8}}
+    run.marker_path(tmp_path, step).parent.mkdir()
+    run.marker_path(tmp_path, step).write_text(json.dumps(marker))
+    assert run.read_marker(tmp_path, step)["outcome"] == "ok"
+    (tmp_path / "rows.csv").write_text("a,b\n1,")  # cut short
+    assert run.read_marker(tmp_path, step) is None
+    (tmp_path / "rows.csv").unlink()
+    assert run.read_marker(tmp_path, step) is None
+
+
+@pytest.mark.parametrize("status, retried", [(0, False), (1, False), (2, True), (-9, True)])
+def test_a_step_that_crashed_or_was_refused_runs_again_next_time(tmp_path, monkeypatch, status, retried):
+    from cs336_systems.handout.plan import Step
+    from cs336_systems.handout.target import assumed_target
+
+    step = Step("s", "p", "x", "cs336_systems.attention_bench", {"--output": ["rows.csv"]})
+
+    def run_step(step, output_dir):
+        (output_dir / "rows.csv").write_text("a\n1\n")
+        return status, 0.1
+
+    monkeypatch.setattr(run, "run_step", run_step)
+    outcomes = run.execute([step], assumed_target("H100 80GB"), tmp_path, "2026", "small")
+    assert outcomes["s"]["exit_status"] == status
+    assert (run.read_marker(tmp_path, step) is None) == retried
+
+
+def _handout_dir(tmp_path, monkeypatch, report_status: int = 0):
+    """cli.main on a --dry-run-sized plan whose steps do not run (execute replaced), the write-up's
+    report answering `report_status`."""
+    from cs336_systems.report import cli as report_cli
+
+    monkeypatch.setattr(cli, "execute", lambda steps, *args: {s.id: {"outcome": "ok"} for s in steps})
+    monkeypatch.setattr(report_cli, "main", lambda argv: report_status)
+    out = tmp_path / "handout"
+    return out, [*SMALL_RUN, "--problems", "pytorch_attention", "--output-dir", str(out)]
+
+
+def test_a_write_up_that_failed_exits_1(tmp_path, monkeypatch, capsys):
+    out, argv = _handout_dir(tmp_path, monkeypatch, report_status=1)
+    assert cli.main(argv) == 1
+    assert "error: the write-up failed (exit 1)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("plant", ["theirs", "link", "logs_link", "markers_file", "marker_dir", "locked"])
+def test_handout_writes_nothing_through_a_link_nor_over_a_file_it_did_not_write(tmp_path, monkeypatch, capsys, plant):
+    out, argv = _handout_dir(tmp_path, monkeypatch)
+    out.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("theirs\n")
+    words = {
+        "theirs": "pytorch_attention.csv is there and handout did not write it",
+        "link": "handout_plan.csv is a symbolic link",
+        "logs_link": "logs is a symbolic link",
+        "markers_file": ".handout is a file where handout keeps a directory",
+        "marker_dir": ".handout/pytorch_attention.json is not a regular file",
+        "locked": "another handout runs there",
+    }[plant]
+    if plant == "theirs":
+        (out / "pytorch_attention.csv").write_text("theirs\n")
+    elif plant == "link":
+        (out / "handout_plan.csv").symlink_to(victim)
+    elif plant == "logs_link":
+        (out / "logs").symlink_to(tmp_path)
+    elif plant == "markers_file":
+        (out / ".handout").write_text("")
+    elif plant == "marker_dir":  # a done marker's name taken by a directory
+        (out / ".handout" / "pytorch_attention.json").mkdir(parents=True)
+        outputs.claim(out, [".handout/pytorch_attention.json"])
+    else:  # another handout holds the directory's lock (flock: a second open file conflicts even here)
+        held = os.open(lock_path(out / run.PLAN_FILE), os.O_RDWR | os.O_CREAT)
+        fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        assert cli.main(argv) == 2
+    finally:
+        if plant == "locked":
+            os.close(held)
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1, err
+    assert victim.read_text() == "theirs\n" and not (tmp_path / "handout_plan.csv").exists()
+    if plant == "theirs":
+        assert (out / "pytorch_attention.csv").read_text() == "theirs\n"
+    assert cli.main(argv[:-2] + ["--output-dir", str(tmp_path / "fresh")]) == 0  # a directory of its own runs
 
 
 def test_the_writeup_opens_with_a_checklist_of_every_problem_and_escapes_what_its_rows_say(tmp_path):

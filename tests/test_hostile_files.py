@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -311,6 +312,21 @@ def test_a_full_disk_keeps_the_previous_file_and_names_it(tmp_path, monkeypatch)
     assert path.read_text() == "old\n" and not (tmp_path / "summary.json.tmp").exists()
 
 
+def test_report_on_a_full_disk_writes_its_markdown_and_says_what_it_could_not(tmp_path, monkeypatch, capsys):
+    from cs336_systems.results.files import FAULT_ENV
+
+    rows = REPO / "results" / "cpu_sweep.csv"
+    monkeypatch.setenv(FAULT_ENV, "full:.png,.tex")  # the figures and the LaTeX do not fit; the Markdown does
+    md, tex = tmp_path / "r.md", tmp_path / "r.tex"
+    assert report_main([str(rows), "--output", str(tex), "--output", str(md)]) == 1
+    err = capsys.readouterr().err
+    assert md.is_file() and "## " in md.read_text() and ".png" not in md.read_text()
+    assert not tex.exists() and not list(tmp_path.glob("*.png")) and not list(tmp_path.glob("*.tmp"))
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert any(re.search(r"r_\w+\.png", line) for line in lines) and any("r.tex" in line for line in lines)
+    assert all("No space left on device" in line for line in lines) and "Traceback" not in err
+
+
 def test_monitor_csv_on_a_full_disk_keeps_whole_rows_and_says_so_once(tmp_path, monkeypatch):
     from cs336_systems.monitor.files import SampleCsvWriter
     from cs336_systems.monitor.sampling import SAMPLE_FIELDS, Sample
@@ -417,3 +433,27 @@ def test_the_attention_figure_of_a_run_whose_every_row_failed_is_drawn(tmp_path)
         "backward_mean_ms": None,
     }
     assert plot([row], tmp_path / "p.png").stat().st_size > 0
+
+
+def test_loader_bench_writes_no_item_through_a_link_in_its_data_dir(tmp_path, capsys):
+    from cs336_systems.loader_bench.cli import main as loader_main
+
+    data, victim = tmp_path / "data", tmp_path / "victim.bin"
+    data.mkdir()
+    victim.write_bytes(b"theirs")
+    (data / "item_0000001.bin").symlink_to(victim)
+    argv = ["--storage", "local", "--data-dir", str(data), "--num-items", "8", "--item-bytes", "64"]
+    assert loader_main([*argv, "--batch-size", "2", "--epochs", "1", "--compute-ms", "0.1", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "item_0000001.bin is a symbolic link" in err and len(err.strip().splitlines()) == 1
+    assert victim.read_bytes() == b"theirs"
+
+
+def test_report_writes_no_figure_through_a_planted_link(tmp_path):
+    victim = tmp_path / "victim.png"
+    victim.write_bytes(b"theirs")
+    figure = tmp_path / "r_amd_epyc_forward.png"  # a figure report makes from these rows
+    figure.symlink_to(victim)
+    assert report_main([str(REPO / "results" / "cpu_sweep.csv"), "--output", str(tmp_path / "r.md")]) == 0
+    assert victim.read_bytes() == b"theirs"
+    assert figure.read_bytes().startswith(b"\x89PNG") and not figure.is_symlink()  # a file of its own now

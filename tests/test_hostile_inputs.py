@@ -11,6 +11,7 @@ import pytest
 import torch.distributed as dist
 
 from cs336_systems import ddp_bench
+from cs336_systems.results.files import FAULT_ENV
 from tests.conftest import PYTHON, REPO, TINY_SHAPE, child_env
 
 HOSTILE = REPO / "tests" / "fixtures" / "hostile"
@@ -215,6 +216,32 @@ def test_monitor_under_sigterm_kills_a_command_that_ignores_it(tmp_path):
     with pytest.raises(ProcessLookupError):
         os.kill(command_pid, 0)
     assert csv.with_suffix(".json").exists()
+
+
+def test_monitor_on_a_full_disk_keeps_its_summary_and_exits_143_on_sigterm(tmp_path):
+    import signal
+
+    csv = tmp_path / "run.csv"
+    sleeper = "import time; print('ready', flush=True); time.sleep(60)"
+    monitor = subprocess.Popen(
+        [PYTHON, "-m", "cs336_systems.monitor", "--monitor-interval", "0.1", "--output", str(csv), "--"]
+        + [PYTHON, "-c", sleeper],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**child_env(), FAULT_ENV: "full"},  # every write fails with ENOSPC
+    )
+    try:
+        assert monitor.stdout.readline().strip() == "ready"
+        monitor.send_signal(signal.SIGTERM)
+        _, stderr = monitor.communicate(timeout=60)
+    finally:
+        monitor.kill()
+    assert monitor.returncode == 143, stderr
+    assert "Traceback" not in stderr and "samples every 0.1 s" in stderr  # the summary, on stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("python -m cs336_systems.monitor: error:")]
+    assert errors and all("No space left on device" in line for line in errors)
 
 
 def _gone(pid: int, within_s: float = 10.0) -> bool:

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from cs336_systems.lifetime import (
+    OWNER_MARK,
     child_preexec,
     deferring_interrupts,
     remove_stale_temporary_directories,
@@ -295,18 +296,29 @@ def test_an_interrupt_while_workers_fork_is_delivered_once_they_started():
 # -- temporary directories and bad inputs ------------------------------------------------------
 
 
-def test_only_temp_dirs_of_dead_owners_are_removed(tmp_path):
+def test_only_our_temp_dirs_of_dead_owners_are_removed(tmp_path):
     finished = subprocess.Popen(["true"])
     finished.wait()
     dead = tmp_path / f"cs336-child-{finished.pid}-abc"
     mine = tmp_path / f"cs336-child-{os.getpid()}-abc"
     alive = tmp_path / "cs336-loader-1-abc"  # pid 1 always runs
     other = tmp_path / f"not-ours-{finished.pid}-abc"
-    for path in (dead, mine, alive, other):
+    unmarked = tmp_path / f"cs336-child-{finished.pid}-someone-elses"  # named alike, not made by us
+    for path in (dead, mine, alive, other, unmarked):
         path.mkdir()
         (path / "row.jsonl").write_text("{}\n")
+    for path in (dead, mine, alive, other):
+        (path / OWNER_MARK).touch()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / OWNER_MARK).touch()
+    link = tmp_path / f"cs336-child-{finished.pid}-link"
+    link.symlink_to(victim)  # a planted link: never followed, never removed
     assert remove_stale_temporary_directories(tmp_path) == [dead]
-    assert not dead.exists() and mine.exists() and alive.exists() and other.exists()
+    assert not dead.exists() and mine.exists() and alive.exists() and other.exists() and unmarked.exists()
+    assert link.is_symlink() and (victim / OWNER_MARK).exists()
+    with temporary_directory("child", dir=tmp_path) as made:
+        assert (Path(made) / OWNER_MARK).is_file()  # what marks it ours
 
 
 def _bad_inputs_script():
@@ -337,7 +349,7 @@ def test_bad_inputs_table_cases_are_one_line_and_exit_2(command, args, tmp_path,
     assert outcome.passed, (outcome.returncode, outcome.stderr)
 
 
-def test_bad_inputs_cover_every_command_at_least_ten_times_but_mixed_precision():
+def test_bad_inputs_cover_every_command_at_least_ten_times_but_the_small_ones():
     table = _bad_inputs_script().TABLE
     commands = {path.stem for path in (REPO / "cs336_systems").glob("*.py")} | {
         path.parent.name for path in (REPO / "cs336_systems").glob("*/__main__.py")
@@ -357,8 +369,80 @@ def test_bad_inputs_cover_every_command_at_least_ten_times_but_mixed_precision()
         "monitor",
         "mixed_precision",
         "residuals",
+        "handout",
     }
-    assert tools <= commands and set(table) == tools
-    few_flags = ("mixed_precision", "residuals")  # a handful of flags each
+    # beside the tools: benchmark's --config alone, and the cs336-bench dispatcher
+    also = {"benchmark_config": "benchmark", "cs336-bench": None}
+    assert tools <= commands and set(table) == tools | set(also)
+    assert all(module is None or module in tools for module in also.values())
+    few_flags = ("mixed_precision", "residuals", "handout", "benchmark_config", "cs336-bench")  # a handful each
     assert all(len(cases) >= 10 for name, cases in table.items() if name not in few_flags)
-    assert all(len(table[name]) >= 5 for name in few_flags)
+    assert all(len(table[name]) >= 5 for name in few_flags[:-1]) and len(table["cs336-bench"]) >= 2
+
+
+# -- the reaper and exit_with: what the user's code leaves behind ends with us ---------------------
+
+LEAVES_A_HELPER = """
+import subprocess, sys, time
+from cs336_systems import reaper
+assert reaper.start()
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+print(helper.pid, flush=True)
+{then}
+"""
+
+
+def _run_until_pid(script: str) -> tuple[subprocess.Popen, int]:
+    process = subprocess.Popen([PYTHON, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return process, int(process.stdout.readline())
+
+
+def _ends_soon(pid: int, within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("end", ["return", "sigkill"])
+def test_a_helper_the_code_left_ends_with_the_process_however_it_ends(end):
+    then = (
+        "time.sleep(0.7)" if end == "sigkill" else "from cs336_systems import lifetime; lifetime.exit_with(lambda: 0)"
+    )
+    process, helper = _run_until_pid(LEAVES_A_HELPER.format(then=then))
+    if end == "sigkill":
+        time.sleep(0.7)  # the reaper has seen the helper
+        process.kill()
+    process.wait(10)
+    assert _ends_soon(helper)
+
+
+def test_under_an_address_space_cap_the_reaper_ends_a_hang_python_cannot_interrupt():
+    then = (
+        "reaper.arm(time.monotonic() + 0.5, 'error: my step did not return; ending the process')\n"
+        "import re; re.match(r'(a+)+$', 'a' * 40 + 'b')  # a hang; nothing of ours in this process ends it"
+    )
+    process, helper = _run_until_pid(LEAVES_A_HELPER.format(then=then))
+    _, stderr = process.communicate(timeout=20)
+    assert process.returncode == -signal.SIGKILL and "my step did not return" in stderr
+    assert _ends_soon(helper)
+
+
+def test_exit_with_ends_the_process_whatever_threads_and_exit_hooks_the_code_left(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import atexit, threading, time
+        from cs336_systems import lifetime
+        lifetime.EXIT_HOOKS_GRACE_S = 0.3
+        lifetime.at_exit(lambda: open({str(tmp_path / "ours")!r}, "w").close())  # our cleanup runs first
+        threading.Thread(target=time.sleep, args=(3600,)).start()  # non-daemon
+        atexit.register(time.sleep, 3600)
+        lifetime.exit_with(lambda: 3)
+        """
+    )
+    started = time.monotonic()
+    result = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=30, env=child_env())
+    assert result.returncode == 3 and time.monotonic() - started < 10, result.stderr
+    assert (tmp_path / "ours").exists()

@@ -399,3 +399,30 @@ def test_a_real_cuda_loop_times_phases_with_events():
     assert probe.timer == "cuda-events" and len(probe.records) == 2
     assert all(set(step) == {"forward", "backward"} for r in probe.records for step in r.step_phase_ms)
     assert all(ms > 0 for r in probe.records for step in r.step_phase_ms for ms in step.values())
+
+
+def test_two_ranks_on_one_output_both_write_or_the_second_says_why_in_one_line(tmp_path, monkeypatch):
+    import fcntl
+    import os
+
+    from cs336_systems.probe.core import _rank_path
+    from cs336_systems.results.paths import lock_path
+
+    path = tmp_path / "probe.csv"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")  # torchrun's, before init_process_group
+    assert _rank_path(path) == tmp_path / "probe.rank1.csv"
+    monkeypatch.delenv("RANK")
+    held = os.open(lock_path(path), os.O_RDWR | os.O_CREAT)  # another process writes it (not a rank we can tell)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        said: list[str] = []
+        clock = FakeClock()
+        probe = fake_probe(clock, output=path, window=2, print_fn=said.append)
+        run_loop(probe, clock, steps=4, wait_ms=1.0, phases={"forward": 5.0})
+        probe.close()
+    finally:
+        os.close(held)
+    assert said[0].startswith("probe: error: ") and "is being written by process" in said[0]
+    assert "give each process its own output" in said[0] and len(probe.records) == 2  # measured all the same
+    assert not path.exists()

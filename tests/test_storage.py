@@ -149,3 +149,17 @@ def test_server_arguments_parse_back_to_the_same_model():
     model = LatencyModel(latency_ms=5.0, bandwidth_bytes_per_s=20e6, jitter_ms=1.0, cache_hit_rates=(0.0, 0.9), seed=3)
     args = build_parser().parse_args(["serve", "--root", ".", *server_arguments(model)])
     assert model_from_args(args) == model
+
+
+def test_storage_serve_listens_on_this_machine_unless_told_and_a_bad_interface_is_one_line(tmp_path, capsys):
+    from cs336_systems.storage import ItemServer, main
+
+    server = ItemServer(tmp_path, LatencyModel())
+    try:
+        assert server.server_address[0] == "127.0.0.1" and server.url.startswith("http://127.0.0.1:")
+    finally:
+        server.server_close()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--root", str(tmp_path), "--host", "203.0.113.7"])  # an address that is not this machine's
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--host 203.0.113.7: cannot listen there" in err and err.count("\n") == 1

@@ -6,6 +6,7 @@ installed student package would be; the ddp_bench runs check the spawned ranks t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,9 +19,12 @@ import torch
 
 from cs336_systems.attention_bench import AttentionConfig
 from cs336_systems.attention_bench.implementations import heads_in_batch
-from cs336_systems.attention_bench.measure import _check_ignores_causal, _Phase
+from cs336_systems.attention_bench.measure import _judge_causal, _Phase, run_attention
 from cs336_systems.ddp_bench.accounting import measured_sharding
+from cs336_systems.ddp_bench.trainer import optimizer_class
 from cs336_systems.loading import repo_paths
+from cs336_systems.models import build_model, count_parameters_for
+from cs336_systems.optimizer import OPTIMIZER_KWARGS, OptimizerFactoryError, check_user_optimizer, load_user_optimizer
 from cs336_systems.tools import discover
 from cs336_systems.user_model import FACTORY_KEYWORDS, FACTORY_SYNONYMS, ModelFactoryError, factory_keywords
 from tests.conftest import FIXTURES, REPO, TINY_SHAPE, tiny_model_config
@@ -37,7 +41,7 @@ def run(*args: str, cwd: Path = STUDENT, module: str = "cs336_bench", timeout: i
     )
 
 
-def test_help_lists_the_tools_and_an_unknown_tool_is_one_line_and_exit_2():
+def test_help_lists_the_tools_and_no_tool_or_an_unknown_one_is_one_line_and_exit_2():
     shown = run("--help")
     assert shown.returncode == 0
     assert "benchmark " in shown.stdout and "ddp_bench " in shown.stdout and "attention_bench " in shown.stdout
@@ -45,6 +49,11 @@ def test_help_lists_the_tools_and_an_unknown_tool_is_one_line_and_exit_2():
     unknown = run("no_such_tool")
     assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1
     assert "unknown tool 'no_such_tool'" in unknown.stderr
+    none = run()  # no tool: bad input, one line
+    assert none.returncode == 2 and len(none.stderr.strip().splitlines()) == 1 and not none.stdout
+    assert "name a tool" in none.stderr
+    hidden = run("storage", "serve", "--help")  # not listed, but the README shows it
+    assert hidden.returncode == 0 and "--root" in hidden.stdout, hidden.stderr
 
 
 def test_tools_are_found_on_disk_with_their_first_docstring_line(tmp_path):
@@ -79,7 +88,9 @@ def test_benchmark_runs_ours_with_the_students_optimizer(tmp_path):
         "--measure-steps",
         "2",
         "--optimizer",
-        "cs336_systems.optimizer:AdamW",
+        "cs336_systems.optimizer:AdamW",  # every hyperparameter required
+        "--model-factory",
+        "cs336_basics.model:TransformerLM",  # device and dtype required
         "--output",
         str(out),
     )
@@ -154,7 +165,7 @@ def test_attention_bench_defaults_pass_a_3d_flash_that_ignores_is_causal(tmp_pat
     rows = pd.read_csv(out).set_index("implementation")
     flash = rows.loc["flash-pytorch"]
     assert flash["status"] == "ok" and flash["causal"] and flash["layout"] == "bhsd"
-    assert "ignores is_causal" in flash["notes"]
+    assert "with is_causal=True its forward ignores it and its backward ignores it" in flash["notes"]
     assert rows.loc["flash-triton", "status"] == "unsupported"  # Triton needs CUDA; not an error
 
 
@@ -310,6 +321,61 @@ def test_factory_keywords_follow_the_signature_with_theta_as_rope_theta():
         factory_keywords(needs_more, given, "m:f")
 
 
+class RequiredAdamW(torch.optim.AdamW):
+    """An assignment-1 AdamW: every hyperparameter required."""
+
+    def __init__(self, params, lr, weight_decay, betas, eps):
+        super().__init__(params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
+
+
+def lr_only(params, lr):
+    return torch.optim.SGD(params, lr=lr)
+
+
+def needs_momentum(params, lr, momentum):
+    return torch.optim.SGD(params, lr=lr, momentum=momentum)
+
+
+def fails_to_build(params, **kwargs):
+    raise ValueError("Invalid learning rate")
+
+
+def test_a_users_optimizer_is_built_one_way_with_the_hyperparameters_it_takes():
+    required = check_user_optimizer("tests.test_student_repo:RequiredAdamW")
+    assert required.make is RequiredAdamW and required.keywords == OPTIMIZER_KWARGS  # a class stays a class
+    lr = load_user_optimizer("tests.test_student_repo:lr_only")
+    assert lr.keywords == {"lr": OPTIMIZER_KWARGS["lr"]}
+    assert lr([torch.nn.Parameter(torch.zeros(1))], lr=0.5, eps=1.0).defaults["lr"] == 0.5  # ddp_bench's scaled lr
+    # ddp_bench hands the class and its keywords to strategies (a student's sharded optimizer among them)
+    cls, kwargs = optimizer_class("tests.test_student_repo:RequiredAdamW", torch.device("cpu"), lr=0.25)
+    assert cls is RequiredAdamW and kwargs == {**OPTIMIZER_KWARGS, "lr": 0.25}
+    with pytest.raises(
+        OptimizerFactoryError, match=r"^--optimizer \S+needs_momentum: cannot fill its parameter 'momentum'"
+    ):
+        check_user_optimizer("tests.test_student_repo:needs_momentum")
+    with pytest.raises(OptimizerFactoryError, match=r"fails_to_build raised ValueError: Invalid learning rate$"):
+        check_user_optimizer("tests.test_student_repo:fails_to_build")  # before any model, rank or worker
+
+
+def assignment1_model(vocab_size, d_model, device, dtype):
+    model = torch.nn.Sequential(torch.nn.Embedding(vocab_size, d_model, device=device, dtype=dtype))
+    model.given = (device, dtype)
+    return model
+
+
+def test_a_factory_that_requires_device_and_dtype_gets_the_runs():
+    config = tiny_model_config()
+    model = build_model(config, "cpu", "tests.test_student_repo:assignment1_model")
+    assert model.given == (torch.device("cpu"), torch.float32)
+    assert count_parameters_for(config, "tests.test_student_repo:assignment1_model") == 97 * 32  # built on meta
+
+    def needs_more(vocab_size, device, dtype, n_embd):
+        pass
+
+    with pytest.raises(ModelFactoryError, match=r"cannot fill its parameter 'n_embd'; it is given .*device, dtype"):
+        factory_keywords(needs_more, dict.fromkeys((*FACTORY_KEYWORDS, "device", "dtype")), "m:f")
+
+
 def test_heads_are_folded_into_the_batch_for_adapters():
     shapes = []
 
@@ -323,30 +389,31 @@ def test_heads_are_folded_into_the_batch_for_adapters():
     assert shapes == [(6, 5, 4)] and out.shape == q.shape and torch.equal(out, 2 * q)
 
 
-def _noncausal_check_inputs(implementation: str):
+def test_a_flash_forward_that_ignores_is_causal_and_a_backward_that_applies_it_is_judged_as_its_test_judges():
+    adapters = str(FIXTURES / "adapters_causal_backward.py")
+    config = AttentionConfig("flash-pytorch", head_dim=8, context_length=16, warmup_steps=1, measure_steps=2)
+    record = run_attention(dataclasses.replace(config, adapters=adapters))
+    assert record.status == "ok", record.error
+    said = "with is_causal=True its forward ignores it and its backward matches neither"
+    assert said in record.notes and "checked and timed with is_causal=False" in record.notes
+    assert record.max_abs_err_out < 1e-4 and record.forward_median_ms > 0  # checked and timed non-causal
+
+
+def test_a_triton_flash_that_ignores_is_causal_is_wrong_saying_what_it_does():
     from types import SimpleNamespace
 
     from cs336_systems.attention_bench.correctness import check, reference
 
-    config = AttentionConfig(implementation=implementation, head_dim=4, context_length=8, adapters="a.py")
+    config = AttentionConfig(implementation="flash-triton", head_dim=4, context_length=8, adapters="a.py")
     q, k, v, grad_out = (torch.randn(1, 8, 4, requires_grad=i < 3) for i in range(4))
-    out = torch.softmax(q @ k.transpose(-1, -2) / 2, dim=-1) @ v  # non-causal attention
+    out = torch.softmax(q @ k.transpose(-1, -2) / 2, dim=-1) @ v  # non-causal attention, forward and backward
     out.backward(grad_out)
     expected_out, expected_grads = reference(q, k, v, grad_out, True)
     causal = check(out, (q.grad, k.grad, v.grad), expected_out, expected_grads, "fp32")
     record = SimpleNamespace(status="ok", error=None, max_abs_err_out=None, max_abs_err_grad=None)
-    return config, record, (q, k, v, grad_out), out.detach(), causal
-
-
-@pytest.mark.parametrize("implementation, status", [("flash-pytorch", "ok"), ("flash-triton", "wrong")])
-def test_ignoring_is_causal_is_named_and_allowed_for_the_pytorch_version_only(implementation, status):
-    config, record, inputs, out, causal = _noncausal_check_inputs(implementation)
-    assert causal.wrong
-    phase = _Phase()
-    _check_ignores_causal(config, record, phase, inputs, out, causal)
-    assert record.status == status
-    said = record.error if status == "wrong" else phase.notes[0]
-    assert said.startswith("ignores is_causal")
+    assert not _judge_causal(config, record, _Phase(), (q, k, v, grad_out), out.detach(), causal, None)
+    assert record.status == "wrong"
+    assert record.error.startswith("with is_causal=True its forward ignores it and its backward ignores it: differs")
 
 
 def test_measured_sharding_believes_bytes_not_declarations():

@@ -13,12 +13,13 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
 
 from cs336_systems import lifetime
-from cs336_systems.usercode import UserCodeError, UserCodeTimeout, check_timeout, guarded
+from cs336_systems.usercode import StepLimits, UserCodeError, UserCodeTimeout, check_timeout, guarded
 from tests.conftest import PYTHON, REPO, TINY_CPU, TINY_SHAPE, TINY_STEPS, child_env
 
 
@@ -107,6 +108,68 @@ def test_an_outer_alarm_still_goes_off_and_is_set_again():
         signal.signal(signal.SIGALRM, previous)
 
 
+class _Boom(BaseException):
+    pass
+
+
+class _MyInterrupt(KeyboardInterrupt):
+    pass
+
+
+@pytest.mark.parametrize(
+    "raised, words",
+    [
+        (_Boom("mine"), "raised _Boom (a BaseException, not an Exception): mine"),
+        (GeneratorExit(), "raised GeneratorExit (a BaseException"),
+        (_MyInterrupt(), "raised _MyInterrupt (a KeyboardInterrupt) itself"),
+    ],
+)
+def test_any_base_exception_the_code_raises_is_its_error(raised, words):
+    with lifetime.signals_interrupt(), pytest.raises(UserCodeError, match=re.escape(words)), guarded("my code"):
+        raise raised
+    with pytest.raises(UserCodeError), guarded("my code"):  # under Python's own handler too
+        raise raised
+
+
+def test_the_code_cannot_replace_our_interrupt_handlers():
+    with lifetime.signals_interrupt():
+        ours = signal.getsignal(signal.SIGTERM)
+        with guarded("my code") as rearm:
+            assert signal.signal(signal.SIGTERM, signal.SIG_IGN) is ours  # refused: ours stays
+            assert signal.getsignal(signal.SIGTERM) is ours
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            rearm()  # each step unblocks them
+            assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+        with pytest.raises(lifetime.Terminated):
+            signal.raise_signal(signal.SIGTERM)
+    assert signal.signal is not None and signal.getsignal(signal.SIGUSR1) is not None
+
+
+def test_default_limits_follow_the_measured_step():
+    limits = StepLimits(first_s=0.6, factor=2.0, floor_s=0.05)
+    with guarded("my step", limits) as rearm:
+        rearm()
+        time.sleep(0.3)  # the first step: under first_s
+        rearm()
+        time.sleep(0.05)  # 0.05 s: under 2 x 0.3 s
+        rearm()
+        with pytest.raises(UserCodeTimeout, match=r"my step did not return within 0.1\d* s \(the default limit 2x"):
+            time.sleep(2)  # over 2 x 0.05 s
+    assert limits.limit_s(None) == 0.6 and limits.limit_s(10.0) == 20.0 and limits.limit_s(0.001) == 0.05
+
+
+def test_a_forked_copy_never_comes_back_out_of_the_block(tmp_path):
+    marks = tmp_path / "marks"
+    with guarded("my code"):
+        child = os.fork()  # the user's code forks; both processes return into the harness
+    with open(marks, "a") as handle:
+        handle.write(f"{os.getpid()}\n")
+    if child:
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    assert marks.read_text().split() == [str(os.getpid())]  # only this process went on
+
+
 @pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), 1e20])
 def test_absurd_timeouts_are_refused(value):
     with pytest.raises(ValueError, match="--timeout must be more than 0 and at most"):
@@ -186,7 +249,30 @@ def test_attention_flash_getter_that_exits_is_an_error_row():
     record = run_attention(
         AttentionConfig("flash-pytorch", head_dim=8, context_length=16, measure_steps=2, adapters=adapters)
     )
-    assert (record.status, record.error) == ("error", "setup: flash-pytorch called sys.exit(0)")
+    assert (record.status, record.error) == (
+        "error",
+        "setup: get_flashattention_autograd_function_pytorch() called sys.exit(0)",
+    )
+
+
+def test_a_getter_or_an_import_that_hangs_ends_within_the_default_limit_not_the_steps(monkeypatch):
+    from cs336_systems import adapters, loading
+    from cs336_systems.attention_bench import AttentionConfig, run_attention
+    from cs336_systems.usercode import DEFAULT_IMPORT_TIMEOUT_S, DefaultLimit
+
+    assert DEFAULT_IMPORT_TIMEOUT_S <= 60  # "within a minute by default"
+    monkeypatch.setattr(adapters, "DEFAULT_IMPORT_TIMEOUT_S", DefaultLimit(0.5))
+    started = time.monotonic()
+    hanging = str(REPO / "tests/fixtures/hostile/adapters_hang.py")
+    record = run_attention(AttentionConfig("flash-pytorch", head_dim=8, context_length=16, adapters=hanging))
+    assert record.status == "timeout" and time.monotonic() - started < 10  # not the steps' 30 min
+    assert "get_flashattention_autograd_function_pytorch() did not return within 0.5 s (the default limit" in (
+        record.error
+    )
+    with pytest.raises(loading.LoadError, match=r"did not return within 0.5 s \(the default limit"):
+        loading.load_callable(
+            "tests.fixtures.hostile.hang_at_import:build", "--model-factory", timeout_s=DefaultLimit(0.5)
+        )
 
 
 @pytest.mark.parametrize(
@@ -219,3 +305,23 @@ def test_benchmark_direct_sweep_gets_an_error_row_not_our_exit(tmp_path, factory
     )
     row = json.loads(output.read_text().splitlines()[-1])
     assert code == 1 and row["status"] == "error" and re.search(message, row["error"])
+
+
+def test_under_an_address_space_cap_a_hang_no_handler_can_reach_is_still_ended():
+    """No watchdog thread fits under --memory-limit: the reaper process ends the step instead."""
+    script = textwrap.dedent(
+        """
+        import resource, signal, time
+        from cs336_systems import usercode
+        usercode.WATCHDOG_GRACE_S = 0.5
+        with open("/proc/self/status") as status:
+            mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + 2**30, resource.RLIM_INFINITY))
+        with usercode.guarded("my step", timeout_s=0.5):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # the code blocks our alarm
+            time.sleep(3600)
+        """
+    )
+    result = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=60, env=child_env())
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    assert "my step did not return within 0.5 s and cannot be interrupted" in result.stderr

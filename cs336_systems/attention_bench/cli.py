@@ -17,6 +17,7 @@ from ..argtypes import (
     exit_status,
     fail,
     non_negative_int,
+    output_path,
     positive_int,
     resolve_memory_limit,
 )
@@ -33,7 +34,7 @@ from ..results import (
     collect_environment,
 )
 from ..units import format_bytes
-from ..usercode import DEFAULT_TIMEOUT_S, timeout_seconds
+from ..usercode import add_timeout_argument, import_timeout
 from .config import (
     BUILTIN_IMPLEMENTATIONS,
     FLASH_IMPLEMENTATIONS,
@@ -105,14 +106,7 @@ def build_parser() -> ArgumentParser:
     add_argument_with_aliases(
         parser, "--measure-steps", "--steps", type=positive_int, default=100, help="measured steps per pass (100)"
     )
-    parser.add_argument(
-        "--timeout",
-        type=timeout_seconds,
-        default=DEFAULT_TIMEOUT_S,
-        metavar="SECONDS",
-        help=f"per step and per import of your implementation or adapters: past it the row is 'timeout' "
-        f"(default {DEFAULT_TIMEOUT_S:g})",
-    )
+    add_timeout_argument(parser, "per step and per import of your implementation or adapters")
     parser.add_argument(
         "--max-seconds",
         type=float,
@@ -132,11 +126,14 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "--output",
         action="append",
+        type=output_path,
         default=[],
         metavar="PATH",
         help="write results to PATH (.csv, .md or .jsonl; repeatable)",
     )
-    parser.add_argument("--plot", metavar="PATH.png", help="plot file (default: the first --output with suffix .png)")
+    parser.add_argument(
+        "--plot", type=output_path, metavar="PATH.png", help="plot file (default: the first --output with suffix .png)"
+    )
     return parser
 
 
@@ -184,7 +181,9 @@ def check_implementations(args) -> Adapters | None:
     implementations = args.implementations or default_implementations(args.adapters)
     for implementation in implementations:
         if is_custom(implementation):
-            load_callable(implementation, "--implementations", error=AdapterError, timeout_s=args.timeout)
+            load_callable(
+                implementation, "--implementations", error=AdapterError, timeout_s=import_timeout(args.timeout)
+            )
     flash = [name for name in implementations if name in FLASH_IMPLEMENTATIONS]
     if flash and not args.adapters:
         raise AdapterError(f"--implementations {flash[0]} needs --adapters MODULE (the student's adapters module)")

@@ -4,6 +4,7 @@ autograd saves. Out of memory (or any failure) is a row, never a raise."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import time
@@ -18,7 +19,7 @@ from ..precision import cpu_has_native, precision_mode, unsupported_reason
 from ..results import Environment, collect_environment, fill_timing
 from ..stats import is_noisy, summarize
 from ..timing import HostTimer, UntimedSetup, device_synchronizer, make_timer, time_steps
-from ..usercode import DEFAULT_TIMEOUT_S, guarded
+from ..usercode import DEFAULT_TIMEOUT, StepLimits, guarded
 from .config import FLASH_IMPLEMENTATIONS, PASSES, TENSOR_DTYPES, AttentionConfig
 from .correctness import check, reference
 from .dobench import TRITON, do_bench_backend, do_bench_samples
@@ -97,11 +98,12 @@ def _measure(
 ) -> None:
     sync = device_synchronizer(device)
     phase.name = "compile" if config.implementation == "compiled" else "setup"
-    user_attend = attention_for(config, adapters)  # the adapter is asked first: not implemented beats not here
+    # the adapter is asked first: not implemented beats not here
+    user_attend = [attention_for(config, adapters)]  # the PyTorch flash may be timed non-causal (_judge_causal)
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         rearm()  # every step calls it once: each gets the whole --timeout (one setitimer call)
-        return user_attend(q, k, v)
+        return user_attend[0](q, k, v)
 
     if config.implementation == "flash-triton" and device.type != "cuda":
         raise NotHere("flash-triton: Triton kernels need a CUDA device")
@@ -154,7 +156,16 @@ def _measure(
         record.max_abs_err_out, record.max_abs_err_grad = result.max_abs_err_out, result.max_abs_err_grad
         record.check_tolerance = result.tolerance
         if result.wrong and config.causal and config.implementation in FLASH_IMPLEMENTATIONS:
-            _check_ignores_causal(config, record, phase, (q, k, v, grad_out), out, result)
+            noncausal = attention_for(dataclasses.replace(config, causal=False), adapters)
+
+            def run_noncausal() -> tuple[torch.Tensor, tuple]:
+                fresh = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+                plain_out = noncausal(*fresh)
+                plain_out.backward(grad_out)
+                return plain_out.detach(), tuple(t.grad for t in fresh)
+
+            if _judge_causal(config, record, phase, (q, k, v, grad_out), out, result, run_noncausal):
+                user_attend[0] = noncausal
         elif result.wrong:
             record.status, record.error = "wrong", result.message()
     del out
@@ -257,23 +268,47 @@ def _notes(config: AttentionConfig, record: AttentionRecord, device: torch.devic
     return notes
 
 
-def _check_ignores_causal(config, record, phase, inputs, out, causal_result) -> None:
-    """A flash adapter wrong against causal attention: is it right against non-causal attention?
-    The handout lets the PyTorch FlashAttention-2 ignore is_causal (its official test is
-    non-causal), so that one passes with a note; the Triton one is tested both ways: wrong."""
+def is_causal_behaviour(out, grads, inputs, precision: str) -> str | None:
+    """What an implementation called with is_causal=True did with it, forward and backward, in one line:
+    each pass compared with causal and with non-causal attention ('applies it', 'ignores it', or 'matches
+    neither'); None when neither pass matches either (it is simply wrong). A FlashAttention-2 that ignores
+    it in its forward and applies it in its backward (real students' code) is told apart so."""
     q, k, v, grad_out = inputs
+    verdicts, matched = [], False
+    for name in ("forward", "backward"):
+        said = "matches neither causal nor non-causal attention"
+        for causal, words in ((True, "applies it"), (False, "ignores it")):
+            expected_out, expected_grads = reference(q, k, v, grad_out, causal)
+            failures = check(out, grads, expected_out, expected_grads, precision).failures
+            if not [f for f in failures if f.startswith("out") == (name == "forward")]:
+                said, matched = words, True
+                break
+        verdicts.append(f"its {name} {said}")
+    return "with is_causal=True " + " and ".join(verdicts) if matched else None
+
+
+def _judge_causal(config, record, phase, inputs, out, causal_result, run_noncausal) -> bool:
+    """A flash adapter wrong against causal attention. The handout lets the PyTorch FlashAttention-2
+    ignore is_causal (its official test is non-causal): that one is run again with is_causal=False and
+    judged, as its test judges it, non-causal; True when it is then timed non-causal. The Triton one is
+    tested both ways: wrong, saying what it does with is_causal."""
+    q, k, v, grad_out = inputs
+    behaviour = is_causal_behaviour(out, (q.grad, k.grad, v.grad), inputs, config.precision)
+    if config.implementation != "flash-pytorch":
+        record.status, record.error = "wrong", f"{behaviour + ': ' if behaviour else ''}{causal_result.message()}"
+        return False
+    plain_out, plain_grads = run_noncausal()
     expected_out, expected_grads = reference(q, k, v, grad_out, False)
-    plain = check(out, (q.grad, k.grad, v.grad), expected_out, expected_grads, config.precision)
+    plain = check(plain_out, plain_grads, expected_out, expected_grads, config.precision)
     if plain.wrong:
-        record.status, record.error = "wrong", causal_result.message()
-    elif config.implementation == "flash-pytorch":
-        record.max_abs_err_out, record.max_abs_err_grad = plain.max_abs_err_out, plain.max_abs_err_grad
-        phase.notes.append(
-            "ignores is_causal: matches non-causal attention, as the handout allows for the PyTorch version "
-            "(its official test is non-causal); timed doing the non-causal work"
-        )
-    else:
-        record.status, record.error = "wrong", "ignores is_causal: matches non-causal attention, not the causal mask"
+        record.status, record.error = "wrong", f"{causal_result.message()}; with is_causal=False too"
+        return False
+    record.max_abs_err_out, record.max_abs_err_grad = plain.max_abs_err_out, plain.max_abs_err_grad
+    phase.notes.append(
+        f"{behaviour or 'with is_causal=True it differs from causal attention'}; checked and timed with "
+        "is_causal=False, as its official test runs the PyTorch version (the handout lets it ignore is_causal)"
+    )
+    return True
 
 
 def run_attention(
@@ -283,7 +318,7 @@ def run_attention(
     clock: Callable[[], float] = time.perf_counter,
     memory_limit_bytes: int | None = None,
     adapters: Adapters | None = None,
-    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    timeout_s: float | StepLimits | None = DEFAULT_TIMEOUT,
 ) -> AttentionRecord:
     """Measure one configuration. Out of memory (or any failure) is a row, never a raise; an
     adapter that raises NotImplementedError is a 'skipped' row, a wrong output a 'wrong' row.

@@ -20,7 +20,7 @@ from ..config import BenchmarkConfig
 from ..distributed import LaunchError
 from ..distributed.driver import add_launch_arguments, launch_from_args, run_rows
 from ..models import ATTENTION_KINDS, ConfigError
-from ..optimizer import OptimizerFactoryError, load_optimizer_factory
+from ..optimizer import OptimizerFactoryError, check_user_optimizer
 from ..precision import PRECISIONS, unsupported_reason
 from ..results import ResultFileError, ResultSink, check_output_paths
 from ..user_model import ModelFactoryError, load_model_factory
@@ -84,8 +84,8 @@ def build_parser() -> ArgumentParser:
         type=optimizer_spec,
         default="adamw",
         metavar="OPTIMIZER",
-        help=f"{' or '.join(OPTIMIZERS)}, or your own as package.module:callable, called as "
-        "callable(params, lr=...) (default adamw)",
+        help=f"{' or '.join(OPTIMIZERS)}, or your own as package.module:callable, called with the parameters and "
+        "those of lr (scaled), weight_decay, betas, eps its signature takes, as benchmark calls it (default adamw)",
     )
     group.add_argument("--base-lr", type=positive_float, default=1e-4, help="learning rate tuned at --base-batch-size")
     group.add_argument(
@@ -191,7 +191,7 @@ def _run(args: argparse.Namespace) -> int:
         config = config_from_args(args, device.type)
         args.loaded_adapters = check_adapters(args)
         if ":" in args.optimizer:
-            load_optimizer_factory(args.optimizer)
+            check_user_optimizer(args.optimizer)
         sink = ResultSink(check_output_paths(args.output) if launch.rank0 else [], DdpRecord)
     except (LaunchError, ConfigError, ModelFactoryError, ResultFileError, AdapterError, OptimizerFactoryError) as exc:
         return fail(PROG, str(exc))

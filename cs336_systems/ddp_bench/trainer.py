@@ -17,7 +17,7 @@ from ..config import BenchmarkConfig
 from ..distributed import BarrierFirst, RankContext
 from ..memory import PhaseMemory, current_memory_bytes, pin_mmap_threshold, rss_high_water_mark_available
 from ..models import build_model
-from ..optimizer import load_optimizer_factory
+from ..optimizer import load_user_optimizer
 from ..precision import autocast, precision_mode
 from ..step import combine_phases, make_step
 from ..timing import HostTimer, PhaseRecorder, StepTimes, device_synchronizer, make_phase_recorder, time_steps
@@ -48,15 +48,17 @@ class DdpUnit:
     check: bool = True  # compare one step with a single process before timing
 
 
-def optimizer_class(name: str, device: torch.device) -> tuple[type, dict]:
-    """The optimizer class (or factory) and its extra keywords: a name of OPTIMIZERS or a user's
-    package.module:callable, called as cls(params, lr=...) (inside a sharded optimizer too)."""
+def optimizer_class(name: str, device: torch.device, lr: float) -> tuple[type, dict]:
+    """The optimizer class (or factory) and its keywords: a name of OPTIMIZERS, or a user's
+    package.module:callable as every tool builds it (optimizer.UserOptimizer: the hyperparameters its
+    signature takes, lr this run's), called as cls(params, **keywords), inside a sharded optimizer too."""
     if ":" in name:
-        return load_optimizer_factory(name), {}
+        user = load_user_optimizer(name)
+        return user.make, {**user.keywords, **({"lr": lr} if "lr" in user.keywords else {})}
     if name == "sgd":
-        return torch.optim.SGD, {}
+        return torch.optim.SGD, {"lr": lr}
     # Fused AdamW (as optimizer.make_optimizer): one kernel for all parameters.
-    return torch.optim.AdamW, {"fused": device.type in ("cuda", "cpu")}
+    return torch.optim.AdamW, {"lr": lr, "fused": device.type in ("cuda", "cpu")}
 
 
 class Trainer:
@@ -84,10 +86,10 @@ class Trainer:
         self.num_params = sum(p.numel() for p in self.module.parameters())
         self.full_param_bytes = sum(local_bytes(p) for p in self.module.parameters())
         self.model = self.strategy.wrap(self.module)
-        cls, kwargs = optimizer_class(optimizer or unit.optimizer, device)
+        cls, kwargs = optimizer_class(optimizer or unit.optimizer, device, lr if lr is not None else unit.lr)
         if unit.strategy == "fsdp2":
             kwargs.pop("fused", None)  # fused AdamW does not take DTensor parameters
-        self.optimizer = self.strategy.optimizer(self.model, cls, lr=lr if lr is not None else unit.lr, **kwargs)
+        self.optimizer = self.strategy.optimizer(self.model, cls, **kwargs)
         self.comm_ms: list[float] = []
         self.phases = None  # a timing.PhaseRecorder while the measured steps run: forward and backward ms
         self._sync = True

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from ..device import first_line, is_out_of_memory
 from ..results import Environment
+from ..usercode import UserCodeTimeout
 
 BACKENDS = ("gloo", "nccl")
 INJECT_FAILURE_ENV = "CS336_SYSTEMS_INJECT_FAILURE"
@@ -141,6 +142,34 @@ def find_free_port() -> int:
         return sock.getsockname()[1]
 
 
+LOOPBACK = "127.0.0.1"
+
+
+def local_store(port: int, world_size: int, rank: int, timeout_s: float) -> dist.TCPStore:
+    """The rendezvous store of ranks spawned on this machine, listening on 127.0.0.1 only: torch's own
+    TCPStore server listens on every interface, so rank 0 binds the socket itself and hands it over."""
+    timeout = dt.timedelta(seconds=timeout_s)
+    if rank != 0:
+        return dist.TCPStore(LOOPBACK, port, world_size, is_master=False, timeout=timeout)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((LOOPBACK, port))
+    listener.listen(max(128, world_size))
+    # the store serves on this socket from now on: detached, so that Python never closes it
+    return dist.TCPStore(
+        LOOPBACK, port, world_size, is_master=True, master_listen_fd=listener.detach(), timeout=timeout
+    )
+
+
+def loopback_interface() -> str | None:
+    """The name of the loopback interface ('lo' on Linux), for GLOO_SOCKET_IFNAME; None if there is none."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    return "lo" if "lo" in names else None
+
+
 def bind_threads(threads_per_rank: int) -> None:
     """torch's intra-op threads for this rank (OMP_NUM_THREADS was set before torch was imported)."""
     torch.set_num_threads(threads_per_rank)
@@ -196,5 +225,5 @@ def maybe_inject_failure(rank: int) -> None:
 
 
 def _describe_failure(exc: BaseException) -> tuple[str, str]:
-    status = "oom" if is_out_of_memory(exc) else "error"
+    status = "oom" if is_out_of_memory(exc) else "timeout" if isinstance(exc, UserCodeTimeout) else "error"
     return status, f"{type(exc).__name__}: {_SOURCE_LOCATION.sub('', first_line(exc))}"

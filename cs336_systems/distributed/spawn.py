@@ -4,6 +4,7 @@ rank's messages through a pipe; a rank that raises, dies or stops answering ends
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import multiprocessing.connection
 import os
 import signal
@@ -24,6 +25,8 @@ from .group import (
     find_free_port,
     init_group,
     leave_group,
+    local_store,
+    loopback_interface,
     maybe_inject_failure,
 )
 
@@ -46,7 +49,9 @@ def _rank_main(
     die_with_parent(parent_pid)
     try:
         bind_threads(spec.threads_per_rank)
-        ctx = init_group(spec, rank, local_rank=rank, launcher="spawn")
+        store = local_store(int(os.environ["MASTER_PORT"]), spec.world_size, rank, spec.init_timeout_s)
+        ctx = init_group(spec, rank, local_rank=rank, launcher="spawn", store=store)
+        store.set_timeout(dt.timedelta(seconds=spec.collective_timeout_s))
         conn.send(("ready", collect_environment(ctx.device) if rank == 0 else None))
         for unit in units:
             maybe_inject_failure(rank)
@@ -83,6 +88,12 @@ class SpawnedGroup:
         port = find_free_port()
         variables = {
             "MASTER_ADDR": "127.0.0.1",
+            # the ranks' own connections on this machine only, unless the user named an interface
+            **(
+                {"GLOO_SOCKET_IFNAME": lo}
+                if (lo := loopback_interface()) and "GLOO_SOCKET_IFNAME" not in os.environ
+                else {}
+            ),
             "MASTER_PORT": str(port),
             "WORLD_SIZE": str(spec.world_size),
             # read when each rank imports torch, before torch.set_num_threads can run

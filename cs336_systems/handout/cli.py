@@ -11,10 +11,11 @@ from pathlib import Path
 from ..argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser, fail
 from ..command import run_command
 from ..editions import ALL_PROBLEMS, EDITIONS, KIND_MEANING, MEASURED, PROBLEM_KIND, PROBLEMS, measured_problems
+from .outputs import MARKERS, check_output_dir, claim, lock
 from .parameters import SCALES, Options
 from .plan import fit_budget, format_seconds, parse_duration, total_seconds
 from .problems import build_steps
-from .run import LOGS, PLAN_FILE, execute, not_measured_line, plan_table
+from .run import PLAN_FILE, execute, log_name, not_measured_line, plan_table
 from .target import Target, TargetError, assumed_target, present_target
 
 PROG = "python -m cs336_systems.handout"
@@ -87,9 +88,9 @@ def _check_loadable(args: argparse.Namespace) -> None:
 
         load_model_factory(args.model_factory)
     if args.optimizer:
-        from ..optimizer import load_optimizer_factory
+        from ..optimizer import check_user_optimizer
 
-        load_optimizer_factory(args.optimizer)
+        check_user_optimizer(args.optimizer)
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -113,7 +114,11 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
                 f"--problems {unmeasured[0]}: {KIND_MEANING[PROBLEM_KIND[unmeasured[0]]]}, nothing to measure; "
                 f"choose from {', '.join(measured_problems(args.edition))}"
             )
-        budget_s = parse_duration(args.budget) if args.budget else None
+        budget_s = parse_duration(args.budget) if args.budget is not None else None  # '' refused there
+        if budget_s is not None and not budget_s > 0:
+            raise ValueError(f"--budget {args.budget!r}: must be more than zero")
+        if args.assume_device is not None and not args.assume_device.strip():
+            raise ValueError("--assume-device '': name the GPU and its memory, e.g. 'H100 80GB'")
         target, device = _target(args)
         _check_loadable(args)
         options = Options(args.edition, SCALES[args.scale], device, args.adapters, args.model_factory, args.optimizer)
@@ -122,6 +127,10 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         output_dir = args.output_dir or Path("results") / f"handout-{args.edition}-{target.label}"
         if output_dir.exists() and not output_dir.is_dir():
             raise ValueError(f"--output-dir {output_dir} is a file")
+        if not (args.dry_run or args.assume_device):
+            names = written_names(steps, output_dir)
+            check_output_dir(output_dir, names, legacy=names)
+            lock(output_dir, PLAN_FILE)  # held until exit: a second handout here is refused
     except (TargetError, DeviceError, AdapterError, LoadError, ConfigError, ModelFactoryError, ValueError) as exc:
         return fail(PROG, str(exc))
 
@@ -152,19 +161,27 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
             file=sys.stderr,
         )
         raise
-    failed = [step_id for step_id, outcome in outcomes.items() if outcome.get("outcome") != "ok"]
-    for step_id in failed:
-        print(
-            f"{PROG}: {step_id}: {outcomes[step_id]['outcome']} (see {output_dir / LOGS / (step_id + '.log')})",
-            file=sys.stderr,
-        )
-    written = 0 if args.no_report else write_report(steps, output_dir, args, notes)
-    return EXIT_FAILED if failed or written else EXIT_OK
+    failed = [step for step in steps if outcomes.get(step.id, {}).get("outcome", "ok") != "ok"]
+    for step in failed:
+        print(f"{PROG}: {step.id}: {outcomes[step.id]['outcome']} (see {output_dir / log_name(step)})", file=sys.stderr)
+    if not args.no_report and not write_report(steps, output_dir, args, notes):
+        return EXIT_FAILED
+    return EXIT_FAILED if failed else EXIT_OK
 
 
-def write_report(steps, output_dir: Path, args: argparse.Namespace, budget_notes: list[str]) -> int:
+def written_names(steps, output_dir: Path) -> list[str]:
+    """Every file this run may write in `output_dir` (outputs.check_output_dir checks them first)."""
+    names = [PLAN_FILE, *(f"{WRITEUP}{suffix}" for suffix in (".md", ".tex", ".typ", ".pdf"))]
+    names += [path.name for path in output_dir.glob(f"{WRITEUP}_*.png")]  # the write-up's figures
+    for step in steps:
+        if step.status == "run":
+            names += [*step.outputs(), log_name(step), f"{MARKERS}/{step.id}.json"]
+    return names
+
+
+def write_report(steps, output_dir: Path, args: argparse.Namespace, budget_notes: list[str]) -> bool:
     """The write-up of the plan into OUTPUT_DIR/writeup.* (PDF when typst is installed), then
-    `report --verify` on it: 0 when written and every cell is one row's value."""
+    `report --verify` on it. False (after one line) when it failed or does not verify."""
     from ..report.cli import main as report_main
 
     plan = str(output_dir / PLAN_FILE)
@@ -179,15 +196,17 @@ def write_report(steps, output_dir: Path, args: argparse.Namespace, budget_notes
     note = f"Made by `cs336-bench handout {shlex.join(_argv_for_note(args))}`"
     if budget_notes:
         note += f"; to fit --budget {args.budget} the plan was shrunk ({', '.join(budget_notes)}): see the checklist"
+    claim(output_dir, [f"{WRITEUP}{suffix}" for suffix in formats])
     outputs = [x for suffix in formats for x in ("--output", str(output_dir / f"{WRITEUP}{suffix}"))]
     status = report_main([plan, *outputs, "--note", note + "."])
+    claim(output_dir, [path.name for path in output_dir.glob(f"{WRITEUP}_*.png")])  # its figures
     if status != 0:
-        print(f"{PROG}: the write-up failed (exit {status}); the results are in {output_dir}", file=sys.stderr)
-        return status
+        print(f"{PROG}: error: the write-up failed (exit {status}); the results are in {output_dir}", file=sys.stderr)
+        return False
     status = report_main(["--verify", str(output_dir / f"{WRITEUP}.md"), plan])
     if status != 0:
-        print(f"{PROG}: the write-up does not verify against its results (see above)", file=sys.stderr)
-    return status
+        print(f"{PROG}: error: the write-up does not verify against its results (see above)", file=sys.stderr)
+    return status == 0
 
 
 def _argv_for_note(args: argparse.Namespace) -> list[str]:

@@ -1,8 +1,10 @@
 """Running a plan: each step is its tool's own command in a child process, so a crash, an OOM or a
-hang ends that step only. A finished step leaves a done marker (its exact command and outcome)
-in OUTPUT_DIR/.handout/; the same command later skips it, continues a sweep the tool can resume
-(--resume), and runs any other unfinished step again from empty outputs, so no row is written twice.
+hang ends that step only. A step that ran (its rows written, failed ones included) leaves a done marker
+(its exact command, outcome and the size of each output) in OUTPUT_DIR/.handout/; the same command later
+skips it while its outputs are there and whole, continues a sweep the tool can resume (--resume), and
+runs any other step again from empty outputs (a crashed or refused one too), so no row is written twice.
 The plan and every step's outcome are kept in OUTPUT_DIR/handout_plan.csv, rewritten after each step.
+Files are written and removed as outputs.py allows: only handout's own, never through a link.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -20,13 +23,14 @@ import pandas as pd
 from tqdm import tqdm
 
 from ..lifetime import child_preexec
+from ..results import open_to_write, write_whole
 from ..units import format_bytes
+from .outputs import LOGS, MARKERS, claim, written
 from .plan import Step, fit_verdict, format_seconds
 from .target import Target
 
 PLAN_FILE = "handout_plan.csv"
-MARKERS = ".handout"
-LOGS = "logs"
+DONE_STATUSES = (0, 1)  # rows written (failed ones are rows); a crash or a refusal runs again next time
 INTERRUPT_GRACE_S = 20.0  # a sweep asked to stop finishes the configuration in progress, then saves it
 
 
@@ -35,13 +39,28 @@ def marker_path(output_dir: Path, step: Step) -> Path:
 
 
 def read_marker(output_dir: Path, step: Step) -> dict | None:
-    """The done marker of `step` when it records this very command (a changed plan runs it again)."""
+    """The done marker of `step` when it records this very command (a changed plan runs it again) and its
+    outputs are still there and whole (the sizes it recorded; a marker from before those: not empty)."""
     path = marker_path(output_dir, step)
     try:
         marker = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return marker if marker.get("command") == step.shell(output_dir) else None
+    if not isinstance(marker, dict) or marker.get("command") != step.shell(output_dir):
+        return None
+    sizes = marker["outputs"] if isinstance(marker.get("outputs"), dict) else dict.fromkeys(step.outputs())
+    for name, size in sizes.items():
+        try:
+            actual = (output_dir / name).lstat()
+        except OSError:
+            return None
+        if not stat.S_ISREG(actual.st_mode) or (actual.st_size != size if size is not None else not actual.st_size):
+            return None
+    return marker
+
+
+def _sizes(output_dir: Path, step: Step) -> dict[str, int]:
+    return {name: (output_dir / name).stat().st_size for name in step.outputs() if (output_dir / name).is_file()}
 
 
 def plan_rows(
@@ -84,9 +103,7 @@ def plan_rows(
 
 def write_plan(path: Path, rows: list[dict]) -> None:
     """Replaced whole (written beside, then renamed): a kill never leaves half a plan."""
-    partial = path.with_name(f".{path.name}.partial")
-    pd.DataFrame(rows).to_csv(partial, index=False)
-    os.replace(partial, path)
+    write_whole(path, pd.DataFrame(rows).to_csv(index=False))
 
 
 def outcome_of(exit_status: int) -> str:
@@ -102,23 +119,29 @@ def prepare(step: Step, output_dir: Path) -> list[str]:
     command = step.command(output_dir)
     if step.resumable:
         return [*command, "--resume"]
+    ours = written(output_dir)
     for name in step.outputs():
-        (output_dir / name).unlink(missing_ok=True)
+        if name in ours:  # never a file handout did not write (outputs.check_output_dir refused those)
+            (output_dir / name).unlink(missing_ok=True)
     return command
+
+
+def log_name(step: Step) -> str:
+    return f"{LOGS}/{step.id}.log"
 
 
 def run_step(step: Step, output_dir: Path) -> tuple[int, float]:
     """Run one step's command to its end; (exit status, seconds). Ctrl-C asks the child to stop (a sweep
     saves the configuration in progress), then kills its process group, and raises again."""
+    claim(output_dir, [*step.outputs(), log_name(step), f"{MARKERS}/{step.id}.json"])
     command = prepare(step, output_dir)
-    log = output_dir / LOGS / f"{step.id}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
+    log = output_dir / log_name(step)
     # what this process can import (the user's adapters, model, optimizer), the child can too
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     start = time.perf_counter()
     with (
-        open(log, "w") as err,
-        open(output_dir / step.capture, "w") if step.capture else contextlib.nullcontext(err) as out,
+        open_to_write(log) as err,
+        open_to_write(output_dir / step.capture) if step.capture else contextlib.nullcontext(err) as out,
     ):
         err.write(f"$ {step.shell(output_dir)}\n")
         err.flush()
@@ -147,7 +170,8 @@ def _stop(process: subprocess.Popen) -> None:
 def execute(steps: list[Step], target: Target, output_dir: Path, edition: str, scale: str) -> dict[str, dict]:
     """Run every pending step in order under one progress bar; returns each step's outcome.
     KeyboardInterrupt (Ctrl-C, SIGTERM) propagates after the plan file records what finished."""
-    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / MARKERS).mkdir(parents=True, exist_ok=True)  # outputs.check_output_dir refused a link there
+    claim(output_dir, [PLAN_FILE])
     plan_path = output_dir / PLAN_FILE
     outcomes = {s.id: m for s in steps if s.status == "run" and (m := read_marker(output_dir, s))}
     runnable = [s for s in steps if s.status == "run"]
@@ -177,13 +201,13 @@ def execute(steps: list[Step], target: Target, output_dir: Path, edition: str, s
                 outcomes[step.id] = {"outcome": "interrupted"}
                 write_plan(plan_path, plan_rows(steps, target, output_dir, outcomes, edition, scale))
                 raise KeyboardInterrupt
-            marker_path(output_dir, step).parent.mkdir(exist_ok=True)
-            marker_path(output_dir, step).write_text(json.dumps(outcome))
+            if status in DONE_STATUSES:
+                write_whole(marker_path(output_dir, step), json.dumps({**outcome, "outputs": _sizes(output_dir, step)}))
             outcomes[step.id] = outcome
             write_plan(plan_path, plan_rows(steps, target, output_dir, outcomes, edition, scale))
             bar.update(1)
             if outcome["outcome"] != "ok":
-                bar.write(f"{step.id}: {outcome['outcome']} (log: {output_dir / LOGS / (step.id + '.log')})")
+                bar.write(f"{step.id}: {outcome['outcome']} (log: {output_dir / log_name(step)})")
     finally:
         bar.close()
     return outcomes

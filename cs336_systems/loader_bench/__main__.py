@@ -1,5 +1,4 @@
-import sys
-
+from ..lifetime import exit_with
 from .cli import main
 
-sys.exit(main())
+exit_with(main)  # ends when main returns, whatever the user's code left running

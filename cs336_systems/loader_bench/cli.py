@@ -24,12 +24,13 @@ from ..argtypes import (
     fail,
     non_negative_float,
     non_negative_int,
+    output_path,
     positive_float,
     positive_int,
 )
 from ..command import run_command
 from ..device import DeviceError, resolve_device
-from ..lifetime import check_interrupted, temporary_directory
+from ..lifetime import check_interrupted, exit_with, temporary_directory
 from ..monitor import add_monitor_arguments, check_monitor_arguments, monitored
 from ..results import (
     ResultFileError,
@@ -40,6 +41,7 @@ from ..results import (
 from ..storage import (
     STORAGE_KINDS,
     StorageError,
+    check_data_dir,
     evict_page_cache,
     http_server,
     model_from_args,
@@ -126,7 +128,14 @@ def build_parser() -> ArgumentParser:
         metavar="SIZE",
         help="host RAM the loader's buffer may use (default: RAM available now)",
     )
-    parser.add_argument("--output", action="append", default=[], metavar="PATH", help=".csv, .md or .jsonl; repeatable")
+    parser.add_argument(
+        "--output",
+        action="append",
+        type=output_path,
+        default=[],
+        metavar="PATH",
+        help=".csv, .md or .jsonl; repeatable",
+    )
     add_monitor_arguments(parser)
     return parser
 
@@ -155,6 +164,8 @@ def bench_from_args(args) -> BenchConfig:
         where = where if where.exists() else where.parent
         if where.exists() and shutil.disk_usage(where).free < need:
             raise ValueError(f"--data-dir: {format_bytes(need)} of item files do not fit on {where}")
+        if args.data_dir is not None:
+            check_data_dir(args.data_dir, num_items)
     return BenchConfig(
         storage=storage,
         num_items=num_items,
@@ -257,4 +268,4 @@ def progress_line(loader: LoaderConfig, records: Sequence[LoaderRecord]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..argtypes import EXIT_FAILED, ArgumentParser, fail, non_negative_int, positive_float
 from ..lifetime import child_preexec
-from ..results.errors import ResultWriteError
+from ..terminal import show
 from ..usercode import timeout_seconds
 from .files import MonitorPathError, SampleCsvWriter, check_monitor_path, report_text, write_report
 from .sampling import DEFAULT_INTERVAL_S, GpuProbe, ResourceMonitor
@@ -88,15 +88,12 @@ def run_monitored(
             timer.cancel()
         writer.close()
     status = exit_status(returncode)
-    try:
-        report = write_report(monitor, csv_path, shlex.join(command), status)
-        print(report_text(report, csv_path), file=sys.stderr)
-    except ResultWriteError as exc:  # a full disk: one line naming the file
-        writer.error = writer.error or exc
-    if writer.error is not None:
-        print(f"{PROG}: error: {writer.error.strerror}", file=sys.stderr)
-        return status or EXIT_FAILED
-    return status
+    unwritten = [writer.error] if writer.error is not None else []
+    report = write_report(monitor, csv_path, shlex.join(command), status, unwritten)
+    show(report_text(report, csv_path), sys.stderr)  # the summary, whatever a full disk kept from the files
+    for exc in unwritten:  # a full disk: one line per file
+        show(f"{PROG}: error: {exc.strerror}", sys.stderr)
+    return status or (EXIT_FAILED if unwritten else 0)
 
 
 def check_command(name: str) -> None:

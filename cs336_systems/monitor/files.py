@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import math
 import shlex
@@ -12,12 +13,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..argtypes import positive_float
+from ..argtypes import output_path, positive_float
 from ..identity import identity_field
 from ..results.errors import ResultFileError, ResultWriteError
 from ..results.files import append_line, write_whole
 from ..results.paths import check_distinct, check_output_path
 from ..results.records import Record
+from ..terminal import show
 from .sampling import (
     DEFAULT_INTERVAL_S,
     METRIC_DIVISORS,
@@ -88,7 +90,10 @@ class SampleCsvWriter:
         self.path = path
         self.error: ResultWriteError | None = None
         self.rows = 0
-        append_line(path, ",".join(SAMPLE_FIELDS) + "\n", inject=False)
+        try:
+            append_line(path, ",".join(SAMPLE_FIELDS) + "\n", inject=False)
+        except ResultWriteError as exc:  # a disk full from the start: the run is still measured and summarised
+            self.error = exc
 
     def __call__(self, sample: Sample) -> None:
         if self.error is not None:
@@ -142,8 +147,10 @@ def plot_samples(samples: Sequence[Sample], path: Path, title: str, gpu_note: st
     axes[-1].set_xlabel("time since start (s)")
     fig.suptitle(title, fontsize=9, parse_math=False)  # a command's $ is text, not mathtext
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=90, format="png")
     plt.close(fig)
+    write_whole(path, buffer.getvalue())  # whole, never through a link; ResultWriteError on a full disk
 
 
 @dataclass
@@ -164,8 +171,11 @@ class MonitorReport(Record):
     summary: dict
 
 
-def write_report(monitor: ResourceMonitor, csv_path: Path, command: str, exit_status: int | None) -> MonitorReport:
-    """PNG and JSON beside the CSV; returns the report (its summary is printed by the callers)."""
+def write_report(
+    monitor: ResourceMonitor, csv_path: Path, command: str, exit_status: int | None, unwritten: list
+) -> MonitorReport:
+    """JSON and PNG beside the CSV; returns the report (its summary is printed by the callers, whatever
+    could be written). A file a full disk kept from being written is a ResultWriteError added to `unwritten`."""
     import torch
 
     from ..results import collect_environment
@@ -173,9 +183,6 @@ def write_report(monitor: ResourceMonitor, csv_path: Path, command: str, exit_st
     summary = summarize_samples(monitor.samples)
     note = None if monitor.gpu.available else f"no GPU: {monitor.gpu.unavailable_reason}"
     title = " ".join(command.split())
-    plot_samples(
-        monitor.samples, csv_path.with_suffix(".png"), title if len(title) < 120 else title[:117] + "...", note
-    )
     failed = exit_status not in (None, 0)
     report = MonitorReport(
         command=command,
@@ -194,7 +201,17 @@ def write_report(monitor: ResourceMonitor, csv_path: Path, command: str, exit_st
         environment=collect_environment(torch.device("cpu")),
     )
     # Nested JSON (summary per metric, environment as an object), not the flat row a table needs.
-    write_whole(csv_path.with_suffix(".json"), json.dumps(dataclasses.asdict(report), indent=2, default=str) + "\n")
+    text = json.dumps(dataclasses.asdict(report), indent=2, default=str) + "\n"
+    for write in (
+        lambda: write_whole(csv_path.with_suffix(".json"), text),
+        lambda: plot_samples(
+            monitor.samples, csv_path.with_suffix(".png"), title if len(title) < 120 else title[:117] + "...", note
+        ),
+    ):
+        try:
+            write()
+        except ResultWriteError as exc:
+            unwritten.append(exc)
     return report
 
 
@@ -233,13 +250,11 @@ def monitored(
             yield monitor
     finally:
         writer.close()
-        try:
-            report = write_report(monitor, csv_path, label or shlex.join(sys.argv), None)
-            print(report_text(report, csv_path), file=sys.stderr)
-        except ResultWriteError as exc:  # a full disk: said once; the tool's own results go on
-            writer.error = writer.error or exc
-        if writer.error is not None:
-            print(f"monitor: error: {writer.error.strerror}", file=sys.stderr)
+        unwritten = [writer.error] if writer.error is not None else []
+        report = write_report(monitor, csv_path, label or shlex.join(sys.argv), None, unwritten)
+        show(report_text(report, csv_path), sys.stderr)  # the summary, whatever a full disk kept from the files
+        for exc in unwritten:  # a full disk: said; the tool's own results go on
+            show(f"monitor: error: {exc.strerror}", sys.stderr)
 
 
 def add_monitor_arguments(parser) -> None:
@@ -247,6 +262,7 @@ def add_monitor_arguments(parser) -> None:
     group = parser.add_argument_group("resource monitor")
     group.add_argument(
         "--monitor",
+        type=output_path,
         metavar="PATH.csv",
         help="sample GPU/CPU/memory/network/disk during the run into PATH.csv (+ .png, .json beside it)",
     )

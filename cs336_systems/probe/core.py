@@ -16,6 +16,7 @@ import torch
 from ..device import resolve_device
 from ..loader_bench import batch_nbytes, error_text, verdict
 from ..results import Environment, ResultSink, check_output_paths, collect_environment
+from ..results.errors import OutputLockedError
 from ..results.markdown import render_document
 from .advice import LoaderInfo, compute_advice, host_advice, input_advice
 from .record import (
@@ -99,7 +100,15 @@ class StepProbe:
         paths = [_rank_path(Path(p)) for p in (*([output] if output is not None else []), *outputs)]
         checked = check_output_paths(paths)
         self._markdown = [p for p in checked if p.suffix == ".md"]
-        self._sink = ResultSink([p for p in checked if p.suffix != ".md"], ProbeRecord)
+        self._write_error: str | None = None  # the probe's own write failure, told once
+        try:
+            self._sink = ResultSink([p for p in checked if p.suffix != ".md"], ProbeRecord)
+        except OutputLockedError as exc:  # another rank (or run) writes it: the loop goes on, measured, unwritten
+            self._sink = ResultSink([], ProbeRecord)
+            self._markdown = []
+            self._report_write_error(
+                f"{exc}; give each process its own output (or create the probe after init_process_group)"
+            )
         self._environment = environment or collect_environment(self.device)  # before any timing
         self.records: list[ProbeRecord] = []
         self.steps: list[Step] = []  # every closed step, for the advice
@@ -116,7 +125,6 @@ class StepProbe:
         self._samples: int | None = None
         self._open = False  # something measured since the last step()
         self._closed = False
-        self._write_error: str | None = None  # the probe's own write failure, told once
         self.advice: list[str] = []
         atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -318,11 +326,14 @@ class StepProbe:
 
 
 def _rank_path(path: Path) -> Path:
-    """Rank 0 writes `path`; rank r > 0 of an initialised process group writes `stem.rankR.suffix`
-    beside it, so every rank of a data-parallel job can be given the same output."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return path
-    rank = torch.distributed.get_rank()
+    """Rank 0 writes `path`; rank r > 0 writes `stem.rankR.suffix` beside it, so every rank of a
+    data-parallel job can be given the same output: the rank of an initialised process group, or, before
+    init_process_group, the RANK its launcher (torchrun) set."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank = torch.distributed.get_rank()
+    else:
+        text = os.environ.get("RANK", "0")
+        rank = int(text) if text.isdigit() and os.environ.get("WORLD_SIZE", "1") != "1" else 0
     return path if rank == 0 else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
 
 

@@ -13,6 +13,7 @@ import pandas as pd
 
 from ..argtypes import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser, fail
 from ..results import ResultFileError, ResultWriteError, check_distinct, check_output_path, write_whole
+from . import plots
 from .build import build_document
 from .latex import document_latex, table_latex
 from .load import TOOLS, load_each, read_file, tool_of
@@ -117,15 +118,23 @@ def main(argv: list[str] | None = None) -> int:
     for output in outputs:
         output.parent.mkdir(parents=True, exist_ok=True)
     paths = {Path(raw).name: Path(raw) for raw in args.results}
+    plots.UNWRITTEN.clear()
     document = build_document(frames, outputs[0].parent, outputs[0].stem, [*args.note, generated], paths)
-    for output in outputs:
+    # A full disk: each file that could not be written is one line, the others are written (Markdown first,
+    # the smallest); the inputs are untouched.
+    unwritten = [f"{PROG}: error: {problem}" for problem in plots.UNWRITTEN]
+    for output in sorted(outputs, key=lambda o: o.suffix != ".md"):
         try:
             written = write(document, output, args.tables_only)
-        except ResultWriteError as exc:  # a full disk: one line naming the file; the inputs are untouched
-            print(f"{PROG}: error: {exc.strerror}", file=sys.stderr)
-            return EXIT_FAILED
+        except OSError as exc:
+            unwritten.append(
+                f"{PROG}: error: {exc.strerror if isinstance(exc, ResultWriteError) else f'{output}: could not write ({exc.strerror})'}"
+            )
+            continue
         print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
-    return EXIT_FAILED if problems else EXIT_OK
+    for line in unwritten:
+        print(line, file=sys.stderr)
+    return EXIT_FAILED if problems or unwritten else EXIT_OK
 
 
 def _inside(path: str | Path, directory: Path) -> bool:

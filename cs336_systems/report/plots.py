@@ -17,18 +17,27 @@ import pandas as pd  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 from PIL import Image  # noqa: E402  (installed with matplotlib)
 
+from ..results import ResultWriteError, write_whole  # noqa: E402
 from .document import Figure, sig3  # noqa: E402
 from .fields import label_text  # noqa: E402
 
+UNWRITTEN: list[str] = []  # why a figure is not in the report (a full disk): the CLI says so and exits 1
 
-def _save(fig, path: Path) -> Path:
-    """A 256-colour PNG: a fifth of the bytes of full colour, so the PDF stays small."""
+
+def _save(fig, path: Path) -> list[Path]:
+    """A 256-colour PNG (a fifth of the bytes of full colour, so the PDF stays small), written whole and
+    never through a link planted at its name; [] when it could not be written (UNWRITTEN says why)."""
     fig.tight_layout()
-    buffer = io.BytesIO()
+    buffer, png = io.BytesIO(), io.BytesIO()
     fig.savefig(buffer, dpi=90)
     plt.close(fig)
-    Image.open(buffer).convert("RGB").quantize(256).save(path, optimize=True)
-    return path
+    Image.open(buffer).convert("RGB").quantize(256).save(png, format="PNG", optimize=True)
+    try:
+        write_whole(path, png.getvalue())
+    except ResultWriteError as exc:
+        UNWRITTEN.append(f"figure {exc.strerror}; the report goes on without it")
+        return []
+    return [path]
 
 
 def log_axis(ax, which: str, values: Sequence[float], exact: bool = False) -> None:
@@ -80,7 +89,7 @@ def line_figure(
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    return [Figure(title, _save(fig, path))]
+    return [Figure(title, saved) for saved in _save(fig, path)]
 
 
 def _points(frame: pd.DataFrame, group: Sequence[str], x: str, y: str) -> dict[str, list[tuple[float, float]]]:
@@ -138,7 +147,8 @@ def warmup_plot(frame: pd.DataFrame, directory: Path, stem: str) -> list[Figure]
     ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    return [Figure("Each step's time, by number of warmup steps", _save(fig, directory / f"{stem}_warmup.png"))]
+    title = "Each step's time, by number of warmup steps"
+    return [Figure(title, saved) for saved in _save(fig, directory / f"{stem}_warmup.png")]
 
 
 def context_plot(frame: pd.DataFrame, directory: Path, stem: str, title: str) -> list[Figure]:

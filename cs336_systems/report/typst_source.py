@@ -11,6 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from ..results import write_whole
 from .document import Bullets, Document, Figure, Heading, Table, Text
 
 # No creation date in the PDF: the same results make the same bytes.
@@ -124,6 +125,6 @@ def compile_pdf(source: str, output: Path) -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".typ", dir=output.parent, delete=False) as handle:
         handle.write(source)
     try:
-        output.write_bytes(typst.compile(handle.name, pdf_tags=False))  # tags triple the size
+        write_whole(output, typst.compile(handle.name, pdf_tags=False))  # tags triple the size; never through a link
     finally:
         os.unlink(handle.name)

@@ -13,7 +13,7 @@ Here: what other packages use; the rest is imported from its module.
 from ..identity import identity_field
 from .environment import ENVIRONMENT_FIELDS, Environment, collect_environment
 from .errors import ResultFileError, ResultWriteError
-from .files import ResultSink, write_whole
+from .files import ResultSink, open_to_write, write_whole
 from .paths import check_distinct, check_output_path, check_output_paths
 from .readers import read_results
 from .records import BenchmarkRecord, Record, Timing, fill_timing, samples_field, timing_columns
@@ -36,5 +36,6 @@ __all__ = [
     "samples_field",
     "timing_columns",
     "check_distinct",
+    "open_to_write",
     "write_whole",
 ]

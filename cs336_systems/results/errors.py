@@ -8,3 +8,7 @@ class ResultFileError(ValueError):
 
 class ResultWriteError(OSError):
     """A row could not be written (a full disk): the file was truncated back to its last whole row."""
+
+
+class OutputLockedError(ResultFileError):
+    """Another process is writing this output now (its lock is held)."""

@@ -7,7 +7,6 @@ runs never interleave rows or write a header twice. The paths are checked first 
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import csv
 import errno
@@ -23,13 +22,16 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from ..lifetime import at_exit
 from . import validate
-from .errors import ResultFileError, ResultWriteError
+from .errors import OutputLockedError, ResultFileError, ResultWriteError
 from .paths import TEMP_SUFFIX, check_output_paths, lock_path
 from .records import BenchmarkRecord
 
 # Tests inject faults through this variable: "enospc@N" makes the Nth row write fail half
-# written with ENOSPC; "kill@N" SIGKILLs the process right after the Nth row write.
+# written with ENOSPC; "kill@N" SIGKILLs the process right after the Nth row write; "full" makes
+# every write fail with ENOSPC, "full:.png,.tex" only those of files with these suffixes (a disk that
+# fills up with the larger files).
 FAULT_ENV = "CS336_SYSTEMS_FAULT"
 
 
@@ -80,7 +82,7 @@ class OutputLock:
                 holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
                 if not wait:
                     os.close(fd)
-                    raise ResultFileError(
+                    raise OutputLockedError(
                         f"{output} is being written by process {holder} (lock {self.path.name}); "
                         f"wait for it to finish{self.wait_hint}"
                     ) from None
@@ -111,7 +113,7 @@ class OutputLock:
             os.close(entry[0])
 
 
-@atexit.register
+@at_exit
 def _release_all() -> None:
     for path, (fd, _) in list(OutputLock.held.items()):
         path.unlink(missing_ok=True)
@@ -124,11 +126,18 @@ def _release_all() -> None:
 _row_writes = 0
 
 
+def _full_disk(path: Path) -> None:
+    """The test fault hook's full disk (FAULT_ENV "full[:SUFFIX,...]"): ENOSPC for the writes it names."""
+    kind, _, suffixes = os.environ.get(FAULT_ENV, "").partition(":")
+    if kind == "full" and (not suffixes or path.suffix in suffixes.split(",")):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
 def _fault(data: bytes, fd: int) -> None:
     """The test fault hook (FAULT_ENV); does nothing unless the variable is set."""
     global _row_writes
     fault = os.environ.get(FAULT_ENV)
-    if not fault:
+    if not fault or fault.startswith("full"):
         return
     _row_writes += 1
     kind, _, count = fault.partition("@")
@@ -157,6 +166,7 @@ def append_line(path: Path, line: str, *, inject: bool = True) -> None:
     try:
         size = os.fstat(fd).st_size
         try:
+            _full_disk(path)
             if inject:
                 _fault(data, fd)
             written = os.write(fd, data)
@@ -274,16 +284,33 @@ class MarkdownWriter:
         write_whole(self.path, self.render(self.rows))
 
 
-def write_whole(path: Path, text: str) -> None:
+def open_to_write(path: Path):
+    """`path` opened to write from its start, as a text file: never through a link planted at its name,
+    never a FIFO or a device (whose open or write would not end). ResultWriteError naming it otherwise."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise ResultWriteError(exc.errno, f"{path}: cannot write it ({why})") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ResultWriteError(errno.EINVAL, f"{path}: cannot write it (not a regular file)")
+    os.set_blocking(fd, True)
+    os.ftruncate(fd, 0)
+    return os.fdopen(fd, "w")
+
+
+def write_whole(path: Path, text: str | bytes) -> None:
     """Replace `path` with `text` atomically: a temp file beside it (created fresh, never
     through a link planted at its name), then a rename. A failure (a full disk) leaves the
     previous file and no temp file, and raises ResultWriteError naming the file."""
     temporary = path.with_name(path.name + TEMP_SUFFIX)
-    data = text.encode()
+    data = text.encode() if isinstance(text, str) else text
     try:
         temporary.unlink(missing_ok=True)  # a stale one, or a planted link (unlink never follows)
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
+            _full_disk(path)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
@@ -318,6 +345,7 @@ class ResultSink:
     ):
         fields, render = record_type.row_fields(), record_type.markdown
         self.record_type = record_type
+        self.owner = os.getpid()
         self.paths = check_output_paths(paths)
         self.locks: list[OutputLock] = []
         self.writers: list = []
@@ -352,6 +380,8 @@ class ResultSink:
                 writer.rows = list(rows)
 
     def write(self, record: ResultRecord) -> None:
+        if os.getpid() != self.owner:  # a process the user's code forked: the rows are its parent's to write
+            return
         key = record.key() if self.holds else None
         for writer in self.writers:
             if key is not None and key in self.holds.get(writer.path, ()):

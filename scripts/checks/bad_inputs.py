@@ -40,10 +40,13 @@ HUGE = str(2**62)
 LONG_NAME = "n" * 250 + ".csv"  # fits NAME_MAX (255) alone, not as its lock file .NAME.lock
 
 
+FAILED_STATUSES = ("error", "timeout", "wrong")  # the exit rule: a row of these makes the exit status 1
+
+
 @dataclass
 class Row:
     """Hostile user code: the documented outcome is a row with one of `statuses` (exit 1 for error,
-    timeout, wrong) or a refusal before any work. `env` is added to the case's environment."""
+    timeout, wrong; 0 for ok) or a refusal before any work. `env` is added to the case's environment."""
 
     args: list[str]
     statuses: tuple[str, ...]
@@ -160,6 +163,35 @@ MODEL_CODE = [
         ["--optimizer", "hostile.optimizers:hangs_in_step", "--pass-type", "train-step", "--timeout", "3"], ("timeout",)
     ),
 ]
+# Third round: user code that raises what is not an Exception, leaves a mess, or is written as assignment 1 is.
+MODEL_CODE_3 = [
+    Row(["--model-factory", "hostile.models:raises_base_exception"], ("error",)),
+    Row(["--model-factory", "hostile.models:raises_generator_exit"], ("error",)),
+    Row(["--model-factory", "hostile.models:raises_interrupt_subclass"], ("error",)),
+    Row(["--model-factory", "hostile.models:leaves_a_mess"], ("ok",)),  # chdir, fork, signals, threads, helpers
+    Row(["--model-factory", "hostile.models:assignment1"], ("ok",)),  # device and dtype required
+    Row(["--optimizer", "hostile.optimizers:RequiredAdamW", "--pass-type", "train-step"], ("ok",)),
+    Row(["--optimizer", "hostile.optimizers:needs_momentum", "--pass-type", "train-step"], ("error",)),
+    Row(["--optimizer", "hostile.optimizers:exits", "--pass-type", "train-step"], ("error",)),  # at construction
+]
+FAST_PATH = [
+    ["--grad-accum-steps", "0"],
+    ["--param-dtype", "fp16"],
+    ["--fused-projections", "--model-factory", "hostile.models:assignment1"],
+    ["--cuda-graphs", "--optimizer", "hostile.optimizers:RequiredAdamW"],
+]
+# --config: each value checked as its flag (files made by make_files); no BASE flags beside it
+CONFIG = [
+    ["--config", "{tmp}/bogus_pass.json"],
+    ["--config", "{tmp}/accum0.json"],
+    ["--config", "{tmp}/neg_peak.json"],
+    ["--config", "{tmp}/compile_yes.json"],
+    ["--config", "{tmp}/long_context.json"],
+    ["--config", "{tmp}/user_code_checkpointed.json"],
+    ["--config", "{tmp}/fifo.json"],
+    ["--config", "{tmp}/config.json", "--batch-size", "8"],
+    ["--config", "{tmp}/config.json", "--model-factory", "hostile.models:exits"],
+]
 SIZES = [
     ["--d-model", HUGE],
     ["--d-model", str(2**21)],
@@ -183,7 +215,10 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         ["--batch-size", HUGE],
         ["--context-length", HUGE],
         *MODEL_CODE,
+        *MODEL_CODE_3,
+        *FAST_PATH,
     ],
+    "benchmark_config": CONFIG,
     "benchmark_direct": [
         *BENCHMARK_LIKE,
         *SWEEP_ONLY,
@@ -194,6 +229,8 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         MODEL_CODE[4],
         MODEL_CODE[8],
         MODEL_CODE[13],
+        MODEL_CODE_3[0],
+        MODEL_CODE_3[2],
     ],
     "run_benchmarks": [
         *BENCHMARK_LIKE,
@@ -207,6 +244,8 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         MODEL_CODE[2],
         MODEL_CODE[4],
         MODEL_CODE[9],
+        MODEL_CODE_3[1],
+        MODEL_CODE_3[6],
     ],
     "find_max": [
         *(["--dimension", "batch-size", *case] for case in BENCHMARK_LIKE[:12]),
@@ -313,6 +352,8 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
             ("timeout",),
         ),
         Row(["--implementations", "flash-pytorch", "--adapters", "hostile.adapters_nan"], ("wrong",)),
+        # forward ignores is_causal, backward applies it: judged non-causal as its official test does
+        Row(["--implementations", "flash-pytorch", "--adapters", "adapters_causal_backward"], ("ok",)),
     ],
     "allreduce_bench": [
         ["--backend", "mpi"],
@@ -381,6 +422,8 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         Env([], {**ONE_RANK_TORCHRUN, "MASTER_PORT": "29515"}, "OMP_NUM_THREADS"),
         Row(["--strategies", "adapter-ddp-overlap-individual", "--adapters", "hostile.adapters_nan"], ("wrong",)),
         Row(["--strategies", "adapter-ddp-overlap-individual", "--adapters", "hostile.adapters_exit"], ("error",)),
+        Row(["--optimizer", "hostile.optimizers:RequiredAdamW"], ("ok",)),  # the same hyperparameters as benchmark
+        Row(["--optimizer", "hostile.optimizers:needs_momentum"], ("error",)),
     ],
     "loader_bench": [
         ["--storage", "s3"],
@@ -408,6 +451,8 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         ["--num-items", HUGE],
         ["--output", "{tmp}/link.csv"],
         ["--output", "{tmp}/new.csv/"],
+        ["--storage", "local", "--data-dir", "{tmp}/data_link"],  # an item file there is a planted link
+        ["--storage", "local", "--data-dir", "{tmp}/victim.txt"],
     ],
     "monitor": [
         [],
@@ -434,6 +479,21 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         ["--d-model", str(2**21)],
         ["--model-size", "huge"],
         ["--model-factory", "hostile.models:exits"],
+    ],
+    "handout": [
+        ["--budget", "0"],
+        ["--budget", ""],
+        ["--assume-device", ""],
+        ["--output-dir", "{tmp}/victim.txt"],
+        ["--output-dir", "{tmp}/handout_theirs"],  # holds a handout_plan.csv handout did not write
+        ["--output-dir", "{tmp}/handout_link"],  # its logs/ is a link
+        ["--output-dir", "{tmp}/handout_markers"],  # its .handout is a file
+        ["--output-dir", "{tmp}/handout_locked"],  # another handout holds it
+        ["--optimizer", "hostile.optimizers:needs_momentum"],
+    ],
+    "cs336-bench": [
+        [],
+        ["no_such_tool"],
     ],
     "mixed_precision": [
         ["--device", "tpu"],
@@ -510,8 +570,24 @@ BASE: dict[str, list[str]] = {
     ],
     "monitor": [],
     "residuals": [*TINY, "--context-length", "8", "--batch-size", "2", "--no-compile", "--no-model"],
+    "benchmark_config": [],
+    "handout": [
+        "--edition",
+        "2025",
+        "--device",
+        "cpu",
+        "--scale",
+        "small",
+        "--problems",
+        "mixed_precision_accumulation",
+    ],
+    "cs336-bench": [],
     "mixed_precision": [],
 }
+
+
+# The module a command of the table runs (the command's own name when it is not here).
+MODULES = {"benchmark_config": "cs336_systems.benchmark", "cs336-bench": "cs336_bench"}
 
 
 @dataclass
@@ -550,7 +626,12 @@ class Outcome:
         if self.refused:
             return self.named
         if isinstance(self.case, Row) and "Traceback" not in self.stderr:
-            return bool(self.statuses) and all(s in self.case.statuses for s in self.statuses) and self.returncode == 1
+            failed = any(status in FAILED_STATUSES for status in self.statuses)
+            return (
+                bool(self.statuses)
+                and all(s in self.case.statuses for s in self.statuses)
+                and self.returncode == (1 if failed else 0)
+            )
         return False
 
     @property
@@ -612,6 +693,38 @@ def make_files(tmp: Path) -> None:
     (tmp / ".locklink.csv.lock").symlink_to(tmp / "victim.txt")
     (tmp / "hard_a.csv").write_text("")
     os.link(tmp / "hard_a.csv", tmp / "hard_b.csv")
+    make_config_files(tmp)
+    (tmp / "data_link").mkdir()
+    (tmp / "data_link" / "item_0000000.bin").symlink_to(tmp / "victim.txt")
+    for name in ("handout_theirs", "handout_link", "handout_markers", "handout_locked"):
+        (tmp / name).mkdir()
+    (tmp / "handout_theirs" / "handout_plan.csv").write_text("the user's own\n")
+    (tmp / "handout_link" / "logs").symlink_to(tmp)
+    (tmp / "handout_markers" / ".handout").write_text("")
+
+
+def make_config_files(tmp: Path) -> None:
+    """--config files: a good tiny configuration and ones each bad in one value (as to_dict writes them)."""
+    from cs336_systems.config import BenchmarkConfig
+    from cs336_systems.models import ModelConfig
+
+    model = ModelConfig(d_model=32, d_ff=64, num_layers=2, num_heads=2, vocab_size=97, context_length=8)
+    good = BenchmarkConfig(model=model, context_length=8, batch_size=2, warmup_steps=1, measure_steps=1).to_dict()
+    bad = {
+        "config": {},
+        "bogus_pass": {"pass_type": "bogus"},
+        "accum0": {"grad_accum_steps": 0},
+        "neg_peak": {"peak_tflops": -1},
+        "compile_yes": {"compile": "yes"},
+        "long_context": {"context_length": 64},
+        "user_code_checkpointed": {
+            "model_factory": "hostile.models:assignment1",
+            "model": {**good["model"], "checkpoint_blocks": 1},
+        },
+    }
+    for name, changes in bad.items():
+        (tmp / f"{name}.json").write_text(json.dumps({**good, **changes}))
+    os.mkfifo(tmp / "fifo.json")
 
 
 def make_damaged_files(tmp: Path) -> None:
@@ -632,12 +745,16 @@ def make_damaged_files(tmp: Path) -> None:
     (tmp / "not_utf8.csv").write_bytes(header.encode() + b"\n\xff\xfe\n")
 
 
-def hold_lock(tmp: Path) -> int:
-    """held.csv is being written by another process (this script holds its lock for the whole run)."""
-    fd = os.open(tmp / ".held.csv.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
+def hold_lock(tmp: Path) -> list[int]:
+    """held.csv is being written by another process, and handout_locked/ is another handout's (this
+    script holds their locks for the whole run)."""
+    fds = []
+    for lock in (tmp / ".held.csv.lock", tmp / "handout_locked" / ".handout_plan.csv.lock"):
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        fds.append(fd)
+    return fds
 
 
 def run_case(command: str, case: list[str] | Row | Env, tmp: Path, number: int) -> Outcome:
@@ -647,7 +764,7 @@ def run_case(command: str, case: list[str] | Row | Env, tmp: Path, number: int) 
     rows = tmp / f"rows_{number}.jsonl"
     if isinstance(case, Row):
         filled += ["--output", str(rows)]
-    argv = [sys.executable, "-m", f"cs336_systems.{command}", *BASE[command], *filled]
+    argv = [sys.executable, "-m", MODULES.get(command, f"cs336_systems.{command}"), *BASE[command], *filled]
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -752,7 +869,8 @@ def main() -> int:
                     file=sys.stderr,
                     flush=True,
                 )
-        os.close(lock)
+        for fd in lock:
+            os.close(fd)
         victim = (Path(tmp) / "victim.txt").read_text()
     seconds = time.monotonic() - start
     if victim != "must never be written\n":
