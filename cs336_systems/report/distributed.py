@@ -64,7 +64,6 @@ def ddp_time_table(frame: pd.DataFrame, title: str) -> pd.DataFrame:
         ("communication (%)", "comm_pct", "sig3"),
         ("all-gather (ms)", "fsdp_all_gather_ms", "sig3"),
         ("reduce-scatter (ms)", "fsdp_reduce_scatter_ms", "sig3"),
-        ("samples/s", "samples_per_s", "sig3"),
         ("scaling efficiency (%)", "scaling_efficiency", "x100"),
     ):
         if _filled(frame, column):

@@ -100,14 +100,17 @@ _NUMERIC = {
 
 def model_label(row: dict) -> str:
     """A model by name: the size, the shape of a custom one, or the factory that built it."""
-    shape = f"d{plain(row.get('d_model'))} L{plain(row.get('num_layers'))}"
-    shape += f" ff{plain(row.get('d_ff'))} V{plain(row.get('vocab_size'))}"
+    dims = [
+        (key, plain(row.get(name)))
+        for key, name in (("d", "d_model"), ("L", "num_layers"), ("ff", "d_ff"), ("V", "vocab_size"))
+    ]
+    shape = " ".join(f"{key}{value}" for key, value in dims if value)  # a row may not carry the shape
     factory = row.get("model_factory")
     if isinstance(factory, str) and factory:
         return f"{factory.rsplit(':', 1)[-1]} {shape}"
     name, table = plain(row.get("model_size")), plain(row.get("size_table"))
     if name in ("", "custom"):
-        return f"custom {shape}"
+        return f"custom {shape}".strip()
     shapes = {str(sizes[name]) for sizes in SIZE_TABLES.values() if name in sizes}
     return f"{name} ({table})" if len(shapes) > 1 and table else name  # xl is another model in 2026
 

@@ -31,6 +31,7 @@ INSTALL_HINT = 'PDF output needs the typst package: pip install -e ".[pdf]"'
 PORTRAIT_MM = 180.0  # A4 less 1.5 cm margins
 CHAR_MM = 1.3  # one character of 7 pt text, about
 CELL_MM = 3.0  # a cell's inset
+SMALLER_FONT_FITS = 7 / 5.5  # how much wider a table fits at 5.5 pt instead of 7
 
 
 def string(text: object) -> str:
@@ -87,8 +88,11 @@ def table_typst(table: Table) -> str:
         "    table.hline(),\n  ),\n"
         f"  caption: {string(f'{table.title}. {table.caption}')},\n  kind: table,\n)\n{notes}"
     )
-    if table_width_mm(table) > PORTRAIT_MM:
+    width = table_width_mm(table)
+    if width > PORTRAIT_MM * SMALLER_FONT_FITS:
         return f"#page(flipped: true)[\n{body}]\n"
+    if width > PORTRAIT_MM:  # a little too wide: a smaller font keeps it on the page, in the flow
+        return f"#[\n#show table: set text(size: 5.5pt)\n{body}]\n"
     return body
 
 

@@ -135,7 +135,8 @@ def benchmarking_script(problem: Problem) -> Section:
 def kernel_rows(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (profiled row, operator) of the rows' top_kernels lists, with its share of the
     profiled operators' time: the torch profiler's table, as a result-file view (derive)."""
-    return derive(frame, "kernels")
+    rows = derive(frame, "kernels")
+    return rows[rows["kernel_rank"] <= TOP_OPERATORS] if "kernel_rank" in rows.columns else rows
 
 
 def nsys_profile(problem: Problem) -> Section:
@@ -158,7 +159,7 @@ def nsys_profile(problem: Problem) -> Section:
         )
         profiled = derive(profiled, "benchmark")
         for (model, context), group in profiled.groupby(["model", "context_length"], sort=False):
-            out.add(kernel_table(group, f"Longest operators: {model}, context {context}"))
+            out.add(kernel_table(kernel_rows(group), f"Longest operators: {model}, context {context}"))
         out.add(Bullets(kernel_observations(records(kernel_rows(profiled), "kernels"))))
     for step in problem.steps:  # Nsight Systems' own kernel summary, where nsys ran
         for name in [n for n in _reads(step) if n.endswith("cuda_gpu_kern_sum.csv") and n in problem.files]:
@@ -210,7 +211,8 @@ def kernel_table(frame: pd.DataFrame, title: str):
         frame,
         "kernels",
         title=title,
-        caption="The profiled step's operators (kernels on a GPU), summed by name: calls and total ms per step",
+        caption="The profiled step's operators (kernels on a GPU), summed by name: calls, total ms per step, and "
+        "share of the profiler's ten longest",
         labels=[("pass", "pass_type"), ("rank", "kernel_rank"), ("operator", "kernel")],
         values=[
             Value("calls", "kernel_calls", "int"),
@@ -220,6 +222,7 @@ def kernel_table(frame: pd.DataFrame, title: str):
     )
 
 
+TOP_OPERATORS = 6  # per profiled step in the write-up (the rows keep ten)
 MATMUL = ("mm", "matmul", "addmm", "bmm", "gemm", "linear", "cutlass", "sm90_xmma", "ampere_")
 
 
