@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .document import byte_unit
-from .fields import label_text
+from .fields import derive, label_text
 from .grid import Value, grid
 
 STRATEGY = [("strategy", "strategy"), ("ranks", "world_size")]
@@ -15,10 +15,10 @@ HELD = (  # what a rank holds, counted from its tensors after a step
     ("gradients", "grad_bytes_per_rank"),
     ("optimizer state", "optimizer_state_bytes_per_rank"),
 )
-PEAKS = (  # the process's peak in each phase of a step
-    ("after building", "peak_model_bytes"),
-    ("before optimizer step", "peak_before_optimizer_bytes"),
-    ("after optimizer step", "peak_optimizer_bytes"),
+PEAKS = (  # the process's peak in each phase of a step, above what it held before the model was built
+    ("after building", "peak_model_bytes_above_baseline"),
+    ("before optimizer step", "peak_before_optimizer_bytes_above_baseline"),
+    ("after optimizer step", "peak_optimizer_bytes_above_baseline"),
     ("predicted", "predicted_peak_bytes"),
 )
 
@@ -97,6 +97,7 @@ def held_table(frame: pd.DataFrame, title: str) -> pd.DataFrame | None:
 
 
 def peaks_table(frame: pd.DataFrame, title: str) -> pd.DataFrame | None:
+    frame = derive(frame, "ddp_bench")
     present = [(h, c) for h, c in PEAKS if _filled(frame, c)]
     if not present:
         return None
@@ -107,8 +108,10 @@ def peaks_table(frame: pd.DataFrame, title: str) -> pd.DataFrame | None:
         frame,
         "ddp_bench",
         title=title,
-        caption="Peak memory of one rank (the largest over ranks) in each phase of a step"
-        + (f", measured as {source}" if source else ""),
+        caption="Peak memory of one rank (the largest over ranks) in each phase of a step, above what the process "
+        "held before the model was built"
+        + (f"; measured as {source}" if source else "")
+        + "; predicted: the estimator's",
         labels=list(STRATEGY),
         values=values,
     )

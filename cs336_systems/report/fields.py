@@ -16,9 +16,12 @@ MODEL_FIELDS = ("model_size", "d_model", "d_ff", "num_layers", "num_heads", "voc
 
 
 def _identity(record: type, *more: str) -> tuple[str, ...]:
+    """The record's identity fields, a model's shape fields named by one `model` label (attention's
+    num_heads stays its own: an attention record has no model)."""
+    if "model_size" not in record.identity_fields():
+        return (*record.identity_fields(), *more)
     fields = [name for name in record.identity_fields() if name not in MODEL_FIELDS]
-    model = ("model",) if set(MODEL_FIELDS) & set(record.identity_fields()) else ()
-    return (*model, *fields, *more)
+    return ("model", *fields, *more)
 
 
 def _tool_identity() -> dict[str, tuple[str, ...]]:
@@ -116,6 +119,7 @@ def model_label(row: dict) -> str:
 
 
 PHASES = ("forward", "backward", "optimizer")
+PEAK_COLUMNS = ("peak_model_bytes", "peak_before_optimizer_bytes", "peak_optimizer_bytes")  # ddp_bench's
 
 
 def _phase_spread(samples: object) -> tuple[float | None, float | None]:
@@ -136,6 +140,12 @@ def derive(frame: pd.DataFrame, tool: str) -> pd.DataFrame:
         frame["model"] = [model_label(row) if any(f in row for f in MODEL_FIELDS) else "" for row in records]
     if tool == "kernels":  # once: rows already one per operator stay as they are
         return frame if "kernel_rank" in frame.columns else _kernel_rows(derive(frame, "benchmark"))
+    if tool == "ddp_bench" and "memory_baseline_bytes" in frame.columns:
+        frame = frame.copy()  # a CPU's RSS holds torch itself: the step's own memory is above the baseline
+        baseline = pd.to_numeric(frame["memory_baseline_bytes"], errors="coerce")
+        for column in PEAK_COLUMNS:
+            if column in frame.columns:
+                frame[f"{column}_above_baseline"] = pd.to_numeric(frame[column], errors="coerce") - baseline
     if tool == "benchmark":
         for phase in PHASES:
             samples = f"{phase}_samples_ms"
@@ -230,7 +240,16 @@ _QUIET = {
     "source",  # named once, after the settings
     "table",
 }
-_DEFAULT_TEXTS = {"off", "no graphs", "separate", "n/a", "host", "1"}  # settings left at their default
+# settings left at their default say nothing either
+_DEFAULTS = {
+    "grad_accum_steps": "1",
+    "cuda_graphs": "no graphs",
+    "fused_projections": "separate",
+    "checkpoint_blocks": "off",
+    "timer": "host",
+    "param_dtype": "fp32",
+    "attention": "n/a",
+}
 _PHRASES = {
     "context_length": "context {}",
     "batch_size": "batch {}",
@@ -250,6 +269,8 @@ _PHRASES = {
     "adapters": "adapters {}",
     "bucket_cap_mb": "buckets of {} MB",
     "attention": "attention {}",
+    "compute_dtype": "compute dtype {}",
+    "optimizer": "optimizer {}",
 }
 
 
@@ -259,7 +280,7 @@ def describe_fixed(fixed: dict, tool: str) -> str:
     words = []
     for name in sorted(fixed, key=lambda n: order.get(n, len(order))):
         text = fixed[name]
-        if name in _QUIET or text in ("", *_DEFAULT_TEXTS) and name != "batch_size":
+        if name in _QUIET or text in ("", "n/a") or _DEFAULTS.get(name) == text:
             continue
         words.append(_PHRASES.get(name, "{}").format(text))
     return ", ".join(words)

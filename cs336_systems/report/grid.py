@@ -248,7 +248,7 @@ def _grid(frame, tool, title, labels, values, caption, name, footnotes, keep_emp
     sources = list(dict.fromkeys(str(s) for s in frame.get("source", pd.Series(dtype=object)).dropna()))
     spec = Spec(tool, sources, fixed, [tuple(x) for x in labels], shown)
     text = caption_text(caption, sources, fixed, tool)
-    notes = [*footnotes, *_mark_footnotes(table)]
+    notes = [*footnotes, *_mark_footnotes(table), *_failure_notes(rows, labels)]
     return Table(slug(name or title), title, text, table, notes, spec=spec)
 
 
@@ -304,12 +304,23 @@ def _mark_footnotes(table: pd.DataFrame) -> list[str]:
     return notes
 
 
+def _failure_notes(rows: list[dict], labels: Sequence[tuple[str, str]]) -> list[str]:
+    """Why each row that did not run is marked so, said once per reason (the row's own error text)."""
+    reasons: dict[str, list[str]] = {}
+    for row in rows:
+        error = row.get("error")
+        if row.get("status") not in (None, "ok") and isinstance(error, str) and error:
+            label = ", ".join(t for t in (label_text(n, row) for _, n in labels[:2]) if t)
+            reasons.setdefault(f"{row['status']}: {error.splitlines()[0][:200]}", []).append(label)
+    return [f"{', '.join(dict.fromkeys(who))}: {why}." for why, who in reasons.items()]
+
+
 MARK_WORDS = {
     "oom": "out of memory",
-    "error": "failed (the error is in the results file)",
+    "error": "failed (why: below)",
     "timeout": "over its time limit",
     "unsupported": "not supported on this machine",
-    "skipped": "skipped (the results file says why)",
+    "skipped": "not run (why: below)",
 }
 
 
