@@ -114,7 +114,7 @@ def test_the_committed_writeup_is_what_report_makes_from_its_plan(tmp_path):
     note, expected = _paragraphs(committed)
     assert report.main([str(copy / "handout_plan.csv"), "--output", str(copy / "writeup.md"), "--note", note]) == 0
     assert _paragraphs((copy / "writeup.md").read_text())[1] == expected, (
-        "stale: bash scripts/dev/cpu_results.sh writeup"
+        "stale: bash scripts/dev/cpu_results.sh writeup_report"
     )
     for png in copy.glob("*.png"):
         assert (WRITEUP / png.name).read_bytes() == png.read_bytes(), f"writeup/2026/{png.name} is stale"
