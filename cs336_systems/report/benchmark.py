@@ -62,10 +62,17 @@ def speedup_table(frame: pd.DataFrame, key: str, base: str, other: str, title: s
     )
 
 
-def memory_table(frame: pd.DataFrame, title: str, columns: list[tuple[str, dict]], labels=None) -> pd.DataFrame:
-    """Peak memory of the rows each column's keys pick, one unit for the table."""
+def memory_table(
+    frame: pd.DataFrame, title: str, columns: list[tuple[str, dict]], labels=None, predicted: bool = False
+) -> pd.DataFrame:
+    """Peak memory of the rows each column's keys pick, one unit for the table; with `predicted`, the
+    estimator's figure for the same row beside each."""
     unit = byte_unit(frame["peak_memory_bytes"])
-    values = [Value(f"{header} ({unit})", "peak_memory_bytes", unit, where=where) for header, where in columns]
+    values = []
+    for header, where in columns:
+        values.append(Value(f"{header} ({unit})", "peak_memory_bytes", unit, where=where))
+        if predicted:
+            values.append(Value(f"{header} predicted ({unit})", "predicted_memory_bytes", unit, where=where))
     source = ", ".join(dict.fromkeys(str(s) for s in frame.get("memory_source", pd.Series(dtype=object)).dropna()))
     caption = "Peak memory of a step" + (f", measured as {source}" if source else "")
     return grid(

@@ -66,9 +66,15 @@ def model_flags(options: Options, size: str) -> dict:
     return flags
 
 
-def sweep_flags(options: Options, size: str, flags: dict) -> dict:
+# A peak of one configuration from a process of its own: in a shared process a CPU's RSS keeps what the
+# configurations before it touched (the allocator does not give it back), and a GPU's cache its blocks.
+MEMORY_SWEEP = module_name("run_benchmarks")
+
+
+def sweep_flags(options: Options, size: str, flags: dict, tool: str | None = None) -> dict:
     """The sweep tool's flags for one size: the scale's batch and steps, then `flags`."""
     scale = options.scale
+    tool = tool or scale.sweep_tool
     base = {
         **model_flags(options, size),
         "--batch-sizes": [scale.batch],
@@ -77,7 +83,7 @@ def sweep_flags(options: Options, size: str, flags: dict) -> dict:
         **flags,
         "--device": options.device,
     }
-    if scale.sweep_tool.endswith("run_benchmarks"):
+    if tool.endswith("run_benchmarks"):
         base.update({"--timeout": 900, "_child_per_config": True})
     if options.optimizer and "train-step" in base.get("--pass-types", []):
         base["--optimizer"] = options.optimizer
@@ -93,12 +99,15 @@ def sweep(
     size: str,
     flags: dict,
     split: str = "--pass-types",
+    tool: str | None = None,
 ) -> list[Step]:
     """A sweep for one size, one step per value of `split` (pass types, or checkpoint block sizes),
     keeping the contexts the estimator says fit; the others become one `skipped` step each, with the
-    predicted bytes against the device's. Steps whose contexts agree are merged again (fewer processes)."""
+    predicted bytes against the device's. Steps whose contexts agree are merged again (fewer processes).
+    `tool`: the sweep tool when not the scale's (memory is measured one process per configuration)."""
     scale = options.scale
-    base = sweep_flags(options, size, flags)
+    tool = tool or scale.sweep_tool
+    base = sweep_flags(options, size, flags, tool)
     stem = f"{problem}-{key}-{size}".replace(".", "_")
     running, skipped = [], []
     for value in base[split]:
@@ -113,7 +122,7 @@ def sweep(
                 f"{name}-skipped",
                 problem,
                 f"{part}: {size} {split[2:-1]} {value} at contexts {' '.join(map(str, contexts))}",
-                scale.sweep_tool,
+                tool,
                 {  # the command that would measure it, kept for the write-up
                     **base,
                     split: [value],
@@ -146,7 +155,7 @@ def sweep(
                 name,
                 problem,
                 f"{what}, contexts {' '.join(map(str, contexts))}",
-                scale.sweep_tool,
+                tool,
                 step_flags,
                 kind="benchmark",
                 reads=(f"{name}.csv",),
@@ -267,7 +276,15 @@ def gradient_checkpointing(options: Options, target: Target) -> list[Step]:
         step.skip("--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model")
         return [step]
     return sweep(
-        options, target, "gradient_checkpointing", "blocks", "(b) block sizes", size, flags, "--checkpoint-blocks"
+        options,
+        target,
+        "gradient_checkpointing",
+        "blocks",
+        "(b) block sizes",
+        size,
+        flags,
+        "--checkpoint-blocks",
+        tool=MEMORY_SWEEP,
     )
 
 

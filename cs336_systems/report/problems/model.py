@@ -401,7 +401,7 @@ def memory_profiling(problem: Problem) -> Section:
         problem.used.update(rows["source"])
         fp32 = rows[rows["precision"] == "fp32"]
         out.add(Heading("(b) Peak memory per context: forward and full training step"))
-        out.add(benchmark.memory_table(fp32, "Peak memory, fp32", benchmark.peak_columns(fp32)))
+        out.add(benchmark.memory_table(fp32, "Peak memory, fp32", benchmark.peak_columns(fp32), predicted=True))
         out.add(Bullets(peak_observations(records(fp32, "benchmark"))))
         if (rows["precision"] != "fp32").any():
             out.add(Heading("(c) Mixed precision"))
@@ -447,6 +447,22 @@ def residual_observations(rows: list[dict]) -> list[str]:
 
 def peak_observations(rows: list[dict]) -> list[str]:
     lines = []
+    ratios = [
+        number(r, "peak_memory_bytes") / number(r, "predicted_memory_bytes")
+        for r in ok(rows)
+        if number(r, "predicted_memory_bytes") and number(r, "peak_memory_bytes")
+    ]
+    if ratios:
+        source = next((str(r.get("memory_source")) for r in rows if r.get("memory_source")), "")
+        lines.append(
+            f"The measured peaks are {span(ratios)} the estimator's tensor bytes"
+            + (
+                " (on a CPU the RSS above the baseline also counts the allocator's slack and first-touched pages)"
+                if "rss" in source
+                else ""
+            )
+            + "."
+        )
     for context in dict.fromkeys(label_text("context_length", r) for r in rows):
         forward = pick(ok(rows), context_length=context, pass_type="forward")
         step = pick(ok(rows), context_length=context, pass_type="train-step")
