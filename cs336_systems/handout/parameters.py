@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from ..tools import module_name
 
 SMALL_SHAPE = {"--d-model": 64, "--d-ff": 176, "--num-layers": 2, "--num-heads": 2, "--vocab-size": 512}
+# Memory at the small scale: large enough that tensors, not a CPU's allocator slack (~15 MiB of RSS), make
+# the peaks (~0.3 GiB for a training step), small enough that its runs take a minute on two cores.
+MEMORY_SHAPE = {"--d-model": 512, "--d-ff": 1344, "--num-layers": 4, "--num-heads": 8, "--vocab-size": 2000}
 LEADERBOARD_MODEL = {  # the 2026 leaderboard's Config: bf16, causal, AdamW, timed by do_bench on two B200s
     "--vocab-size": 151_936,
     "--d-model": 4096,
@@ -38,6 +41,7 @@ class Scale:
     name: str
     sizes: tuple[str, ...] | None  # None: every size of the edition's table
     shape: dict = field(default_factory=dict)  # overrides that replace the named sizes (small scale)
+    memory_shape: dict | None = None  # the memory problems' shape when not `shape` (None: `shape`)
     contexts: tuple[int, ...] = (128, 256, 512, 1024)
     timing_context: int = 512
     batch: int = 4
@@ -81,9 +85,10 @@ SMALL = Scale(
     warmup=2,
     measure=5,
     memory_size={"2025": "small", "2026": "small"},
-    memory_contexts={"2025": (32, 64), "2026": (32, 128)},
-    checkpoint_context=64,
-    checkpoint_blocks=("0", "1", "all"),
+    memory_shape=MEMORY_SHAPE,
+    memory_contexts={"2025": (128, 256), "2026": (128, 512)},
+    checkpoint_context=512,
+    checkpoint_blocks=("0", "1", "2", "all"),
     attention_batch=4,
     attention_head_dims=(16, 32),
     attention_contexts=(64, 128),

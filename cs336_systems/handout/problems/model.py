@@ -71,6 +71,13 @@ def model_flags(options: Options, size: str) -> dict:
 MEMORY_SWEEP = module_name("run_benchmarks")
 
 
+def memory_options(options: Options) -> Options:
+    """The options of the memory problems: the scale's memory shape where it has one."""
+    if options.scale.memory_shape is None:
+        return options
+    return dataclasses.replace(options, scale=dataclasses.replace(options.scale, shape=options.scale.memory_shape))
+
+
 def sweep_flags(options: Options, size: str, flags: dict, tool: str | None = None) -> dict:
     """The sweep tool's flags for one size: the scale's batch and steps, then `flags`."""
     scale = options.scale
@@ -260,6 +267,7 @@ def benchmarking_mixed_precision(options: Options, target: Target) -> list[Step]
 
 
 def gradient_checkpointing(options: Options, target: Target) -> list[Step]:
+    options = memory_options(options)
     scale = options.scale
     size = scale.memory_size["2026"] if not scale.sizes else scale.sizes[0]
     flags = {

@@ -8,7 +8,7 @@ from ...tools import module_name
 from ..parameters import Options
 from ..plan import Step, fit_verdict, model_configs, predicted_peak
 from ..target import Target
-from .model import SCRIPTS, model_flags, sizes, sweep, training_optimizer, worst_peak
+from .model import MEMORY_SWEEP, SCRIPTS, memory_options, model_flags, sizes, sweep, training_optimizer, worst_peak
 
 NSYS_REPORTS = ("cuda_gpu_kern_sum", "nvtx_sum", "nvtx_kern_sum")  # the CSVs scripts/nsys_profile.sh writes
 PROFILED_PASSES = ("forward", "train-step")  # inference for (a)-(c), (e); the training step for (d)
@@ -128,6 +128,7 @@ def _torch_profiler_sweep(
 
 
 def memory_profiling(options: Options, target: Target) -> list[Step]:
+    options = memory_options(options)
     scale, edition = options.scale, options.edition
     size = scale.memory_size[edition] if not scale.sizes else scale.sizes[0]
     contexts = list(scale.memory_contexts[edition])
@@ -139,6 +140,7 @@ def memory_profiling(options: Options, target: Target) -> list[Step]:
         "(b, c) peaks",
         size,
         {"--context-lengths": contexts, "--pass-types": ["forward", "train-step"], "--precisions": ["fp32", "bf16"]},
+        tool=MEMORY_SWEEP,
     )
     for pass_type in ("forward", "train-step"):
         steps += _snapshot_steps(options, target, size, contexts[0], pass_type)

@@ -530,7 +530,11 @@ def checkpoint_observations(rows: list[dict]) -> list[str]:
     base = pick(rows, checkpoint_blocks="off")
     best = min(rows, key=lambda r: number(r, "peak_memory_bytes"))
     label = label_text("checkpoint_blocks", best)
-    text = f"The lowest peak is with {label} block{'s' * (label != '1')} per checkpointed group"
+    text = (
+        "The lowest peak is without checkpointing"
+        if label == "off"
+        else f"The lowest peak is with {label} block{'s' * (label != '1')} per checkpointed group"
+    )
     if base is not None and best is not base:
         text += (
             f": {change(number(best, 'peak_memory_bytes'), number(base, 'peak_memory_bytes'))} against no checkpointing, "
