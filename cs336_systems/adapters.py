@@ -24,6 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .errors import UsageError
 from .loading import namespace_hint, put_first_on_path, repo_paths
 from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeError, UserCodeTimeout, guarded
 
@@ -61,7 +62,7 @@ FLASH_ADAPTERS = {
 }
 
 
-class AdapterError(ValueError):
+class AdapterError(UsageError):
     """The adapters module cannot be used at all (import failure, no adapter defined)."""
 
 

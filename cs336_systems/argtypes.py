@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Iterable
 
 from . import terminal
+from .errors import UsageError
 from .units import format_bytes, parse_bytes
 
 EXIT_OK = 0
@@ -38,11 +38,6 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def fail(prog: str, message: str) -> int:
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
 
 
 def exit_status(statuses: Iterable[str | None]) -> int:
@@ -212,14 +207,14 @@ def add_memory_limit_argument(parser, *, allow_auto: bool = False, help: str | N
 
 
 def resolve_memory_limit(value: int | str | None, device_type: str) -> int | None:
-    """The cap in bytes for a run on `device_type`, or None. Raises ValueError for a cap
-    asked on CUDA (RLIMIT_AS caps host memory, and CUDA needs far more address space than it uses)."""
+    """The cap in bytes for a run on `device_type`, or None. A UsageError for a cap asked on CUDA
+    (RLIMIT_AS caps host memory, and CUDA needs far more address space than it uses)."""
     if value is None:
         return None
     if device_type != "cpu":
         if value == AUTO:
             return None
-        raise ValueError("--memory-limit caps CPU memory (RLIMIT_AS) and cannot be used with CUDA")
+        raise UsageError("--memory-limit caps CPU memory (RLIMIT_AS) and cannot be used with CUDA")
     if value == AUTO:
         return available_memory_bytes()
     return int(value)

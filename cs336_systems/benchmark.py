@@ -16,13 +16,12 @@ import sys
 
 from tabulate import tabulate
 
-from . import cuda_graphs, nvtx
+from . import nvtx
 from .argtypes import (
     EXIT_FAILED,
     ArgumentParser,
     as_flag_value,
     exit_status,
-    fail,
     given_flags,
     output_path,
     positive_int,
@@ -34,28 +33,27 @@ from .benchmark_flags import (
     add_shape_arguments,
     announce_size_table,
     benchmark_config_from_args,
+    check_runnable,
     model_config_from_args,
     size_table_of,
 )
-from .command import run_command
+from .command import Command
 from .config import COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
 from .device import DeviceError, resolve_device
-from .lifetime import exit_with
 from .models import ATTENTION_KINDS, SIZE_TABLES, ConfigError, ModelConfig, count_parameters_for
-from .monitor import MonitorPathError, add_monitor_arguments, check_monitor_arguments, monitored
-from .optimizer import OptimizerFactoryError, check_user_optimizer
+from .monitor import add_monitor_arguments, check_monitor_arguments, monitored
 from .precision import PRECISIONS
-from .results import BenchmarkRecord, ResultFileError, ResultSink, ResultWriteError, check_output_paths
+from .results import BenchmarkRecord, ResultSink, ResultWriteError, check_output_paths
 from .runner import run_benchmark
+from .step import describe_measurement
 from .terminal import show
-from .timing import timer_unsupported_reason
-from .user_model import ModelFactoryError, load_model_factory
 from .usercode import add_timeout_argument, import_timeout
 
 PROG = "python -m cs336_systems.benchmark"
 
 
-def build_parser() -> ArgumentParser:
+def configuration_parser() -> ArgumentParser:
+    """The flags of one configuration and how it runs (find_max and scripts/warmup_study.py build on them)."""
     parser = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument(
         "--model-size", default="small", help="a name in --size-table's table (--list-sizes shows it; default small)"
@@ -196,7 +194,7 @@ def check_beside_config(parser: argparse.ArgumentParser, argv: list[str]) -> Non
 
 def config_from_args(args, parser: argparse.ArgumentParser | None = None) -> BenchmarkConfig:
     if args.config:
-        return read_config(args.config, parser or build_parser())
+        return read_config(args.config, parser or configuration_parser())
     model = model_config_from_args(args, args.model_size, args.context_length, args.attention)
     return benchmark_config_from_args(
         args,
@@ -210,50 +208,37 @@ def config_from_args(args, parser: argparse.ArgumentParser | None = None) -> Ben
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    # the sweeps built on build_parser() have theirs, per configuration in a child (child.add_child_arguments)
+def build_parser() -> ArgumentParser:
+    """The command's parser: the configuration's flags, and --timeout (a sweep's children get theirs from
+    the sweep, child.add_child_arguments)."""
+    parser = configuration_parser()
     add_timeout_argument(parser, "per step, model build and import of your code")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    try:
-        if args.list_sizes:
-            print(size_table(args))
-            return 0
-        if args.config:
-            check_beside_config(parser, argv)
-        config = config_from_args(args, parser)
-        device = resolve_device(config.device)
-        if reason := timer_unsupported_reason(config.timer, device):
-            raise DeviceError(reason)
-        if config.cuda_graphs and device.type != "cuda":  # other refusals are 'unsupported' rows, as in sweeps
-            raise DeviceError(cuda_graphs.unsupported_reason(device, config.precision, None))
-        if args.memory_snapshot and device.type != "cuda":
-            raise DeviceError("--memory-snapshot needs a CUDA device (it records the CUDA allocator's history)")
-        if config.model_factory:
-            load_model_factory(config.model_factory, import_timeout(args.timeout))
-        if config.optimizer_factory:
-            check_user_optimizer(config.optimizer_factory, import_timeout(args.timeout))
-        sink = ResultSink(check_output_paths(args.output))
-        check_monitor_arguments(args)
-    except (
-        ConfigError,
-        DeviceError,
-        ModelFactoryError,
-        OptimizerFactoryError,
-        ResultFileError,
-        MonitorPathError,
-    ) as exc:
-        return fail(PROG, str(exc))
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_sizes:
+        print(size_table(args))
+        return 0
+    parser = build_parser()
+    if args.config:
+        check_beside_config(parser, args.argv)
+    config = config_from_args(args, parser)
+    device = resolve_device(config.device)
+    check_runnable(config, device, import_timeout(args.timeout))
+    if args.memory_snapshot and device.type != "cuda":
+        raise DeviceError("--memory-snapshot needs a CUDA device (it records the CUDA allocator's history)")
+    sink = ResultSink(check_output_paths(args.output))
+    check_monitor_arguments(args)
 
     if not args.config:  # a configuration file carries its own table (run_benchmarks' children)
         announce_size_table(args)
     if args.nvtx and not nvtx.enable(blocks=args.nvtx == "blocks"):
         print(f"{PROG}: note: --nvtx does nothing on {device.type} (NVTX ranges need CUDA)", file=sys.stderr)
+    config = config.replace(device=str(device))
+    print("\n".join(describe_measurement([config])), file=sys.stderr, flush=True)
     with monitored(args.monitor, args.monitor_interval):
-        record = run_benchmark(
-            config.replace(device=str(device)), memory_snapshot=args.memory_snapshot, timeout_s=args.timeout
-        )
+        record = run_benchmark(config, memory_snapshot=args.memory_snapshot, timeout_s=args.timeout)
     try:  # the row first: whatever the user's code did to stdout, the result is kept
         sink.write(record)
     except ResultWriteError as exc:  # a full disk: the row is shown below, the file kept whole
@@ -270,5 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     return exit_status([record.status])
 
 
+main = Command(build_parser, run)
+
 if __name__ == "__main__":
-    exit_with(lambda: run_command(PROG, main))  # Ctrl-C 130, SIGTERM 143, one line
+    main.start()

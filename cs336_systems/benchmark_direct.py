@@ -12,16 +12,18 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import itertools
 
+from .argtypes import ArgumentParser
 from .child import failed_record
+from .command import Command
 from .device import failure_status, release_memory, resolve_device
-from .lifetime import exit_with
 from .memory import baseline_memory_bytes
 from .models import build_model, count_parameters_for
 from .runner import run_benchmark
-from .sweep import sweep_main
+from .sweep import build_sweep_parser, run_sweep
 from .user_model import ModelFactoryError, check_model_output
 from .usercode import UserCodeError, UserCodeTimeout, guarded
 
@@ -61,9 +63,15 @@ def execute(pending, args, env, writer) -> None:
             return
 
 
-def main(argv: list[str] | None = None) -> int:
-    return sweep_main(PROG, __doc__.split("\n")[0], argv, execute, child_processes=False)
+def build_parser() -> ArgumentParser:
+    return build_sweep_parser(PROG, __doc__.split("\n")[0], child_processes=False)
 
+
+def run(args: argparse.Namespace) -> int:
+    return run_sweep(args, PROG, execute, child_processes=False)
+
+
+main = Command(build_parser, run)
 
 if __name__ == "__main__":
-    exit_with(main)
+    main.start()

@@ -1,6 +1,6 @@
 """The benchmark flags shared by benchmark, the sweeps, find_max and ddp_bench (model shape,
-execution), and a BenchmarkConfig from those flags. The argparse types themselves
-live in argtypes.py.
+execution), a BenchmarkConfig from those flags, and what a configuration cannot check of itself
+before a run (check_runnable). The argparse types themselves live in argtypes.py.
 """
 
 from __future__ import annotations
@@ -9,12 +9,17 @@ import argparse
 import dataclasses
 import sys
 
+from . import cuda_graphs
 from .argtypes import add_device_argument, non_negative_int, output_path, positive_float, positive_int
 from .config import COMPILE_MODES, PARAM_DTYPES, BenchmarkConfig
+from .device import DeviceError
 from .flops import PEAK_CHOICES
 from .models import CHECKPOINT_WORDS, ConfigError, ModelConfig
+from .optimizer import check_user_optimizer
 from .size_tables import AUTO, SIZE_TABLE_CHOICES, SizeTableChoice, choose_size_table
-from .timing import TIMERS
+from .timing import TIMERS, timer_unsupported_reason
+from .user_model import load_model_factory
+from .usercode import DEFAULT_IMPORT_TIMEOUT_S
 
 
 def checkpoint_blocks(text: str) -> int | str | None:
@@ -213,3 +218,18 @@ def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **r
     }
     settings["optimizer_factory"] = getattr(args, "optimizer", None)  # the flag is --optimizer
     return BenchmarkConfig(model=model, **{**settings, **run})
+
+
+def check_runnable(config: BenchmarkConfig, device, import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S) -> None:
+    """What a configuration cannot know of itself, checked before any work (the configuration checks
+    the rest on construction): its timer and --cuda-graphs on `device`, and that the user's code loads
+    (--model-factory, --optimizer). A UsageError (one line) otherwise; the runner's other refusals that
+    depend on the device (a precision, torch.compile) are 'unsupported' rows, as in a sweep."""
+    if reason := timer_unsupported_reason(config.timer, device):
+        raise DeviceError(reason)
+    if config.cuda_graphs and (reason := cuda_graphs.unsupported_reason(device)):
+        raise DeviceError(reason)
+    if config.model_factory:
+        load_model_factory(config.model_factory, import_timeout_s)
+    if config.optimizer_factory:
+        check_user_optimizer(config.optimizer_factory, import_timeout_s)

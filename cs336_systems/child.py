@@ -27,6 +27,7 @@ from .argtypes import (
     resolve_memory_limit,
 )
 from .config import BenchmarkConfig
+from .errors import UsageError
 from .lifetime import child_preexec, temporary_directory
 from .models import count_parameters_for
 from .results import ENVIRONMENT_FIELDS, BenchmarkRecord, Environment, collect_environment
@@ -74,7 +75,7 @@ def add_child_arguments(parser: argparse.ArgumentParser) -> None:
 def child_limits_from_args(args: argparse.Namespace, device: torch.device) -> ChildLimits:
     limit = resolve_memory_limit(args.memory_limit, device.type)
     if args.timeout is not None and not 0 < args.timeout < math.inf:  # nan and inf too
-        raise ValueError(f"--timeout must be positive, got {args.timeout}")
+        raise UsageError(f"--timeout must be positive, got {args.timeout}")
     return ChildLimits(timeout_s=args.timeout, memory_limit_bytes=limit)
 
 

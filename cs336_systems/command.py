@@ -1,5 +1,18 @@
-"""What every command shares beyond its flags' types (argtypes): old and singular spellings of
-a flag accepted but not advertised, and Ctrl-C as exit status 130 (SIGTERM 143).
+"""Every tool's command line, run one way (pip's `Command`), and the hidden spellings of its flags.
+
+A tool module declares `build_parser()` (its flags) and `run(args) -> int` (its work), and ends with
+
+    main = Command(build_parser, run)
+    if __name__ == "__main__":
+        main.start()
+
+`main(argv)` parses and runs; what the user caused ends here as one line, whoever raised it:
+- errors.UsageError (a bad value, file, device; the user's code that does not load): `PROG: error:
+  MESSAGE`, exit status 2. Any other exception is a bug and raises with its traceback;
+- Ctrl-C: exit 130, SIGTERM: 143, after one line (the rows written so far stay written; children
+  are ended by the cleanup the interrupt runs through);
+- a full disk (errors.ResultWriteError): one line, exit 1.
+argparse's own usage errors are one line and exit 2 too (argtypes.ArgumentParser).
 
 argparse names an action by all its option strings in errors ("argument --head-dims/--head-dim:
 ..."); an alias added as its own hidden action keeps the error naming the one spelling we teach,
@@ -9,11 +22,62 @@ and the alias writes to the same destination.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
-from .argtypes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED
-from .lifetime import Terminated, check_interrupted, signals_interrupt
+from .argtypes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE
+from .errors import ResultWriteError, UsageError
+from .lifetime import Terminated, check_interrupted, exit_with, signals_interrupt
+
+
+class Command:
+    """A tool: its parser builder and its run. Calling it runs the command line `argv` (sys.argv's
+    by default) and returns the exit status; `args.argv` holds that command line as given (a sweep
+    prints it again to resume, --config looks for flags given beside it). A command called inside
+    another's run (handout writes its report so) answers its status and leaves Ctrl-C to the outer one."""
+
+    _running = 0  # commands running in this process, the outermost first
+
+    def __init__(self, build_parser: Callable[[], argparse.ArgumentParser], run: Callable[[argparse.Namespace], int]):
+        self.build_parser, self.run = build_parser, run
+
+    def __call__(self, argv: list[str] | None = None) -> int:
+        parser = self.build_parser()
+        argv = list(sys.argv[1:] if argv is None else argv)
+        args = parser.parse_args(argv)
+        args.argv = argv
+        outermost = not Command._running
+        Command._running += 1
+        try:
+            with signals_interrupt() if outermost else contextlib.nullcontext():
+                status = self.run(args)
+                check_interrupted()  # one Python swallowed (e.g. raised in an at-fork hook) still counts
+                return status
+        except UsageError as exc:
+            print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt as exc:
+            if not outermost:
+                raise
+            terminated = isinstance(exc, Terminated)
+            print(
+                f"{parser.prog}: {'terminated' if terminated else 'interrupted'}; "
+                "the rows finished so far are in the outputs",
+                file=sys.stderr,
+            )
+            return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+        except ResultWriteError as exc:
+            print(f"{parser.prog}: error: {exc.strerror}; the rows before it are in the outputs", file=sys.stderr)
+            return EXIT_FAILED
+        finally:
+            Command._running -= 1
+
+    def start(self) -> NoReturn:
+        """`python -m TOOL`: run and end the process with the status, whatever the user's code left
+        running (lifetime.exit_with)."""
+        exit_with(self)
 
 
 def add_argument_with_aliases(
@@ -26,27 +90,3 @@ def add_argument_with_aliases(
     for alias in aliases:
         parser.add_argument(alias, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **hidden)
     return action
-
-
-def run_command(prog: str, run: Callable[[], int]) -> int:
-    """run()'s exit status; Ctrl-C is 130 and SIGTERM 143, after one line (the rows written so far
-    stay written; children are ended by the cleanup the interrupt runs through)."""
-    try:
-        with signals_interrupt():
-            status = run()
-            check_interrupted()  # one Python swallowed (e.g. raised in an at-fork hook) still counts
-            return status
-    except KeyboardInterrupt as exc:
-        terminated = isinstance(exc, Terminated)
-        print(
-            f"{prog}: {'terminated' if terminated else 'interrupted'}; the rows finished so far are in the outputs",
-            file=sys.stderr,
-        )
-        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
-    except OSError as exc:
-        from .results.errors import ResultWriteError  # pandas: only when a write failed
-
-        if not isinstance(exc, ResultWriteError):
-            raise
-        print(f"{prog}: error: {exc.strerror}; the rows before it are in the outputs", file=sys.stderr)
-        return EXIT_FAILED

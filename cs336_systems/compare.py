@@ -11,12 +11,13 @@ status is 0. Rows present on one side only are listed, never failed.
 
 from __future__ import annotations
 
+import argparse
 import math
 
 from tabulate import tabulate
 
-from .argtypes import ArgumentParser, fail, positive_float
-from .lifetime import exit_with
+from .argtypes import ArgumentParser, positive_float
+from .command import Command
 from .report import model_label
 from .results import BenchmarkRecord, ResultFileError, read_results, validate
 from .results.records import NONFINITE_LOSS_NOTE
@@ -29,11 +30,8 @@ ENVIRONMENT_SHOWN = ("device_name", "torch_version", "cuda_version", "num_thread
 
 
 def _rows(path: str) -> dict[tuple, dict]:
-    try:
-        validate.check_not_rendering(path)
-        frame = read_results(path)
-    except (OSError, ValueError) as exc:
-        raise ResultFileError(f"{path}: {exc}") from None
+    validate.check_not_rendering(path)
+    frame = read_results(path)  # a file that is not a readable result file: ResultFileError naming it
     missing = [
         name for name in (*BenchmarkRecord.identity_fields(), "status", "median_ms") if name not in frame.columns
     ]
@@ -85,7 +83,7 @@ def verdict(base: dict, new: dict, band_pct: float) -> tuple[float | None, str, 
     return ratio, f"same (within ±{band_pct:g}%)", False
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("base")
     parser.add_argument("new")
@@ -95,11 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PCT",
         help="exit 1 if any matched row is slower by more than PCT percent",
     )
-    args = parser.parse_args(argv)
-    try:
-        base, new = _rows(args.base), _rows(args.new)
-    except ResultFileError as exc:
-        return fail(PROG, str(exc))
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    base, new = _rows(args.base), _rows(args.new)
     band = args.fail_above if args.fail_above is not None else DEFAULT_BAND_PCT
 
     table, regressions = [], 0
@@ -131,5 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if args.fail_above is not None and regressions else 0
 
 
+main = Command(build_parser, run)
+
 if __name__ == "__main__":
-    exit_with(main)
+    main.start()

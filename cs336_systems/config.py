@@ -18,9 +18,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from . import cuda_graphs
 from .anomalies import fast_path_flags
 from .argtypes import MAX_INT
-from .cuda_graphs import OPTIMIZER_REFUSAL
 from .flops import PEAK_CHOICES
 from .identity import identity_field, row_key
 from .models import ConfigError, ModelConfig
@@ -218,8 +218,21 @@ def check_benchmark_config(config: BenchmarkConfig) -> None:
             raise ConfigError(f"{flag} must look like package.module:callable, got {spec!r}")
     # contradictions
     config.model.check_context(config.context_length)
-    if config.cuda_graphs and config.optimizer_factory:
-        raise ConfigError(OPTIMIZER_REFUSAL)
+    if config.param_dtype != "fp32" and config.precision != config.param_dtype:
+        raise ConfigError(
+            f"--param-dtype {config.param_dtype} runs under --precision {config.param_dtype} "
+            f"(autocast keeps softmax and the loss in fp32); got --precision {config.precision}"
+        )
+    if config.cuda_graphs and (
+        reason := cuda_graphs.refusal(
+            config.precision,
+            config.compile_mode if config.compile else None,
+            config.optimizer_factory,
+            config.grad_accum_steps,
+            config.param_dtype,
+        )
+    ):
+        raise ConfigError(reason)
     if config.model_factory and config.model.fused_projections:
         raise ConfigError("--fused-projections changes the built-in model's projections; not a --model-factory model's")
     if config.model_factory and config.model.checkpoint_group_size:

@@ -39,18 +39,28 @@ OPTIMIZER_REFUSAL = (
 )
 
 
-def unsupported_reason(
-    device: torch.device, precision: str, compile_mode: str | None, optimizer_factory: str | None = None
+def refusal(
+    precision: str, compile_mode: str | None, optimizer_factory: str | None, grad_accum_steps: int, param_dtype: str
 ) -> str | None:
-    """Why --cuda-graphs cannot run this configuration (one line), or None."""
+    """Why --cuda-graphs cannot capture a configuration with these settings (one line), or None: the
+    configuration refuses itself with it (config.check_benchmark_config), whatever the device."""
     if optimizer_factory is not None:
         return OPTIMIZER_REFUSAL
-    if device.type != "cuda":
-        return f"--cuda-graphs needs a CUDA device (got {device.type}): CUDA graphs capture CUDA kernels"
     if precision == "fp16":
         return "--cuda-graphs does not support fp16: GradScaler reads its inf check on the host, which capture forbids"
     if compile_mode in GRAPH_COMPILE_MODES:
         return f"--cuda-graphs with --compile-mode {compile_mode}: that mode captures CUDA graphs itself; pick one"
+    if grad_accum_steps > 1 or param_dtype != "fp32":
+        return (
+            "--cuda-graphs captures a one-batch step of fp32 parameters: not with --grad-accum-steps or --param-dtype"
+        )
+    return None
+
+
+def unsupported_reason(device: torch.device) -> str | None:
+    """Why --cuda-graphs cannot run on `device` (one line), or None."""
+    if device.type != "cuda":
+        return f"--cuda-graphs needs a CUDA device (got {device.type}): CUDA graphs capture CUDA kernels"
     return None
 
 

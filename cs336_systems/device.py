@@ -15,12 +15,13 @@ import shutil
 
 import torch
 
+from .errors import UsageError
 from .usercode import UserCodeError, UserCodeTimeout
 
 OOM_MESSAGE_MARKERS = ("out of memory", "can't allocate memory", "defaultcpuallocator")
 
 
-class DeviceError(ValueError):
+class DeviceError(UsageError):
     """A device the user asked for that this machine does not have."""
 
 

@@ -20,24 +20,22 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from .argtypes import EXIT_FAILED, EXIT_OK, fail, output_path, positive_int
-from .benchmark import build_parser as build_benchmark_parser
-from .benchmark import config_from_args
-from .benchmark_flags import announce_size_table
+from .argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser, output_path, positive_int
+from .benchmark import config_from_args, configuration_parser
+from .benchmark_flags import announce_size_table, check_runnable
 from .child import add_child_arguments, child_limits_from_args, run_in_child
+from .command import Command
 from .config import BenchmarkConfig
-from .device import DeviceError, resolve_device
-from .lifetime import exit_with
-from .models import ConfigError
+from .device import resolve_device
+from .errors import UsageError
 from .monitor import check_monitor_arguments, monitored
-from .optimizer import check_user_optimizer
 from .results import (
-    ResultFileError,
     ResultSink,
     ResultWriteError,
     check_distinct,
@@ -46,9 +44,8 @@ from .results import (
     write_whole,
 )
 from .search import search_boundary
+from .step import describe_measurement
 from .sweep import StopRequest, describe
-from .timing import timer_unsupported_reason
-from .user_model import ModelFactoryError, load_model_factory
 
 PROG = "python -m cs336_systems.find_max"
 DIMENSIONS = {"batch-size": "batch_size", "context-length": "context_length"}
@@ -60,8 +57,8 @@ def probe_config(base: BenchmarkConfig, dimension: str, value: int) -> Benchmark
     return base.replace(batch_size=value)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_benchmark_parser()
+def build_parser() -> ArgumentParser:
+    parser = configuration_parser()
     parser.prog, parser.description = PROG, __doc__.split("\n")[0]
     parser.add_argument("--dimension", choices=tuple(DIMENSIONS), required=True)
     parser.add_argument("--start", type=positive_int, help="first value probed (default: 1 for batch, 128 for context)")
@@ -72,38 +69,33 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_child_arguments(parser)
     parser.set_defaults(warmup_steps=1, measure_steps=1)
-    args = parser.parse_args(argv)
-    try:
-        device = resolve_device(args.device)
-        if reason := timer_unsupported_reason(args.timer, device):
-            raise DeviceError(reason)
-        if args.model_factory:
-            load_model_factory(args.model_factory)
-        if args.optimizer:
-            check_user_optimizer(args.optimizer)
-        start = args.start or (1 if args.dimension == "batch-size" else 128)
-        if start > args.max:
-            raise ValueError(f"--start {start} is above --max {args.max}")
-        args.context_length = start if args.dimension == "context-length" else args.context_length
-        base = config_from_args(args).replace(device=str(device))
-        limits = child_limits_from_args(args, device)
-        outputs = check_output_paths(args.output)
-        sink = ResultSink(outputs)
-        summary = args.summary or (outputs[0].with_suffix(".json") if outputs else None)
-        if summary:
-            summary = check_output_path(summary, "--summary")  # checked now, not after every probe ran
-            monitor = Path(args.monitor) if args.monitor else None
-            check_distinct(
-                [
-                    ("--summary", summary),
-                    ("--monitor", monitor),
-                    ("--monitor (its .json)", monitor and monitor.with_suffix(".json")),
-                    *(("--output", path) for path in outputs),
-                ]
-            )
-        check_monitor_arguments(args)  # --monitor comes with the benchmark flags
-    except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, ValueError) as exc:
-        return fail(PROG, str(exc))
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    start = args.start or (1 if args.dimension == "batch-size" else 128)
+    if start > args.max:
+        raise UsageError(f"--start {start} is above --max {args.max}")
+    args.context_length = start if args.dimension == "context-length" else args.context_length
+    base = config_from_args(args).replace(device=str(device))
+    check_runnable(base, device)
+    limits = child_limits_from_args(args, device)
+    outputs = check_output_paths(args.output)
+    sink = ResultSink(outputs)
+    summary = args.summary or (outputs[0].with_suffix(".json") if outputs else None)
+    if summary:
+        summary = check_output_path(summary, "--summary")  # checked now, not after every probe ran
+        monitor = Path(args.monitor) if args.monitor else None
+        check_distinct(
+            [
+                ("--summary", summary),
+                ("--monitor", monitor),
+                ("--monitor (its .json)", monitor and monitor.with_suffix(".json")),
+                *(("--output", path) for path in outputs),
+            ]
+        )
+    check_monitor_arguments(args)  # --monitor comes with the benchmark flags
 
     searched = searched_config(base, args.dimension)
     env = None  # children record their own; the parent stays off the GPU
@@ -124,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         return record.status
 
     announce_size_table(args)
+    print("\n".join(describe_measurement([base])), file=sys.stderr)
     print(f"{PROG}: largest {args.dimension} of {searched}, from {start}", file=sys.stderr, flush=True)
     with stop.installed(), monitored(args.monitor, args.monitor_interval):
         try:
@@ -162,5 +155,7 @@ def searched_config(base: BenchmarkConfig, dimension: str) -> str:
     return text.replace(f"B={base.batch_size}", "B=*")
 
 
+main = Command(build_parser, run)
+
 if __name__ == "__main__":
-    exit_with(main)
+    main.start()

@@ -12,13 +12,14 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from .errors import UsageError
 from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeError, UserCodeTimeout, guarded
 
 # what pytest takes for the root of a repository (its rootdir's usual markers)
 ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", "pytest.ini", "tox.ini", ".git")
 
 
-class LoadError(ValueError):
+class LoadError(UsageError):
     """A spec that cannot be imported or is not a callable."""
 
 

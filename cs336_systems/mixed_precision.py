@@ -11,10 +11,10 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,10 +24,10 @@ import torch.nn.functional as F
 from tabulate import tabulate
 from torch import nn
 
-from .argtypes import EXIT_FAILED, ArgumentParser, add_device_argument, fail
-from .command import run_command
-from .device import DeviceError, resolve_device
-from .lifetime import exit_with
+from .argtypes import ArgumentParser, add_device_argument
+from .command import Command
+from .device import resolve_device
+from .errors import UsageError
 
 PROG = "python -m cs336_systems.mixed_precision"
 STEPS, ADDEND, EXACT = 1000, 0.01, 10.0
@@ -283,9 +283,7 @@ def write_rows(rows: list[dict], path: Path) -> None:
     write_whole(path, text)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from .results import ResultFileError, ResultWriteError, check_output_paths
-
+def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     add_device_argument(parser)
     parser.add_argument(
@@ -295,25 +293,25 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PATH",
         help="also write the printed values as rows to PATH (.csv or .jsonl; repeatable)",
     )
-    args = parser.parse_args(argv)
-    try:
-        device = resolve_device(args.device)
-        wrong = [path for path in args.output if Path(path).suffix not in (".csv", ".jsonl")]
-        if wrong:
-            raise ValueError(f"--output {wrong[0]}: mixed_precision writes .csv or .jsonl")
-        outputs = check_output_paths(args.output)
-    except (DeviceError, ResultFileError, ValueError) as exc:
-        return fail(PROG, str(exc))
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from .results import check_output_paths
+
+    device = resolve_device(args.device)
+    wrong = [path for path in args.output if Path(path).suffix not in (".csv", ".jsonl")]
+    if wrong:
+        raise UsageError(f"--output {wrong[0]}: mixed_precision writes .csv or .jsonl")
+    outputs = check_output_paths(args.output)
     rows = result_rows(device)
     print(report(rows), end="")
-    try:
-        for path in outputs:
-            write_rows(rows, path)
-    except ResultWriteError as exc:
-        print(f"{PROG}: error: {exc.strerror}", file=sys.stderr)
-        return EXIT_FAILED
+    for path in outputs:
+        write_rows(rows, path)
     return 0
 
 
+main = Command(build_parser, run)
+
 if __name__ == "__main__":
-    exit_with(lambda: run_command(PROG, main))  # Ctrl-C 130, SIGTERM 143, one line
+    main.start()

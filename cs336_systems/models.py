@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from . import nvtx
+from .errors import UsageError
 from .size_tables import NEWEST_SIZE_TABLE, SIZE_TABLES, choose_size_table
 from .user_model import FACTORY_KEYWORDS, ModelFactoryError, build_user_model
 from .usercode import UserCodeTimeout
@@ -48,7 +49,7 @@ MODEL_LIMITS = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError):
     """A model shape or option the user asked for that cannot be built."""
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .errors import UsageError
 from .loading import fit_keywords, load_callable
 from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeError, UserCodeTimeout, guarded
 
@@ -17,7 +18,7 @@ from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeError, UserCodeTimeout, 
 OPTIMIZER_KWARGS = dict(lr=1e-4, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-8)
 
 
-class OptimizerFactoryError(ValueError):
+class OptimizerFactoryError(UsageError):
     """A user's --optimizer that cannot be imported, called or used."""
 
 

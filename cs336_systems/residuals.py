@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
@@ -26,14 +27,14 @@ from tabulate import tabulate
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .argtypes import ArgumentParser, add_device_argument, exit_status, fail, positive_int
+from .argtypes import ArgumentParser, add_device_argument, exit_status, positive_int
 from .benchmark_flags import add_shape_arguments, announce_size_table, model_config_from_args
+from .command import Command
 from .device import DeviceError, compile_unsupported_reason, failure_status, resolve_device
-from .lifetime import exit_with
 from .memory.estimate import FP32, block_saved_bytes
 from .models import ATTENTION_KINDS, ConfigError, ModelConfig, TransformerBlock, TransformerLM
 from .precision import PRECISIONS, autocast, unsupported_reason
-from .results import ResultFileError, check_output_paths
+from .results import check_output_paths
 
 PROG = "python -m cs336_systems.residuals"
 MIB = 2**20
@@ -267,7 +268,7 @@ def block_table(rows: list[SavedTensor]) -> str:
     return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--model-size", default="small")
     parser.add_argument("--context-length", type=positive_int, default=512)
@@ -285,22 +286,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_device_argument(parser, default="cpu")
     add_shape_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        device = resolve_device(args.device)
-        config = model_config_from_args(args, args.model_size, args.context_length, args.attention)
-        config.check_context(args.context_length)
-        if args.model_factory:
-            raise ConfigError("residuals reads the built-in model's blocks; drop --model-factory")
-        reason = unsupported_reason(args.precision, device)
-        if reason:
-            raise DeviceError(reason)
-        wrong = [path for path in args.output if Path(path).suffix not in (".csv", ".jsonl")]
-        if wrong:
-            raise ConfigError(f"--output {wrong[0]}: residuals writes .csv or .jsonl")
-        args.output = check_output_paths(args.output)
-    except (ConfigError, DeviceError, ResultFileError) as exc:
-        return fail(PROG, str(exc))
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    if args.model_factory:
+        raise ConfigError("residuals reads the built-in model's blocks; drop --model-factory")
+    config = model_config_from_args(args, args.model_size, args.context_length, args.attention)
+    config.check_context(args.context_length)
+    if reason := unsupported_reason(args.precision, device):
+        raise DeviceError(reason)
+    wrong = [path for path in args.output if Path(path).suffix not in (".csv", ".jsonl")]
+    if wrong:
+        raise ConfigError(f"--output {wrong[0]}: residuals writes .csv or .jsonl")
+    args.output = check_output_paths(args.output)
     announce_size_table(args)
     try:
         return _report(args, config, device)
@@ -390,5 +390,7 @@ def write_contributions(args, config: ModelConfig, device: torch.device, rows: l
         write_rows(table, path)
 
 
+main = Command(build_parser, run)
+
 if __name__ == "__main__":
-    exit_with(main)
+    main.start()

@@ -14,9 +14,12 @@ Example:
 
 from __future__ import annotations
 
+import argparse
+
+from .argtypes import ArgumentParser
 from .child import benchmark_command, run_in_child
-from .lifetime import exit_with
-from .sweep import sweep_main
+from .command import Command
+from .sweep import build_sweep_parser, run_sweep
 
 PROG = "python -m cs336_systems.run_benchmarks"
 
@@ -32,9 +35,15 @@ def execute(pending, args, env, writer) -> None:
             writer.log(f"{record.status}: run it alone with\n  {benchmark_command(config, args.child_limits)}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    return sweep_main(PROG, __doc__.split("\n")[0], argv, execute, child_processes=True)
+def build_parser() -> ArgumentParser:
+    return build_sweep_parser(PROG, __doc__.split("\n")[0], child_processes=True)
 
+
+def run(args: argparse.Namespace) -> int:
+    return run_sweep(args, PROG, execute, child_processes=True)
+
+
+main = Command(build_parser, run)
 
 if __name__ == "__main__":
-    exit_with(main)
+    main.start()

@@ -186,20 +186,6 @@ def _measure(
 PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # config.PARAM_DTYPES -> the cast (None: as built)
 
 
-def fast_path_unsupported_reason(config: BenchmarkConfig) -> str | None:
-    """Why --grad-accum-steps / --param-dtype cannot run this configuration (one line), or None."""
-    if config.param_dtype != "fp32" and config.precision != config.param_dtype:
-        return (
-            f"--param-dtype {config.param_dtype} runs under --precision {config.param_dtype} "
-            f"(autocast keeps softmax and the loss in fp32); got --precision {config.precision}"
-        )
-    if config.cuda_graphs and (config.grad_accum_steps > 1 or config.param_dtype != "fp32"):
-        return (
-            "--cuda-graphs captures a one-batch step of fp32 parameters: not with --grad-accum-steps or --param-dtype"
-        )
-    return None
-
-
 def _record_memory(record: BenchmarkRecord, memory: PhaseMemory, baseline: int) -> None:
     """First step (optimizer state created) and steady state (the extra traced step), per phase.
 
@@ -298,16 +284,12 @@ def run_benchmark(
             param_dtype=config.param_dtype,
         ).peak_bytes
 
-    reason = unsupported_reason(config.precision, device) or fast_path_unsupported_reason(config)
+    # what depends on the device (the configuration refused its own contradictions when it was made)
+    reason = unsupported_reason(config.precision, device)
     if reason is None and config.compile:
         reason = compile_unsupported_reason(device)
     if reason is None and config.cuda_graphs:
-        reason = cuda_graphs.unsupported_reason(
-            device,
-            config.precision,
-            config.compile_mode if config.compile else None,
-            config.optimizer_factory if config.pass_type == "train-step" else None,
-        )
+        reason = cuda_graphs.unsupported_reason(device)
     if reason is not None:
         record.status, record.error = "unsupported", reason
         return record

@@ -9,7 +9,7 @@ so timing, memory tracing and NVTX ranges wrap them without the step knowing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -128,6 +128,40 @@ def make_step(
             raise ValueError("train-step needs an optimizer")
         return train_step
     raise ValueError(f"unknown pass type {config.pass_type!r}; choose one of {PASS_TYPES}")
+
+
+def describe_step(config: BenchmarkConfig) -> str:
+    """What one timed step of `config` covers, in words (make_step's step): a run's first lines say it."""
+    times = f"{config.grad_accum_steps} x " if config.grad_accum_steps > 1 else ""
+    if config.pass_type == "forward":
+        return f"{times}forward only (inference mode, no loss)"
+    work = f"{times}(forward + loss + backward)" if times else "forward + loss + backward"
+    if config.pass_type == "forward-backward":
+        return f"{work}, no optimizer step"
+    optimizer = f"your --optimizer {config.optimizer_factory}" if config.optimizer_factory else "torch's fused AdamW"
+    masters = " over fp32 master weights" if config.param_dtype != "fp32" else ""
+    return f"{work} + one optimizer step ({optimizer}{masters})"
+
+
+def describe_measurement(configs: Sequence[BenchmarkConfig]) -> list[str]:
+    """A run's first lines after its size table: where it measures (threads on a CPU), how many warmup
+    and measured steps, what one step covers, and what MFU divides by. `configs` share all but their
+    shape, precision and pass type (a sweep's grid)."""
+    first = configs[0]
+    threads = f" ({torch.get_num_threads()} threads)" if first.device.startswith("cpu") else ""
+    warmup, measured = first.warmup_steps, first.measure_steps
+    samples = "do_bench samples" if first.timer == "do-bench" else "steps"
+    peak = (
+        f"--peak-tflops {first.peak_tflops:g}"
+        if first.peak_tflops is not None
+        else f"the peak --peak {first.peak} finds for the row's device and precision"
+    )
+    return [
+        f"measuring on {first.device}{threads}: {warmup} warmup step{'s' * (warmup != 1)}, then {measured} "
+        f"measured {samples} per configuration ({first.timer} timer)",
+        *dict.fromkeys(f"one step ({c.pass_type}): {describe_step(c)}" for c in configs),
+        f"mfu: model FLOP/s as a fraction of {peak} (the row's peak_tflops; its peak_source says where that came from)",
+    ]
 
 
 def combine_phases(*phases: Phase) -> Phase:

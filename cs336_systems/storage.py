@@ -39,6 +39,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from .argtypes import ArgumentParser, byte_size, non_negative_float, non_negative_int
+from .command import Command
+from .errors import UsageError
 from .lifetime import child_preexec
 from .tools import module_name
 
@@ -48,7 +50,7 @@ CHUNK_BYTES = 64 * 1024  # the server writes and paces the body in chunks of thi
 _MASK = (1 << 64) - 1
 
 
-class StorageError(RuntimeError):
+class StorageError(UsageError):
     """A store that cannot be set up (server did not start, files cannot be written)."""
 
 
@@ -80,13 +82,13 @@ class LatencyModel:
 
     def validate(self) -> None:
         if self.latency_ms < 0 or self.warm_latency_ms < 0:
-            raise ValueError("latencies must be zero or more")
+            raise StorageError("latencies must be zero or more")
         if not 0 <= self.jitter_ms <= self.latency_ms:
-            raise ValueError(f"jitter ({self.jitter_ms} ms) must be between 0 and the latency ({self.latency_ms} ms)")
+            raise StorageError(f"jitter ({self.jitter_ms} ms) must be between 0 and the latency ({self.latency_ms} ms)")
         if self.bandwidth_bytes_per_s is not None and not self.bandwidth_bytes_per_s > 0:
-            raise ValueError("bandwidth must be positive")
+            raise StorageError("bandwidth must be positive")
         if not self.cache_hit_rates or not all(0 <= rate <= 1 for rate in self.cache_hit_rates):
-            raise ValueError(f"cache hit rates must be between 0 and 1, got {list(self.cache_hit_rates)}")
+            raise StorageError(f"cache hit rates must be between 0 and 1, got {list(self.cache_hit_rates)}")
 
     def hit_rate(self, epoch: int) -> float:
         return self.cache_hit_rates[min(epoch, len(self.cache_hit_rates) - 1)]
@@ -402,25 +404,22 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(args: argparse.Namespace) -> int:
     """python -m cs336_systems.storage serve --root DIR [model flags]: serve until SIGTERM / Ctrl-C."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        model = model_from_args(args)
-    except ValueError as exc:
-        parser.error(str(exc))
+    model = model_from_args(args)
     try:
         server = ItemServer(args.root, model, args.port, args.host)
     except OSError as exc:  # a port taken or below 1024, an address not this machine's
-        parser.error(f"--port {args.port} --host {args.host}: cannot listen there ({exc.strerror})")
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+        raise StorageError(f"--port {args.port} --host {args.host}: cannot listen there ({exc.strerror})") from None
+    for stop in (signal.SIGTERM, signal.SIGINT):  # the way a server ends: exit 0
+        signal.signal(stop, lambda *_: threading.Thread(target=server.shutdown).start())
     print(server.url, flush=True)
-    with contextlib.suppress(KeyboardInterrupt):
-        server.serve_forever()
+    server.serve_forever()
     server.server_close()
     return 0
 
+
+main = Command(build_parser, run)
 
 __all__ = [
     "STORAGE_KINDS",
@@ -436,4 +435,4 @@ __all__ = [
 ]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main.start()

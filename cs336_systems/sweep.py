@@ -20,15 +20,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import benchmark_flags, cuda_graphs
-from .argtypes import EXIT_FAILED, EXIT_INTERRUPTED, ArgumentParser, exit_status, fail, positive_int
+from . import benchmark_flags
+from .argtypes import EXIT_FAILED, EXIT_INTERRUPTED, ArgumentParser, exit_status, positive_int
 from .child import add_child_arguments, child_limits_from_args
 from .config import COMPILE_CHOICES, COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
-from .device import DeviceError, resolve_device
+from .device import resolve_device
 from .lifetime import OurInterrupt
-from .models import ATTENTION_KINDS, ConfigError
+from .models import ATTENTION_KINDS
 from .monitor import add_monitor_arguments, check_monitor_arguments, monitored
-from .optimizer import check_user_optimizer
 from .precision import PRECISIONS
 from .results import (
     BenchmarkRecord,
@@ -39,9 +38,8 @@ from .results import (
     collect_environment,
     read_results,
 )
+from .step import describe_measurement
 from .terminal import show
-from .timing import timer_unsupported_reason
-from .user_model import ModelFactoryError, load_model_factory
 
 
 def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +64,7 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[BenchmarkConfig]:
-    """Every configuration of the grid, in grid order. Raises ConfigError on a bad shape."""
+    """Every configuration of the grid, in grid order; each refuses itself (ConfigError) as it is made."""
     longest = max(args.context_lengths)
     configs = []
     for size, attention, checkpoint, precision, compiled, context, batch, pass_type in itertools.product(
@@ -80,7 +78,6 @@ def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[Bench
         args.pass_types,
     ):
         model = benchmark_flags.model_config_from_args(args, size, longest, attention, checkpoint)
-        model.check_context(longest, f"--context-lengths up to {longest}")
         configs.append(
             benchmark_flags.benchmark_config_from_args(
                 args,
@@ -254,45 +251,32 @@ def _short_time(record: BenchmarkRecord) -> str:
     return f"{record.mean_ms:.1f} ms" if record.mean_ms is not None else (record.error or "")[:40]
 
 
-def sweep_main(
-    prog: str,
-    description: str,
-    argv: Sequence[str] | None,
-    execute,
-    child_processes: bool,
-) -> int:
-    """Parse the grid flags, run the pending configurations through `execute`, print a table."""
+def build_sweep_parser(prog: str, description: str, child_processes: bool) -> ArgumentParser:
+    """A sweep command's flags: the grid, the benchmark flags, (run_benchmarks) the children's limits."""
     parser = ArgumentParser(prog=prog, description=description)
     add_grid_arguments(parser)
     if child_processes:
         add_child_arguments(parser)
     add_monitor_arguments(parser)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run_sweep(args: argparse.Namespace, prog: str, execute, child_processes: bool) -> int:
+    """Run the grid's pending configurations through `execute`, then print a table."""
+    device = resolve_device(args.device)
+    configs = grid_from_args(args, device)
+    benchmark_flags.check_runnable(configs[0], device)  # one timer, device and user code for the whole grid
+    outputs = check_output_paths(args.output)
+    check_monitor_arguments(args)
+    args.child_limits = child_limits_from_args(args, device) if child_processes else None
+    # Locked for the whole sweep, cut last lines dropped, other tools' files refused; then read.
+    sink = ResultSink(outputs, wait_lock=args.wait_lock, wait_flag="--wait-lock")
     try:
-        device = resolve_device(args.device)
-        if reason := timer_unsupported_reason(args.timer, device):
-            raise DeviceError(reason)
-        if args.cuda_graphs and device.type != "cuda":
-            raise DeviceError(cuda_graphs.unsupported_reason(device, "fp32", None))
-        if args.model_factory:
-            load_model_factory(args.model_factory)
-        if args.optimizer:
-            check_user_optimizer(args.optimizer)
-        configs = grid_from_args(args, device)
-        outputs = check_output_paths(args.output)
-        check_monitor_arguments(args)
-        args.child_limits = child_limits_from_args(args, device) if child_processes else None
-        # Locked for the whole sweep, cut last lines dropped, other tools' files refused; then read.
-        sink = ResultSink(outputs, wait_lock=args.wait_lock, wait_flag="--wait-lock")
-        try:
-            held = rows_by_output(outputs)
-            pending = pending_configs(configs, held, args.resume)
-        except BaseException:
-            sink.close()
-            raise
-    except (ConfigError, DeviceError, ModelFactoryError, ResultFileError, ValueError) as exc:
-        return fail(prog, str(exc))
+        held = rows_by_output(outputs)
+        pending = pending_configs(configs, held, args.resume)
+    except BaseException:
+        sink.close()
+        raise
     previous = existing_rows(outputs)
     sink.set_previous_rows(previous)
     sink.holds = {path: {BenchmarkRecord.row_key(row) for row in rows} for path, rows in held.items() if rows}
@@ -300,6 +284,7 @@ def sweep_main(
     # Children record their own environment; the parent of CUDA children stays off the GPU.
     env = None if child_processes else collect_environment(device)
     benchmark_flags.announce_size_table(args)
+    print("\n".join(describe_measurement(configs)), file=sys.stderr)
     print(
         f"{len(configs)} configurations, {len(configs) - len(pending)} already done, {len(pending)} to run",
         file=sys.stderr,
@@ -315,7 +300,7 @@ def sweep_main(
             print(f"{prog}: error: {exc.strerror}", file=sys.stderr)
             print(
                 f"{len(writer.written)} of {len(pending)} configurations saved. Free space, then resume with:\n"
-                f"  {resume_command(prog, argv)}",
+                f"  {resume_command(prog, args.argv)}",
                 file=sys.stderr,
             )
             return EXIT_FAILED
@@ -328,7 +313,7 @@ def sweep_main(
     if stop.requested and len(writer.written) < len(pending):
         done = f"stopped: {len(writer.written)} of {len(pending)} configurations done"
         if resumable(outputs):
-            print(f"{done} and saved. Resume with:\n  {resume_command(prog, argv)}", file=sys.stderr)
+            print(f"{done} and saved. Resume with:\n  {resume_command(prog, args.argv)}", file=sys.stderr)
         else:
             print(f"{done}; nothing to resume from: pass --output FILE.csv (or .jsonl) to keep rows", file=sys.stderr)
         return stop.exit_status

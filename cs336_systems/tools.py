@@ -1,7 +1,9 @@
 """The tools of this package, found on disk, and `cs336-bench TOOL ARGS` (= python -m PACKAGE.TOOL ARGS).
 
-A tool is a module with a `__main__` guard or a subpackage with `__main__.py`; its one-line
-description is its docstring's first line. Nothing is imported to list them.
+A tool is a module that declares `main = Command(build_parser, run)` (command.py) or a subpackage
+with `__main__.py`; its one-line description is its docstring's first line. Nothing is imported to
+list them, and every tool is listed (a module run only by the tools themselves, memory_cap, is no
+Command, so no tool).
 
 The same files are importable under two top-level names: `cs336_systems` (python -m
 cs336_systems.TOOL) and `cs336_bench` (the `cs336-bench` command), whose `__path__` is this
@@ -18,8 +20,6 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# Started by the tools themselves: not listed, but runnable by name (the README shows `storage serve`).
-INTERNAL = {"memory_cap", "storage"}
 COMMAND = "cs336-bench"
 
 
@@ -41,12 +41,14 @@ def _description(tree: ast.Module) -> str:
     return text[:-1] + "..." if text.endswith(",") else text
 
 
-def _has_main_guard(tree: ast.Module) -> bool:
+def _declares_command(tree: ast.Module) -> bool:
+    """`main = Command(...)` at the top level of the module."""
     return any(
-        isinstance(node, ast.If)
-        and isinstance(node.test, ast.Compare)
-        and isinstance(node.test.left, ast.Name)
-        and node.test.left.id == "__name__"
+        isinstance(node, ast.Assign)
+        and any(isinstance(target, ast.Name) and target.id == "main" for target in node.targets)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Name)
+        and node.value.func.id == "Command"
         for node in tree.body
     )
 
@@ -55,17 +57,16 @@ def _parse(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), str(path))
 
 
-def discover(root: Path = HERE, internal: bool = False) -> dict[str, str]:
-    """{tool name: one-line description} for every tool in `root`, sorted by name (`internal`: with the
-    INTERNAL ones)."""
+def discover(root: Path = HERE) -> dict[str, str]:
+    """{tool name: one-line description} for every tool in `root`, sorted by name."""
     found = {}
     for path in sorted(root.iterdir()):
-        if path.name.startswith("_") or (path.stem in INTERNAL and not internal):
+        if path.name.startswith("_"):
             continue
         if path.is_dir() and (path / "__main__.py").is_file():
             init = path / "__init__.py"
             found[path.name] = _description(_parse(init)) if init.is_file() else ""
-        elif path.suffix == ".py" and _has_main_guard(tree := _parse(path)):
+        elif path.suffix == ".py" and _declares_command(tree := _parse(path)):
             found[path.stem] = _description(tree)
     return found
 
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{COMMAND}: error: name a tool, one of: {', '.join(tools)} (`{COMMAND} --help`)", file=sys.stderr)
         return 2
     tool, *args = argv
-    if tool not in discover(internal=True):
+    if tool not in tools:
         print(f"{COMMAND}: error: unknown tool {tool!r}; one of: {', '.join(tools)}", file=sys.stderr)
         return 2
     # As `python -m` does: the current directory comes first, so the student's packages are theirs.

@@ -9,6 +9,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from .errors import UsageError
 from .loading import fit_keywords, load_callable
 from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeTimeout
 
@@ -20,7 +21,7 @@ class TokenShape(Protocol):
     context_length: int
 
 
-class ModelFactoryError(RuntimeError):
+class ModelFactoryError(UsageError):
     """A user's --model-factory that cannot be imported, called or used."""
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from cs336_bench.argtypes import ArgumentParser, fail, non_negative_float, non_negative_int, positive_int
+from cs336_bench.argtypes import ArgumentParser, non_negative_float, non_negative_int, positive_int
 from cs336_bench.loader_bench import BenchConfig, EpochSampler, LoaderConfig, StoreDataset, make_loader
 from cs336_bench.models import ModelConfig, TransformerLM
 from cs336_bench.probe import StepProbe
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     prefix = Path(args.output_prefix)
     if prefix.suffix:
-        return fail(PROG, f"--output-prefix {prefix} must not have a suffix (.csv, .jsonl and .md are added)")
+        parser.error(f"--output-prefix {prefix} must not have a suffix (.csv, .jsonl and .md are added)")
     prefix.parent.mkdir(parents=True, exist_ok=True)
     for suffix in (".csv", ".jsonl", ".md"):
         prefix.with_suffix(suffix).unlink(missing_ok=True)

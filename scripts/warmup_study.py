@@ -14,6 +14,7 @@ log scale, so the first steps stay visible); --output also keeps each run's full
 
 from __future__ import annotations
 
+import argparse
 import shlex
 import sys
 from pathlib import Path
@@ -25,22 +26,22 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-from cs336_bench.argtypes import fail, non_negative_int  # noqa: E402
-from cs336_bench.benchmark import build_parser, config_from_args  # noqa: E402
+from cs336_bench.argtypes import ArgumentParser, non_negative_int  # noqa: E402
+from cs336_bench.benchmark import config_from_args, configuration_parser  # noqa: E402
 from cs336_bench.benchmark_flags import announce_size_table  # noqa: E402
 from cs336_bench.child import ChildLimits, run_in_child  # noqa: E402
-from cs336_bench.device import DeviceError, resolve_device  # noqa: E402
+from cs336_bench.command import Command  # noqa: E402
+from cs336_bench.device import resolve_device  # noqa: E402
 from cs336_bench.models import ConfigError  # noqa: E402
 from cs336_bench.results import (  # noqa: E402
     ENVIRONMENT_FIELDS,
-    ResultFileError,
     ResultSink,
     check_output_paths,
 )
 from cs336_bench.results.markdown import write_page  # noqa: E402
 from cs336_bench.stats import summarize  # noqa: E402
 from cs336_bench.sweep import describe  # noqa: E402
-from cs336_bench.user_model import ModelFactoryError, load_model_factory  # noqa: E402
+from cs336_bench.user_model import load_model_factory  # noqa: E402
 
 PROG = "python scripts/warmup_study.py"
 RUN_COLUMNS = (
@@ -56,23 +57,23 @@ RUN_COLUMNS = (
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def build_parser() -> ArgumentParser:
+    parser = configuration_parser()
     parser.prog, parser.description = PROG, __doc__.split("\n")[0]
     parser.add_argument("--warmups", type=non_negative_int, nargs="+", default=[0, 1, 2, 5], metavar="N")
     parser.add_argument("--output-dir", type=Path, default=RESULTS)
     parser.set_defaults(context_length=128, warmup_steps=None)
-    args = parser.parse_args(argv)
-    try:
-        if args.warmup_steps is not None:
-            raise ConfigError("--warmup-steps is what this study varies: use --warmups N [N ...]")
-        device = resolve_device(args.device)
-        if args.model_factory:
-            load_model_factory(args.model_factory)
-        base = config_from_args(args).replace(device=str(device), warmup_steps=0)
-        sink = ResultSink(check_output_paths(args.output))
-    except (ConfigError, DeviceError, ModelFactoryError, ResultFileError) as exc:
-        return fail(PROG, str(exc))
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.warmup_steps is not None:
+        raise ConfigError("--warmup-steps is what this study varies: use --warmups N [N ...]")
+    device = resolve_device(args.device)
+    base = config_from_args(args).replace(device=str(device), warmup_steps=0)
+    if args.model_factory:
+        load_model_factory(args.model_factory)
+    sink = ResultSink(check_output_paths(args.output))
     announce_size_table(args)
 
     steps, summary, records = [], [], []
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     fig.savefig(stem.with_suffix(".png"), dpi=110)
     plt.close(fig)
 
-    command = f"{PROG} {shlex.join(sys.argv[1:] if argv is None else argv)}".strip()
+    command = f"{PROG} {shlex.join(args.argv)}".strip()
     text = write_page(
         stem.with_suffix(".md"),
         title=f"Warmup study ({device.type})",
@@ -140,5 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+main = Command(build_parser, run)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    main.start()

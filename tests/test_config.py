@@ -109,14 +109,16 @@ def _other(field: dataclasses.Field, value: object) -> object:
 
 
 # What a configuration refuses together (its constructor says so): the user's code with the built-in
-# model's checkpointing, fused projections or CUDA-graph capture.
+# model's checkpointing, fused projections or CUDA-graph capture; a CUDA graph with a mode that captures
+# graphs itself, micro-batches or bf16 parameters.
 BUILT_IN_ONLY = ("cuda_graphs", "fused_projections", "checkpoint_blocks")
-USER_CODE = ("model_factory", "optimizer_factory")
+USER_CODE = ("model_factory", "optimizer_factory", "compile_mode", "grad_accum_steps", "param_dtype")
 
 
 def _every_field_changed(user_code: bool) -> BenchmarkConfig:
-    """Every setting changed from the default but those that contradict the user's code (`user_code`)
-    or are the user's code (not `user_code`): the two configurations change every setting between them."""
+    """Every setting changed from the default but those that contradict the user's code and the rest of
+    USER_CODE (`user_code`), or are USER_CODE (not `user_code`): the two configurations change every
+    setting between them."""
     kept = BUILT_IN_ONLY if user_code else USER_CODE
     base = tiny_benchmark_config()
     model = base.model.replace(
@@ -152,8 +154,9 @@ def test_every_setting_is_identity_or_said_not_to_be_and_every_identity_column_i
         config = _every_field_changed(user_code).replace(pass_type="train-step", compile=True)
         row = BenchmarkRecord.for_config(config, torch.device("cpu"), None, None).to_row()
         assert {name: row[name] for name in IDENTITY_FIELDS} == {**config.identity(), "device": "cpu"}
-    base = tiny_benchmark_config(compile=True)
     for name in set(IDENTITY_FIELDS) - {"model_size", "attention", "optimizer_factory"}:  # these follow others
+        # bf16 parameters run under bf16 autocast only (the configuration refuses fp32 with them)
+        base = tiny_benchmark_config(compile=True, precision="bf16" if name == "param_dtype" else "fp32")
         owner = base if hasattr(base, name) else base.model
         field = next(f for f in dataclasses.fields(owner) if f.name == name)
         value = 8 if name == "context_length" else _other(field, getattr(owner, name))  # within the model's 16

@@ -39,12 +39,13 @@ def test_a_flag_added_to_a_tool_appears_without_touching_the_docs(tmp_path, monk
     tool = tmp_path / "toy_tool.py"
     tool.write_text(
         "import argparse\n"
-        "def main(argv=None):\n"
+        "def build_parser():\n"
         "    parser = argparse.ArgumentParser(prog='toy')\n"
         "    parser.add_argument('--brand-new', type=int, default=3, help='a new flag')\n"
         "    parser.add_argument('--old', help=argparse.SUPPRESS)\n"
         "    parser.add_argument('--seed', type=int, default=0)\n"
-        "    parser.parse_args(argv)\n"
+        "    return parser\n"
+        "def run(args):\n"
         "    raise SystemExit('must not run')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -13,7 +13,7 @@ from cs336_systems.config import IDENTITY_FIELDS, BenchmarkConfig
 from cs336_systems.flops import analytic_flops_per_step
 from cs336_systems.identity import row_key
 from cs336_systems.memory import estimate_memory
-from cs336_systems.models import ModelConfig, build_model
+from cs336_systems.models import ConfigError, ModelConfig, build_model
 from cs336_systems.optimizer import MasterWeights, make_optimizer
 from cs336_systems.precision import parameters_in
 from cs336_systems.results import BenchmarkRecord
@@ -137,8 +137,8 @@ def test_bf16_parameter_row_records_what_ran():
     record = runner.run_benchmark(tiny_benchmark_config(param_dtype="bf16", precision="bf16", pass_type="train-step"))
     assert record.status == "ok", record.error
     assert record.param_dtype == "bf16" and record.optimizer.endswith("over fp32 master weights")
-    refused = runner.run_benchmark(tiny_benchmark_config(param_dtype="bf16", precision="fp32"))
-    assert refused.status == "unsupported" and "--precision bf16" in refused.error
+    with pytest.raises(ConfigError, match="--param-dtype bf16 runs under --precision bf16"):  # refused as made
+        tiny_benchmark_config(param_dtype="bf16", precision="fp32")
 
 
 def test_fast_path_flags_are_part_of_the_identity_and_round_trip():

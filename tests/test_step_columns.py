@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from cs336_systems import benchmark, cuda_graphs, run_benchmarks, runner
+from cs336_systems.models import ConfigError
 from cs336_systems.results import BenchmarkRecord
 from tests.conftest import TINY, run_main, tiny_benchmark_config
 
@@ -103,13 +104,17 @@ def test_cuda_graphs_without_cuda_is_one_line_and_exit_2(capsys, tmp_path):
     assert not (tmp_path / "x.csv").exists()
 
 
-def test_cuda_graphs_refusals_in_the_runner():
-    record = runner.run_benchmark(tiny_benchmark_config(cuda_graphs=True))
+def test_cuda_graphs_refusals_the_configuration_makes_and_the_one_the_runner_makes():
+    record = runner.run_benchmark(tiny_benchmark_config(cuda_graphs=True))  # the device's: a row
     assert record.status == "unsupported" and "needs a CUDA device" in record.error
-    cuda = torch.device("cuda", 0)
-    assert "fp16" in cuda_graphs.unsupported_reason(cuda, "fp16", None)
-    assert "captures CUDA graphs itself" in cuda_graphs.unsupported_reason(cuda, "bf16", "reduce-overhead")
-    assert cuda_graphs.unsupported_reason(cuda, "bf16", "max-autotune-no-cudagraphs") is None
+    assert cuda_graphs.unsupported_reason(torch.device("cuda", 0)) is None
+    with pytest.raises(ConfigError, match="fp16"):  # whatever the device: the configuration refuses itself
+        tiny_benchmark_config(cuda_graphs=True, precision="fp16")
+    with pytest.raises(ConfigError, match="captures CUDA graphs itself"):
+        tiny_benchmark_config(cuda_graphs=True, compile=True, compile_mode="reduce-overhead")
+    with pytest.raises(ConfigError, match="one-batch step of fp32 parameters"):
+        tiny_benchmark_config(cuda_graphs=True, grad_accum_steps=2)
+    tiny_benchmark_config(cuda_graphs=True, compile=True, compile_mode="max-autotune-no-cudagraphs")
 
 
 @pytest.mark.parametrize("compiled", [False, True])

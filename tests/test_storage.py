@@ -159,7 +159,6 @@ def test_storage_serve_listens_on_this_machine_unless_told_and_a_bad_interface_i
         assert server.server_address[0] == "127.0.0.1" and server.url.startswith("http://127.0.0.1:")
     finally:
         server.server_close()
-    with pytest.raises(SystemExit) as exit_info:
-        main(["serve", "--root", str(tmp_path), "--host", "203.0.113.7"])  # an address that is not this machine's
+    code = main(["serve", "--root", str(tmp_path), "--host", "203.0.113.7"])  # an address that is not this machine's
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and "--host 203.0.113.7: cannot listen there" in err and err.count("\n") == 1
+    assert code == 2 and "--host 203.0.113.7: cannot listen there" in err and err.count("\n") == 1

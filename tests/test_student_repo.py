@@ -45,24 +45,26 @@ def test_help_lists_the_tools_and_no_tool_or_an_unknown_one_is_one_line_and_exit
     shown = run("--help")
     assert shown.returncode == 0
     assert "benchmark " in shown.stdout and "ddp_bench " in shown.stdout and "attention_bench " in shown.stdout
-    assert "memory_cap" not in shown.stdout and "tools " not in shown.stdout  # internal modules are not tools
+    assert "memory_cap" not in shown.stdout and "tools " not in shown.stdout  # modules that are no Command
     unknown = run("no_such_tool")
     assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1
     assert "unknown tool 'no_such_tool'" in unknown.stderr
     none = run()  # no tool: bad input, one line
     assert none.returncode == 2 and len(none.stderr.strip().splitlines()) == 1 and not none.stdout
     assert "name a tool" in none.stderr
-    hidden = run("storage", "serve", "--help")  # not listed, but the README shows it
-    assert hidden.returncode == 0 and "--root" in hidden.stdout, hidden.stderr
+    assert "storage " in shown.stdout  # every tool is listed, and runs by name (the README shows storage serve)
+    serve = run("storage", "serve", "--help")
+    assert serve.returncode == 0 and "--root" in serve.stdout, serve.stderr
 
 
 def test_tools_are_found_on_disk_with_their_first_docstring_line(tmp_path):
     (tmp_path / "handout").mkdir()
     (tmp_path / "handout" / "__init__.py").write_text('"""python -m cs336_systems.handout: the handout\'s runs."""\n')
     (tmp_path / "handout" / "__main__.py").write_text("")
-    (tmp_path / "helper.py").write_text('"""not a tool: no main guard"""\n')
+    (tmp_path / "helper.py").write_text('"""not a tool: no Command"""\nif __name__ == "__main__":\n    pass\n')
     (tmp_path / "tool.py").write_text(
-        '"""python -m cs336_systems.tool: does a thing."""\nif __name__ == "__main__":\n    pass\n'
+        '"""python -m cs336_systems.tool: does a thing."""\nmain = Command(build_parser, run)\n'
+        'if __name__ == "__main__":\n    main.start()\n'
     )
     assert discover(tmp_path) == {"handout": "the handout's runs.", "tool": "does a thing."}
 

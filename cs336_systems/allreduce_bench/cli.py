@@ -9,14 +9,13 @@ from ..argtypes import (
     ArgumentParser,
     add_memory_limit_argument,
     exit_status,
-    fail,
     non_negative_int,
     positive_int,
 )
-from ..command import add_argument_with_aliases, run_command
+from ..command import Command, add_argument_with_aliases
 from ..distributed import LaunchError
 from ..distributed.driver import add_launch_arguments, launch_from_args, run_rows
-from ..results import ResultFileError, ResultSink, check_output_path, check_output_paths
+from ..results import ResultSink, check_output_path, check_output_paths
 from .plot import plot_bandwidth
 from .record import AllReduceRecord, describe, record_for
 from .worker import AllReduceUnit, allreduce_worker, parse_size
@@ -49,21 +48,13 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return run_command(PROG, lambda: _run(args))
-
-
-def _run(args: argparse.Namespace) -> int:
-    try:
-        launch = launch_from_args(args)
-        if args.memory_limit is not None and launch.first_device.type != "cpu":
-            raise LaunchError("--memory-limit caps CPU address space (RLIMIT_AS); it cannot be used with nccl or CUDA")
-        if args.plot and launch.rank0:
-            check_output_path(args.plot, "--plot")
-        sink = ResultSink(check_output_paths(args.output) if launch.rank0 else [], AllReduceRecord)
-    except (LaunchError, ResultFileError, ValueError) as exc:
-        return fail(PROG, str(exc))
+def run(args: argparse.Namespace) -> int:
+    launch = launch_from_args(args)
+    if args.memory_limit is not None and launch.first_device.type != "cpu":
+        raise LaunchError("--memory-limit caps CPU address space (RLIMIT_AS); it cannot be used with nccl or CUDA")
+    if args.plot and launch.rank0:
+        check_output_path(args.plot, "--plot")
+    sink = ResultSink(check_output_paths(args.output) if launch.rank0 else [], AllReduceRecord)
 
     units = [
         AllReduceUnit(size, size_bytes, args.warmup_steps, args.measure_steps, args.memory_limit)
@@ -79,3 +70,6 @@ def _run(args: argparse.Namespace) -> int:
     for path in [*args.output, *([args.plot] if args.plot else [])]:
         print(f"wrote {path}", file=sys.stderr)
     return exit_status([record.status for record in records])
+
+
+main = Command(build_parser, run)

@@ -15,15 +15,15 @@ from ..argtypes import (
     add_device_argument,
     add_memory_limit_argument,
     exit_status,
-    fail,
+    non_negative_float,
     non_negative_int,
     output_path,
     positive_int,
     resolve_memory_limit,
 )
-from ..command import add_argument_with_aliases, run_command
+from ..command import Command, add_argument_with_aliases
 from ..device import DeviceError, resolve_device
-from ..loading import LoadError, load_callable
+from ..loading import load_callable
 from ..memory_cap import soft_address_space_cap
 from ..precision import PRECISIONS
 from ..results import (
@@ -109,7 +109,7 @@ def build_parser() -> ArgumentParser:
     add_timeout_argument(parser, "per step and per import of your implementation or adapters")
     parser.add_argument(
         "--max-seconds",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="opt-in budget per pass (forward, backward, end-to-end) and per warmup: stop once the steps so far "
         "took this long and at least 3 were measured; the row says how many ran. 0: no limit (0)",
@@ -187,8 +187,6 @@ def check_implementations(args) -> Adapters | None:
     flash = [name for name in implementations if name in FLASH_IMPLEMENTATIONS]
     if flash and not args.adapters:
         raise AdapterError(f"--implementations {flash[0]} needs --adapters MODULE (the student's adapters module)")
-    if args.layout == "bsd" and args.num_heads != 1:
-        raise AdapterError(f"--layout bsd has no head axis: use --num-heads 1, not {args.num_heads}")
     return load_adapters(args.adapters) if args.adapters else None
 
 
@@ -205,32 +203,22 @@ def _progress(record: AttentionRecord) -> str:
     return text if record.status == "ok" else f"{text}; {record.status}: {record.error}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return run_command(PROG, lambda: _run(args))
-
-
-def _run(args: argparse.Namespace) -> int:
-    try:
-        if not args.max_seconds >= 0:  # nan too
-            raise DeviceError(f"--max-seconds must be zero or more, got {args.max_seconds:g}")
-        device = resolve_device(args.device)
-        if args.timer == "cuda-event" and device.type != "cuda":
-            raise DeviceError("--timer cuda-event needs a CUDA device")
-        limit = resolve_memory_limit(args.memory_limit, device.type)
-        outputs = check_output_paths(args.output)
-        plot_path = Path(args.plot) if args.plot else (outputs[0].with_suffix(".png") if outputs else None)
-        if plot_path is not None and plot_path.suffix not in (".png", ".svg", ".pdf"):
-            raise ResultFileError(f"--plot {plot_path}: use a .png, .svg or .pdf file")
-        if plot_path is not None:
-            check_output_path(plot_path, "--plot")
-        adapters = check_implementations(args)
-        sink = ResultSink(outputs, AttentionRecord)
-    except (DeviceError, ResultFileError, LoadError, ValueError) as exc:
-        return fail(PROG, str(exc))
+def run(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    if args.timer == "cuda-event" and device.type != "cuda":
+        raise DeviceError("--timer cuda-event needs a CUDA device")
+    limit = resolve_memory_limit(args.memory_limit, device.type)
+    outputs = check_output_paths(args.output)
+    plot_path = Path(args.plot) if args.plot else (outputs[0].with_suffix(".png") if outputs else None)
+    if plot_path is not None and plot_path.suffix not in (".png", ".svg", ".pdf"):
+        raise ResultFileError(f"--plot {plot_path}: use a .png, .svg or .pdf file")
+    if plot_path is not None:
+        check_output_path(plot_path, "--plot")
+    configs = configs_from_args(args, device)  # each refuses itself
+    adapters = check_implementations(args)
+    sink = ResultSink(outputs, AttentionRecord)
 
     env = collect_environment(device)
-    configs = configs_from_args(args, device)
     if device.type == "cpu" and max(args.context_lengths) >= 4096:
         print(
             f"{PROG}: note: sequence lengths up to {max(args.context_lengths)} take hours on a CPU (the defaults are "
@@ -252,3 +240,6 @@ def _run(args: argparse.Namespace) -> int:
     for path in args.output:
         print(f"wrote {path}", file=sys.stderr)
     return exit_status(row["status"] for row in rows)
+
+
+main = Command(build_parser, run)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..models import ConfigError
 from ..precision import PRECISION_TABLE
 from ..timing import TIMERS  # noqa: F401 (the same three; do-bench falls back here where benchmark refuses it)
 
@@ -45,6 +46,10 @@ class AttentionConfig:
     max_seconds: float | None = None
     seed: int = 0
     adapters: str | None = None  # the --adapters module the flash-* implementations come from
+
+    def __post_init__(self) -> None:
+        if self.layout == "bsd" and self.num_heads != 1:
+            raise ConfigError(f"--layout bsd has no head axis: use --num-heads 1, not {self.num_heads}")
 
     @property
     def shape(self) -> tuple[int, ...]:

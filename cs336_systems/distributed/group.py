@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..device import first_line, is_out_of_memory
+from ..errors import UsageError
 from ..results import Environment
 from ..usercode import UserCodeTimeout
 
@@ -24,7 +25,7 @@ DEFAULT_INIT_TIMEOUT_S = 120.0  # spawning N ranks that each import torch, then 
 _SOURCE_LOCATION = re.compile(r"^\[[^\]]+\.(?:cc|cpp|h):\d+\] ")  # gloo's "[/path/pair.cc:537] " prefix
 
 
-class LaunchError(ValueError):
+class LaunchError(UsageError):
     """A launch this machine cannot do (NCCL without CUDA, more ranks than GPUs)."""
 
 

@@ -8,15 +8,16 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser, fail
-from ..command import run_command
+from ..argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser
+from ..command import Command
 from ..editions import ALL_PROBLEMS, EDITIONS, KIND_MEANING, MEASURED, PROBLEM_KIND, PROBLEMS, measured_problems
+from ..errors import UsageError
 from .outputs import MARKERS, check_output_dir, claim, lock
 from .parameters import SCALES, Options
 from .plan import fit_budget, format_seconds, parse_duration, total_seconds
 from .problems import build_steps
 from .run import PLAN_FILE, execute, log_name, not_measured_line, plan_table
-from .target import Target, TargetError, assumed_target, present_target
+from .target import Target, assumed_target, present_target
 
 PROG = "python -m cs336_systems.handout"
 WRITEUP = "writeup"
@@ -62,11 +63,6 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return run_command(PROG, lambda: _run(args, list(sys.argv[1:] if argv is None else argv)))
-
-
 def _target(args: argparse.Namespace) -> tuple[Target, str]:
     if args.assume_device:
         target = assumed_target(args.assume_device)
@@ -93,46 +89,35 @@ def _check_loadable(args: argparse.Namespace) -> None:
         check_user_optimizer(args.optimizer)
 
 
-def _run(args: argparse.Namespace, argv: list[str]) -> int:
-    from ..adapters import AdapterError
-    from ..device import DeviceError
-    from ..loading import LoadError
-    from ..models import ConfigError
-    from ..user_model import ModelFactoryError
-
-    try:
-        problems = args.problems or list(measured_problems(args.edition))
-        unknown = [p for p in problems if p not in PROBLEMS[args.edition]]
-        if unknown:
-            where = "" if unknown[0] not in ALL_PROBLEMS else f" (a problem of the other edition, not {args.edition})"
-            raise ValueError(
-                f"--problems {unknown[0]}: unknown{where}; choose from {', '.join(measured_problems(args.edition))}"
-            )
-        unmeasured = [p for p in problems if PROBLEM_KIND[p] != MEASURED]
-        if unmeasured:
-            raise ValueError(
-                f"--problems {unmeasured[0]}: {KIND_MEANING[PROBLEM_KIND[unmeasured[0]]]}, nothing to measure; "
-                f"choose from {', '.join(measured_problems(args.edition))}"
-            )
-        budget_s = parse_duration(args.budget) if args.budget is not None else None  # '' refused there
-        if budget_s is not None and not budget_s > 0:
-            raise ValueError(f"--budget {args.budget!r}: must be more than zero")
-        if args.assume_device is not None and not args.assume_device.strip():
-            raise ValueError("--assume-device '': name the GPU and its memory, e.g. 'H100 80GB'")
-        target, device = _target(args)
-        _check_loadable(args)
-        options = Options(args.edition, SCALES[args.scale], device, args.adapters, args.model_factory, args.optimizer)
-        steps = build_steps(options, target, problems)
-        notes = fit_budget(steps, budget_s, target, args.model_factory is not None) if budget_s else []
-        output_dir = args.output_dir or Path("results") / f"handout-{args.edition}-{target.label}"
-        if output_dir.exists() and not output_dir.is_dir():
-            raise ValueError(f"--output-dir {output_dir} is a file")
-        if not (args.dry_run or args.assume_device):
-            names = written_names(steps, output_dir)
-            check_output_dir(output_dir, names, legacy=names)
-            lock(output_dir, PLAN_FILE)  # held until exit: a second handout here is refused
-    except (TargetError, DeviceError, AdapterError, LoadError, ConfigError, ModelFactoryError, ValueError) as exc:
-        return fail(PROG, str(exc))
+def run(args: argparse.Namespace) -> int:
+    problems = args.problems or list(measured_problems(args.edition))
+    unknown = [p for p in problems if p not in PROBLEMS[args.edition]]
+    if unknown:
+        where = "" if unknown[0] not in ALL_PROBLEMS else f" (a problem of the other edition, not {args.edition})"
+        raise UsageError(
+            f"--problems {unknown[0]}: unknown{where}; choose from {', '.join(measured_problems(args.edition))}"
+        )
+    unmeasured = [p for p in problems if PROBLEM_KIND[p] != MEASURED]
+    if unmeasured:
+        raise UsageError(
+            f"--problems {unmeasured[0]}: {KIND_MEANING[PROBLEM_KIND[unmeasured[0]]]}, nothing to measure; "
+            f"choose from {', '.join(measured_problems(args.edition))}"
+        )
+    budget_s = parse_duration(args.budget) if args.budget is not None else None  # '' refused there
+    if args.assume_device is not None and not args.assume_device.strip():
+        raise UsageError("--assume-device '': name the GPU and its memory, e.g. 'H100 80GB'")
+    target, device = _target(args)
+    _check_loadable(args)
+    options = Options(args.edition, SCALES[args.scale], device, args.adapters, args.model_factory, args.optimizer)
+    steps = build_steps(options, target, problems)
+    notes = fit_budget(steps, budget_s, target, args.model_factory is not None) if budget_s else []
+    output_dir = args.output_dir or Path("results") / f"handout-{args.edition}-{target.label}"
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UsageError(f"--output-dir {output_dir} is a file")
+    if not (args.dry_run or args.assume_device):
+        names = written_names(steps, output_dir)
+        check_output_dir(output_dir, names, legacy=names)
+        lock(output_dir, PLAN_FILE)  # held until exit: a second handout here is refused
 
     header = (
         f"Plan for the {args.edition} handout, {args.scale} scale, on {target.describe()}: "
@@ -157,7 +142,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     except KeyboardInterrupt:
         print(
             f"{PROG}: stopped; finished steps are kept in {output_dir}. Continue with the same command:\n"
-            f"  {PROG} {shlex.join(argv)}",
+            f"  {PROG} {shlex.join(args.argv)}",
             file=sys.stderr,
         )
         raise
@@ -182,7 +167,7 @@ def written_names(steps, output_dir: Path) -> list[str]:
 def write_report(steps, output_dir: Path, args: argparse.Namespace, budget_notes: list[str]) -> bool:
     """The write-up of the plan into OUTPUT_DIR/writeup.* (PDF when typst is installed), then
     `report --verify` on it. False (after one line) when it failed or does not verify."""
-    from ..report.cli import main as report_main
+    from ..report.cli import main as report_main  # a command like any other: its status, one line on error
 
     plan = str(output_dir / PLAN_FILE)
     formats = [".md", ".tex", ".typ"]
@@ -223,3 +208,6 @@ def _argv_for_note(args: argparse.Namespace) -> list[str]:
         if value:
             argv += [flag, str(value)]
     return argv
+
+
+main = Command(build_parser, run)

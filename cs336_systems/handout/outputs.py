@@ -18,6 +18,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..errors import UsageError
 from ..results import ResultFileError, ResultWriteError
 from ..results.files import OutputLock, append_line
 
@@ -26,7 +27,7 @@ LOGS = "logs"
 LEDGER = "written"
 
 
-class OutputDirError(ValueError):
+class OutputDirError(UsageError):
     """--output-dir cannot be used as it is (one line)."""
 
 

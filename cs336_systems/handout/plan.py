@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..benchmark_flags import checkpoint_blocks
+from ..errors import UsageError
 from ..flops import analytic_flops_per_step, recompute_flops_per_step
 from ..memory.estimate import estimate_memory
 from ..models import ModelConfig
@@ -322,16 +323,17 @@ def fit_budget(steps: list[Step], budget_s: float, target: Target, user_model: b
 
 
 def parse_duration(text: str) -> float:
-    """'45m', '2h', '90s', '1h30m', or seconds: seconds."""
+    """'45m', '2h', '90s', '1h30m', or seconds: seconds, more than zero (a UsageError otherwise)."""
     import re
 
     value = text.strip().lower()
     if re.fullmatch(r"\d+(\.\d+)?", value):
-        return float(value)
-    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([hms])", value)
-    if not parts or "".join(n + u for n, u in parts) != value.replace(" ", ""):
-        raise ValueError(f"--budget {text!r}: expected a duration like 45m, 2h, 1h30m or 90s")
-    seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+        seconds = float(value)
+    else:
+        parts = re.findall(r"(\d+(?:\.\d+)?)\s*([hms])", value)
+        if not parts or "".join(n + u for n, u in parts) != value.replace(" ", ""):
+            raise UsageError(f"--budget {text!r}: expected a duration like 45m, 2h, 1h30m or 90s")
+        seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
     if seconds <= 0:
-        raise ValueError(f"--budget {text!r}: must be more than zero")
+        raise UsageError(f"--budget {text!r}: must be more than zero")
     return seconds

@@ -12,13 +12,14 @@ import shutil
 from dataclasses import dataclass
 
 from ..argtypes import available_memory_bytes
+from ..errors import UsageError
 from ..flops import PEAK_TFLOPS_TABLE, table_peak_tflops
 from ..units import format_bytes, parse_bytes
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(gib|gb|g)\b", re.IGNORECASE)
 
 
-class TargetError(ValueError):
+class TargetError(UsageError):
     """A device description that cannot be planned for (one line, exit 2)."""
 
 

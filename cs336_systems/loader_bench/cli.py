@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shlex
@@ -21,26 +22,24 @@ from ..argtypes import (
     boolean,
     byte_size,
     exit_status,
-    fail,
     non_negative_float,
     non_negative_int,
     output_path,
     positive_float,
     positive_int,
 )
-from ..command import run_command
-from ..device import DeviceError, resolve_device
-from ..lifetime import check_interrupted, exit_with, temporary_directory
+from ..command import Command
+from ..device import resolve_device
+from ..errors import UsageError
+from ..lifetime import check_interrupted, temporary_directory
 from ..monitor import add_monitor_arguments, check_monitor_arguments, monitored
 from ..results import (
-    ResultFileError,
     ResultSink,
     check_output_paths,
     collect_environment,
 )
 from ..storage import (
     STORAGE_KINDS,
-    StorageError,
     check_data_dir,
     evict_page_cache,
     http_server,
@@ -141,20 +140,20 @@ def build_parser() -> ArgumentParser:
 
 
 def bench_from_args(args) -> BenchConfig:
-    """Validate everything a user can get wrong; raise ValueError with one line."""
+    """Validate everything a user can get wrong; raise a UsageError with one line."""
     model = model_from_args(args)
     if args.model and args.compute_ms is not None:
-        raise ValueError("give either --model tiny or --compute-ms, not both")
+        raise UsageError("give either --model tiny or --compute-ms, not both")
     if args.model and args.dataset:
-        raise ValueError("--model tiny reads the built-in stores' bytes as tokens; use --compute-ms with --dataset")
+        raise UsageError("--model tiny reads the built-in stores' bytes as tokens; use --compute-ms with --dataset")
     if args.model and args.item_bytes < 3:
-        raise ValueError("--model tiny needs --item-bytes of at least 3 (tokens and next-token targets)")
+        raise UsageError("--model tiny needs --item-bytes of at least 3 (tokens and next-token targets)")
     storage, num_items, item_bytes = args.storage, args.num_items, args.item_bytes
     if args.dataset:
         num_items, item_bytes, storage = len(load_dataset(args.dataset)), None, "dataset"
     per_process = num_items // max(args.processes or [1])
     if per_process < args.batch_size:
-        raise ValueError(
+        raise UsageError(
             f"{num_items} items make no full batch of {args.batch_size}"
             + (f" per process with {max(args.processes)} processes" if args.processes else "")
         )
@@ -163,7 +162,7 @@ def bench_from_args(args) -> BenchConfig:
         where = args.data_dir or Path(tempfile.gettempdir())
         where = where if where.exists() else where.parent
         if where.exists() and shutil.disk_usage(where).free < need:
-            raise ValueError(f"--data-dir: {format_bytes(need)} of item files do not fit on {where}")
+            raise UsageError(f"--data-dir: {format_bytes(need)} of item files do not fit on {where}")
         if args.data_dir is not None:
             check_data_dir(args.data_dir, num_items)
     return BenchConfig(
@@ -200,29 +199,19 @@ def prepared_storage(bench: BenchConfig, data_dir: Path | None) -> Iterator[Benc
         yield replace(bench, location=url, data_dir=str(data_dir))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    try:
-        bench = bench_from_args(args)
-        device = resolve_device(args.device)
-        bench = replace(bench, device=str(device))
-        check_monitor_arguments(args)
-        sink = ResultSink(check_output_paths(args.output), LoaderRecord)
-    except (ValueError, DeviceError, ResultFileError, StorageError) as exc:
-        return fail(PROG, str(exc))
-    return run_command(PROG, lambda: _run(args, argv, bench, device, sink))
-
-
-def _run(args, argv: list[str], bench: BenchConfig, device, sink: ResultSink) -> int:
-    """Every loader configuration, a row each as it finishes (Ctrl-C keeps them: run_command)."""
+def run(args: argparse.Namespace) -> int:
+    """Every loader configuration, a row each as it finishes (Ctrl-C keeps them: command.Command)."""
+    bench = bench_from_args(args)
+    device = resolve_device(args.device)
+    bench = replace(bench, device=str(device))
+    check_monitor_arguments(args)
+    sink = ResultSink(check_output_paths(args.output), LoaderRecord)
     ram_budget = args.ram_budget if args.ram_budget is not None else psutil.virtual_memory().available
     grid = loader_grid(args.num_workers, args.prefetch_factor, args.pin_memory, args.persistent_workers, args.processes)
     env = collect_environment(device)
     rows: list[dict] = []
     compute_desc = compute_description(bench, device)
-    label = f"{PROG} {shlex.join(argv)}"
+    label = f"{PROG} {shlex.join(args.argv)}"
     with monitored(args.monitor, args.monitor_interval, label), prepared_storage(bench, args.data_dir) as bench:
         print(
             f"{len(grid)} configurations x {bench.epochs} epochs, {bench.storage} storage, {compute_desc}",
@@ -267,5 +256,7 @@ def progress_line(loader: LoaderConfig, records: Sequence[LoaderRecord]) -> str:
     return f"  {loader.describe()}: " + "; ".join(parts)
 
 
+main = Command(build_parser, run)
+
 if __name__ == "__main__":
-    exit_with(main)
+    main.start()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from torch.utils.data import Dataset
 
+from ..errors import UsageError
 from ..loading import load_callable
 from ..storage import (
     HttpStore,
@@ -109,7 +110,7 @@ class BenchConfig:
         raise ValueError(f"no store for storage {self.storage!r}")
 
 
-class DatasetError(ValueError):
+class DatasetError(UsageError):
     """A --dataset that cannot be imported, called or used."""
 
 

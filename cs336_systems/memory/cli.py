@@ -6,20 +6,23 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from tabulate import tabulate
 
 from ..anomalies import fast_path_flags
-from ..argtypes import ArgumentParser, byte_size, fail, positive_int
+from ..argtypes import ArgumentParser, byte_size, positive_int
 from ..benchmark_flags import (
     add_checkpoint_argument,
     add_shape_arguments,
     announce_size_table,
     model_config_from_args,
 )
+from ..command import Command
 from ..config import PARAM_DTYPES, PASS_TYPES
-from ..models import ATTENTION_KINDS, ConfigError
+from ..errors import UsageError
+from ..models import ATTENTION_KINDS
 from ..precision import PRECISIONS
 from ..units import format_bytes
 from .estimate import FIND_MAX_LIMIT, MemoryEstimate, estimate_memory, find_max_by_prediction
@@ -64,9 +67,10 @@ def format_estimate(estimate: MemoryEstimate, title: str, param_dtype: str = "fp
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    prog = "python -m cs336_systems.memory"
-    parser = ArgumentParser(prog=prog, description="Predict the memory of one step of the built-in model.")
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="python -m cs336_systems.memory", description="Predict the memory of one step of the built-in model."
+    )
     parser.add_argument("--model-size", default="small")
     parser.add_argument("--context-length", type=positive_int, default=512)
     parser.add_argument("--batch-size", type=positive_int, default=4)
@@ -99,33 +103,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     add_checkpoint_argument(parser)
     add_shape_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        device_memory = args.device_memory
-        if args.find_max and device_memory is None:
-            raise ValueError("--find-max needs --device-memory")
-        if args.model_factory:
-            raise ValueError("the estimator models the built-in Transformer only; drop --model-factory")
+    return parser
 
-        def estimate_for(batch: int, context: int) -> MemoryEstimate:
-            model = model_config_from_args(args, args.model_size, context, args.attention)
-            model.check_context(context)
-            return estimate_memory(
-                model,
-                batch,
-                context,
-                args.pass_type,
-                args.precision,
-                args.device_type,
-                device_memory,
-                first_step=args.first_step,
-                grad_accum_steps=args.grad_accum_steps,
-                param_dtype=args.param_dtype,
-            )
 
-        estimate = estimate_for(args.batch_size, args.context_length)
-    except (ConfigError, ValueError) as exc:
-        return fail(prog, str(exc))
+def run(args: argparse.Namespace) -> int:
+    device_memory = args.device_memory
+    if args.find_max and device_memory is None:
+        raise UsageError("--find-max needs --device-memory")
+    if args.model_factory:
+        raise UsageError("the estimator models the built-in Transformer only; drop --model-factory")
+
+    def estimate_for(batch: int, context: int) -> MemoryEstimate:
+        model = model_config_from_args(args, args.model_size, context, args.attention)
+        model.check_context(context)
+        return estimate_memory(
+            model,
+            batch,
+            context,
+            args.pass_type,
+            args.precision,
+            args.device_type,
+            device_memory,
+            first_step=args.first_step,
+            grad_accum_steps=args.grad_accum_steps,
+            param_dtype=args.param_dtype,
+        )
+
+    estimate = estimate_for(args.batch_size, args.context_length)
     announce_size_table(args)
 
     largest = None
@@ -175,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.find_max:
             print(f"Largest {args.find_max} that fits by prediction: {describe_largest(largest)}")
     return 0
+
+
+main = Command(build_parser, run)
 
 
 def describe_largest(largest: int | None) -> str:

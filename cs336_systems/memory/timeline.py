@@ -12,8 +12,10 @@ The two functions below are pure: a snapshot dict in, numbers out.
 from __future__ import annotations
 
 import pickle
-import sys
 from pathlib import Path
+
+from ..command import Command
+from ..errors import UsageError
 
 GIB = 2**30
 MIB = 2**20
@@ -94,41 +96,37 @@ def plot_timeline(series: list[int], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    import pandas as pd
+def build_parser():
+    from ..argtypes import ArgumentParser, positive_int
 
-    from ..argtypes import ArgumentParser, fail, positive_int
-    from ..results import ResultFileError, ResultWriteError, check_output_path, write_whole
-
-    prog = "python -m cs336_systems.memory.timeline"
-    parser = ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m cs336_systems.memory.timeline", description=__doc__.split("\n")[0])
     parser.add_argument("--snapshot", type=Path, required=True, help="a pickle from benchmark --memory-snapshot")
     parser.add_argument("--plot", type=Path, required=True, help="the active memory timeline (.png)")
     parser.add_argument("--output", help="the largest allocations and their frames (.csv)")
     parser.add_argument("--top", type=positive_int, default=20, help="how many of the largest allocations (20)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(args) -> int:
+    import pandas as pd
+
+    from ..results import check_output_path, write_whole
+
+    if args.plot.suffix != ".png":
+        raise UsageError(f"--plot {args.plot}: give a .png file")
+    output = check_output_path(args.output, "--output", (".csv",)) if args.output else None
     try:
-        if args.plot.suffix != ".png":
-            raise ValueError(f"--plot {args.plot}: give a .png file")
-        output = check_output_path(args.output, "--output", (".csv",)) if args.output else None
-        try:
-            with open(args.snapshot, "rb") as handle:
-                snapshot = pickle.load(handle)  # a file benchmark wrote for this run (pickle runs code: ours only)
-        except (OSError, pickle.UnpicklingError, EOFError) as exc:
-            raise ValueError(f"{args.snapshot}: cannot read a memory snapshot ({exc})") from None
-        if not isinstance(snapshot, dict) or "device_traces" not in snapshot:
-            raise ValueError(f"{args.snapshot}: not a CUDA memory snapshot (no device_traces)")
-    except (ResultFileError, ValueError) as exc:
-        return fail(prog, str(exc))
+        with open(args.snapshot, "rb") as handle:
+            snapshot = pickle.load(handle)  # a file benchmark wrote for this run (pickle runs code: ours only)
+    except (OSError, pickle.UnpicklingError, EOFError) as exc:
+        raise UsageError(f"{args.snapshot}: cannot read a memory snapshot ({exc})") from None
+    if not isinstance(snapshot, dict) or "device_traces" not in snapshot:
+        raise UsageError(f"{args.snapshot}: not a CUDA memory snapshot (no device_traces)")
     series = active_memory_timeline(snapshot)
     plot_timeline(series, args.plot, f"Active memory timeline: {args.snapshot.name}")
     rows = largest_allocations(snapshot, args.top)
     if output is not None:
-        try:
-            write_whole(output, pd.DataFrame(rows, columns=list(rows[0]) if rows else None).to_csv(index=False))
-        except ResultWriteError as exc:
-            print(f"{prog}: error: {exc.strerror}", file=sys.stderr)
-            return 1
+        write_whole(output, pd.DataFrame(rows, columns=list(rows[0]) if rows else None).to_csv(index=False))
     peak = max(series, default=0)
     print(f"{len(series)} allocator events, peak active {peak / GIB:.3f} GiB; wrote {args.plot}")
     for row in rows[:5]:
@@ -136,5 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+main = Command(build_parser, run)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    main.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shlex
@@ -14,11 +15,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..argtypes import EXIT_FAILED, ArgumentParser, fail, non_negative_int, positive_float
+from ..argtypes import EXIT_FAILED, ArgumentParser, non_negative_int, positive_float
+from ..command import Command
+from ..errors import UsageError
 from ..lifetime import child_preexec
 from ..terminal import show
 from ..usercode import timeout_seconds
-from .files import MonitorPathError, SampleCsvWriter, check_monitor_path, report_text, write_report
+from .files import SampleCsvWriter, check_monitor_path, report_text, write_report
 from .sampling import DEFAULT_INTERVAL_S, GpuProbe, ResourceMonitor
 
 PROG = "python -m cs336_systems.monitor"
@@ -62,7 +65,7 @@ def run_monitored(
     except OSError as exc:  # not a program (e.g. exec format error): nothing was run
         writer.close()
         csv_path.unlink(missing_ok=True)
-        raise ValueError(f"cannot run {command[0]}: {exc.strerror}") from None
+        raise UsageError(f"cannot run {command[0]}: {exc.strerror}") from None
     # Ctrl-C reaches the command (same process group); the monitor waits for it to finish. SIGTERM is
     # passed on, and a command still running kill_grace_s later is killed (it ignores SIGTERM).
     previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT,)}
@@ -103,12 +106,24 @@ def check_command(name: str) -> None:
     path = Path(name)
     if os.sep in name and path.exists():
         what = "a directory" if path.is_dir() else "not executable"
-        raise ValueError(f"cannot run {name}: {what}")
-    raise ValueError(f"command not found: {name}")
+        raise UsageError(f"cannot run {name}: {what}")
+    raise UsageError(f"command not found: {name}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(
+class CommandLineParser(ArgumentParser):
+    """The monitor's flags, then `--` and the command it runs (args.command): everything after the
+    first `--` is the command's own, even words that look like the monitor's flags."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        split = args.index("--") if "--" in args else len(args)
+        namespace, extras = super().parse_known_args(args[:split], namespace)
+        namespace.command = args[split + 1 :]
+        return namespace, extras
+
+
+def build_parser() -> ArgumentParser:
+    parser = CommandLineParser(
         prog=PROG,
         description="Run a command and sample GPU, CPU, memory, network and disk on one clock.",
         usage=f"{PROG} [--monitor-interval S] [--output PATH.csv] [--gpus I ...] [--kill-grace S] -- COMMAND [ARGS...]",
@@ -141,18 +156,17 @@ def main(argv: list[str] | None = None) -> int:
         metavar="I",
         help="NVML indices (default: those in CUDA_VISIBLE_DEVICES, else the current device, 0)",
     )
-    argv = list(sys.argv[1:] if argv is None else argv)
-    split = argv.index("--") if "--" in argv else len(argv)
-    args = parser.parse_args(argv[:split])
-    command = argv[split + 1 :]
-    if not command:
-        return fail(PROG, "no command to run: put it after --, e.g. -- python train.py")
-    output = args.output or time.strftime("monitor-%Y%m%d-%H%M%S.csv")
-    try:
-        check_command(command[0])
-        csv_path = check_monitor_path(output, "--output")
-        if args.gpus is not None:
-            GpuProbe(args.gpus)
-        return run_monitored(command, csv_path, args.interval, args.gpus, args.kill_grace)
-    except (MonitorPathError, ValueError) as exc:
-        return fail(PROG, str(exc))
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.command:
+        raise UsageError("no command to run: put it after --, e.g. -- python train.py")
+    check_command(args.command[0])
+    csv_path = check_monitor_path(args.output or time.strftime("monitor-%Y%m%d-%H%M%S.csv"), "--output")
+    if args.gpus is not None:
+        GpuProbe(args.gpus)
+    return run_monitored(args.command, csv_path, args.interval, args.gpus, args.kill_grace)
+
+
+main = Command(build_parser, run)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..argtypes import output_path, positive_float
+from ..errors import UsageError
 from ..identity import identity_field
 from ..results.errors import ResultFileError, ResultWriteError
 from ..results.files import append_line, write_whole
@@ -59,7 +60,7 @@ def summary_table(summary: dict[str, dict[str, float] | None]) -> str:
     return tabulate(rows, headers=["metric", "mean", "p50", "p90", "max"], tablefmt="github", disable_numparse=True)
 
 
-class MonitorPathError(ValueError):
+class MonitorPathError(UsageError):
     """A --monitor / --output path we refuse (wrong suffix, would overwrite a time series)."""
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from ..errors import UsageError
+
 DEFAULT_INTERVAL_S = 0.5
 
 
@@ -106,7 +108,7 @@ class GpuProbe:
             chosen = default_gpu_indices(pynvml, count) if indices is None else list(indices)
             missing = [i for i in chosen if not 0 <= i < count]
             if missing:
-                raise ValueError(f"no GPU with NVML index {missing[0]} (this machine has {count})")
+                raise UsageError(f"no GPU with NVML index {missing[0]} (this machine has {count})")
             self._nvml = pynvml
             self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in chosen]
             self.names = [_text(pynvml.nvmlDeviceGetName(h)) for h in self.handles]
@@ -114,7 +116,7 @@ class GpuProbe:
                 self.unavailable_reason = "NVML sees no GPU" if not count else "CUDA_VISIBLE_DEVICES names no GPU"
         except ImportError:
             self.unavailable_reason = "nvidia-ml-py is not installed"
-        except ValueError:
+        except UsageError:
             raise
         except Exception as exc:  # pynvml.NVMLError and its many subclasses: no driver, no library
             self.unavailable_reason = f"NVML unavailable ({exc})"

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..argtypes import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser, fail
+from ..argtypes import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser
+from ..command import Command
+from ..errors import UsageError
 from ..results import ResultFileError, ResultWriteError, check_distinct, check_output_path, write_whole
 from . import plots
 from .build import build_document
@@ -83,22 +85,21 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
     if args.verify is not None:
         return run_verify(args.verify, args.results)
     if trailing := [o for o in args.output if o.endswith("/")]:
-        return fail(PROG, f"--output {trailing[0]}: ends in '/': give a file name, not a directory")
+        raise UsageError(f"--output {trailing[0]}: ends in '/': give a file name, not a directory")
     outputs = [Path(o) for o in args.output] or [Path("writeup/report.md")]
     if problem := _check_outputs(outputs, args.tables_only, args.results):
-        return fail(PROG, problem)
+        raise UsageError(problem)
     frames, problems = load_each(args.results)
     for problem in problems:
         print(f"{PROG}: {'error' if not frames else 'left out'}: {problem}", file=sys.stderr)
     if not frames:
         return EXIT_USAGE
     if "handout" in frames and frames["handout"]["source"].nunique() > 1:
-        return fail(PROG, "give one handout plan: each plan is a write-up of its own")
+        raise UsageError("give one handout plan: each plan is a write-up of its own")
     here = outputs[0].parent
     paths_given = [*args.results, *map(str, outputs)]
     inside = all(_inside(p, here) for p in paths_given)  # a handout's write-up: name its files as they lie
@@ -190,10 +191,10 @@ def run_verify(writeup: Path, raws: list[str]) -> int:
     from .verify import verify
 
     if writeup.suffix != ".md" or not writeup.is_file():
-        return fail(PROG, f"--verify {writeup}: expected a Markdown write-up (.md) that exists")
+        raise UsageError(f"--verify {writeup}: expected a Markdown write-up (.md) that exists")
     frames, problems = result_files(raws)
     if problems:
-        return fail(PROG, problems[0])
+        raise UsageError(problems[0])
     checked, failures = verify(writeup, frames)
     for line in failures:
         print(f"{PROG}: {writeup}: {line}", file=sys.stderr)
@@ -202,3 +203,6 @@ def run_verify(writeup: Path, raws: list[str]) -> int:
         return EXIT_FAILED
     print(f"{writeup}: every cell of its {checked} tables is one row's value of the results", file=sys.stderr)
     return EXIT_OK
+
+
+main = Command(build_parser, run)

@@ -2,8 +2,8 @@
 
 A page writes `<!-- flags: cs336_systems.benchmark -->` on a line of its own; the hook replaces
 it with one row per advertised flag (hidden aliases left out): spelling, default, help text. The
-parser is caught where the tool's `main` hands it to `parse_args`, so every tool works however it
-builds its parser, and a flag added to a tool appears on the next `mkdocs build`.
+parser is the tool's own `build_parser()` (a tool package's is in its cli module), so a flag added
+to a tool appears on the next `mkdocs build`.
 
 `python scripts/dev/flag_tables.py cs336_systems.benchmark` prints one table.
 """
@@ -20,31 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 MARKER = re.compile(r"^<!-- flags: ([\w.]+) -->$", re.MULTILINE)
 
 
-class _Caught(Exception):
-    def __init__(self, parser: argparse.ArgumentParser):
-        self.parser = parser
-
-
 def tool_parser(module_name: str) -> argparse.ArgumentParser:
-    """The parser `module_name.main` builds, caught before it parses anything."""
+    """The parser of the tool `module_name` (cs336_systems.TOOL): its build_parser(), or its cli's."""
     module = importlib.import_module(module_name)
-    main = getattr(module, "main", None)
-    if main is None:  # a tool package: its __main__ runs on import, so ask its cli module
-        main = importlib.import_module(f"{module_name}.cli").main
-
-    def catch(self, args=None, namespace=None):
-        raise _Caught(self)
-
-    original, argv = argparse.ArgumentParser.parse_known_args, sys.argv
-    argparse.ArgumentParser.parse_known_args = catch  # type: ignore[method-assign]
-    sys.argv = [module_name]  # for a main that reads sys.argv itself
-    try:
-        main([])
-    except _Caught as caught:
-        return caught.parser
-    finally:
-        argparse.ArgumentParser.parse_known_args, sys.argv = original, argv  # type: ignore[method-assign]
-    raise RuntimeError(f"{module_name}.main returned without parsing its arguments")
+    if not hasattr(module, "build_parser"):  # a tool package: its command is its cli module
+        module = importlib.import_module(f"{module_name}.cli")
+    return module.build_parser()
 
 
 def _cell(text: object) -> str:
