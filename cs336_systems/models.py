@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from . import nvtx
 from .errors import UsageError
 from .size_tables import NEWEST_SIZE_TABLE, SIZE_TABLES, choose_size_table
-from .user_model import FACTORY_KEYWORDS, ModelFactoryError, build_user_model
+from .user_model import FACTORY_KEYWORDS, build_user_model
 from .usercode import UserCodeTimeout
 
 ATTENTION_KINDS = ("naive", "sdpa")
@@ -401,15 +401,8 @@ def build_model(
     device: torch.device | str,
     model_factory: str | None = None,
 ) -> nn.Module:
-    """Build the model directly on `device` (initialising 3B parameters on a GPU is fast)."""
-    if model_factory is not None and config.checkpoint_group_size:
-        raise ModelFactoryError(
-            "--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model"
-        )
-    if model_factory is not None and config.fused_projections:
-        raise ModelFactoryError(
-            "--fused-projections changes the built-in model's projections; not a --model-factory model's"
-        )
+    """Build the model directly on `device` (initialising 3B parameters on a GPU is fast). A
+    --model-factory model with the built-in model's own options is refused by BenchmarkConfig."""
     if model_factory is None:
         with torch.device(device):
             return TransformerLM(config)

@@ -10,6 +10,7 @@ import os
 import pandas as pd
 import pytest
 
+from cs336_systems.config import BenchmarkConfig
 from cs336_systems.editions import PROBLEM_KIND, PROBLEM_TITLE, PROBLEMS, measured_problems
 from cs336_systems.handout import cli, outputs, run
 from cs336_systems.handout.parameters import FULL, SMALL, Options
@@ -458,7 +459,7 @@ def test_the_data_parallel_prediction_counts_the_adamw_state_of_a_training_step(
     steps, target = plan_for("2026", "2x A100 40GB")
     by_id = {step.id: step for step in steps}
     xl = ModelConfig.from_size("xl", "2026", context_length=512)
-    train_step = predicted_peak(target, xl, 512, 4, "train-step", "fp32")
+    train_step = predicted_peak(target, BenchmarkConfig(xl, context_length=512, batch_size=4, pass_type="train-step"))
     ddp = by_id["naive_ddp_benchmarking"]
     assert ddp.flags["--model-size"] == "xl" and ddp.predicted_peak_bytes == train_step > target.memory_bytes
     assert ddp.status == "skipped" and "does not fit" in ddp.reason
@@ -500,3 +501,30 @@ def test_2025_profiles_every_size_at_the_handouts_contexts():
     assert {s.flags["--context-length"] for s in nsys} == {128, 256, 512, 1024}
     small = build_steps(Options("2025", SMALL, "cpu"), CPU, ["nsys_profile"])
     assert [s.flags["--context-lengths"] for s in small] == [[32, 64]]
+
+
+@pytest.mark.parametrize("default, changed", [("measure_steps", 100), ("precision", "bf16")])
+def test_a_tools_default_is_the_plans(monkeypatch, default, changed):
+    """A step that leaves a flag to its tool is predicted with the tool's own default: change one of
+    benchmark's defaults and the nsys steps (which give neither flag) are predicted with the new one."""
+    from cs336_systems import benchmark
+
+    def nsys(steps):
+        return {s.id: (s.predicted_s, s.predicted_peak_bytes) for s in steps if s.id.startswith("nsys_profile")}
+
+    before = nsys(plan_for("2026")[0])
+    build = benchmark.build_parser
+
+    def changed_default():
+        parser = build()
+        parser.set_defaults(**{default: changed})
+        return parser
+
+    monkeypatch.setattr(benchmark, "build_parser", changed_default)
+    after = nsys(plan_for("2026")[0])
+    assert before and after.keys() == before.keys()
+    for step_id, (seconds, peak) in before.items():
+        if default == "measure_steps":
+            assert after[step_id][0] > seconds and after[step_id][1] == peak, step_id  # 100 steps, not 10
+        elif step_id.endswith("forward"):  # the estimator of a bf16 autocast forward, not fp32
+            assert after[step_id][1] != peak, step_id

@@ -2,23 +2,28 @@
 
 A step's flags are a dict (flag -> value, list, True for a bare flag), so the budget can shrink a
 step (fewer measured steps, fewer contexts) and the command is rendered again from the same data.
-Predictions are rough on purpose and say so: time from FLOPs at a fixed fraction of the device's
-peak (flops.py) plus a start-up cost per process; memory from the estimator (memory/estimate.py).
+What a step runs is read as its tool reads it: its argv through the tool's own parser and
+configuration builder (the sweep's grid, benchmark's configuration, ddp_bench's, the attention
+configurations), so a tool's default, and a configuration's refusal, is the plan's too; nothing
+here repeats one. Predictions are rough on purpose and say so: time from FLOPs at a fixed fraction
+of the device's peak (flops.py) plus a start-up cost per process; memory from the estimator.
 """
 
 from __future__ import annotations
 
-import itertools
+import argparse
+import importlib
 import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..benchmark_flags import checkpoint_blocks
+from ..config import BenchmarkConfig
 from ..errors import UsageError
 from ..flops import analytic_flops_per_step, recompute_flops_per_step
 from ..memory.estimate import estimate_memory
-from ..models import ModelConfig
+from ..precision import PRECISION_TABLE
+from ..tools import module_name
 from ..units import format_bytes
 from .target import Target
 
@@ -35,7 +40,7 @@ BORDERLINE = 1.10  # predicted up to 10% over the device still runs (the estimat
 
 PATH_FLAGS = ("--output", "--output-dir", "--plot", "--summary", "--memory-snapshot")
 INPUT_FLAGS = ("--snapshot",)  # a file an earlier step wrote: inside the output directory, not an output
-SHAPE_FLAGS = ("--d-model", "--d-ff", "--num-layers", "--num-heads", "--vocab-size")
+SWEEP = module_name("benchmark_direct")  # the grid's parser (run_benchmarks' is the same grid)
 
 
 @dataclass
@@ -58,6 +63,9 @@ class Step:
     reductions: list[str] = field(default_factory=list)
     predicted_peak_bytes: int | None = None
     predicted_s: float | None = None
+    # the tool whose parser reads `flags` where `tool` is a script passing them on (nsys_profile.sh,
+    # warmup_study.py: benchmark's flags, and the script's own, which the plan always gives)
+    flags_of: str | None = None
 
     def outputs(self) -> list[str]:
         names = []
@@ -71,20 +79,7 @@ class Step:
 
     def argv(self, output_dir: Path) -> list[str]:
         """The tool's flags, output paths inside `output_dir`."""
-        out = []
-        for flag, value in self.flags.items():
-            if value is None or value is False or flag.startswith("_"):  # _name: planning data, not a flag
-                continue
-            values = value if isinstance(value, (list, tuple)) else [value]
-            if flag in PATH_FLAGS or flag in INPUT_FLAGS:
-                values = [str(output_dir / v) for v in values]
-            if flag == "--output":  # repeatable, one path each
-                out += [x for v in values for x in (flag, v)]
-            elif value is True:
-                out.append(flag)
-            else:
-                out += [flag, *(str(v) for v in values)]
-        return out
+        return argv_of(self.flags, output_dir)
 
     def command(self, output_dir: Path) -> list[str]:
         if self.tool.endswith(".sh"):  # scripts/nsys_profile.sh OUTPUT_STEM [benchmark flags]
@@ -102,150 +97,191 @@ class Step:
     def skip(self, reason: str) -> None:
         self.status, self.reason = "skipped", reason
 
+    def args(self) -> argparse.Namespace:
+        """The step's flags as its tool reads them: parsed by its own parser, its defaults filled in."""
+        return tool_args(self.flags_of or self.tool, self.flags, script=self.flags_of is not None)
+
+
+def argv_of(flags: dict, output_dir: Path = Path(".")) -> list[str]:
+    """A step's flags as a command line, output paths inside `output_dir`."""
+    out = []
+    for flag, value in flags.items():
+        if value is None or value is False or flag.startswith("_"):  # _name: planning data, not a flag
+            continue
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if flag in PATH_FLAGS or flag in INPUT_FLAGS:
+            values = [str(output_dir / v) for v in values]
+        if flag == "--output":  # repeatable, one path each
+            out += [x for v in values for x in (flag, v)]
+        elif value is True:
+            out.append(flag)
+        else:
+            out += [flag, *(str(v) for v in values)]
+    return out
+
+
+def tool_args(tool: str, flags: dict, script: bool = False) -> argparse.Namespace:
+    """`flags` as the tool `tool` (a module) parses them: its build_parser(), so its defaults are the
+    plan's. `script`: the flags go to a script that passes the tool's on and keeps its own."""
+    parser = importlib.import_module(tool).build_parser()
+    argv = argv_of(flags)
+    return parser.parse_known_args(argv)[0] if script else parser.parse_args(argv)
+
+
+def benchmark_configs(step: Step) -> list[BenchmarkConfig]:
+    """The configurations a model step runs, from its tool's own builder: a sweep's grid, benchmark's
+    configuration, ddp_bench's per-rank training step. A UsageError (ConfigError) where the tool
+    would refuse them."""
+    return configurations(step.flags_of or step.tool, step.args())
+
+
+def configurations(tool: str, args: argparse.Namespace) -> list[BenchmarkConfig]:
+    if hasattr(args, "model_sizes"):  # a sweep: its grid
+        from ..sweep import grid_from_args
+
+        return grid_from_args(args, args.device)
+    if hasattr(args, "strategies"):  # ddp_bench: each rank's training step
+        from ..ddp_bench.cli import config_from_args as ddp_config
+
+        return [ddp_config(args, args.device.split(":")[0])]
+    from ..benchmark import config_from_args
+
+    return [config_from_args(args)]
+
+
+def refusal(tool: str, flags: dict) -> str | None:
+    """Why `tool` would refuse `flags` (its configuration's own words), or None."""
+    try:
+        configurations(tool, tool_args(tool, flags))
+    except UsageError as exc:
+        return str(exc)
+    return None
+
 
 # -- predictions ---------------------------------------------------------------------------
 
 
-def _list(flags: dict, flag: str, default: list) -> list:
-    value = flags.get(flag, default)
-    return list(value) if isinstance(value, (list, tuple)) else [value]
+def model_configs(tool: str, flags: dict) -> list[BenchmarkConfig]:
+    """Every configuration of a model step's grid (`flags` as `tool` reads them)."""
+    return configurations(tool, tool_args(tool, flags))
 
 
-def model_configs(flags: dict) -> list[tuple[ModelConfig, int, int, str, str, bool]]:
-    """Every (model, context, batch, pass, precision, compiled) of a benchmark-like step's grid."""
-    overrides = {flag[2:].replace("-", "_"): int(flags[flag]) for flag in SHAPE_FLAGS if flag in flags}
-    contexts = [int(t) for t in _list(flags, "--context-lengths", _list(flags, "--context-length", [512]))]
-    compiled = {"off": [False], "on": [True], "both": [False, True]}[flags.get("--compile", "off")]
-    if flags.get("--compile") is True:
-        compiled = [True]
-    attention = _list(flags, "--attentions", _list(flags, "--attention", [flags.get("_estimate_attention", "sdpa")]))[0]
-    grid = itertools.product(
-        _list(flags, "--model-sizes", _list(flags, "--model-size", ["small"])),
-        [checkpoint_blocks(str(k)) for k in _list(flags, "--checkpoint-blocks", ["0"])],
-        _list(flags, "--precisions", _list(flags, "--precision", ["fp32"])),
-        compiled,
-        contexts,
-        [int(b) for b in _list(flags, "--batch-sizes", _list(flags, "--batch-size", [4]))],
-        _list(flags, "--pass-types", _list(flags, "--pass-type", ["forward-backward"])),
-    )
-    configs = []
-    for size, blocks, precision, compile_on, context, batch, pass_type in grid:
-        model = ModelConfig.from_size(
-            size, flags.get("--size-table"), context_length=max(contexts), attention=attention, **overrides
-        ).replace(checkpoint_blocks=blocks)
-        configs.append((model, context, batch, pass_type, precision, compile_on))
-    return configs
-
-
-def step_seconds(target: Target, model: ModelConfig, context: int, batch: int, pass_type: str, precision: str) -> float:
-    flops = analytic_flops_per_step(model, batch, context, pass_type)
-    flops += recompute_flops_per_step(model, batch, context, pass_type)
-    peak = target.peak_tflops(precision) or target.peak_tflops("fp32") or 1.0
-    passes = 1 if pass_type == "forward" else 3
+def step_seconds(target: Target, config: BenchmarkConfig) -> float:
+    model, context, batch = config.model, config.context_length, config.batch_size * config.grad_accum_steps
+    flops = analytic_flops_per_step(model, batch, context, config.pass_type)
+    flops += recompute_flops_per_step(model, batch, context, config.pass_type)
+    peak = target.peak_tflops(config.precision) or target.peak_tflops("fp32") or 1.0
+    passes = 1 if config.pass_type == "forward" else 3
     launches = LAUNCH_S_PER_LAYER[target.type] * model.num_layers * passes
     return flops / (peak * 1e12 * EFFICIENCY[target.type]) + launches
 
 
-def predicted_peak(target: Target, model: ModelConfig, context: int, batch: int, pass_type: str, precision: str) -> int:
-    return estimate_memory(model, batch, context, pass_type, precision, target.type).total_bytes
+def predicted_peak(target: Target, config: BenchmarkConfig) -> int:
+    """The estimator's total for `config` on the target's kind of device."""
+    return estimate_memory(
+        config.model,
+        config.batch_size,
+        config.context_length,
+        config.pass_type,
+        config.precision,
+        target.type,
+        grad_accum_steps=config.grad_accum_steps,
+        param_dtype=config.param_dtype,
+    ).total_bytes
 
 
 def predict(step: Step, target: Target, user_model: bool = False) -> None:
-    """Fill in the step's predicted time and peak memory (None where there is no model of it)."""
-    flags, kind = step.flags, step.kind
-    steps = int(flags.get("--warmup-steps", 5)) + int(flags.get("--measure-steps", 10))
+    """Fill in the step's predicted time and peak memory (None where there is no model of it). A
+    UsageError where the step's tool would refuse its flags (the planner skips such a step)."""
+    kind = step.kind
     step.predicted_peak_bytes = None
     if kind in ("benchmark", "warmup", "ddp"):
-        # ddp_bench always runs training steps
-        configs = model_configs({**flags, "--pass-type": "train-step"} if kind == "ddp" else flags)
-        calls = DO_BENCH_CALLS if flags.get("--timer") == "do-bench" else 1
-        per_config = [steps * calls * step_seconds(target, *c[:5]) for c in configs]
-        if kind == "ddp":
-            step.predicted_peak_bytes = data_parallel_peak(flags, configs[0])
+        configs = benchmark_configs(step)
+        if "_estimate_attention" in step.flags:  # a student's model estimated as the built-in one with it
+            attention = step.flags["_estimate_attention"]
+            configs = [c.replace(model=c.model.replace(attention=attention)) for c in configs]
+        per_config = [
+            (c.warmup_steps + c.measure_steps)
+            * (DO_BENCH_CALLS if c.timer == "do-bench" else 1)
+            * step_seconds(target, c)
+            for c in configs
+        ]
+        if kind == "ddp":  # a student's model estimated as the built-in one (the handout's architecture)
+            step.predicted_peak_bytes = data_parallel_peak(step.args(), configs[0].replace(model_factory=None))
         elif not user_model or step.flags.get("_estimate_builtin"):
-            step.predicted_peak_bytes = max(predicted_peak(target, *c[:5]) for c in configs)
-        processes = len(configs) if flags.get("_child_per_config") else 1
-        compiles = sum(1 for c in configs if c[5]) * COMPILE_S[target.type]
+            step.predicted_peak_bytes = max(predicted_peak(target, c) for c in configs)
+        processes = len(configs) if step.flags.get("_child_per_config") else 1
+        compiles = sum(1 for c in configs if c.compile) * COMPILE_S[target.type]
         seconds = sum(per_config) + len(configs) * CONFIG_S[target.type] + processes * STARTUP_S[target.type]
         seconds += compiles
-        if kind == "warmup":
-            warmups = [int(w) for w in _list(flags, "--warmups", [0, 1, 2, 5])]
-            one = step_seconds(target, *configs[0][:5])
-            seconds = sum((w + int(flags.get("--measure-steps", 10))) * one for w in warmups)
+        if kind == "warmup":  # the script's own --warmups: each count in a process of its own
+            warmups = [int(w) for w in step.flags["--warmups"]]
+            one = step_seconds(target, configs[0])
+            seconds = sum((w + configs[0].measure_steps) * one for w in warmups)
             seconds += len(warmups) * STARTUP_S[target.type]
         if kind == "ddp":  # the single-process baseline, then each strategy (and bucket size) on N ranks
-            units = 1 + len(_list(flags, "--strategies", ["ddp"])) * len(_list(flags, "--bucket-cap-mb", [None]))
+            args = step.args()
+            units = 1 + len(args.strategies) * len(args.bucket_cap_mb or [None])
             seconds = units * (sum(per_config) * 1.5 + CONFIG_S[target.type]) + 3 * STARTUP_S[target.type]
         step.predicted_s = seconds
     elif kind == "attention":
-        step.predicted_s, step.predicted_peak_bytes = _attention(flags, target)
+        step.predicted_s, step.predicted_peak_bytes = _attention(step.args(), target)
     elif kind == "allreduce":
-        sizes = [_size_bytes(s) for s in _list(flags, "--sizes", ["1MB"])]
-        worlds = [int(w) for w in _list(flags, "--world-sizes", [2])]
-        link = LINK[flags.get("--backend", "gloo")]
-        per_size = sum(2 * size / link for size in sizes)
-        step.predicted_s = sum(steps * per_size + STARTUP_S[target.type] for _ in worlds)
-        step.predicted_peak_bytes = 3 * max(sizes)
+        args = step.args()
+        steps = args.warmup_steps + args.measure_steps
+        per_size = sum(2 * size_bytes / LINK[args.backend] for _, size_bytes in args.sizes)
+        step.predicted_s = sum(steps * per_size + STARTUP_S[target.type] for _ in _world_sizes(args))
+        step.predicted_peak_bytes = 3 * max(size_bytes for _, size_bytes in args.sizes)
     else:
         step.predicted_s = step.fixed_s
 
 
-def data_parallel_peak(flags: dict, config: tuple) -> int | None:
+def _world_sizes(args: argparse.Namespace) -> list[int]:
+    from ..distributed.driver import resolve_world_sizes
+
+    return resolve_world_sizes(args.world_sizes, args.backend, args.device, torchrun=False)
+
+
+def data_parallel_peak(args: argparse.Namespace, per_rank: BenchmarkConfig) -> int | None:
     """A rank's peak over the strategies of a ddp_bench step: a training step with its AdamW state
     (the student's AdamW holds the same two fp32 tensors per parameter as torch's), parameters,
     gradients and state each divided as the strategy divides them (ddp_bench's own accounting).
     The single-process baseline ddp_bench runs first holds everything; where only sharding fits,
     that one row is an oom row and the others still run."""
-    from ..config import BenchmarkConfig
     from ..ddp_bench.accounting import predicted_peak_bytes
     from ..ddp_bench.strategies import SHARDING
 
-    model, context, batch, _, precision, _ = config
-    world = max(int(w) for w in _list(flags, "--world-sizes", [2]))
-    per_rank = BenchmarkConfig(
-        model=model,
-        context_length=context,
-        batch_size=batch,
-        pass_type="train-step",
-        precision=precision,
-        device=str(flags.get("--device", "cuda")),
-    )
-    peaks = [predicted_peak_bytes(per_rank, SHARDING[s], world, "adamw") for s in _list(flags, "--strategies", ["ddp"])]
+    world = max(_world_sizes(args))
+    peaks = [predicted_peak_bytes(per_rank, SHARDING[s], world, "adamw") for s in args.strategies]
     # plus the workspace margin every other prediction of the plan counts (estimate.total_bytes)
-    whole = estimate_memory(model, batch, context, "train-step", precision, per_rank.device.split(":")[0])
+    whole = estimate_memory(
+        per_rank.model,
+        per_rank.batch_size,
+        per_rank.context_length,
+        "train-step",
+        per_rank.precision,
+        per_rank.device.split(":")[0],
+    )
     return max((peak + whole.workspace_margin for peak in peaks if peak is not None), default=None)
 
 
-def _size_bytes(text) -> int:
-    from ..allreduce_bench.worker import parse_size
+def _attention(args: argparse.Namespace, target: Target) -> tuple[float, int]:
+    """Time and the largest peak of an attention_bench grid (its own configurations): naive and
+    compiled hold the T x T scores."""
+    from ..attention_bench.cli import configs_from_args
 
-    return parse_size(str(text))[1]
-
-
-def _attention(flags: dict, target: Target) -> tuple[float, int]:
-    """Time and the largest peak of an attention_bench grid: naive and compiled hold the T x T scores."""
-    from ..attention_bench.config import TENSOR_DTYPES
-
-    steps = int(flags.get("--warmup-steps", 5)) + int(flags.get("--measure-steps", 100))
-    batch, heads = int(flags.get("--batch-size", 1)), int(flags.get("--num-heads", 1))
+    configs = configs_from_args(args, args.device)
     seconds, peak = STARTUP_S[target.type], 0
-    implementations = _list(flags, "--implementations", ["naive"])
-    seconds += COMPILE_S[target.type] * sum(1 for i in implementations if i == "compiled") * 0.5
-    for precision, d, T, implementation in itertools.product(
-        _list(flags, "--precisions", ["fp32"]),
-        _list(flags, "--head-dims", [64]),
-        _list(flags, "--context-lengths", [256]),
-        implementations,
-    ):
-        d, T = int(d), int(T)
-        element = TENSOR_DTYPES[precision].itemsize
-        flops = 4 * batch * heads * T * T * d * 3.5  # forward, then backward (2.5x forward)
-        vectors = 4 * batch * heads * T * d * element * 3
-        materialised = implementation in ("naive", "compiled")
-        scores = batch * heads * T * T * (element if materialised else 0)
-        rate = (target.peak_tflops(precision) or target.peak_tflops("fp32") or 1.0) * 1e12 * EFFICIENCY[target.type]
-        one = max(flops / rate, 10 * scores / BANDWIDTH[target.type])
-        seconds += steps * one * 2  # the forward loop, the backward loop and end-to-end
+    seconds += COMPILE_S[target.type] * len({c.implementation for c in configs} & {"compiled"}) * 0.5
+    for config in configs:
+        element = PRECISION_TABLE[config.precision].compute_dtype.itemsize
+        heads = config.batch_size * config.num_heads
+        flops = config.forward_flops * 3.5  # forward, then backward (2.5x forward)
+        vectors = 4 * heads * config.context_length * config.head_dim * element * 3
+        scores = config.scores_bytes if config.implementation in ("naive", "compiled") else 0
+        rate = (target.peak_tflops(config.precision) or target.peak_tflops("fp32") or 1.0) * 1e12
+        one = max(flops / (rate * EFFICIENCY[target.type]), 10 * scores / BANDWIDTH[target.type])
+        seconds += (config.warmup_steps + config.measure_steps) * one * 2  # forward, backward, end-to-end loops
         peak = max(peak, vectors + 3 * scores)
     return seconds, peak
 
@@ -293,7 +329,7 @@ def fit_budget(steps: list[Step], budget_s: float, target: Target, user_model: b
         return notes
     for step in steps:
         fewer = MEASURE_REDUCTIONS.get(step.kind)
-        measured = int(step.flags.get("--measure-steps", 0) or 0)
+        measured = step.args().measure_steps if step.status == "run" and fewer else 0  # as the tool counts them
         if step.status == "run" and fewer and measured > fewer:
             step.flags["--measure-steps"] = fewer
             step.reductions.append(f"--measure-steps {measured} -> {fewer} (--budget)")

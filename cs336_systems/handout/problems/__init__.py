@@ -7,6 +7,7 @@ distributed.py, leaderboard.py. Implementation and analytic problems have no bui
 from __future__ import annotations
 
 from ...editions import MEASURED, PROBLEM_KIND, PROBLEMS
+from ...errors import UsageError
 from ..parameters import Options
 from ..plan import Step, fit_verdict, predict
 from ..target import Target
@@ -30,7 +31,11 @@ def build_steps(options: Options, target: Target, problems: list[str]) -> list[S
             steps += BUILDERS[problem](options, target)
     for step in steps:
         if step.status == "run":
-            predict(step, target, user_model=options.model_factory is not None)
+            try:
+                predict(step, target, user_model=options.model_factory is not None)
+            except UsageError as exc:  # what the step's tool refuses (its configuration's own words)
+                step.skip(str(exc))
+                continue
             verdict, why = fit_verdict(step.predicted_peak_bytes, target)
             if verdict == "no" and step.kind in ("benchmark", "warmup", "ddp"):
                 step.skip(why)  # a model step predicted not to fit (attention steps run every shape on purpose)

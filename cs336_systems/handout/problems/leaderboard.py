@@ -6,15 +6,15 @@ largest that does is named instead (the handout's context kept as long as possib
 
 from __future__ import annotations
 
-from ...models import ModelConfig
 from ...tools import module_name
 from ..parameters import Options
-from ..plan import Step, fit_verdict, predicted_peak
+from ..plan import Step, fit_verdict, model_configs, predicted_peak
 from ..target import Target
 from .attention import attention_step
 from .model import STUDENT_MODEL, defined_in_repository, training_optimizer
 
 MIN_CONTEXT = 128  # a smaller configuration keeps at least this context
+BENCHMARK = module_name("benchmark")
 
 
 def leaderboard(options: Options, target: Target) -> list[Step]:
@@ -49,29 +49,20 @@ def flash_leaderboard(options: Options, target: Target) -> list[Step]:
     return [step]
 
 
-def leaderboard_peak(target: Target, shape: dict, layers: int, context: int, attention: str) -> int:
-    """The estimator's peak of one bf16 training step of the built-in model at this shape."""
-    model = ModelConfig.from_size(
-        "small",
-        d_model=shape["--d-model"],
-        d_ff=shape["--d-ff"],
-        num_layers=layers,
-        num_heads=shape["--num-heads"],
-        vocab_size=shape["--vocab-size"],
-        context_length=context,
-        attention=attention,
-    )
-    return predicted_peak(target, model, context, shape["--batch-size"], "train-step", "bf16")
+def leaderboard_peak(target: Target, flags: dict, layers: int, context: int) -> int:
+    """The estimator's peak of the step `flags` (benchmark's) with this many layers at this context."""
+    changed = {**flags, "--num-layers": layers, "--context-length": context}
+    return predicted_peak(target, model_configs(BENCHMARK, changed)[0])
 
 
-def fitted_configuration(target: Target, shape: dict, attention: str) -> tuple[int, int] | None:
+def fitted_configuration(target: Target, flags: dict) -> tuple[int, int] | None:
     """(layers, context) of the largest configuration that fits (not borderline: an 8B-class step is
     not worth an oom): the handout's context halved only when not even one layer fits at it, and at
     each context as many layers as fit. None: nothing does."""
-    context = shape["--context-length"]
+    context = flags["--context-length"]
     while context >= MIN_CONTEXT:
-        for layers in range(shape["--num-layers"], 0, -1):
-            if fit_verdict(leaderboard_peak(target, shape, layers, context, attention), target)[0] == "fits":
+        for layers in range(flags["--num-layers"], 0, -1):
+            if fit_verdict(leaderboard_peak(target, flags, layers, context), target)[0] == "fits":
                 return layers, context
         context //= 2
     return None
@@ -85,20 +76,7 @@ def training_leaderboard(options: Options, target: Target) -> list[Step]:
     # the handout's own model materialises the T x T scores: estimate a student's model as naive attention
     attention = "naive" if model_factory else "sdpa"
     layers, context = shape["--num-layers"], shape["--context-length"]
-    full_peak = leaderboard_peak(target, shape, layers, context, attention)
-    gpu = target.type == "cuda"
-    fitted = fitted_configuration(target, shape, attention) if gpu and scale.name == "full" else (layers, context)
-    named = scale.training_leaderboard_name
-    notes = []
-    if fitted is not None and fitted != (layers, context):
-        notes.append(
-            f"smaller than the handout's: {fitted[0]} of {layers} layers at context {fitted[1]:,}, the largest "
-            f"the estimator says fits ({named} is {fit_verdict(full_peak, target)[1]})"
-        )
-        layers, context = fitted
-        named = f"{named} with {layers} of {shape['--num-layers']} layers at context {context:,}"
-    timer = "do-bench" if gpu and target.triton else "cuda-event" if gpu else "host"
-    flags = {
+    flags = {  # benchmark's flags; the fit below may set fewer layers and a shorter context
         "--model-size": "small",  # a name the overrides below replace: a custom shape
         "--size-table": options.edition,
         "--vocab-size": shape["--vocab-size"],
@@ -110,14 +88,34 @@ def training_leaderboard(options: Options, target: Target) -> list[Step]:
         "--batch-size": shape["--batch-size"],
         "--pass-type": "train-step",
         "--precision": "bf16",
-        "--timer": timer,
-        "--warmup-steps": 0 if timer == "do-bench" else scale.warmup,  # do_bench warms up by itself
-        "--measure-steps": 3 if timer == "do-bench" else scale.measure,
-        "--device": options.device,
-        "--output": ["leaderboard.csv", "leaderboard.jsonl", "leaderboard.md"],
-        "_estimate_builtin": True,  # the student's model is the handout's architecture
-        "_estimate_attention": attention,
     }
+    estimated = {**flags, "--attention": attention}  # the built-in model the estimator stands in with
+    full_peak = leaderboard_peak(target, estimated, layers, context)
+    gpu = target.type == "cuda"
+    fitted = fitted_configuration(target, estimated) if gpu and scale.name == "full" else (layers, context)
+    named = scale.training_leaderboard_name
+    notes = []
+    if fitted is not None and fitted != (layers, context):
+        notes.append(
+            f"smaller than the handout's: {fitted[0]} of {layers} layers at context {fitted[1]:,}, the largest "
+            f"the estimator says fits ({named} is {fit_verdict(full_peak, target)[1]})"
+        )
+        layers, context = fitted
+        named = f"{named} with {layers} of {shape['--num-layers']} layers at context {context:,}"
+    timer = "do-bench" if gpu and target.triton else "cuda-event" if gpu else "host"
+    flags.update(
+        {
+            "--num-layers": layers,
+            "--context-length": context,
+            "--timer": timer,
+            "--warmup-steps": 0 if timer == "do-bench" else scale.warmup,  # do_bench warms up by itself
+            "--measure-steps": 3 if timer == "do-bench" else scale.measure,
+            "--device": options.device,
+            "--output": ["leaderboard.csv", "leaderboard.jsonl", "leaderboard.md"],
+            "_estimate_builtin": True,  # the student's model is the handout's architecture
+            "_estimate_attention": attention,
+        }
+    )
     if model_factory:
         flags["--model-factory"] = model_factory
     if optimizer:

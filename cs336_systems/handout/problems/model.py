@@ -12,7 +12,7 @@ from pathlib import Path
 from ...models import SIZE_TABLES
 from ...tools import module_name
 from ..parameters import Options
-from ..plan import Step, fit_verdict, model_configs, predicted_peak
+from ..plan import SWEEP, Step, fit_verdict, model_configs, predicted_peak, refusal
 from ..target import Target
 
 SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"  # the repository's scripts/, beside the package
@@ -120,7 +120,7 @@ def sweep(
     for value in base[split]:
         fitting, over = [], []
         for context in base["--context-lengths"]:
-            worst = worst_peak(options, target, {**base, split: [value], "--context-lengths": [context]})
+            worst = worst_peak(options, target, {**base, split: [value], "--context-lengths": [context]}, tool)
             (over if fit_verdict(worst, target)[0] == "no" else fitting).append((context, worst))
         if over:
             name = f"{stem}-{value}"
@@ -172,10 +172,11 @@ def sweep(
     return steps + skipped
 
 
-def worst_peak(options: Options, target: Target, flags: dict) -> int | None:
+def worst_peak(options: Options, target: Target, flags: dict, tool: str = SWEEP) -> int | None:
+    """The estimator's largest peak over the configurations `tool` runs for `flags` (None: the user's model)."""
     if options.model_factory:
         return None
-    return max(predicted_peak(target, *c[:5]) for c in model_configs(flags))
+    return max(predicted_peak(target, config) for config in model_configs(tool, flags))
 
 
 def benchmarking_script(options: Options, target: Target) -> list[Step]:
@@ -199,6 +200,7 @@ def benchmarking_script(options: Options, target: Target) -> list[Step]:
         "(c) 0, 1, 2 and 5 warmup steps, each in a fresh process",
         str(SCRIPTS / "warmup_study.py"),
         kind="warmup",
+        flags_of=module_name("benchmark"),  # the script's flags are benchmark's, and its own --warmups
     )
     size = sizes(options)[0]
     warmup.flags = {
@@ -276,12 +278,12 @@ def gradient_checkpointing(options: Options, target: Target) -> list[Step]:
         "--precisions": ["fp32"],
         "--checkpoint-blocks": list(scale.checkpoint_blocks),
     }
-    if options.model_factory:  # the command kept is the built-in model's
+    if options.model_factory:  # refused by the configuration itself; the command kept is the built-in model's
         name = "gradient_checkpointing"
         outputs = {"--output": [f"{name}.csv", f"{name}.jsonl", f"{name}.md"]}
         builtin = sweep_flags(dataclasses.replace(options, model_factory=None), size, {**flags, **outputs})
         step = Step(name, name, f"(b) {size} checkpoint block sizes", scale.sweep_tool, builtin)
-        step.skip("--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model")
+        step.skip(refusal(step.tool, {**builtin, "--model-factory": options.model_factory}) or "")
         return [step]
     return sweep(
         options,

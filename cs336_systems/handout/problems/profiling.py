@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ...tools import module_name
 from ..parameters import Options
-from ..plan import Step, fit_verdict, model_configs, predicted_peak
+from ..plan import SWEEP, Step, fit_verdict, model_configs, predicted_peak
 from ..target import Target
 from .model import MEMORY_SWEEP, SCRIPTS, memory_options, model_flags, sizes, sweep, training_optimizer, worst_peak
 
@@ -24,7 +24,7 @@ def builtin_train_step_peak(options: Options, target: Target, size: str, context
         "--pass-types": ["train-step"],
         "--attentions": ["naive"],
     }
-    return max(predicted_peak(target, *c[:5]) for c in model_configs(flags))
+    return max(predicted_peak(target, config) for config in model_configs(SWEEP, flags))
 
 
 def nsys_configurations(options: Options, target: Target) -> list[tuple[str, list[int], str | None]]:
@@ -101,6 +101,7 @@ def _nsys_step(options: Options, size: str, context: int, pass_type: str, optimi
         flags,
         kind="benchmark",
         reads=tuple(f"{name}_{report}.csv" for report in NSYS_REPORTS),
+        flags_of=module_name("benchmark"),  # the script runs benchmark with them
     )
     return step
 
@@ -182,7 +183,7 @@ def _snapshot_steps(options: Options, target: Target, size: str, context: int, p
         figures=(f"{name}.png",),
         fixed_s=10,
     )
-    peak = worst_peak(options, target, {**flags, "--pass-types": [pass_type]})
+    peak = worst_peak(options, target, flags, module_name("benchmark"))
     verdict, why = fit_verdict(peak, target)
     if target.type != "cuda":
         record.skip("a memory snapshot records the CUDA caching allocator: needs a GPU")
