@@ -30,7 +30,6 @@ class Problem:
     out_dir: Path  # where figures of the write-up go
     stem: str
     files: dict[str, pd.DataFrame] = field(default_factory=dict)  # file name -> rows (with `source`)
-    used: set[str] = field(default_factory=set)  # files a table of the section shows
 
     @property
     def title(self) -> str:

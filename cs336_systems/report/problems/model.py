@@ -117,7 +117,6 @@ def benchmarking_script(problem: Problem) -> Section:
     rows = problem.rows("benchmark", "-b")
     out.add(Heading("(b) Forward, backward and optimizer step"))
     if not rows.empty:
-        problem.used.update(rows["source"])
         out.add(benchmark.phase_table(rows, "Time per phase of each model"))
         out.add(Bullets(timing_observations(records(rows, "benchmark"))))
         notes = benchmark.row_notes(rows)
@@ -148,7 +147,6 @@ def nsys_profile(problem: Problem) -> Section:
         else rows.iloc[0:0]
     )
     if not profiled.empty:
-        problem.used.update(profiled["source"])
         device = ", ".join(dict.fromkeys(str(d) for d in profiled.get("device_name", pd.Series(dtype=object)).dropna()))
         out.add(
             Text(
@@ -164,7 +162,6 @@ def nsys_profile(problem: Problem) -> Section:
     for step in problem.steps:  # Nsight Systems' own kernel summary, where nsys ran
         for name in [n for n in _reads(step) if n.endswith("cuda_gpu_kern_sum.csv") and n in problem.files]:
             rows = problem.files[name]
-            problem.used.add(name)
             out.add(nsys_kernel_table(rows, f"CUDA kernels by total time: {step['part']}"))
             out.add(Bullets(nsys_observations(records(rows, "nsys_kernels"))))
     return finish(problem, out)
@@ -266,7 +263,6 @@ def mixed_precision_accumulation(problem: Problem) -> Section:
     rows = problem.rows("mixed_precision")
     rows = rows[rows["table"] == "accumulation"] if not rows.empty else rows
     if not rows.empty:
-        problem.used.update(rows["source"])
         out.add(
             grid(
                 rows,
@@ -310,7 +306,6 @@ def benchmarking_mixed_precision(problem: Problem, timing: Problem | None) -> Se
     dtypes = dtypes[dtypes["table"] == "autocast"] if not dtypes.empty else dtypes
     out.add(Heading("(a), (b) The toy model's dtypes under autocast"))
     if not dtypes.empty:
-        problem.used.update(dtypes["source"])
         out.add(
             grid(
                 dtypes,
@@ -338,7 +333,6 @@ def benchmarking_mixed_precision(problem: Problem, timing: Problem | None) -> Se
     if not bf16.empty:
         both = pd.concat([fp32, bf16], ignore_index=True) if not fp32.empty else bf16
         both = both[both["pass_type"].isin(set(bf16["pass_type"]))]
-        problem.used.update(both["source"])
         out.add(benchmark.speedup_table(both, "precision", "fp32", "bf16", "fp32 and bf16 autocast"))
         out.add(Bullets(precision_observations(records(both, "benchmark"))))
     return finish(problem, out)
@@ -386,7 +380,6 @@ def memory_profiling(problem: Problem) -> Section:
                 out.add(Figure(f"Active memory timeline: {step['part']}", problem.directory / name))
         for name in [n for n in _reads(step) if n in problem.files]:
             allocations = problem.files[name]
-            problem.used.add(name)
             out.add(
                 grid(
                     allocations.head(10),
@@ -398,7 +391,6 @@ def memory_profiling(problem: Problem) -> Section:
                 )
             )
     if not rows.empty:
-        problem.used.update(rows["source"])
         fp32 = rows[rows["precision"] == "fp32"]
         out.add(Heading("(b) Peak memory per context: forward and full training step"))
         out.add(benchmark.memory_table(fp32, "Peak memory, fp32", benchmark.peak_columns(fp32), predicted=True))
@@ -411,7 +403,6 @@ def memory_profiling(problem: Problem) -> Section:
         out.add(Bullets(residual_stream(records(rows, "benchmark"))))
     residuals = problem.rows("residuals")
     if not residuals.empty:
-        problem.used.update(residuals["source"])
         out.add(Heading("(f) What one block saves for backward"))
         out.add(
             grid(
@@ -507,7 +498,6 @@ def gradient_checkpointing(problem: Problem) -> Section:
     out = section(problem)
     rows = problem.rows("benchmark")
     if not rows.empty:
-        problem.used.update(rows["source"])
         unit = byte_unit(rows["peak_memory_bytes"])
         out.add(
             grid(
@@ -564,7 +554,6 @@ def compiled_model(problem: Problem, out: Section) -> None:
     out.add(Heading("(b) The whole model compiled"))
     if rows.empty:
         return
-    problem.used.update(rows["source"])
     out.add(benchmark.speedup_table(rows, "compile", "eager", "compiled", "Eager and compiled model"))
     lines = []
     for r in records(rows, "benchmark"):
@@ -589,7 +578,6 @@ def leaderboard(problem: Problem) -> Section:
     out = section(problem)
     rows = problem.rows("benchmark")
     if not rows.empty:
-        problem.used.update(rows["source"])
         out.add(
             grid(
                 rows,
