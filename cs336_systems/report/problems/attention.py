@@ -9,8 +9,8 @@ from .. import attention, plots
 from ..document import Bullets, Heading, Section, Text, sig3
 from ..fields import label_text
 from ..observe import number, ok, pick, records, slope, span
-from . import Problem
-from .model import compiled_model, finish, section
+from . import Problem, finish, section
+from .timing import compiled_model
 
 MIB = 2**20
 

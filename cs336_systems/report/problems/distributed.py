@@ -9,8 +9,7 @@ from .. import distributed, plots
 from ..document import Bullets, Heading, Section, sig3
 from ..fields import label_text
 from ..observe import change, number, ok, pick, records, times
-from . import Problem
-from .model import finish, section
+from . import Problem, finish, section
 
 MIB = 2**20
 
