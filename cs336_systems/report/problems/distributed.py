@@ -196,4 +196,8 @@ def rates(frames: dict[str, pd.DataFrame]) -> list[str]:
             f"model FLOP rate {sig3(value)} TFLOP/s ({row['model']}, {label_text('pass_type', row)}, "
             f"{label_text('precision', row)}; {row['source']})"
         )
+        if number(row, "peak_tflops"):
+            lines.append(
+                f"the {label_text('precision', row)} peak that rate's MFU divides by: {sig3(number(row, 'peak_tflops'))} TFLOP/s ({row.get('peak_source')})"
+            )
     return lines
