@@ -12,12 +12,9 @@ import pytest
 from cs336_systems.editions import PROBLEMS
 from cs336_systems.report.problems.attention import attention_observations
 from cs336_systems.report.problems.distributed import ddp_observations, held_observations
-from cs336_systems.report.problems.model import (
-    checkpoint_observations,
-    precision_observations,
-    timing_observations,
-    warmup_observations,
-)
+from cs336_systems.report.problems.memory import checkpoint_observations
+from cs336_systems.report.problems.precision import precision_observations
+from cs336_systems.report.problems.timing import timing_observations, warmup_observations
 from cs336_systems.report.verify import parse_tables
 from tests.conftest import REPO
 

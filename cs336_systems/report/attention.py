@@ -37,49 +37,25 @@ def timing_table(frame: pd.DataFrame, title: str, phases=("forward", "backward",
     )
 
 
-def versus_table(frame: pd.DataFrame, base: str, other: str, title: str, phases=("forward", "backward")):
-    """base and other side by side per shape, with base time / other time (above 1x: other is faster)."""
+def versus_table(
+    frame: pd.DataFrame, base: str, other: str, title: str, phases=("forward", "backward"), times: bool = True
+):
+    """Per shape, each phase's speedup base time / other time (above 1x: other is faster), with both
+    times beside it unless `times` is False."""
+    pick, against = {"implementation": base}, {"implementation": other}
     values = []
     for phase in phases:
-        name = phase.replace("_", "-")
-        values += [
-            Value(f"{base} {name} (ms)", f"{phase}_mean_ms", "ms±", where={"implementation": base}),
-            Value(f"{other} {name} (ms)", f"{phase}_mean_ms", "ms±", where={"implementation": other}),
-            Value(
-                f"{name} speedup",
-                f"{phase}_mean_ms",
-                "ratio",
-                where={"implementation": base},
-                ratio_to={"implementation": other},
-            ),
-        ]
-    return grid(
-        frame,
-        "attention_bench",
-        title=title,
-        caption=f"Speedup = {base} time / {other} time",
-        labels=list(SHAPE),
-        values=values,
-    )
+        name, field = phase.replace("_", "-"), f"{phase}_mean_ms"
+        if times:
+            values += [
+                Value(f"{base} {name} (ms)", field, "ms±", where=pick),
+                Value(f"{other} {name} (ms)", field, "ms±", where=against),
+            ]
+        values.append(Value(f"{name} speedup" if times else name, field, "ratio", where=pick, ratio_to=against))
+    caption = f"Speedup = {base} time / {other} time" + ("" if times else f": above 1x, {other} is faster")
+    return grid(frame, "attention_bench", title=title, caption=caption, labels=list(SHAPE), values=values)
 
 
 def speedup_only_table(frame: pd.DataFrame, base: str, other: str, title: str):
-    """Only the ratios, forward / backward / end-to-end, per shape (a compact view of versus_table)."""
-    values = [
-        Value(
-            f"{p.replace('_', '-')}",
-            f"{p}_mean_ms",
-            "ratio",
-            where={"implementation": base},
-            ratio_to={"implementation": other},
-        )
-        for p in ("forward", "backward", "end_to_end")
-    ]
-    return grid(
-        frame,
-        "attention_bench",
-        title=title,
-        caption=f"{base} time / {other} time: above 1x, {other} is faster",
-        labels=list(SHAPE),
-        values=values,
-    )
+    """Only the ratios, forward / backward / end-to-end, per shape."""
+    return versus_table(frame, base, other, title, ("forward", "backward", "end_to_end"), times=False)

@@ -12,7 +12,7 @@ from . import attention, benchmark, distributed, observed, plots
 from .document import Bullets, Document, Section, Text, sig3
 from .fields import label_text
 from .observe import number, ok, records, times
-from .summary import rebuilt_table
+from .summary import environment_table
 from .writeup import build_writeup
 
 
@@ -42,17 +42,7 @@ def build_document(
         if "device_name" in rows.columns and "torch_version" in rows.columns
     }
     if used:
-        sections.append(
-            Section("Environment").add(
-                rebuilt_table(
-                    "environment",
-                    "environment",
-                    "Where the results were measured",
-                    "One column per machine, commit and torch version",
-                    used,
-                )
-            )
-        )
+        sections.append(Section("Environment").add(environment_table(used)))
     if "benchmark" in frames:
         sections += benchmark_sections(frames["benchmark"], directory, stem)
     if "warmup_study" in frames:

@@ -66,9 +66,10 @@ def change(new: float, old: float) -> str:
 
 
 def slope(points: Sequence[tuple[float, float]]) -> float | None:
-    """Least-squares slope of log(y) on log(x): 1 linear, 2 quadratic."""
+    """Least-squares slope of log(y) on log(x): 1 linear, 2 quadratic; None from fewer than three
+    lengths (two points always make a line, so they say nothing of its shape)."""
     points = [(x, y) for x, y in points if x and y and x > 0 and y > 0]
-    if len(points) < 2 or len({x for x, _ in points}) < 2:
+    if len({x for x, _ in points}) < 3:
         return None
     xs = [math.log(x) for x, _ in points]
     ys = [math.log(y) for _, y in points]

@@ -55,34 +55,45 @@ def monitor_section(frame: pd.DataFrame | None, runs: pd.DataFrame | None) -> Se
     return section
 
 
+# Each of these tools' rows as one table: (section, what it shows, labels, values as (header, field, format)).
+PROBE = (
+    "Your training loop",
+    "StepProbe windows: mean step, data wait and phases per window of steps.",
+    [("run", "run"), ("window", "window")],
+    [
+        ("first step", "first_step", "text"),
+        ("last step", "last_step", "text"),
+        ("step (ms)", "step_ms", "sig3"),
+        ("samples/s", "samples_per_s", "sig3"),
+        ("data wait (%)", "data_wait_pct", "sig3"),
+        ("verdict", "verdict", "text"),
+        ("phases (ms)", "phases", "text"),
+    ],
+)
+FIND_MAX = (
+    "Largest that fits",
+    "find_max: doubling, then bisection, each probe a fresh process.",
+    [("search", "source"), ("dimension", "dimension")],
+    [
+        ("largest that ran", "largest_ok", "text"),
+        ("smallest out of memory", "smallest_oom", "text"),
+        ("configuration", "config", "text"),
+    ],
+)
+
+
+def _one_table(frame: pd.DataFrame, tool: str, layout: tuple) -> Section:
+    title, text, labels, values = layout
+    table = grid(frame, tool, title=title, labels=labels, values=[Value(*v) for v in values])
+    return Section(title, None).add(Text(text), table)
+
+
 def probe_section(frame: pd.DataFrame) -> Section:
-    values = [
-        Value("first step", "first_step", "text"),
-        Value("last step", "last_step", "text"),
-        Value("step (ms)", "step_ms", "sig3"),
-        Value("samples/s", "samples_per_s", "sig3"),
-        Value("data wait (%)", "data_wait_pct", "sig3"),
-        Value("verdict", "verdict", "text"),
-        Value("phases (ms)", "phases", "text"),
-    ]
-    table = grid(
-        frame, "probe", title="StepProbe windows", labels=[("run", "run"), ("window", "window")], values=values
-    )
-    section = Section("Your training loop", None)
-    return section.add(Text("StepProbe windows: mean step, data wait and phases per window of steps."), table)
+    return _one_table(frame, "probe", PROBE)
 
 
 def find_max_section(frame: pd.DataFrame) -> Section:
-    values = [
-        Value("largest that ran", "largest_ok", "text"),
-        Value("smallest out of memory", "smallest_oom", "text"),
-        Value("configuration", "config", "text"),
-    ]
-    table = grid(
-        frame, "find_max", title="find_max", labels=[("search", "source"), ("dimension", "dimension")], values=values
-    )
-    section = Section("Largest that fits", None)
-    return section.add(Text("find_max: doubling, then bisection, each probe a fresh process."), table)
+    return _one_table(frame, "find_max", FIND_MAX)
 
 
 LOADER_VALUES = (

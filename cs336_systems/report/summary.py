@@ -118,6 +118,12 @@ REBUILD: dict[str, Callable[[dict[str, pd.DataFrame]], pd.DataFrame]] = {
 }
 
 
+def environment_table(frames: dict[str, pd.DataFrame]) -> Table:
+    """Where the rows of `frames` (by file name) were measured: a column per machine, commit and torch."""
+    title, caption = "Where the results were measured", "One column per machine, commit and torch version"
+    return rebuilt_table("environment", "environment", title, caption, frames)
+
+
 def rebuilt_table(name: str, kind: str, title: str, caption: str, frames: dict[str, pd.DataFrame]) -> Table:
     """A table whose spec names the function that rebuilds it from its source files (`--verify`)."""
     frame = REBUILD[kind](frames)
@@ -143,15 +149,7 @@ def first_page(plan: pd.DataFrame, files: dict[str, pd.DataFrame], problems: dic
         )
     section.add(Text(text))
     used = {name: frame for name, frame in files.items() if "device_name" in frame.columns}
-    section.add(
-        rebuilt_table(
-            "environment",
-            "environment",
-            "Where the results were measured",
-            "One column per machine, commit and torch version",
-            used,
-        )
-    )
+    section.add(environment_table(used))
     machines = environment_frame(used).shape[1] if used else 0
     section.add(
         Text(

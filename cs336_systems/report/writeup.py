@@ -15,21 +15,24 @@ from .grid import Value, grid
 from .problems import Problem, analytic_section, implementation_section, load_files
 from .problems import attention as attention_problems
 from .problems import distributed as distributed_problems
-from .problems import model as model_problems
+from .problems import memory as memory_problems
+from .problems import precision as precision_problems
+from .problems import profile as profile_problems
+from .problems import timing as timing_problems
 from .summary import first_page
 
 
 def _measured_builders(problems: dict[str, Problem]) -> dict[str, Callable[[Problem], Section]]:
     get = problems.get
     return {
-        "benchmarking_script": model_problems.benchmarking_script,
-        "nsys_profile": model_problems.nsys_profile,
-        "mixed_precision_accumulation": model_problems.mixed_precision_accumulation,
-        "benchmarking_mixed_precision": lambda p: model_problems.benchmarking_mixed_precision(
+        "benchmarking_script": timing_problems.benchmarking_script,
+        "nsys_profile": profile_problems.nsys_profile,
+        "mixed_precision_accumulation": precision_problems.mixed_precision_accumulation,
+        "benchmarking_mixed_precision": lambda p: precision_problems.benchmarking_mixed_precision(
             p, get("benchmarking_script")
         ),
-        "memory_profiling": model_problems.memory_profiling,
-        "gradient_checkpointing": model_problems.gradient_checkpointing,
+        "memory_profiling": memory_problems.memory_profiling,
+        "gradient_checkpointing": memory_problems.gradient_checkpointing,
         "pytorch_attention": attention_problems.pytorch_attention,
         "torch_compile": lambda p: attention_problems.torch_compile(p, get("pytorch_attention")),
         "flash_benchmarking": attention_problems.flash_benchmarking,
@@ -43,7 +46,7 @@ def _measured_builders(problems: dict[str, Problem]) -> dict[str, Callable[[Prob
         "leaderboard": lambda p: (
             attention_problems.leaderboard_2025(p)
             if not p.rows("attention_bench").empty
-            else model_problems.leaderboard(p)
+            else timing_problems.leaderboard(p)
         ),
     }
 

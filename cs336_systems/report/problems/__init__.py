@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from ...editions import OFFICIAL_TESTS, problem_title
-from ..document import Section, Text
+from ..document import Bullets, Section, Text
 from ..load import read_file, tool_of
 
 
@@ -30,7 +30,6 @@ class Problem:
     out_dir: Path  # where figures of the write-up go
     stem: str
     files: dict[str, pd.DataFrame] = field(default_factory=dict)  # file name -> rows (with `source`)
-    used: set[str] = field(default_factory=set)  # files a table of the section shows
 
     @property
     def title(self) -> str:
@@ -133,3 +132,15 @@ def analytic_section(problem: Problem, rates: list[str]) -> Section:
     if rates:
         section.add(Text(f"Measured here, should the calculation want them: {'; '.join(rates)}."))
     return section
+
+
+def section(problem: Problem) -> Section:
+    return Section(f"{problem.label}: {problem.title}", problem.label)
+
+
+def finish(problem: Problem, out: Section) -> Section:
+    """The lines every section ends with: what was reduced, what was not measured and why."""
+    lines = reductions(problem) + not_measured(problem)
+    if lines:
+        out.add(Bullets(lines))
+    return out

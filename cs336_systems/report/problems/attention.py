@@ -9,8 +9,8 @@ from .. import attention, plots
 from ..document import Bullets, Heading, Section, Text, sig3
 from ..fields import label_text
 from ..observe import number, ok, pick, records, slope, span
-from . import Problem
-from .model import compiled_model, finish, section
+from . import Problem, finish, section
+from .timing import compiled_model
 
 MIB = 2**20
 
@@ -19,7 +19,6 @@ def pytorch_attention(problem: Problem) -> Section:
     out = section(problem)
     rows = problem.rows("attention_bench")
     if not rows.empty:
-        problem.used.update(rows["source"])
         out.add(attention.timing_table(rows, "Naive attention: time and memory per head dimension and sequence length"))
         out.add(*plots.attention_plot(rows, problem.out_dir, f"{problem.stem}_pytorch_attention"))
         out.add(Bullets(attention_observations(records(rows, "attention_bench"))))
@@ -65,7 +64,6 @@ def torch_compile(problem: Problem, eager: Problem | None) -> Section:
     if not compiled.empty:
         base = eager.rows("attention_bench") if eager else pd.DataFrame()
         both = pd.concat([base, compiled], ignore_index=True)
-        problem.used.update(both["source"])
         out.add(attention.versus_table(both, "naive", "compiled", "Uncompiled (naive) and compiled attention"))
         out.add(Bullets(versus_observations(records(both, "attention_bench"), "naive", "compiled")))
     compiled_model(problem, out)
@@ -97,7 +95,6 @@ def flash_benchmarking(problem: Problem) -> Section:
     out = section(problem)
     rows = problem.rows("attention_bench")
     if not rows.empty:
-        problem.used.update(rows["source"])
         flash = [i for i in attention.implementations(rows) if i.startswith("flash")]
         out.add(attention.timing_table(rows, "Your FlashAttention-2 and PyTorch attention"))
         caveats = _flash_caveats(rows)
@@ -144,7 +141,6 @@ def leaderboard_2025(problem: Problem) -> Section:
     out = section(problem)
     rows = problem.rows("attention_bench")
     if not rows.empty:
-        problem.used.update(rows["source"])
         out.add(
             attention.timing_table(
                 rows,

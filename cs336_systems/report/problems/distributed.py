@@ -9,8 +9,7 @@ from .. import distributed, plots
 from ..document import Bullets, Heading, Section, sig3
 from ..fields import label_text
 from ..observe import change, number, ok, pick, records, times
-from . import Problem
-from .model import finish, section
+from . import Problem, finish, section
 
 MIB = 2**20
 
@@ -19,7 +18,6 @@ def distributed_communication_single_node(problem: Problem) -> Section:
     out = section(problem)
     rows = problem.rows("allreduce_bench")
     if not rows.empty:
-        problem.used.update(rows["source"])
         for backend, group in rows.groupby("backend", sort=False):
             for table in distributed.allreduce_tables(group):
                 table.title = f"{table.title}, {backend}"
@@ -69,7 +67,6 @@ def ddp_problem(problem: Problem) -> Section:
     out = section(problem)
     rows = problem.rows("ddp_bench")
     if not rows.empty:
-        problem.used.update(rows["source"])
         out.add(distributed.ddp_time_table(rows, "Time per training step"))
         out.add(Bullets(ddp_observations(records(rows, "ddp_bench"))))
     return finish(problem, out)
@@ -101,19 +98,31 @@ def ddp_observations(rows: list[dict]) -> list[str]:
     return lines
 
 
-def optimizer_state_sharding_accounting(problem: Problem) -> Section:
+def accounting(problem: Problem, memory: str, timing: str, compared_with: str, time_observations) -> Section:
+    """optimizer_state_sharding_accounting and fsdp_accounting: (a) what each rank holds and its peaks,
+    each strategy against `compared_with`; (b) the step's time, read by `time_observations`."""
     out = section(problem)
     rows = problem.rows("ddp_bench")
     if not rows.empty:
-        problem.used.update(rows["source"])
-        out.add(Heading("(a) Memory per rank: what each strategy holds, and its peaks"))
+        out.add(Heading(f"(a) {memory}"))
         out.add(distributed.held_table(rows, "Bytes each rank holds after a step"))
         out.add(distributed.peaks_table(rows, "Peak memory of a rank"))
-        out.add(Bullets(held_observations(records(rows, "ddp_bench"), "ddp")))
-        out.add(Heading("(b) Time per step, with and without sharding"))
+        out.add(Bullets(held_observations(records(rows, "ddp_bench"), compared_with)))
+        out.add(Heading(f"(b) {timing}"))
         out.add(distributed.ddp_time_table(rows, "Time per training step"))
-        out.add(Bullets(sharding_time(records(rows, "ddp_bench"))))
+        out.add(Bullets(time_observations(records(rows, "ddp_bench"))))
     return finish(problem, out)
+
+
+def optimizer_state_sharding_accounting(problem: Problem) -> Section:
+    memory = "Memory per rank: what each strategy holds, and its peaks"
+    return accounting(problem, memory, "Time per step, with and without sharding", "ddp", sharding_time)
+
+
+def fsdp_accounting(problem: Problem) -> Section:
+    return accounting(
+        problem, "Memory per rank", "The weights' all-gather against the forward", "single", gather_observations
+    )
 
 
 def held_observations(rows: list[dict], base: str) -> list[str]:
@@ -143,21 +152,6 @@ def sharding_time(rows: list[dict]) -> list[str]:
                 f"{strategy}: step {sig3(number(row, 'mean_ms'))} ms, {change(number(row, 'mean_ms'), number(base, 'mean_ms'))} against ddp."
             )
     return lines
-
-
-def fsdp_accounting(problem: Problem) -> Section:
-    out = section(problem)
-    rows = problem.rows("ddp_bench")
-    if not rows.empty:
-        problem.used.update(rows["source"])
-        out.add(Heading("(a) Memory per rank"))
-        out.add(distributed.held_table(rows, "Bytes each rank holds after a step"))
-        out.add(distributed.peaks_table(rows, "Peak memory of a rank"))
-        out.add(Bullets(held_observations(records(rows, "ddp_bench"), "single")))
-        out.add(Heading("(b) The weights' all-gather against the forward"))
-        out.add(distributed.ddp_time_table(rows, "Time per training step"))
-        out.add(Bullets(gather_observations(records(rows, "ddp_bench"))))
-    return finish(problem, out)
 
 
 def gather_observations(rows: list[dict]) -> list[str]:
@@ -202,4 +196,8 @@ def rates(frames: dict[str, pd.DataFrame]) -> list[str]:
             f"model FLOP rate {sig3(value)} TFLOP/s ({row['model']}, {label_text('pass_type', row)}, "
             f"{label_text('precision', row)}; {row['source']})"
         )
+        if number(row, "peak_tflops"):
+            lines.append(
+                f"the {label_text('precision', row)} peak that rate's MFU divides by: {sig3(number(row, 'peak_tflops'))} TFLOP/s ({row.get('peak_source')})"
+            )
     return lines

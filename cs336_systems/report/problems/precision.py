@@ -1,0 +1,122 @@
+"""The write-up's mixed-precision problems: mixed_precision_accumulation and benchmarking_mixed_precision."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .. import benchmark
+from ..document import Bullets, Heading, Section
+from ..grid import Value, grid
+from ..observe import number, ok, pick, records, times
+from . import Problem, finish, section
+
+
+def mixed_precision_accumulation(problem: Problem) -> Section:
+    out = section(problem)
+    rows = problem.rows("mixed_precision")
+    rows = rows[rows["table"] == "accumulation"] if not rows.empty else rows
+    if not rows.empty:
+        out.add(
+            grid(
+                rows,
+                "mixed_precision",
+                title="0.01 added 1000 times (exact sum 10)",
+                caption="The sum as printed, and its error against 10",
+                labels=[("experiment", "experiment")],
+                values=[
+                    Value("accumulator", "accumulator", "text"),
+                    Value("addend", "addend", "text"),
+                    Value("sum", "result", "text"),
+                    Value("error", "error", "sci±"),
+                ],
+            )
+        )
+        out.add(Bullets(accumulation_observations(records(rows, "mixed_precision"))))
+    return finish(problem, out)
+
+
+def accumulation_observations(rows: list[dict]) -> list[str]:
+    by = {(str(r.get("accumulator")), str(r.get("addend"))): r for r in rows}
+    lines = []
+    exact, half = by.get(("fp32", "fp32")), by.get(("fp16", "fp16"))
+    if number(exact, "error") and number(half, "error"):
+        lines.append(
+            f"An fp16 accumulator ends {number(half, 'error'):+.1e} off, {times(abs(number(half, 'error') / number(exact, 'error')))} "
+            f"the error of an fp32 one ({number(exact, 'error'):+.1e})."
+        )
+    mixed = [r for (acc, add), r in by.items() if acc == "fp32" and add.startswith("fp16")]
+    if len(mixed) >= 2 and len({str(r.get("result")) for r in mixed}) == 1:
+        lines.append(
+            f"fp16 addends into an fp32 accumulator end at {mixed[0]['result']} with or without the explicit "
+            f"cast ({number(mixed[0], 'error'):+.1e})."
+        )
+    return lines
+
+
+def benchmarking_mixed_precision(problem: Problem, timing: Problem | None) -> Section:
+    out = section(problem)
+    dtypes = problem.rows("mixed_precision")
+    dtypes = dtypes[dtypes["table"] == "autocast"] if not dtypes.empty else dtypes
+    out.add(Heading("(a), (b) The toy model's dtypes under autocast"))
+    if not dtypes.empty:
+        out.add(
+            grid(
+                dtypes,
+                "mixed_precision",
+                title="dtype of each tensor of the toy model under autocast",
+                caption="fc1, ReLU, LayerNorm, fc2, then cross-entropy and backward, parameters in fp32",
+                labels=[("tensor", "tensor")],
+                values=[Value("fp16 autocast", "fp16", "text"), Value("bf16 autocast", "bf16", "text")],
+            )
+        )
+        norm = [r for r in records(dtypes, "mixed_precision") if "LayerNorm" in str(r.get("tensor"))]
+        if norm:
+            out.add(
+                Bullets(
+                    [
+                        f"LayerNorm's output is {norm[0]['fp16']} under fp16 autocast and {norm[0]['bf16']} under bf16 "
+                        f"autocast on {norm[0].get('device')}; autocast's op lists differ between devices, so on a GPU "
+                        "measure it there."
+                    ]
+                )
+            )
+    bf16 = problem.rows("benchmark")
+    fp32 = timing_rows(timing)
+    out.add(Heading("(c) bf16 autocast against fp32, per size"))
+    if not bf16.empty:
+        both = pd.concat([fp32, bf16], ignore_index=True) if not fp32.empty else bf16
+        both = both[both["pass_type"].isin(set(bf16["pass_type"]))]
+        out.add(benchmark.speedup_table(both, "precision", "fp32", "bf16", "fp32 and bf16 autocast"))
+        out.add(Bullets(precision_observations(records(both, "benchmark"))))
+    return finish(problem, out)
+
+
+def timing_rows(timing: Problem | None) -> pd.DataFrame:
+    return timing.rows("benchmark", "-b") if timing else pd.DataFrame()
+
+
+def precision_observations(rows: list[dict]) -> list[str]:
+    rows = ok(rows)
+    speedups = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for pass_type in ("forward", "forward-backward", "train-step"):
+            a = pick(rows, model=model, pass_type=pass_type, precision="fp32")
+            b = pick(rows, model=model, pass_type=pass_type, precision="bf16")
+            if number(a, "mean_ms") and number(b, "mean_ms"):
+                speedups.append(
+                    (number(a, "num_params") or 0, model, pass_type, number(a, "mean_ms") / number(b, "mean_ms"))
+                )
+    if not speedups:
+        return []
+    low, high = min(speedups, key=lambda s: s[3]), max(speedups, key=lambda s: s[3])
+    lines = [
+        f"bf16 autocast runs {times(low[3])} ({low[1]}, {low[2]}) to {times(high[3])} ({high[1]}, {high[2]}) as fast as fp32."
+    ]
+    ordered = sorted(speedups)
+    smallest, largest = ordered[0], ordered[-1]
+    if smallest[1] != largest[1]:
+        trend = "grows" if largest[3] > smallest[3] else "shrinks"
+        lines.append(
+            f"The speedup {trend} with model size: {times(smallest[3])} for {smallest[1]}, {times(largest[3])} for {largest[1]} ({largest[2]})."
+        )
+    return lines

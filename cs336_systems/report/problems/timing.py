@@ -1,0 +1,165 @@
+"""The write-up's timing problems: benchmarking_script (a-c), torch_compile (b), the 2026 leaderboard."""
+
+from __future__ import annotations
+
+from .. import benchmark, plots
+from ..document import Bullets, Heading, Section, Text, sig3
+from ..fields import label_text
+from ..grid import Value, grid
+from ..observe import change, number, ok, pick, records, span, times
+from . import Problem, finish, section
+
+
+def _model_rows(rows: list[dict], pass_type: str) -> dict[str, dict]:
+    """model label -> its row of `pass_type` (one per model, else none)."""
+    found: dict[str, list[dict]] = {}
+    for row in rows:
+        if label_text("pass_type", row) == pass_type:
+            found.setdefault(row["model"], []).append(row)
+    return {model: group[0] for model, group in found.items() if len(group) == 1}
+
+
+def timing_observations(rows: list[dict]) -> list[str]:
+    rows = ok(rows)
+    lines = []
+    forward = _model_rows(rows, "forward")
+    if forward:
+        ordered = sorted(forward.items(), key=lambda kv: number(kv[1], "num_params") or 0)
+        (small, a), (large, b) = ordered[0], ordered[-1]
+        text = f"A forward pass takes {sig3(number(a, 'mean_ms'))} ms ({small})"
+        if small != large:
+            growth = number(b, "mean_ms") / number(a, "mean_ms")
+            params = (number(b, "num_params") or 0) / (number(a, "num_params") or 1)
+            text += f" to {sig3(number(b, 'mean_ms'))} ms ({large}): {times(growth)} the time for {times(params)} the parameters"
+        lines.append(text + ".")
+    full = _model_rows(rows, "train-step") or _model_rows(rows, "forward-backward")
+    ratios = {
+        m: number(r, "backward_ms") / number(r, "forward_ms")
+        for m, r in full.items()
+        if number(r, "forward_ms") and number(r, "backward_ms")
+    }
+    if ratios:
+        where = next(iter(full.values()))["pass_type"]
+        lines.append(f"The backward pass takes {span(list(ratios.values()))} the forward pass ({where} rows).")
+    shares = {
+        m: number(r, "optimizer_ms") / number(r, "mean_ms")
+        for m, r in _model_rows(rows, "train-step").items()
+        if number(r, "optimizer_ms")
+    }
+    if shares:
+        lines.append(f"The optimizer step is {span([100 * s for s in shares.values()], '%')} of a training step.")
+    cvs = [(number(r, "cv_pct"), r) for r in rows if number(r, "cv_pct") is not None]
+    if cvs:
+        worst, row = max(cvs, key=lambda x: x[0])
+        noisy = sum(1 for cv, _ in cvs if cv > 10)
+        text = f"The standard deviation is at most {worst:.1f}% of the mean (coefficient of variation) over the measured steps"
+        text += f"; the noisiest row: {row['model']} {label_text('pass_type', row)}" if noisy else ""
+        text += f"; {noisy} of {len(cvs)} rows are above 10% (marked †)" if noisy else ", so the variability is small"
+        lines.append(text + ".")
+    return lines
+
+
+def warmup_observations(rows: list[dict]) -> list[str]:
+    runs: dict[str, list[float]] = {}
+    for row in sorted(rows, key=lambda r: number(r, "step_index") or 0):
+        if label_text("measured", row) == "measured" and number(row, "step_ms") is not None:
+            runs.setdefault(label_text("warmup_steps", row), []).append(number(row, "step_ms"))
+    if not runs:
+        return []
+    steady_key = max(runs, key=lambda k: float(k))
+    steady = sum(runs[steady_key]) / len(runs[steady_key])
+    lines = []
+    if "0" in runs and steady_key != "0":
+        first, mean = runs["0"][0], sum(runs["0"]) / len(runs["0"])
+        lines.append(
+            f"Without warmup the first measured step took {sig3(first)} ms, {times(first / steady)} the mean after "
+            f"{steady_key} warmup steps ({sig3(steady)} ms), and lifts the mean of the measured steps by {change(mean, steady)}."
+        )
+    for key in ("1", "2"):
+        if key in runs and key != steady_key:
+            mean = sum(runs[key]) / len(runs[key])
+            lines.append(
+                f"After {key} warmup step{'s' * (key != '1')} the mean is {change(mean, steady)} off the {steady_key}-warmup mean."
+            )
+    return lines
+
+
+def benchmarking_script(problem: Problem) -> Section:
+    out = section(problem)
+    step = problem.step("-b")
+    out.add(Heading("(a) The script"))
+    out.add(
+        Text(
+            "This project's `benchmark` tool (and its sweep `benchmark_direct`): it builds the model from the size "
+            "table, draws a random batch, runs the warmup steps, then times each measured step (forward, "
+            "forward and backward, or a full training step with AdamW), synchronising the device after each "
+            "step and timing each phase on its own."
+            + (f" The command that made the rows below: `{step['command']}`." if step and step.get("command") else "")
+        )
+    )
+    rows = problem.rows("benchmark", "-b")
+    out.add(Heading("(b) Forward, backward and optimizer step"))
+    if not rows.empty:
+        out.add(benchmark.phase_table(rows, "Time per phase of each model"))
+        out.add(Bullets(timing_observations(records(rows, "benchmark"))))
+        notes = benchmark.row_notes(rows)
+        if notes:
+            out.add(Text("Notes on these rows: " + "; ".join(notes) + "."))
+    warmup = problem.rows("warmup_study")
+    out.add(Heading("(c) Without warmup, and with 1 or 2 warmup steps"))
+    if not warmup.empty:
+        out.add(benchmark.warmup_table(warmup))
+        out.add(*plots.warmup_plot(warmup, problem.out_dir, problem.stem))
+        out.add(Bullets(warmup_observations(records(warmup, "warmup_study"))))
+    return finish(problem, out)
+
+
+def compiled_model(problem: Problem, out: Section) -> None:
+    """torch_compile (b): the whole model eager and compiled."""
+    rows = problem.rows("benchmark")
+    out.add(Heading("(b) The whole model compiled"))
+    if rows.empty:
+        return
+    out.add(benchmark.speedup_table(rows, "compile", "eager", "compiled", "Eager and compiled model"))
+    lines = []
+    for r in records(rows, "benchmark"):
+        if label_text("compile", r) != "eager":
+            continue
+        other = pick(
+            ok(records(rows, "benchmark")), model=r["model"], pass_type=label_text("pass_type", r), compile="compiled"
+        )
+        if r.get("status") == "ok" and number(other, "mean_ms"):
+            lines.append(
+                f"{r['model']}, {label_text('pass_type', r)}: compiled runs {times(number(r, 'mean_ms') / number(other, 'mean_ms'))} as fast as eager."
+            )
+    first = [number(r, "compile_s") for r in records(rows, "benchmark") if number(r, "compile_s")]
+    if first:
+        lines.append(f"Compiling took {span(first, ' s')} before the first step.")
+    out.add(Bullets(lines))
+
+
+def leaderboard(problem: Problem) -> Section:
+    """2026: one full training step of the leaderboard's model (the 2025 leaderboard times
+    FlashAttention-2 alone: attention.leaderboard_2025)."""
+    out = section(problem)
+    rows = problem.rows("benchmark")
+    if not rows.empty:
+        out.add(
+            grid(
+                rows,
+                "benchmark",
+                title="A full training step: zero_grad, forward, cross-entropy, backward, AdamW step",
+                caption="Mean ± std of the measured steps, ms",
+                labels=[("model", "model"), ("context", "context_length"), ("batch", "batch_size")],
+                values=[Value("step (ms)", "mean_ms", "ms±"), Value("tokens/s", "tokens_per_s", "sig3")],
+            )
+        )
+        lines = []
+        for row in ok(records(rows, "benchmark")):
+            lines.append(
+                f"{row['model']}, context {label_text('context_length', row)}, batch {label_text('batch_size', row)}, "
+                f"{label_text('precision', row)}: {sig3(number(row, 'mean_ms'))} ms per training step "
+                f"({label_text('timer', row)} timer)."
+            )
+        out.add(Bullets(lines))
+    return finish(problem, out)
