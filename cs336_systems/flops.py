@@ -15,23 +15,16 @@ so checkpointing shows as lower MFU, not as more useful work.
 MFU = achieved FLOP/s / peak FLOP/s, with the peak chosen for the device *and* the
 precision in effect (hard-coding one GPU's peak gives >100% "MFU" on another). A known GPU's
 peak is its spec sheet's; a CPU's (or an unknown GPU's) is measured once per machine, at a
-quiet moment, and kept with its date and the load average it was measured at (`PeakCache`),
-so MFU stays comparable between runs; `--peak-tflops` gives one's own. The row's `peak_source`
-says which: table, calibrated (this machine's kept measurement), measured (this run's only),
-user or unknown.
+quiet moment, and kept with its date and the load average it was measured at (peak_flops.py),
+so MFU stays comparable between runs; `--peak-tflops` gives one's own.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import os
-import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -48,11 +41,6 @@ PASS_FLOP_MULTIPLIER = {"forward": 1, "forward-backward": 3, "train-step": 3}
 # calibrate: measure now and keep it as this machine's; measure: measure now, for this run only;
 # table: the spec sheet or nothing
 PEAK_CHOICES = ("auto", "table", "calibrate", "measure")
-PEAK_CACHE_ENV = "CS336_BENCH_CACHE"  # the directory of the calibrated peaks; default ~/.cache/cs336-bench
-# A calibration is kept only when the 1-minute load average is at most this per core (or at least
-# QUIET_LOAD_FLOOR): a matmul probe sharing the cores with another job reads low, and MFU high.
-QUIET_LOAD_PER_CORE = 0.25
-QUIET_LOAD_FLOOR = 0.5
 
 # Dense peak TFLOP/s from the vendors' spec sheets (no sparsity), docs/reference.md section 2.
 # Matched against the lower-cased device name: first entry whose every word is present
@@ -214,103 +202,11 @@ def _time_matmul(a: torch.Tensor, b: torch.Tensor, sync: Callable[[], None], rep
     return (time.perf_counter() - start) / repeats
 
 
-@dataclass(frozen=True)
-class Peak:
-    tflops: float | None
-    source: str  # "table", "calibrated", "measured", "user" or "unknown"
-    measured_at: str | None = None  # calibrated or measured: when (UTC, ISO 8601)
-    notes: tuple[str, ...] = ()  # for the row: a calibration not kept, or kept at a busy moment
-
-
-def load_average() -> float:
-    """The 1-minute load average (0 where the system has none)."""
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-
-
-def quiet_load(cores: int | None = None) -> float:
-    """The highest 1-minute load average at which a calibration is kept."""
-    return max(QUIET_LOAD_FLOOR, QUIET_LOAD_PER_CORE * (cores or os.cpu_count() or 1))
-
-
-@dataclass
-class PeakCache:
-    """This machine's calibrated peaks, one JSON file: a key per (host, device, precision, threads,
-    torch version), each holding the TFLOP/s, when it was measured and the load average then."""
-
-    path: Path = field(
-        default_factory=lambda: (
-            Path(os.environ.get(PEAK_CACHE_ENV) or Path.home() / ".cache" / "cs336-bench") / "peak_tflops.json"
-        )
-    )
-
-    @staticmethod
-    def key(device: torch.device, device_name: str, precision: str) -> str:
-        threads = f" threads={torch.get_num_threads()}" if device.type == "cpu" else ""
-        return f"{socket.gethostname()} {device_name} {precision}{threads} torch={torch.__version__}"
-
-    def entries(self) -> dict[str, dict]:
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):  # none yet, or unreadable: calibrate again
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    def get(self, key: str) -> dict | None:
-        entry = self.entries().get(key)
-        return entry if isinstance(entry, dict) and isinstance(entry.get("tflops"), (int, float)) else None
-
-    def put(self, key: str, entry: dict) -> None:
-        from .results.files import write_whole  # the one writer of whole files (results imports no flops)
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_whole(self.path, json.dumps({**self.entries(), key: entry}, indent=1, sort_keys=True) + "\n")
-
-
-def resolve_peak(
-    device: torch.device,
-    device_name: str,
-    precision: str,
-    peak: str = "auto",
-    peak_tflops: float | None = None,
-    cache: PeakCache | None = None,
-) -> Peak:
-    """The MFU denominator (PEAK_CHOICES): `peak_tflops` (user) wins; a known GPU's is the table's;
-    otherwise this machine's calibrated peak, measured and kept the first time (at a quiet moment)."""
-    if peak_tflops is not None:
-        return Peak(peak_tflops, "user")
-    if peak in ("auto", "table") and device.type == "cuda":
-        value = table_peak_tflops(device_name, precision)
-        if value is not None:
-            return Peak(value, "table")
-    if peak == "table":
-        return Peak(None, "unknown")
-    now = lambda: datetime.now(timezone.utc).isoformat(timespec="seconds")  # noqa: E731
-    if peak == "measure":
-        return Peak(measure_peak_tflops(device, precision), "measured", now())
-    cache = cache or PeakCache()
-    key = cache.key(device, device_name, precision)
-    kept = cache.get(key)
-    if kept is not None and peak == "auto":
-        return Peak(float(kept["tflops"]), "calibrated", kept.get("measured_at"))
-    load, cores = load_average(), os.cpu_count() or 1
-    value, measured_at = measure_peak_tflops(device, precision), now()
-    busy = load > quiet_load(cores)
-    if busy and peak == "auto":
-        note = (
-            f"MFU peak measured for this run only, at load average {load:.1f} on {cores} cores (a busy machine "
-            "reads a low peak); `--peak calibrate` at a quiet moment keeps one for this machine"
-        )
-        return Peak(value, "measured", measured_at, (note,))
-    entry = {"tflops": value, "measured_at": measured_at, "load_average": round(load, 2), "cores": cores}
-    cache.put(key, entry)
-    notes = (f"MFU peak calibrated at load average {load:.1f} on {cores} cores: it may read low",) if busy else ()
-    return Peak(value, "calibrated", measured_at, notes)
-
-
-def mfu(flops: int | None, median_ms: float | None, peak: Peak) -> tuple[float | None, float | None]:
-    """(achieved TFLOP/s, model FLOPs utilisation) of a median step of `median_ms`."""
+def mfu(flops: int | None, median_ms: float | None, peak_tflops: float | None) -> tuple[float | None, float | None]:
+    """(achieved TFLOP/s, model FLOPs utilisation) of a median step of `median_ms` against `peak_tflops`
+    (peak_flops.resolve_peak's)."""
     achieved = per_second(flops or None, median_ms)
     if achieved is None:
         return None, None
     achieved /= 1e12
-    return achieved, (achieved / peak.tflops if peak.tflops else None)
+    return achieved, (achieved / peak_tflops if peak_tflops else None)

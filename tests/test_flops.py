@@ -4,21 +4,18 @@ import os
 import pytest
 import torch
 
-from cs336_systems import flops
+from cs336_systems import flops, peak_flops
 from cs336_systems.config import PASS_TYPES
 from cs336_systems.flops import (
-    PEAK_CACHE_ENV,
-    Peak,
-    PeakCache,
     analytic_flops_per_step,
     counted_flops_per_step,
     flops_per_step,
     forward_flops_per_token,
     mfu,
-    resolve_peak,
     table_peak_tflops,
 )
 from cs336_systems.models import ModelConfig, build_model
+from cs336_systems.peak_flops import PEAK_CACHE_ENV, PeakCache, resolve_peak
 from cs336_systems.runner import run_benchmark
 from tests.conftest import tiny_benchmark_config, tiny_model_config
 
@@ -84,7 +81,7 @@ def _fake_probe(monkeypatch, values=(1.5,), load=0.0) -> list:
         return values[min(len(calls), len(values)) - 1]
 
     monkeypatch.setattr(flops, "measure_peak_tflops", measure)
-    monkeypatch.setattr(flops, "load_average", lambda: load)
+    monkeypatch.setattr(peak_flops, "load_average", lambda: load)
     return calls
 
 
@@ -149,10 +146,10 @@ def test_the_row_says_which_peak_its_mfu_divides_by(monkeypatch, tmp_path):
 
 
 def test_mfu_arithmetic():
-    achieved, util = mfu(3 * 10**12, 500.0, Peak(12.0, "table"))  # 3 TFLOP in a 500 ms median step = 6 TFLOP/s
+    achieved, util = mfu(3 * 10**12, 500.0, 12.0)  # 3 TFLOP in a 500 ms median step = 6 TFLOP/s
     assert achieved == pytest.approx(6.0) and util == pytest.approx(0.5)
-    assert mfu(3 * 10**12, 500.0, Peak(None, "unknown")) == (pytest.approx(6.0), None)
-    assert mfu(None, 500.0, Peak(12.0, "table")) == (None, None)
+    assert mfu(3 * 10**12, 500.0, None) == (pytest.approx(6.0), None)
+    assert mfu(None, 500.0, 12.0) == (None, None)
 
 
 def test_measured_probe_is_positive_and_cached():

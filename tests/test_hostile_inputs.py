@@ -11,7 +11,7 @@ import pytest
 import torch.distributed as dist
 
 from cs336_systems import ddp_bench
-from cs336_systems.results.files import FAULT_ENV
+from cs336_systems.results.writing import FAULT_ENV
 from tests.conftest import PYTHON, REPO, STEPS, TINY_DDP, TINY_GRID, child_env
 
 HOSTILE = REPO / "tests" / "fixtures" / "hostile"

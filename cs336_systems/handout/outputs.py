@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..results import ResultFileError, ResultWriteError
-from ..results.files import OutputLock, append_line
+from ..results.files import OutputLock
+from ..results.writing import append_line
 
 MARKERS = ".handout"
 LOGS = "logs"

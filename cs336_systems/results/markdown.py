@@ -16,6 +16,7 @@ from tabulate import tabulate
 
 from ..anomalies import fast_path_flags, flag_anomalies
 from ..stats import CONVENTIONS, NOISE
+from .writing import write_whole
 
 MARKDOWN_ENVIRONMENT = (
     "device_name",
@@ -130,7 +131,7 @@ def write_page(path: Path, *, title: str, command: str, body: Sequence[str], env
         *environment_lines(environment),
     ]
     text = "\n".join([*lines, ""])
-    path.write_text(text)
+    write_whole(path, text)
     return text
 
 

@@ -32,6 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cs336_bench.results.writing import write_whole
+
 CASE_TIMEOUT_S = 40.0  # refusing takes an import of torch; more means work started
 REPO = Path(__file__).resolve().parents[2]
 TINY_RUNS = runpy.run_path(str(REPO / "tests" / "tiny.py"))  # the tests' table of tiny-run flags
@@ -851,7 +853,7 @@ def main() -> int:
     if args.output and args.update and args.commands and args.output.exists():
         text = updated(args.output.read_text(), text, args.commands)
     if args.output:
-        args.output.write_text(text)
+        write_whole(args.output, text)
     passed = sum(o.passed for o in outcomes)
     print(
         f"{passed} of {len(outcomes)} bad inputs end as one line with exit 2 or their documented row ({seconds:.0f} s)"
