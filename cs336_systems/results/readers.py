@@ -92,9 +92,11 @@ def as_todays_rows(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _with_spread_from_samples(frame: pd.DataFrame) -> pd.DataFrame:
     for samples, prefix in SAMPLES_OF_TIMING:
-        if samples not in frame.columns or f"{prefix}iqr_pct" in frame.columns:
+        if samples not in frame.columns or f"{prefix}median_ms" not in frame.columns or f"{prefix}iqr_pct" in frame:
             continue
         summaries = [summarize(s) if isinstance(s, list) and s else None for s in frame[samples]]
+        if not any(summaries):  # a column of that name that holds no samples (a probe's step_ms)
+            continue
         for statistic in ("iqr", "iqr_pct"):
             column = f"{prefix}{statistic}" if statistic.endswith("_pct") else f"{prefix}{statistic}_ms"
             frame[column] = [None if x is None else getattr(x, statistic) for x in summaries]
