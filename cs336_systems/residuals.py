@@ -29,9 +29,10 @@ from torch.utils.checkpoint import checkpoint
 from .argtypes import ArgumentParser, add_device_argument, exit_status, fail, positive_int
 from .benchmark_flags import add_shape_arguments, announce_size_table, model_config_from_args
 from .device import DeviceError, compile_unsupported_reason, failure_status, resolve_device
+from .layers import TransformerBlock
 from .lifetime import exit_with
 from .memory.estimate import FP32, block_saved_bytes
-from .models import ATTENTION_KINDS, ConfigError, ModelConfig, TransformerBlock, TransformerLM
+from .models import ATTENTION_KINDS, ConfigError, ModelConfig, TransformerLM
 from .precision import PRECISIONS, autocast, unsupported_reason
 from .results import ResultFileError, check_output_paths
 

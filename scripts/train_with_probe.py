@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 
 from cs336_bench.argtypes import ArgumentParser, fail, non_negative_float, non_negative_int, positive_int
+from cs336_bench.latency_model import LatencyModel
 from cs336_bench.loader_bench import BenchConfig, EpochSampler, LoaderConfig, StoreDataset, make_loader
 from cs336_bench.models import ModelConfig, TransformerLM
 from cs336_bench.probe import StepProbe
 from cs336_bench.results.writing import write_whole
-from cs336_bench.storage import LatencyModel
 
 PROG = "python scripts/train_with_probe.py"
 INPUT_BOUND_TARGET_PCT = 20.0

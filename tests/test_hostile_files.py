@@ -16,9 +16,9 @@ import pytest
 from cs336_systems.compare import main as compare_main
 from cs336_systems.report.cli import main as report_main
 from cs336_systems.results import ResultFileError, ResultSink, ResultWriteError, write_whole
-from cs336_systems.results.writing import repair_cut_line
 from cs336_systems.results.paths import check_output_path, check_output_paths
 from cs336_systems.results.readers import read_results
+from cs336_systems.results.writing import repair_cut_line
 from cs336_systems.terminal import ascii_locale, ascii_spelling
 
 REPO = Path(__file__).resolve().parents[1]
