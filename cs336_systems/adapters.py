@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import importlib
-import importlib.util
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +22,8 @@ from types import ModuleType
 from typing import Any
 
 from .errors import UsageError
-from .loading import namespace_hint, put_first_on_path, repo_paths
-from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeError, UserCodeTimeout, guarded
+from .loading import UserImportError, import_user_module, put_first_on_path, repo_paths
+from .usercode import DEFAULT_IMPORT_TIMEOUT_S, guarded
 
 ADAPTERS_2026 = (
     "get_flashattention_autograd_function_pytorch",
@@ -80,44 +77,18 @@ class BadAdapter(TypeError):
 
 def _import(spec: str) -> ModuleType:
     path = Path(spec)
-    if spec.endswith(".py") or path.is_file():
-        if not path.is_file():
-            raise AdapterError(f"--adapters {spec}: no such file")
-        name = f"_student_adapters_{abs(hash(str(path.resolve())))}"
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        if module_spec is None or module_spec.loader is None:
-            raise AdapterError(f"--adapters {spec}: not a Python module")
-        module = importlib.util.module_from_spec(module_spec)
+    file = spec.endswith(".py") or path.is_file()
+    if file and not path.is_file():
+        raise AdapterError(f"--adapters {spec}: no such file")
+    if file:
         # Their file imports what it imports under pytest: the repository root's packages (kept on
         # the path, spawned ranks inherit it) and its siblings (for the import only).
         put_first_on_path(*repo_paths(path))
-        sys.path.insert(0, str(path.resolve().parent))
-        sys.modules[name] = module
-        try:
-            with guarded("importing it", DEFAULT_IMPORT_TIMEOUT_S):
-                module_spec.loader.exec_module(module)
-        except (UserCodeError, UserCodeTimeout) as exc:
-            sys.modules.pop(name, None)
-            raise AdapterError(f"--adapters {spec}: cannot import: {exc}") from None
-        except BaseException as exc:
-            sys.modules.pop(name, None)
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            raise AdapterError(
-                f"--adapters {spec}: cannot import: {type(exc).__name__}: {exc}{namespace_hint(exc)}"
-            ) from exc
-        finally:
-            sys.path.remove(str(path.resolve().parent))
-        return module
+    name = f"_student_adapters_{abs(hash(str(path.resolve())))}" if file else spec
     try:
-        with guarded("importing it", DEFAULT_IMPORT_TIMEOUT_S):
-            return importlib.import_module(spec)
-    except (UserCodeError, UserCodeTimeout) as exc:
-        raise AdapterError(f"--adapters {spec}: cannot import: {exc}") from None
-    except Exception as exc:  # the user's module may fail in any way while importing
-        raise AdapterError(
-            f"--adapters {spec}: cannot import: {type(exc).__name__}: {exc}{namespace_hint(exc)}"
-        ) from exc
+        return import_user_module(name, file=path if file else None)
+    except UserImportError as exc:
+        raise AdapterError(f"--adapters {spec}: {exc}") from exc.__cause__
 
 
 @dataclass

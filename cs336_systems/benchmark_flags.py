@@ -115,8 +115,9 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
         "--peak",
         choices=PEAK_CHOICES,
         default="auto",
-        help="MFU denominator: the spec-sheet table for known GPUs, or a matmul probe in the same dtype on the "
-        "same device (auto: table when the GPU is known, probe otherwise and on CPUs)",
+        help="MFU denominator: auto: the spec sheet for a known GPU, else this machine's calibrated peak (a matmul "
+        "probe in the same dtype, measured once at a quiet moment and kept); calibrate: measure and keep it now; "
+        "measure: measure for this run only; table: the spec sheet or none",
     )
     group.add_argument("--peak-tflops", type=positive_float, help="your own peak TFLOP/s for MFU (overrides --peak)")
     group.add_argument(

@@ -13,7 +13,10 @@ recomputation (the work the device does), while MFU stays on model FLOPs (3x for
 so checkpointing shows as lower MFU, not as more useful work.
 
 MFU = achieved FLOP/s / peak FLOP/s, with the peak chosen for the device *and* the
-precision in effect (hard-coding one GPU's peak gives >100% "MFU" on another).
+precision in effect (hard-coding one GPU's peak gives >100% "MFU" on another). A known GPU's
+peak is its spec sheet's; a CPU's (or an unknown GPU's) is measured once per machine, at a
+quiet moment, and kept with its date and the load average it was measured at (peak_flops.py),
+so MFU stays comparable between runs; `--peak-tflops` gives one's own.
 """
 
 from __future__ import annotations
@@ -29,11 +32,15 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 
 from .models import ModelConfig, build_model
 from .precision import PRECISION_TABLE, precision_mode
+from .stats import per_second
 from .timing import device_synchronizer
 from .usercode import UserCodeTimeout
 
 PASS_FLOP_MULTIPLIER = {"forward": 1, "forward-backward": 3, "train-step": 3}
-PEAK_CHOICES = ("auto", "table", "measure")
+# auto: the table for a known GPU, else this machine's calibrated peak (calibrated now if it has none);
+# calibrate: measure now and keep it as this machine's; measure: measure now, for this run only;
+# table: the spec sheet or nothing
+PEAK_CHOICES = ("auto", "table", "calibrate", "measure")
 
 # Dense peak TFLOP/s from the vendors' spec sheets (no sparsity), docs/reference.md section 2.
 # Matched against the lower-cased device name: first entry whose every word is present
@@ -195,30 +202,11 @@ def _time_matmul(a: torch.Tensor, b: torch.Tensor, sync: Callable[[], None], rep
     return (time.perf_counter() - start) / repeats
 
 
-@dataclass(frozen=True)
-class Peak:
-    tflops: float | None
-    source: str  # "table", "measured", "user" or "unknown"
-
-
-def resolve_peak(
-    device: torch.device, device_name: str, precision: str, peak: str = "auto", peak_tflops: float | None = None
-) -> Peak:
-    """`peak_tflops` (user) wins; `auto` uses the table for known GPUs, else the probe."""
-    if peak_tflops is not None:
-        return Peak(peak_tflops, "user")
-    if peak in ("auto", "table") and device.type == "cuda":
-        value = table_peak_tflops(device_name, precision)
-        if value is not None:
-            return Peak(value, "table")
-    if peak == "table":
-        return Peak(None, "unknown")
-    return Peak(measure_peak_tflops(device, precision), "measured")
-
-
-def mfu(flops: int | None, seconds: float | None, peak: Peak) -> tuple[float | None, float | None]:
-    """(achieved TFLOP/s, model FLOPs utilisation) for one step of `seconds`."""
-    if not flops or not seconds:
+def mfu(flops: int | None, median_ms: float | None, peak_tflops: float | None) -> tuple[float | None, float | None]:
+    """(achieved TFLOP/s, model FLOPs utilisation) of a median step of `median_ms` against `peak_tflops`
+    (peak_flops.resolve_peak's)."""
+    achieved = per_second(flops or None, median_ms)
+    if achieved is None:
         return None, None
-    achieved = flops / seconds / 1e12
-    return achieved, (achieved / peak.tflops if peak.tflops else None)
+    achieved /= 1e12
+    return achieved, (achieved / peak_tflops if peak_tflops else None)

@@ -7,10 +7,12 @@ callable may be a dotted attribute path (`pkg.mod:Class.create`).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import ModuleType
 
 from .errors import UsageError
 from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeError, UserCodeTimeout, guarded
@@ -63,6 +65,44 @@ def namespace_hint(exc: BaseException) -> str:
     )
 
 
+class UserImportError(Exception):
+    """A user's module that could not be imported; the message is one line saying why."""
+
+
+def import_user_module(name: str, timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S, file: Path | None = None) -> ModuleType:
+    """The user's module `name` (the file `file`, imported under that name, when given), imported under
+    usercode.guarded: whatever the import does (raises, exits, interrupts itself, hangs past `timeout_s`)
+    is a UserImportError of one line; a real Ctrl-C stays a KeyboardInterrupt. The one place a user's
+    module is imported; each caller puts its flag in front of the line."""
+    shown = repr(str(file) if file is not None else name)
+    try:
+        with guarded(f"importing {shown}", timeout_s):
+            return importlib.import_module(name) if file is None else _import_file(name, file)
+    except (UserCodeError, UserCodeTimeout) as exc:
+        raise UserImportError(str(exc)) from None
+    except Exception as exc:  # the user's module may fail in any way while importing
+        raise UserImportError(f"cannot import {shown}: {type(exc).__name__}: {exc}{namespace_hint(exc)}") from exc
+
+
+def _import_file(name: str, file: Path) -> ModuleType:
+    """`file` run as module `name`, its directory first on the path for the import only (as when it is run)."""
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError("not a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    directory = str(file.resolve().parent)
+    sys.path.insert(0, directory)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    finally:
+        sys.path.remove(directory)
+    return module
+
+
 def load_callable(
     spec: str, flag: str, error: type[Exception] = LoadError, timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S
 ) -> Callable:
@@ -72,14 +112,9 @@ def load_callable(
     if not sep or not module_name or not attribute:
         raise error(f"{flag} must look like package.module:callable, got {spec!r}")
     try:
-        with guarded(f"importing {module_name!r}", timeout_s):
-            target = importlib.import_module(module_name)
-    except (UserCodeError, UserCodeTimeout) as exc:
-        raise error(f"cannot load {flag} {spec}: {exc}") from None
-    except Exception as exc:  # the user's module may fail in any way while importing
-        raise error(
-            f"cannot load {flag} {spec}: cannot import {module_name!r}: {type(exc).__name__}: {exc}{namespace_hint(exc)}"
-        ) from exc
+        target = import_user_module(module_name, timeout_s)
+    except UserImportError as exc:
+        raise error(f"cannot load {flag} {spec}: {exc}") from exc.__cause__
     for part in attribute.split("."):
         if not hasattr(target, part):
             hint = namespace_hint(ImportError(name=module_name)) if module_name.startswith("cs336_systems") else ""

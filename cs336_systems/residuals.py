@@ -31,8 +31,9 @@ from .argtypes import ArgumentParser, add_device_argument, exit_status, positive
 from .benchmark_flags import add_shape_arguments, announce_size_table, model_config_from_args
 from .command import Command
 from .device import DeviceError, compile_unsupported_reason, failure_status, resolve_device
+from .layers import TransformerBlock
 from .memory.estimate import FP32, block_saved_bytes
-from .models import ATTENTION_KINDS, ConfigError, ModelConfig, TransformerBlock, TransformerLM
+from .models import ATTENTION_KINDS, ConfigError, ModelConfig, TransformerLM
 from .precision import PRECISIONS, autocast, unsupported_reason
 from .results import check_output_paths
 

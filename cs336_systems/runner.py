@@ -22,10 +22,11 @@ from .device import (
     release_memory,
     resolve_device,
 )
-from .flops import flops_per_step, mfu, resolve_peak
+from .flops import flops_per_step, mfu
 from .memory import PhaseMemory, baseline_memory_bytes, current_memory_bytes, estimate_memory, step_peak
 from .models import build_model, count_parameters, count_parameters_for
 from .optimizer import OptimizerFactoryError, make_optimizer, optimizer_name
+from .peak_flops import resolve_peak
 from .precision import (
     cpu_has_native,
     parameters_in,
@@ -35,7 +36,7 @@ from .precision import (
 from .profiling import StepProfile, profile_step
 from .results import BenchmarkRecord, Environment, collect_environment
 from .results.records import NONFINITE_LOSS_NOTE
-from .stats import summarize
+from .stats import per_second, summarize
 from .step import CUDA_GRAPH_NOTE, captured_step, combine_phases, compiled, make_step
 from .timing import (
     HostTimer,
@@ -343,10 +344,11 @@ def run_benchmark(
         if profile is not None:
             record.add_profile(profile)
         # Throughput and MFU on the median step, the statistic every table leads with.
-        record.tokens_per_s = config.tokens_per_step / (record.median_ms / 1e3)
+        record.tokens_per_s = per_second(config.tokens_per_step, record.median_ms)
         peak = resolve_peak(device, env.device_name, config.precision, config.peak, config.peak_tflops)
-        record.peak_tflops, record.peak_source = peak.tflops, peak.source
-        record.achieved_tflops, record.mfu = mfu(model_flops, record.median_ms / 1e3, peak)
+        record.peak_tflops, record.peak_source, record.peak_measured_at = peak.tflops, peak.source, peak.measured_at
+        record.achieved_tflops, record.mfu = mfu(model_flops, record.median_ms, peak.tflops)
+        notes += peak.notes
         _record_memory(record, memory, baseline)
     record.notes = "; ".join(notes) or None
     return record

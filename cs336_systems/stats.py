@@ -2,39 +2,61 @@
 
 Conventions (stated once, used everywhere):
 - std is the *sample* standard deviation (ddof=1); it is NaN for fewer than 2 samples.
-- cv_pct = 100 * std / mean.
 - Quantiles use linear interpolation between order statistics (numpy's default,
   Hyndman & Fan type 7), so p10/p90 of 10 samples are interpolated, not picked.
+- One spread per statistic a table shows, and one noise rule each (`NOISE`), both flagging
+  above NOISY_PCT:
+    median: iqr_pct = 100 * (p75 - p25) / median   torch.utils.benchmark's rule (it warns above 10%)
+    mean:   cv_pct  = 100 * std / mean              the coefficient of variation
+  Tables lead with the median, so they flag IQR/median; a table of mean ± std (the handout asks
+  for the average and the standard deviation) flags the CV.
+- Every rate derived from a step time (tokens/s, TFLOP/s and MFU, GB/s, samples/s, a share of
+  the step) is computed once, on the median step: `per_second`, `percent_of`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-HIGH_CV_PCT = 10.0  # torch.utils.benchmark warns at IQR/median > 10%; we warn on CV the same way
+NOISY_PCT = 10.0  # torch.utils.benchmark warns at IQR/median > 10%; the CV of a mean gets the same bar
+# What a table of timings says under it (results.markdown): the conventions above, in one line.
+CONVENTIONS = (
+    f"Times lead with the median of the measured steps; iqr_pct = 100*IQR/median (noisy above {NOISY_PCT:g}%, "
+    "as torch.utils.benchmark); std is the sample standard deviation (ddof=1), cv_pct = 100*std/mean; "
+    "quantiles interpolate linearly; rates (tokens/s, TFLOP/s, MFU, GB/s, samples/s) are on the median step."
+)
 
 
 @dataclass(frozen=True)
 class Summary:
     n: int
+    median: float
+    iqr: float
+    iqr_pct: float
     mean: float
     std: float
     cv_pct: float
-    median: float
     min: float
     max: float
     p10: float
     p90: float
 
     def as_dict(self, suffix: str = "") -> dict[str, float]:
-        """Fields named for a record, e.g. suffix '_ms' gives mean_ms, std_ms, ... (n excluded)."""
+        """Fields named for a record, e.g. suffix '_ms' gives median_ms, iqr_ms, iqr_pct, ... (n excluded;
+        a percentage keeps its own name)."""
         return {
-            f"{key}{suffix}" if key != "cv_pct" else key: value for key, value in asdict(self).items() if key != "n"
+            key if key.endswith("_pct") else f"{key}{suffix}": value
+            for key, value in asdict(self).items()
+            if key != "n"
         }
+
+
+def _percent(part: float, whole: float) -> float:
+    return 100.0 * part / whole if whole != 0 and not math.isnan(part) else math.nan
 
 
 def summarize(samples: Sequence[float]) -> Summary:
@@ -43,14 +65,15 @@ def summarize(samples: Sequence[float]) -> Summary:
         raise ValueError("cannot summarise zero samples")
     mean = float(values.mean())
     std = float(values.std(ddof=1)) if values.size > 1 else math.nan
-    cv_pct = 100.0 * std / mean if mean != 0 and not math.isnan(std) else math.nan
-    p10, median, p90 = (float(q) for q in np.percentile(values, [10, 50, 90]))
+    p10, p25, median, p75, p90 = (float(q) for q in np.percentile(values, [10, 25, 50, 75, 90]))
     return Summary(
         n=int(values.size),
+        median=median,
+        iqr=p75 - p25,
+        iqr_pct=_percent(p75 - p25, median),
         mean=mean,
         std=std,
-        cv_pct=cv_pct,
-        median=median,
+        cv_pct=_percent(std, mean),
         min=float(values.min()),
         max=float(values.max()),
         p10=p10,
@@ -58,5 +81,60 @@ def summarize(samples: Sequence[float]) -> Summary:
     )
 
 
-def is_noisy(cv_pct: float | None, threshold: float = HIGH_CV_PCT) -> bool:
-    return cv_pct is not None and not math.isnan(cv_pct) and cv_pct > threshold
+def _number(value: object) -> float | None:
+    try:
+        value = float(value)  # a row read back from a file holds strings, None or NaN too
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+@dataclass(frozen=True)
+class NoiseRule:
+    """When the shown statistic of a timing is not to be trusted alone, and how a reader is told."""
+
+    statistic: str  # the statistic shown: "median" or "mean"
+    spread: str  # its spread's column (without prefix): "iqr_pct" or "cv_pct"
+    spread_name: str  # as a reader reads it
+    footnote: str  # the noise mark's footnote under a table
+
+    def spread_of(self, row: Mapping, prefix: str = "") -> float | None:
+        """The spread of the timing `prefix` (e.g. 'forward_') in a record's row, None where it has none."""
+        return _number(row.get(f"{prefix}{self.spread}"))
+
+    def is_noisy(self, spread: float | None) -> bool:
+        return spread is not None and not math.isnan(spread) and spread > NOISY_PCT
+
+    def warning(self, spread: float) -> str:
+        return f"high variance, {self.spread_name} {spread:.1f}% > {NOISY_PCT:g}%; treat the {self.statistic} with care"
+
+
+NOISE = {
+    "median": NoiseRule(
+        "median",
+        "iqr_pct",
+        "IQR/median",
+        f"the interquartile range of the measured steps is above {NOISY_PCT:g}% of their median: noisy.",
+    ),
+    "mean": NoiseRule(
+        "mean",
+        "cv_pct",
+        "CV",
+        f"the coefficient of variation of the measured steps is above {NOISY_PCT:g}%: noisy.",
+    ),
+}
+
+
+def per_second(amount: float | None, median_ms: float | None) -> float | None:
+    """`amount` (tokens, FLOPs, bytes, samples) per second over a step of `median_ms`: the one rate
+    formula, given the median step as every rate in a row is."""
+    if amount is None or not median_ms or math.isnan(median_ms):
+        return None
+    return amount / (median_ms / 1e3)
+
+
+def percent_of(part_ms: float | None, median_ms: float | None) -> float | None:
+    """`part_ms` (a median, e.g. communication) as a percentage of the median step."""
+    if part_ms is None or not median_ms or math.isnan(median_ms):
+        return None
+    return 100.0 * part_ms / median_ms

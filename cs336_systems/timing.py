@@ -319,7 +319,11 @@ def time_steps(
                     phases.end_step()
             if over_budget(measured, min(min_measure_steps, measure_steps)):
                 break
+    return StepTimes(warmup_ms=tuple(warmup), measured_ms=tuple(measured), phase_ms=phase_samples(phases))
+
+
+def phase_samples(phases: PhaseRecorder | None) -> dict[str, tuple[float, ...]]:
+    """Each phase's milliseconds per recorded step (0 in a step that did not run it)."""
     per_step = phases.resolve() if phases is not None else []
     names = list(dict.fromkeys(name for step_phases in per_step for name in step_phases))
-    phase_ms = {name: tuple(step_phases.get(name, 0.0) for step_phases in per_step) for name in names}
-    return StepTimes(warmup_ms=tuple(warmup), measured_ms=tuple(measured), phase_ms=phase_ms)
+    return {name: tuple(step_phases.get(name, 0.0) for step_phases in per_step) for name in names}

@@ -196,78 +196,42 @@ def rate(frame: pd.DataFrame, epoch: int | None = None, **flags) -> float:
     return float(rows["samples_per_s"].iloc[0])
 
 
+def check(story: str, what: str, measured: float, target: str, passed: bool, reference: str = "") -> dict:
+    return dict(story=story, check=what, measured=measured, target=target, passed=passed, reference=reference)
+
+
 def checks(frames: dict[str, pd.DataFrame]) -> list[dict]:
-    rows = []
     cap = frames["captioning"]
     one, three = rate(cap, processes=1), rate(cap, processes=3)
-    rows.append(
-        dict(
-            story="captioning",
-            check="3 processes / 1 process, samples/s",
-            measured=three / one,
-            target=">= 2.5",
-            passed=three / one >= 2.5,
-            reference="3.1x",
-        )
-    )
     vol = frames["volumetric"]
     w1, w4 = rate(vol, 1, num_workers=1, prefetch_factor=1), rate(vol, 1, num_workers=4, prefetch_factor=1)
-    rows.append(
-        dict(
-            story="volumetric",
-            check="4 workers / 1 worker (prefetch 1, epoch 1), samples/s",
-            measured=w4 / w1,
-            target=">= 3",
-            passed=w4 / w1 >= 3,
-            reference="plan: 4-6 workers",
-        )
-    )
     cold = frames["cold_cache"]
     e0, e1, e2 = (rate(cold, epoch) for epoch in range(3))
-    rows.append(
-        dict(
-            story="cold_cache",
-            check="epoch 1 / epoch 0 (cold), samples/s",
-            measured=e1 / e0,
-            target="> 1",
-            passed=e1 > e0,
-            reference="1.42 / 0.43 = 3.3x",
-        )
-    )
-    rows.append(
-        dict(
-            story="cold_cache",
-            check="epoch 2 / epoch 0, samples/s",
-            measured=e2 / e0,
-            target="> 1",
-            passed=e2 > e0,
-            reference="1.60 / 0.43 = 3.7x",
-        )
-    )
     enough = frames["enough_workers"]
     steady = enough[enough["epoch"] == 1].set_index("num_workers")
     first_ok = next((int(w) for w, r in steady.iterrows() if r["data_wait_pct"] < 5), None)
-    rows.append(
-        dict(
-            story="enough_workers",
-            check="data wait % without workers (epoch 1)",
-            measured=float(steady.loc[0, "data_wait_pct"]),
-            target="> 20 (input-bound)",
-            passed=steady.loc[0, "data_wait_pct"] > 20,
-            reference="",
-        )
-    )
-    rows.append(
-        dict(
-            story="enough_workers",
-            check=f"data wait % with {first_ok} workers, the fewest under 5%",
-            measured=float(steady.loc[first_ok, "data_wait_pct"]) if first_ok is not None else float("nan"),
-            target="< 5",
-            passed=first_ok is not None,
-            reference="< 5% not input-bound",
-        )
-    )
-    return rows
+    no_workers = float(steady.loc[0, "data_wait_pct"])
+    return [
+        check("captioning", "3 processes / 1 process, samples/s", three / one, ">= 2.5", three / one >= 2.5, "3.1x"),
+        check(
+            "volumetric",
+            "4 workers / 1 worker (prefetch 1, epoch 1), samples/s",
+            *(w4 / w1, ">= 3", w4 / w1 >= 3, "plan: 4-6 workers"),
+        ),
+        check("cold_cache", "epoch 1 / epoch 0 (cold), samples/s", e1 / e0, "> 1", e1 > e0, "1.42 / 0.43 = 3.3x"),
+        check("cold_cache", "epoch 2 / epoch 0, samples/s", e2 / e0, "> 1", e2 > e0, "1.60 / 0.43 = 3.7x"),
+        check(
+            "enough_workers",
+            "data wait % without workers (epoch 1)",
+            *(no_workers, "> 20 (input-bound)", no_workers > 20),
+        ),
+        check(
+            "enough_workers",
+            f"data wait % with {first_ok} workers, the fewest under 5%",
+            float(steady.loc[first_ok, "data_wait_pct"]) if first_ok is not None else float("nan"),
+            *("< 5", first_ok is not None, "< 5% not input-bound"),
+        ),
+    ]
 
 
 def memory_table(frame: pd.DataFrame) -> str:

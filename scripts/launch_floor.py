@@ -31,6 +31,7 @@ from cs336_bench.models import ModelConfig, build_model
 from cs336_bench.optimizer import make_optimizer
 from cs336_bench.precision import autocast
 from cs336_bench.results.markdown import write_page
+from cs336_bench.results.writing import write_whole
 from cs336_bench.step import make_step
 
 PROG = "python scripts/launch_floor.py"
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     body += ["", summary(table)]
     if args.summary:
-        args.summary.write_text(summary(table) + "\n")
+        write_whole(args.summary, summary(table) + "\n")
     environment = rows[["device_name", "torch_version", "git_commit"]].drop_duplicates().to_dict("records")
     command = shlex.join([*PROG.split(), *(argv if argv is not None else sys.argv[1:])])
     print(

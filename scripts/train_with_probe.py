@@ -23,10 +23,11 @@ import torch
 import torch.nn.functional as F
 
 from cs336_bench.argtypes import ArgumentParser, non_negative_float, non_negative_int, positive_int
+from cs336_bench.latency_model import LatencyModel
 from cs336_bench.loader_bench import BenchConfig, EpochSampler, LoaderConfig, StoreDataset, make_loader
 from cs336_bench.models import ModelConfig, TransformerLM
 from cs336_bench.probe import StepProbe
-from cs336_bench.storage import LatencyModel
+from cs336_bench.results.writing import write_whole
 
 PROG = "python scripts/train_with_probe.py"
 INPUT_BOUND_TARGET_PCT = 20.0
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for workers, probe, lines in runs:
         parts += [f"## num_workers={workers}", "", "```", *lines, "```", "", probe.markdown().split("\n", 2)[2]]
-    prefix.with_suffix(".md").write_text("\n".join(parts))
+    write_whole(prefix.with_suffix(".md"), "\n".join(parts))
     for name, value, target, ok in checks:
         print(f"{name}: {value:.1f} (target {target}): {'passed' if ok else 'FAILED'}", file=sys.stderr)
     print(f"wrote {prefix}.csv, {prefix}.jsonl, {prefix}.md", file=sys.stderr)

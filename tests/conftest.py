@@ -11,22 +11,35 @@ import torch.nn.functional as F
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.distributed import LaunchSpec
 from cs336_systems.models import ModelConfig, build_model
+from cs336_systems.peak_flops import PEAK_CACHE_ENV
+from tests.tiny import (  # noqa: F401  the tiny runs' flags, for every test
+    CELL,
+    CPU,
+    MODEL,
+    PEAK,
+    STEPS,
+    TINY,
+    TINY_BATCH,
+    TINY_CPU,
+    TINY_DDP,
+    TINY_GRID,
+    TINY_SHAPE,
+    TINY_STEPS,
+    TINY_SWEEP,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
-# The tiny model's flags, shared by every CLI test: its shape, then the run flags each kind of test adds.
-TINY_SHAPE = ["--d-model", "32", "--d-ff", "64", "--num-layers", "2", "--num-heads", "2", "--vocab-size", "97"]
-TINY_BATCH = ["--context-length", "16", "--batch-size", "2"]
-TINY_CPU = ["--device", "cpu", "--peak-tflops", "1"]  # a given peak: no matmul probe for the MFU denominator
-# no profiled step: torch.profiler imports torch._inductor, a second per process (tests of it ask for it)
-TINY_STEPS = ["--warmup-steps", "1", "--measure-steps", "2", "--no-profile-step"]
-TINY_SWEEP = [*TINY_SHAPE, *TINY_CPU, *TINY_STEPS]  # each sweep test adds its grid
-TINY = [*TINY_SWEEP, *TINY_BATCH]  # one `benchmark` configuration
-TINY_DDP = [*TINY_SHAPE, *TINY_BATCH, "--warmup-steps", "1", "--measure-steps", "3"]
 # two gloo ranks on the CPU, one thread each
 SPEC = LaunchSpec("gloo", world_size=2, threads_per_rank=1, init_timeout_s=60, collective_timeout_s=60)
 REPO = Path(__file__).resolve().parent.parent
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _peak_cache(tmp_path_factory):
+    """Calibrated MFU peaks go to the session's own directory (children inherit it), never ~/.cache."""
+    os.environ[PEAK_CACHE_ENV] = str(tmp_path_factory.mktemp("peak_cache"))
 
 
 @pytest.fixture(autouse=True)

@@ -54,9 +54,9 @@ def test_an_adapter_returning_a_plain_function_is_a_bad_adapter(fixtures_on_path
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("broken_import", "cannot import: ImportError: this module cannot be imported"),
-        (str(FIXTURES / "broken_import.py"), "cannot import: ImportError"),
-        ("no_such_module_here", "cannot import: ModuleNotFoundError"),
+        ("broken_import", "cannot import 'broken_import': ImportError: this module cannot be imported"),
+        (str(FIXTURES / "broken_import.py"), "cannot import '.*broken_import.py': ImportError"),
+        ("no_such_module_here", "cannot import 'no_such_module_here': ModuleNotFoundError"),
         ("missing/adapters.py", "no such file"),
         ("adapters_none", "defines none of the official adapter functions"),
     ],

@@ -11,8 +11,8 @@ import torch
 from cs336_systems import attention_bench
 from cs336_systems.attention_bench import AttentionConfig, run_attention, saved_tensor_bytes
 from cs336_systems.device import compile_unsupported_reason
+from cs336_systems.layers import naive_causal_attention, sdpa_causal_attention
 from cs336_systems.memory_cap import soft_address_space_cap
-from cs336_systems.models import naive_causal_attention, sdpa_causal_attention
 from tests.conftest import PYTHON, child_env
 
 PROG = "python -m cs336_systems.attention_bench"

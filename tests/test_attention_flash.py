@@ -216,7 +216,7 @@ def test_old_triton_without_return_mode_gives_one_sample():
     ("args", "message"),
     [
         (["--implementations", "flash-pytorch"], "--implementations flash-pytorch needs --adapters MODULE"),
-        (["--adapters", "broken_import"], "--adapters broken_import: cannot import: ImportError"),
+        (["--adapters", "broken_import"], "--adapters broken_import: cannot import 'broken_import': ImportError"),
         (["--adapters", "adapters_none"], "defines none of the official adapter functions"),
         (["--adapters", "nowhere/adapters.py"], "--adapters nowhere/adapters.py: no such file"),
         (["--implementations", "no_such_mod:attend"], "cannot import 'no_such_mod'"),

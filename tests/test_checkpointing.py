@@ -24,7 +24,16 @@ from cs336_systems.models import (
 )
 from cs336_systems.optimizer import OPTIMIZER_KWARGS
 from cs336_systems.runner import run_benchmark
-from tests.conftest import PYTHON, TINY_SHAPE, child_env, run_main, tiny_benchmark_config, tiny_model_config
+from tests.conftest import (
+    CPU,
+    PYTHON,
+    TINY_BATCH,
+    TINY_SHAPE,
+    child_env,
+    run_main,
+    tiny_benchmark_config,
+    tiny_model_config,
+)
 
 # -- size tables -----------------------------------------------------------------------
 
@@ -75,7 +84,7 @@ def test_list_sizes_shows_the_table_in_use(capsys):
     ],
 )
 def test_cli_errors(capsys, args, message):
-    code, _, err = run_main(benchmark.main, capsys, *TINY_SHAPE, "--device", "cpu", *args)
+    code, _, err = run_main(benchmark.main, capsys, *TINY_SHAPE, *CPU, *args)
     assert code == 2 and message in err and err.count("\n") == 1
 
 
@@ -190,10 +199,7 @@ def test_residuals_command(capsys, tmp_path):
         residuals.main,
         capsys,
         *TINY_SHAPE,
-        "--context-length",
-        "8",
-        "--batch-size",
-        "2",
+        *TINY_BATCH,
         "--no-compile",
         "--output",
         str(output),

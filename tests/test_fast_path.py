@@ -18,7 +18,8 @@ from cs336_systems.optimizer import MasterWeights, make_optimizer
 from cs336_systems.precision import parameters_in
 from cs336_systems.results import BenchmarkRecord
 from cs336_systems.results.markdown import row_label
-from tests.conftest import TINY_SHAPE, run_main, tiny_benchmark_config, tiny_model_config
+from tests.conftest import CPU as CPU_FLAGS
+from tests.conftest import TINY_BATCH, TINY_SHAPE, run_main, tiny_benchmark_config, tiny_model_config
 
 CPU = torch.device("cpu")
 
@@ -156,12 +157,8 @@ def test_fast_path_flags_are_part_of_the_identity_and_round_trip():
         "bf16",
         "--fused-projections",
         *TINY_SHAPE,
-        "--context-length",
-        "16",
-        "--batch-size",
-        "2",
-        "--device",
-        "cpu",
+        *TINY_BATCH,
+        *CPU_FLAGS,
     ]
     parsed = config_from_args(build_parser().parse_args(flags))
     assert (parsed.grad_accum_steps, parsed.param_dtype, parsed.model.fused_projections) == (4, "bf16", True)

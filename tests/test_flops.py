@@ -1,19 +1,21 @@
+import json
+import os
+
 import pytest
 import torch
 
-from cs336_systems import flops
+from cs336_systems import flops, peak_flops
 from cs336_systems.config import PASS_TYPES
 from cs336_systems.flops import (
-    Peak,
     analytic_flops_per_step,
     counted_flops_per_step,
     flops_per_step,
     forward_flops_per_token,
     mfu,
-    resolve_peak,
     table_peak_tflops,
 )
 from cs336_systems.models import ModelConfig, build_model
+from cs336_systems.peak_flops import PEAK_CACHE_ENV, PeakCache, resolve_peak
 from cs336_systems.runner import run_benchmark
 from tests.conftest import tiny_benchmark_config, tiny_model_config
 
@@ -70,22 +72,84 @@ def test_peak_table_by_device_and_precision(name, precision, expected):
     assert table_peak_tflops(name, precision) == expected
 
 
-def test_peak_resolution_order(monkeypatch):
-    monkeypatch.setattr(flops, "measure_peak_tflops", lambda device, precision: 1.5)
-    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert resolve_peak(gpu, "NVIDIA H100 80GB HBM3", "tf32") == Peak(494.7, "table")
-    assert resolve_peak(gpu, "NVIDIA H100 80GB HBM3", "tf32", peak="measure") == Peak(1.5, "measured")
-    assert resolve_peak(gpu, "NVIDIA H100 80GB HBM3", "bf16", peak_tflops=700.0) == Peak(700.0, "user")
-    assert resolve_peak(gpu, "Some Future GPU", "bf16") == Peak(1.5, "measured")
-    assert resolve_peak(gpu, "Some Future GPU", "bf16", peak="table") == Peak(None, "unknown")
-    assert resolve_peak(cpu, "AMD EPYC", "fp32") == Peak(1.5, "measured")
+def _fake_probe(monkeypatch, values=(1.5,), load=0.0) -> list:
+    """measure_peak_tflops returns `values` in turn (the last one after); the machine's load is `load`."""
+    calls = []
+
+    def measure(device, precision):
+        calls.append((device.type, precision))
+        return values[min(len(calls), len(values)) - 1]
+
+    monkeypatch.setattr(flops, "measure_peak_tflops", measure)
+    monkeypatch.setattr(peak_flops, "load_average", lambda: load)
+    return calls
+
+
+def test_peak_resolution_order(monkeypatch, tmp_path):
+    _fake_probe(monkeypatch)
+    gpu, cpu, cache = torch.device("cuda", 0), torch.device("cpu"), PeakCache(tmp_path / "peaks.json")
+
+    def peak(*args, **kwargs):
+        found = resolve_peak(*args, cache=cache, **kwargs)
+        return found.tflops, found.source
+
+    assert peak(gpu, "NVIDIA H100 80GB HBM3", "tf32") == (494.7, "table")
+    assert peak(gpu, "NVIDIA H100 80GB HBM3", "tf32", peak="measure") == (1.5, "measured")
+    assert peak(gpu, "NVIDIA H100 80GB HBM3", "bf16", peak_tflops=700.0) == (700.0, "user")
+    assert peak(gpu, "Some Future GPU", "bf16") == (1.5, "calibrated")
+    assert peak(gpu, "Some Future GPU", "bf16", peak="table") == (None, "unknown")
+    assert peak(cpu, "AMD EPYC", "fp32") == (1.5, "calibrated")
+    assert peak(cpu, "AMD EPYC", "fp32", peak_tflops=2.0) == (2.0, "user")
+
+
+def test_a_cpu_peak_is_calibrated_once_with_its_date_and_load_and_reused(monkeypatch, tmp_path):
+    calls = _fake_probe(monkeypatch, values=(2.0, 3.0), load=0.1)
+    cpu, cache = torch.device("cpu"), PeakCache(tmp_path / "cache" / "peaks.json")
+    first = resolve_peak(cpu, "AMD EPYC", "fp32", cache=cache)
+    assert (first.tflops, first.source, first.notes) == (2.0, "calibrated", ()) and first.measured_at
+    ((key, entry),) = json.loads(cache.path.read_text()).items()
+    assert key == PeakCache.key(cpu, "AMD EPYC", "fp32") and "AMD EPYC fp32 threads=" in key
+    assert entry == {"tflops": 2.0, "measured_at": first.measured_at, "load_average": 0.1, "cores": os.cpu_count()}
+    again = resolve_peak(cpu, "AMD EPYC", "fp32", cache=cache)  # another run: the kept one, not measured
+    assert again == first and len(calls) == 1
+    assert resolve_peak(cpu, "AMD EPYC", "bf16", cache=cache).tflops == 3.0  # another precision: its own
+    assert resolve_peak(cpu, "AMD EPYC", "fp32", peak_tflops=9.0, cache=cache).source == "user"
+    assert len(calls) == 2
+    recalibrated = resolve_peak(cpu, "AMD EPYC", "fp32", peak="calibrate", cache=cache)  # --peak calibrate
+    assert (recalibrated.tflops, recalibrated.source, len(calls)) == (3.0, "calibrated", 3)
+    assert resolve_peak(cpu, "AMD EPYC", "fp32", cache=cache).tflops == 3.0 and len(calls) == 3
+
+
+def test_a_busy_machine_keeps_no_calibration_unless_asked(monkeypatch, tmp_path):
+    _fake_probe(monkeypatch, values=(0.7,), load=8.0)
+    cpu, cache = torch.device("cpu"), PeakCache(tmp_path / "peaks.json")
+    busy = resolve_peak(cpu, "AMD EPYC", "fp32", cache=cache)
+    assert (busy.tflops, busy.source) == (0.7, "measured") and "load average 8.0" in busy.notes[0]
+    assert "--peak calibrate" in busy.notes[0] and not cache.path.exists()
+    asked = resolve_peak(cpu, "AMD EPYC", "fp32", peak="calibrate", cache=cache)
+    assert asked.source == "calibrated" and "load average 8.0" in asked.notes[0]
+    assert json.loads(cache.path.read_text())[PeakCache.key(cpu, "AMD EPYC", "fp32")]["load_average"] == 8.0
+
+
+def test_the_row_says_which_peak_its_mfu_divides_by(monkeypatch, tmp_path):
+    monkeypatch.setenv(PEAK_CACHE_ENV, str(tmp_path))
+    calls = _fake_probe(monkeypatch, values=(4.0,))
+    rows = [
+        run_benchmark(tiny_benchmark_config(pass_type="forward", measure_steps=2, **kw))
+        for kw in ({}, {}, {"peak_tflops": 8.0})
+    ]
+    assert [(r.peak_source, r.peak_tflops) for r in rows] == [("calibrated", 4.0), ("calibrated", 4.0), ("user", 8.0)]
+    assert rows[0].peak_measured_at == rows[1].peak_measured_at and rows[2].peak_measured_at is None
+    assert len(calls) == 1 and (tmp_path / "peak_tflops.json").exists()
+    assert rows[0].mfu == pytest.approx(rows[0].achieved_tflops / 4.0)
+    assert rows[0].achieved_tflops == pytest.approx(rows[0].flops_per_step / (rows[0].median_ms / 1e3) / 1e12)
 
 
 def test_mfu_arithmetic():
-    achieved, util = mfu(3 * 10**12, 0.5, Peak(12.0, "table"))  # 3 TFLOP in 0.5 s = 6 TFLOP/s
+    achieved, util = mfu(3 * 10**12, 500.0, 12.0)  # 3 TFLOP in a 500 ms median step = 6 TFLOP/s
     assert achieved == pytest.approx(6.0) and util == pytest.approx(0.5)
-    assert mfu(3 * 10**12, 0.5, Peak(None, "unknown")) == (pytest.approx(6.0), None)
-    assert mfu(None, 0.5, Peak(12.0, "table")) == (None, None)
+    assert mfu(3 * 10**12, 500.0, None) == (pytest.approx(6.0), None)
+    assert mfu(None, 500.0, 12.0) == (None, None)
 
 
 def test_measured_probe_is_positive_and_cached():
@@ -102,5 +166,5 @@ def test_every_ok_row_has_mfu_and_its_peak_source():
     assert record.mfu == pytest.approx(record.achieved_tflops / 0.5)
     assert record.tokens_per_s == pytest.approx(config.tokens_per_step / (record.median_ms / 1e3))
     assert (record.peak_tflops, record.peak_source) == (0.5, "user")
-    measured = run_benchmark(tiny_benchmark_config())
-    assert measured.peak_source == "measured" and measured.mfu > 0
+    measured = run_benchmark(tiny_benchmark_config())  # kept as the session's calibration, or this run's (busy)
+    assert measured.peak_source in ("calibrated", "measured") and measured.mfu > 0

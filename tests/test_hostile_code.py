@@ -12,10 +12,10 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import PYTHON, REPO, TINY_CPU, TINY_SHAPE, TINY_STEPS, child_env
+from tests.conftest import CELL, PYTHON, REPO, TINY, TINY_CPU, TINY_SHAPE, child_env
 
-ONE = [*TINY_SHAPE, *TINY_CPU, *TINY_STEPS, "--pass-type", "forward"]
-GRID = [*TINY_SHAPE, *TINY_CPU, "--no-profile-step", "--context-lengths", "8", "--batch-sizes", "2"]
+ONE = [*TINY, "--pass-type", "forward"]
+GRID = [*TINY_SHAPE, *TINY_CPU, "--no-profile-step", *CELL]  # each test gives its steps
 
 
 def _gone(pid: int, within_s: float = 5.0) -> bool:
@@ -38,7 +38,7 @@ def test_a_factory_that_leaves_a_mess_loses_no_row_and_leaves_nothing_running(tm
     pidfile = tmp_path / "helpers.txt"
     started = time.monotonic()
     result = subprocess.run(
-        [PYTHON, "-m", "cs336_systems.benchmark", *ONE, "--context-length", "8", "--batch-size", "2"]
+        [PYTHON, "-m", "cs336_systems.benchmark", *ONE]
         + ["--model-factory", "tests.fixtures.hostile.models:leaves_a_mess", "--output", "rows.csv"],
         cwd=tmp_path,
         env={**child_env(), "HOSTILE_HELPER_PIDFILE": str(pidfile)},

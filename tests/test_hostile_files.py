@@ -16,9 +16,9 @@ import pytest
 from cs336_systems.compare import main as compare_main
 from cs336_systems.report.cli import main as report_main
 from cs336_systems.results import ResultFileError, ResultSink, ResultWriteError, write_whole
-from cs336_systems.results.files import repair_cut_line
 from cs336_systems.results.paths import check_output_path, check_output_paths
 from cs336_systems.results.readers import read_results
+from cs336_systems.results.writing import repair_cut_line
 from cs336_systems.terminal import ascii_locale, ascii_spelling
 
 REPO = Path(__file__).resolve().parents[1]
@@ -313,7 +313,7 @@ def test_a_full_disk_keeps_the_previous_file_and_names_it(tmp_path, monkeypatch)
 
 
 def test_report_on_a_full_disk_writes_its_markdown_and_says_what_it_could_not(tmp_path, monkeypatch, capsys):
-    from cs336_systems.results.files import FAULT_ENV
+    from cs336_systems.results.writing import FAULT_ENV
 
     rows = REPO / "results" / "cpu_sweep.csv"
     monkeypatch.setenv(FAULT_ENV, "full:.png,.tex")  # the figures and the LaTeX do not fit; the Markdown does

@@ -11,8 +11,8 @@ import pytest
 import torch.distributed as dist
 
 from cs336_systems import ddp_bench
-from cs336_systems.results.files import FAULT_ENV
-from tests.conftest import PYTHON, REPO, TINY_SHAPE, child_env
+from cs336_systems.results.writing import FAULT_ENV
+from tests.conftest import PYTHON, REPO, STEPS, TINY_DDP, TINY_GRID, child_env
 
 HOSTILE = REPO / "tests" / "fixtures" / "hostile"
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
@@ -36,7 +36,7 @@ def one_line_exit_2(result: subprocess.CompletedProcess, *words: str) -> None:
 
 
 STALE = dict(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29917")
-ALLREDUCE = ["--sizes", "1KB", "--warmup-steps", "1", "--measure-steps", "2", "--init-timeout", "1"]
+ALLREDUCE = ["--sizes", "1KB", *STEPS, "--init-timeout", "1"]
 
 
 @pytest.mark.skipif(not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
@@ -92,15 +92,7 @@ def test_ddp_nan_gradients_are_wrong_not_ok(tmp_path, check):
         "adapter-ddp",
         "--adapters",
         str(HOSTILE / "adapters_nan.py"),
-        *TINY_SHAPE,
-        "--context-length",
-        "8",
-        "--batch-size",
-        "2",
-        "--warmup-steps",
-        "1",
-        "--measure-steps",
-        "2",
+        *TINY_DDP,
         "--output",
         str(output),
         *([] if check else ["--no-check"]),
@@ -265,17 +257,7 @@ def test_run_benchmarks_ends_a_helper_process_the_users_model_started(tmp_path):
     pidfile, output = tmp_path / "helpers.txt", tmp_path / "rows.jsonl"
     result = run_tool(
         "cs336_systems.run_benchmarks",
-        *TINY_SHAPE,
-        "--context-lengths",
-        "8",
-        "--batch-sizes",
-        "2",
-        "--warmup-steps",
-        "1",
-        "--measure-steps",
-        "2",
-        "--device",
-        "cpu",
+        *TINY_GRID,
         "--pass-types",
         "forward",
         "--model-factory",

@@ -146,7 +146,8 @@ def test_spawned_ranks_die_with_their_sigkilled_parent(tmp_path):
 def test_http_store_dies_with_its_sigkilled_parent(tmp_path):
     script = textwrap.dedent(f"""
         import time
-        from cs336_systems.storage import LatencyModel, http_server, write_items
+        from cs336_systems.latency_model import LatencyModel
+        from cs336_systems.storage import http_server, write_items
         write_items({str(tmp_path)!r}, 2, 8, 0)
         with http_server({str(tmp_path)!r}, LatencyModel()) as url:
             print(url, flush=True)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from cs336_systems import loader_bench
+from cs336_systems.latency_model import LatencyModel
 from cs336_systems.loader_bench import (
     BenchConfig,
     EpochMeasurement,
@@ -25,7 +26,6 @@ from cs336_systems.loader_bench import (
     verdict,
 )
 from cs336_systems.results import ResultSink, read_results
-from cs336_systems.storage import LatencyModel
 
 SLOW_STORE = ["--storage", "simulated", "--item-bytes", "1KiB", "--compute-ms", "1"]
 

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from cs336_systems.layers import naive_causal_attention, sdpa_causal_attention
 from cs336_systems.models import (
     MODEL_SIZES,
     ConfigError,
@@ -10,8 +11,6 @@ from cs336_systems.models import (
     count_parameters,
     count_parameters_for,
     formula_num_params,
-    naive_causal_attention,
-    sdpa_causal_attention,
 )
 from cs336_systems.user_model import ModelFactoryError, check_model_output, load_model_factory
 from tests.conftest import tiny_model_config

@@ -135,7 +135,7 @@ def test_enabled_ranges_stay_out_of_a_compiled_graph(recorded_ranges):
     """Compiled code gets no ranges (they would break its graph); the eager code around it does."""
     if compile_unsupported_reason(torch.device("cpu")):
         pytest.skip("torch.compile unavailable here")
-    from cs336_systems.models import naive_causal_attention
+    from cs336_systems.layers import naive_causal_attention
 
     torch._dynamo.reset()
     q, k, v = torch.randn(3, 1, 2, 8, 4).unbind(0)

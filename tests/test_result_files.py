@@ -17,7 +17,7 @@ from cs336_systems import benchmark, benchmark_direct, compare, find_max, run_be
 from cs336_systems.memory.cli import main as memory_main
 from cs336_systems.memory.estimate import FIND_MAX_LIMIT
 from cs336_systems.results import ResultFileError, ResultSink, ResultWriteError, check_output_paths, read_results
-from cs336_systems.results import files as result_files
+from cs336_systems.results import writing as result_files
 from cs336_systems.results.records import NONFINITE_LOSS_NOTE
 from cs336_systems.runner import run_benchmark
 from cs336_systems.units import parse_bytes

@@ -81,7 +81,7 @@ def test_markdown_round_trip(tmp_path, records):
     sink.write(records[0])
     sink.write(records[1])
     text = path.read_text()
-    assert "Environment:" in text and "sample standard deviation (ddof=1)" in text
+    assert "Environment:" in text and "sample standard deviation (ddof=1)" in text and "100*IQR/median" in text
     assert "status unsupported" in text
     frame = read_results(path)
     assert list(frame.columns) == list(BenchmarkRecord.markdown_columns)
@@ -89,7 +89,8 @@ def test_markdown_round_trip(tmp_path, records):
     assert frame.loc[0, "model_size"] == row["model_size"]
     assert frame.loc[0, "num_params"] == row["num_params"]
     assert frame.loc[0, "mean_ms"] == pytest.approx(row["mean_ms"], abs=5e-4)
-    assert frame.loc[0, "cv_pct"] == pytest.approx(row["cv_pct"], abs=0.05)
+    assert frame.loc[0, "iqr_pct"] == pytest.approx(row["iqr_pct"], abs=0.05)
+    assert frame.loc[0, "median_ms"] == pytest.approx(row["median_ms"], abs=5e-4)
     assert frame.loc[1, "status"] == "unsupported" and pd.isna(frame.loc[1, "mean_ms"])
 
 
@@ -100,11 +101,13 @@ def test_markdown_warns_about_noise():
         "pass_type": "forward",
         "precision": "fp32",
         "status": "ok",
-        "cv_pct": 12.5,
-        "mean_ms": 1.0,
+        "median_ms": 1.0,
+        "iqr_pct": 12.5,
+        "cv_pct": 3.0,
     }
-    assert "high variance, CV 12.5% > 10%" in BenchmarkRecord.markdown([row])
-    assert "high variance" not in BenchmarkRecord.markdown([{**row, "cv_pct": 9.0}])
+    # the table leads with the median: its noise rule is IQR/median, whatever the mean's CV says
+    assert "high variance, IQR/median 12.5% > 10%; treat the median with care" in BenchmarkRecord.markdown([row])
+    assert "high variance" not in BenchmarkRecord.markdown([{**row, "iqr_pct": 9.0, "cv_pct": 40.0}])
 
 
 def test_unknown_output_suffix(tmp_path):
@@ -190,8 +193,9 @@ def test_fill_timing_fills_prefixed_columns_from_one_summary():
     assert record.forward_mean_ms == 2.5 and record.forward_median_ms == 2.5
     assert record.forward_min_ms == 1.0 and record.forward_max_ms == 4.0
     assert record.forward_cv_pct == pytest.approx(100 * record.forward_std_ms / 2.5)
+    assert record.forward_iqr_ms == 1.5 and record.forward_iqr_pct == pytest.approx(60.0)  # quartiles 1.75, 3.25
     assert record.backward_mean_ms is None  # the other prefix is untouched
-    with pytest.raises(AttributeError, match="no timing column 'mean_ms'"):
+    with pytest.raises(AttributeError, match="no timing column 'median_ms'"):
         fill_timing(record, summarize([1.0, 2.0]))
 
 
@@ -234,9 +238,9 @@ def test_csv_written_with_the_old_column_order_is_appended_in_its_order(tmp_path
 
 def test_console_view_is_compact_and_keeps_the_notes(records):
     text = BenchmarkRecord.console([record.to_row() for record in records])
-    assert text.startswith("# cs336-systems benchmark results\n")
+    assert text.startswith("# cs336-bench benchmark results\n")
     header = text.splitlines()[2]
-    for name in ("median_ms", "cv_pct", "tokens_per_s", "mfu", "peak_memory_gib", "status"):
+    for name in ("median_ms", "iqr_pct", "tokens_per_s", "mfu", "peak_memory_gib", "status"):
         assert name in header
     assert "std_ms" not in header and "p90_ms" not in header
     assert (
@@ -269,3 +273,29 @@ def test_files_written_before_the_column_renames_read_as_todays_rows(tmp_path):
     assert read_results(tmp_path / "ddp.csv").iloc[0]["batch_size"] == 4
     tools = load([tmp_path / "att.csv", tmp_path / "ddp.csv"])  # the report tells old files' tools apart too
     assert set(tools) == {"attention_bench", "ddp_bench"} and tools["ddp_bench"].iloc[0]["batch_size"] == 4
+
+
+def test_old_per_phase_columns_read_back_under_todays_names(tmp_path):
+    """Files written before each phase had every timing column (forward_ms was the mean) and before
+    the IQR was a column: the means come back as forward_mean_ms, a JSONL file's IQR from its samples."""
+    old = {"model_size": "small", "pass_type": "train-step", "status": "ok", "mean_ms": 10.0, "median_ms": 10.0}
+    phases = {"forward_ms": 2.0, "backward_ms": 5.0, "optimizer_ms": 1.0, "forward_median_ms": 1.9}
+    (tmp_path / "bench.csv").write_text(
+        ",".join({**old, **phases}) + "\n" + ",".join(map(str, {**old, **phases}.values())) + "\n"
+    )
+    samples = {"step_ms": [10.0, 10.0, 12.0, 14.0], "forward_samples_ms": [2.0, 2.0, 2.0, 2.0]}
+    (tmp_path / "bench.jsonl").write_text(json.dumps({**old, **phases, **samples}) + "\n")
+    (tmp_path / "ddp.csv").write_text(
+        "strategy,world_size,batch_size,mean_ms,forward_ms,backward_ms,status\nddp,2,4,9.0,2.5,6.0,ok\n"
+    )
+    for name in ("bench.csv", "bench.jsonl"):
+        row = read_results(tmp_path / name).iloc[0]
+        assert (row["forward_mean_ms"], row["backward_mean_ms"], row["optimizer_mean_ms"]) == (2.0, 5.0, 1.0)
+        assert row["forward_median_ms"] == 1.9 and "forward_ms" not in row
+    jsonl = read_results(tmp_path / "bench.jsonl").iloc[0]
+    # quartiles of 10, 10, 12, 14: 10 and 12.5 -> IQR 2.5 of a median of 11
+    assert jsonl["iqr_ms"] == pytest.approx(2.5) and jsonl["iqr_pct"] == pytest.approx(100 * 2.5 / 11)
+    assert jsonl["forward_iqr_pct"] == 0.0
+    assert "iqr_pct" not in read_results(tmp_path / "bench.csv").columns  # no samples, no IQR
+    ddp = read_results(tmp_path / "ddp.csv").iloc[0]
+    assert (ddp["forward_mean_ms"], ddp["backward_mean_ms"]) == (2.5, 6.0)

@@ -7,9 +7,9 @@ import urllib.request
 import psutil
 import pytest
 
+from cs336_systems.latency_model import LatencyModel, unit_hash
 from cs336_systems.storage import (
     HttpStore,
-    LatencyModel,
     LocalStore,
     SimulatedStore,
     StorageError,
@@ -18,7 +18,6 @@ from cs336_systems.storage import (
     http_server,
     item_path,
     item_payload,
-    unit_hash,
     write_items,
 )
 

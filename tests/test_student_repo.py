@@ -27,10 +27,9 @@ from cs336_systems.models import build_model, count_parameters_for
 from cs336_systems.optimizer import OPTIMIZER_KWARGS, OptimizerFactoryError, check_user_optimizer, load_user_optimizer
 from cs336_systems.tools import discover
 from cs336_systems.user_model import FACTORY_KEYWORDS, FACTORY_SYNONYMS, ModelFactoryError, factory_keywords
-from tests.conftest import FIXTURES, REPO, TINY_SHAPE, tiny_model_config
+from tests.conftest import FIXTURES, REPO, STEPS, TINY_BATCH, TINY_CPU, TINY_DDP, TINY_SHAPE, tiny_model_config
 
 STUDENT = FIXTURES / "student_repo"
-DDP_SHAPE = [*TINY_SHAPE, "--context-length", "16", "--batch-size", "2", "--warmup-steps", "1", "--measure-steps", "2"]
 
 
 def run(*args: str, cwd: Path = STUDENT, module: str = "cs336_bench", timeout: int = 300):
@@ -76,19 +75,12 @@ def test_benchmark_runs_ours_with_the_students_optimizer(tmp_path):
     out = tmp_path / "row.jsonl"
     ours = run(
         "benchmark",
-        "--device",
-        "cpu",
+        *TINY_CPU,
         *TINY_SHAPE,
-        "--context-length",
-        "16",
-        "--batch-size",
-        "2",
+        *TINY_BATCH,
+        *STEPS,
         "--pass-type",
         "train-step",
-        "--warmup-steps",
-        "1",
-        "--measure-steps",
-        "2",
         "--optimizer",
         "cs336_systems.optimizer:AdamW",  # every hyperparameter required
         "--model-factory",
@@ -235,7 +227,7 @@ def test_ddp_bench_runs_the_students_ddp_fsdp_and_optimizer_in_spawned_ranks(tmp
         "adapter-sharded-optimizer",
         "--optimizer",
         "cs336_systems.optimizer:AdamW",
-        *DDP_SHAPE,
+        *TINY_DDP,
         "--output",
         str(out),
     )
@@ -271,7 +263,7 @@ def test_ddp_bench_other_edition_is_skipped_once_and_the_handout_model_is_sharde
         "adapter-fsdp",
         "--model-factory",
         "cs336_basics.model:BasicsTransformerLM",
-        *DDP_SHAPE,
+        *TINY_DDP,
         "--output",
         str(out),
     )
@@ -295,7 +287,7 @@ def test_ddp_bench_other_edition_is_skipped_once_and_the_handout_model_is_sharde
         "bf16",
         "--model-factory",
         "cs336_basics.model:BasicsTransformerLM",
-        *DDP_SHAPE,
+        *TINY_DDP,
         "--output",
         str(sharded),
     )

@@ -20,7 +20,7 @@ import pytest
 
 from cs336_systems import lifetime
 from cs336_systems.usercode import StepLimits, UserCodeError, UserCodeTimeout, check_timeout, guarded
-from tests.conftest import PYTHON, REPO, TINY_CPU, TINY_SHAPE, TINY_STEPS, child_env
+from tests.conftest import PYTHON, REPO, TINY, TINY_GRID, child_env
 
 
 def test_sys_exit_becomes_an_error_naming_it():
@@ -176,8 +176,7 @@ def test_absurd_timeouts_are_refused(value):
         check_timeout(value)
 
 
-BENCH = [PYTHON, "-m", "cs336_systems.benchmark", *TINY_SHAPE, "--context-length", "8", "--batch-size", "2"]
-BENCH += [*TINY_CPU, *TINY_STEPS]
+BENCH = [PYTHON, "-m", "cs336_systems.benchmark", *TINY]
 # the hang's own budget; an honest tiny build and step take milliseconds
 TIMEOUT = ["--timeout", "6"]
 
@@ -284,17 +283,7 @@ def test_benchmark_direct_sweep_gets_an_error_row_not_our_exit(tmp_path, factory
     output = tmp_path / "rows.jsonl"
     code = benchmark_direct.main(
         [
-            *TINY_SHAPE,
-            "--context-lengths",
-            "8",
-            "--batch-sizes",
-            "2",
-            "--warmup-steps",
-            "1",
-            "--measure-steps",
-            "2",
-            "--device",
-            "cpu",
+            *TINY_GRID,
             "--pass-types",
             "forward",
             "--model-factory",

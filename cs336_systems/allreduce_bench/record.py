@@ -8,7 +8,7 @@ from typing import ClassVar
 from ..distributed import GroupResult, max_over_ranks, oversubscription_note
 from ..results import Environment, Record, Timing, fill_timing, identity_field, samples_field
 from ..results.records import MARKDOWN_TIMING
-from ..stats import summarize
+from ..stats import per_second, summarize
 from .worker import BYTES_PER_ELEMENT, DTYPE, AllReduceUnit
 
 
@@ -28,7 +28,7 @@ class AllReduceRecord(Timing, Record):
     measure_steps: int = identity_field()
     size_bytes: int  # really all-reduced: num_elements * 4
     num_elements: int
-    algbw_gbps: float | None = None
+    algbw_gbps: float | None = None  # on the median step, as every rate (stats.per_second)
     busbw_gbps: float | None = None
     step_ms: list[float] = samples_field()  # per step, the slowest rank
     warmup_step_ms: list[float] = samples_field()
@@ -54,9 +54,9 @@ def bus_factor(world_size: int) -> float:
     return 2 * (world_size - 1) / world_size
 
 
-def bandwidths_gbps(size_bytes: int, seconds: float, world_size: int) -> tuple[float, float]:
-    """(algbw, busbw) in GB/s (1e9 bytes per second)."""
-    algbw = size_bytes / seconds / 1e9
+def bandwidths_gbps(size_bytes: int, median_ms: float, world_size: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 bytes per second) over the median step, as every rate."""
+    algbw = per_second(size_bytes, median_ms) / 1e9
     return algbw, algbw * bus_factor(world_size)
 
 
@@ -91,7 +91,7 @@ def record_for(
             record.warmup_step_ms = max_over_ranks([m["warmup_ms"] for m in messages]) if unit.warmup_steps else []
             summary = summarize(record.step_ms)
             fill_timing(record, summary)
-            record.algbw_gbps, record.busbw_gbps = bandwidths_gbps(record.size_bytes, summary.mean / 1e3, world_size)
+            record.algbw_gbps, record.busbw_gbps = bandwidths_gbps(record.size_bytes, summary.median, world_size)
     record.notes = "; ".join(notes) or None
     return record
 
@@ -100,4 +100,4 @@ def describe(unit: AllReduceUnit, record: AllReduceRecord) -> str:
     """The progress line of one row."""
     if record.status != "ok":
         return f"n={record.world_size} {unit.size}: {record.status}: {record.error}"
-    return f"n={record.world_size} {unit.size}: {record.mean_ms:.3f} ms, busbw {record.busbw_gbps:.2f} GB/s"
+    return f"n={record.world_size} {unit.size}: median {record.median_ms:.3f} ms, busbw {record.busbw_gbps:.2f} GB/s"

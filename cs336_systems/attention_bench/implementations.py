@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from ..adapters import Adapters, load_adapters
+from ..layers import naive_causal_attention
 from ..loading import load_callable
-from ..models import naive_causal_attention
 from .config import FLASH_IMPLEMENTATIONS, IMPLEMENTATIONS, AttentionConfig, is_custom
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

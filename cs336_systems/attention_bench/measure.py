@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -17,7 +16,7 @@ from ..device import compile_unsupported_reason, failure_status, release_memory,
 from ..memory import PhaseMemory, current_memory_bytes, rss_high_water_mark_available
 from ..precision import cpu_has_native, precision_mode, unsupported_reason
 from ..results import Environment, collect_environment, fill_timing
-from ..stats import is_noisy, summarize
+from ..stats import NOISE, per_second, summarize
 from ..timing import HostTimer, UntimedSetup, device_synchronizer, make_timer, time_steps
 from ..usercode import DEFAULT_TIMEOUT, StepLimits, guarded
 from .config import FLASH_IMPLEMENTATIONS, PASSES, TENSOR_DTYPES, AttentionConfig
@@ -242,7 +241,7 @@ def _add_summary(record: AttentionRecord, prefix: str, samples: Sequence[float])
     setattr(record, f"{prefix}_steps", summary.n)
     fill_timing(record, summary, prefix=f"{prefix}_")
     flops = {"forward": 1, "backward": 2, "end_to_end": 3}[prefix] * record.forward_flops
-    setattr(record, f"{prefix}_tflops", flops / (summary.mean / 1e3) / 1e12)
+    setattr(record, f"{prefix}_tflops", per_second(flops, summary.median) / 1e12)
 
 
 def _notes(config: AttentionConfig, record: AttentionRecord, device: torch.device) -> list[str]:
@@ -253,9 +252,9 @@ def _notes(config: AttentionConfig, record: AttentionRecord, device: torch.devic
             notes.append(
                 f"{name}: {measured} of {config.measure_steps} steps (the {config.max_seconds:g} s budget ran out)"
             )
-        cv = getattr(record, f"{name}_cv_pct")
-        if is_noisy(None if cv is None or math.isnan(cv) else cv):
-            notes.append(f"{name} CV {cv:.1f}% > 10%: treat its mean with care")
+        spread = NOISE["median"].spread_of(record.to_row(), f"{name}_")
+        if NOISE["median"].is_noisy(spread):
+            notes.append(f"{name}: {NOISE['median'].warning(spread)}")
     if device.type == "cpu" and not cpu_has_native(config.precision):
         notes.append(f"this CPU has no native {config.precision} matmul: it is emulated and far slower than fp32")
     if device.type == "cpu" and hasattr(os, "getloadavg"):

@@ -15,7 +15,7 @@ from ..results import (
     samples_field,
     timing_columns,
 )
-from ..results.markdown import STATS_CONVENTIONS
+from ..stats import CONVENTIONS
 from .config import AttentionConfig
 
 ForwardTiming, BackwardTiming = timing_columns("forward_"), timing_columns("backward_")
@@ -56,7 +56,7 @@ class AttentionRecord(EndToEndTiming, BackwardTiming, ForwardTiming, Record):
     # work
     forward_flops: int | None = None
     backward_flops: int | None = None
-    forward_tflops: float | None = None
+    forward_tflops: float | None = None  # on the median, as every rate (stats.per_second)
     backward_tflops: float | None = None
     end_to_end_tflops: float | None = None
     scores_bytes: int | None = None
@@ -86,11 +86,11 @@ class AttentionRecord(EndToEndTiming, BackwardTiming, ForwardTiming, Record):
         "batch_size",
         "precision",
         "status",
-        "forward_mean_ms",
-        "forward_cv_pct",
-        "backward_mean_ms",
-        "backward_cv_pct",
-        "end_to_end_mean_ms",
+        "forward_median_ms",
+        "forward_iqr_pct",
+        "backward_median_ms",
+        "backward_iqr_pct",
+        "end_to_end_median_ms",
         "max_abs_err_out",
         "max_abs_err_grad",
         "forward_tflops",
@@ -101,7 +101,7 @@ class AttentionRecord(EndToEndTiming, BackwardTiming, ForwardTiming, Record):
     )
     label_columns: ClassVar[tuple[str, ...]] = ("implementation", "head_dim", "context_length")
     conventions: ClassVar[str] = (
-        STATS_CONVENTIONS
+        CONVENTIONS
         + "\n\n"
         + (
             "forward: autograd recording, as in training; backward: against a fixed random output gradient, after an "

@@ -9,8 +9,9 @@ from typing import ClassVar
 
 from ..config import ModelShape
 from ..distributed import GroupResult, max_over_ranks, mean_over_ranks, oversubscription_note
-from ..results import Environment, Record, Timing, fill_timing, identity_field, samples_field
-from ..stats import summarize
+from ..results import Environment, Record, Timing, fill_timing, identity_field, samples_field, timing_columns
+from ..results.records import markdown_timing
+from ..stats import per_second, percent_of, summarize
 from .accounting import measured_sharding, predicted_peak_bytes
 from .strategies import SHARDING
 from .trainer import DDP_DEFAULT_BUCKET_CAP_MB, NONFINITE_DIFF, DdpUnit
@@ -27,10 +28,15 @@ COMM_METHODS = {
 TIMED_COMM_METHOD = "on_after_backward timed (mean over ranks): communication not hidden by backward"
 
 
+# per rank, each measured step's phase averaged over the ranks: the phases alone, not the strategy's hooks
+ForwardTiming, BackwardTiming = timing_columns("forward_"), timing_columns("backward_")
+
+
 @dataclass
-class DdpRecord(Timing, Record, ModelShape):
+class DdpRecord(BackwardTiming, ForwardTiming, Timing, Record, ModelShape):
     """One (world size, strategy, bucket size) of the DDP benchmark; step-time statistics, each
-    step's time being the slowest rank's (model shape: ModelShape's; status, error, notes: Record's)."""
+    step's time being the slowest rank's (model shape: ModelShape's; status, error, notes: Record's).
+    Rates and shares are on the median step (stats.per_second, stats.percent_of)."""
 
     strategy: str = identity_field()
     backend: str = identity_field()
@@ -55,8 +61,8 @@ class DdpRecord(Timing, Record, ModelShape):
     lr_sqrt: float
     size_table: str | None = None  # the handout edition whose table named model_size (2025, 2026)
     num_params: int | None = None
-    no_sync_mean_ms: float | None = None
-    comm_ms: float | None = None
+    no_sync_median_ms: float | None = None
+    comm_ms: float | None = None  # the median of the steps' communication
     comm_pct: float | None = None
     comm_method: str | None = None
     samples_per_s: float | None = None
@@ -66,11 +72,8 @@ class DdpRecord(Timing, Record, ModelShape):
     compute_slowdown: float | None = None  # no_sync step / single step: ranks slowing each other down
     check_max_diff: float | None = None  # max |param - single-process param| after one SGD step
     check_tolerance: float | None = None
-    # per rank, mean over the measured steps and the ranks: the phases alone, not the strategy's hooks
-    forward_ms: float | None = None
-    backward_ms: float | None = None
     # fsdp2 / adapter-fsdp: time in the collectives over one profiled step (forward's and backward's
-    # all-gathers together), mean over ranks; compare with forward_ms in the same row
+    # all-gathers together), mean over ranks; compare with forward_median_ms in the same row
     fsdp_all_gather_ms: float | None = None
     fsdp_reduce_scatter_ms: float | None = None
     # memory per rank: the max over ranks
@@ -97,10 +100,8 @@ class DdpRecord(Timing, Record, ModelShape):
         "global_batch",
         "bucket_cap_mb",
         "status",
-        "mean_ms",
-        "std_ms",
-        "cv_pct",
-        "no_sync_mean_ms",
+        *markdown_timing()[:4],
+        "no_sync_median_ms",
         "comm_ms",
         "comm_pct",
         "samples_per_s",
@@ -205,14 +206,15 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
     summary = summarize(record.step_ms)
     fill_timing(record, summary)
     for phase in ("forward", "backward"):
-        values = [message["phase_ms"][phase] for message in messages if phase in message.get("phase_ms", {})]
-        setattr(record, f"{phase}_ms", sum(values) / len(values) if values else None)
-    record.samples_per_s = global_batch / (summary.mean / 1e3)
-    record.tokens_per_s = record.samples_per_s * config.context_length
+        per_rank = [message["phase_ms"][phase] for message in messages if phase in message.get("phase_ms", {})]
+        if per_rank:
+            fill_timing(record, summarize(mean_over_ranks(per_rank)), prefix=f"{phase}_")
+    record.samples_per_s = per_second(global_batch, summary.median)
+    record.tokens_per_s = per_second(global_batch * config.context_length, summary.median)
     if unit.strategy != "single":
         if first["no_sync_ms"]:
             record.no_sync_step_ms = max_over_ranks([message["no_sync_ms"] for message in messages])
-            record.no_sync_mean_ms = summarize(record.no_sync_step_ms).mean
+            record.no_sync_median_ms = summarize(record.no_sync_step_ms).median
         if first["comm_ms"]:
             record.comm_step_ms = mean_over_ranks([message["comm_ms"] for message in messages])
             record.comm_method = COMM_METHODS.get(unit.strategy, TIMED_COMM_METHOD)
@@ -226,8 +228,8 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
                 record.comm_step_ms = [record.fsdp_all_gather_ms + record.fsdp_reduce_scatter_ms]
                 record.comm_method = COMM_METHODS["fsdp2"]
         if record.comm_step_ms:
-            record.comm_ms = summarize(record.comm_step_ms).mean
-            record.comm_pct = 100 * record.comm_ms / summary.mean
+            record.comm_ms = summarize(record.comm_step_ms).median
+            record.comm_pct = percent_of(record.comm_ms, summary.median)
     return record
 
 
@@ -290,8 +292,8 @@ def attach_baseline(record: DdpRecord, baseline: DdpRecord | None) -> None:
         return
     record.baseline_samples_per_s = baseline.samples_per_s
     record.scaling_efficiency = scaling_efficiency(record.samples_per_s, record.world_size, baseline.samples_per_s)
-    if record.no_sync_mean_ms is not None:
-        record.compute_slowdown = record.no_sync_mean_ms / baseline.mean_ms
+    if record.no_sync_median_ms is not None:
+        record.compute_slowdown = record.no_sync_median_ms / baseline.median_ms
 
 
 def _is_number(value: object) -> bool:
@@ -306,4 +308,4 @@ def describe(unit: DdpUnit, record: DdpRecord) -> str:
     elif record.status != "ok":
         return f"{label}: {record.status}: {record.error}"
     efficiency = f", efficiency {record.scaling_efficiency:.2f}" if record.scaling_efficiency is not None else ""
-    return f"{label}: {record.mean_ms:.1f} ms/step, {record.samples_per_s:.1f} samples/s{efficiency}"
+    return f"{label}: median {record.median_ms:.1f} ms/step, {record.samples_per_s:.1f} samples/s{efficiency}"

@@ -20,7 +20,15 @@ from ..models import build_model
 from ..optimizer import load_user_optimizer
 from ..precision import autocast, precision_mode
 from ..step import combine_phases, make_step
-from ..timing import HostTimer, PhaseRecorder, StepTimes, device_synchronizer, make_phase_recorder, time_steps
+from ..timing import (
+    HostTimer,
+    PhaseRecorder,
+    StepTimes,
+    device_synchronizer,
+    make_phase_recorder,
+    phase_samples,
+    time_steps,
+)
 from .accounting import held_bytes, local_bytes, stateful_param_bytes
 from .strategies import Setup, Strategy, make_strategy
 
@@ -225,15 +233,10 @@ def time_interleaved(
         if recorded:
             phases.end_step()
         unsynced.append(timer.time_ms(lambda: trainer.step(sync=False)))
-    split = lambda times: StepTimes(tuple(times[:warmup_steps]), tuple(times[warmup_steps:]))  # noqa: E731
-    return split(synced), split(unsynced)
-
-
-def mean_phase_ms(phases: PhaseRecorder) -> dict[str, float]:
-    """Each phase's mean over the measured steps (forward, backward, optimizer)."""
-    per_step = phases.resolve()
-    names = dict.fromkeys(name for step in per_step for name in step)
-    return {name: sum(step.get(name, 0.0) for step in per_step) / len(per_step) for name in names}
+    return (
+        StepTimes(tuple(synced[:warmup_steps]), tuple(synced[warmup_steps:]), phase_samples(phases)),
+        StepTimes(tuple(unsynced[:warmup_steps]), tuple(unsynced[warmup_steps:])),
+    )
 
 
 def _finite(ctx: RankContext, unit: DdpUnit, module: torch.nn.Module) -> bool:
@@ -280,7 +283,6 @@ def ddp_worker(ctx: RankContext, unit: DdpUnit) -> dict | None:
                 synced, no_sync = time_interleaved(
                     trainer, config.warmup_steps, config.measure_steps, timer, trainer.phases
                 )
-                phase_ms = mean_phase_ms(trainer.phases)
             else:
                 synced = time_steps(
                     trainer.step,
@@ -289,7 +291,6 @@ def ddp_worker(ctx: RankContext, unit: DdpUnit) -> dict | None:
                     timer=timer,
                     phases=trainer.phases,
                 )
-                phase_ms = {name: sum(ms) / len(ms) for name, ms in synced.phase_ms.items()}
                 no_sync = None
             trainer.phases = None
             if not _finite(ctx, unit, trainer.module):  # with --no-check, or broken after the first step
@@ -307,7 +308,7 @@ def ddp_worker(ctx: RankContext, unit: DdpUnit) -> dict | None:
         "step_ms": list(synced.measured_ms),
         "warmup_ms": list(synced.warmup_ms),
         "no_sync_ms": list(no_sync.measured_ms) if no_sync else [],
-        "phase_ms": phase_ms,
+        "phase_ms": {name: list(ms) for name, ms in synced.phase_ms.items()},  # per measured step
         "comm_ms": comm_ms,
         "collective_ms": collectives,
         "memory_baseline_bytes": baseline if measured else None,

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..results import ResultFileError, ResultWriteError
-from ..results.files import OutputLock, append_line
+from ..results.files import OutputLock
+from ..results.writing import append_line
 
 MARKERS = ".handout"
 LOGS = "logs"

@@ -9,13 +9,9 @@ from dataclasses import dataclass, field
 from torch.utils.data import Dataset
 
 from ..errors import UsageError
+from ..latency_model import LatencyModel
 from ..loading import load_callable
-from ..storage import (
-    HttpStore,
-    LatencyModel,
-    LocalStore,
-    SimulatedStore,
-)
+from ..storage import HttpStore, LocalStore, SimulatedStore
 
 COMPUTE_KINDS = ("sleep", "tiny-model")
 LOADER_FLAGS = ("processes", "num_workers", "prefetch_factor", "pin_memory", "persistent_workers")

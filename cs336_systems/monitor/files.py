@@ -17,9 +17,9 @@ from ..argtypes import output_path, positive_float
 from ..errors import UsageError
 from ..identity import identity_field
 from ..results.errors import ResultFileError, ResultWriteError
-from ..results.files import append_line, write_whole
 from ..results.paths import check_distinct, check_output_path
 from ..results.records import Record
+from ..results.writing import append_line, write_whole
 from ..terminal import show
 from .sampling import (
     DEFAULT_INTERVAL_S,

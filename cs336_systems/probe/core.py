@@ -15,7 +15,7 @@ import torch
 
 from ..device import resolve_device
 from ..loader_bench import batch_nbytes, error_text, verdict
-from ..results import Environment, ResultSink, check_output_paths, collect_environment
+from ..results import Environment, ResultSink, ResultWriteError, check_output_paths, collect_environment, write_whole
 from ..results.errors import OutputLockedError
 from ..results.markdown import render_document
 from .advice import LoaderInfo, compute_advice, host_advice, input_advice
@@ -200,13 +200,10 @@ class StepProbe:
             self._flush(status="error" if error is not None or open_step else "ok", error=text)
         self.advice = self.advise()
         for path in self._markdown if self._write_error is None else ():
-            temporary = path.with_name(path.name + ".tmp")
             try:
-                temporary.write_text(self.markdown())
-                os.replace(temporary, path)
-            except OSError as exc:
-                temporary.unlink(missing_ok=True)
-                self._report_write_error(f"{path}: {exc.strerror or exc}")
+                write_whole(path, self.markdown())  # the one writer: a temp file beside it, then a rename
+            except ResultWriteError as exc:
+                self._report_write_error(str(exc))
         self._emit("probe advice:\n  " + "\n  ".join(self.advice))
 
     # -- results ----------------------------------------------------------------------------------

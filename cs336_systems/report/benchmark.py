@@ -20,7 +20,7 @@ def _filled(frame: pd.DataFrame, column: str) -> bool:
 
 def phase_table(frame: pd.DataFrame, title: str, caption: str = "") -> pd.DataFrame:
     """forward / backward / optimizer / whole step of each (model, pass) row, mean ± std ms."""
-    values = [Value(f"{p} (ms)", f"{p}_ms", "ms±") for p in PHASES if _filled(frame, f"{p}_ms")]
+    values = [Value(f"{p} (ms)", f"{p}_mean_ms", "ms±") for p in PHASES if _filled(frame, f"{p}_mean_ms")]
     values.append(Value("step (ms)", "mean_ms", "ms±"))
     return grid(
         frame,

@@ -92,7 +92,7 @@ def benchmark_sections(frame: pd.DataFrame, directory: Path, stem: str) -> list[
     sections = [timing]
     phased = frame[
         [
-            any(pd.notna(r.get(f"{p}_ms")) for p in ("forward", "backward", "optimizer"))
+            any(pd.notna(r.get(f"{p}_mean_ms")) for p in ("forward", "backward", "optimizer"))
             for r in frame.to_dict("records")
         ]
     ]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-NOISY_MARK = "†"  # noisy: the coefficient of variation of the measured steps is above stats.HIGH_CV_PCT
+NOISY_MARK = "†"  # noisy: the spread of the statistic shown is above stats.NOISY_PCT (stats.NOISE)
 IMPOSSIBLE_MFU_MARK = "‡"  # above 100%: the peak it was divided by is wrong for this row
 FAILURE_MARK = {"oom": "OOM", "error": "error", "timeout": "timeout", "unsupported": "n/a", "skipped": "skipped"}
 

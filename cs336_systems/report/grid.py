@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from ..stats import is_noisy
+from ..stats import NOISE
 from ..units import format_bytes
 from .document import FAILURE_MARK, NOISY_MARK, Table, missing, plain, sig3, slug
 from .fields import IDENTITY, LABEL_HEADERS, derive, label_text, sort_key
@@ -76,18 +76,32 @@ def _number(row: dict, name: str) -> float | None:
 
 
 def _stats_prefix(name: str) -> str:
-    """forward_mean_ms -> forward_; mean_ms -> ''."""
-    return name[: -len("mean_ms")] if name.endswith("mean_ms") else name.removesuffix("ms")
+    """forward_mean_ms -> forward_; median_ms -> ''."""
+    for statistic in ("mean_ms", "median_ms"):
+        if name.endswith(statistic):
+            return name.removesuffix(statistic)
+    return name.removesuffix("ms")
+
+
+def _noise_mark(row: dict, name: str, statistic: str) -> str:
+    """† when the spread of the statistic shown (stats.NOISE: IQR/median, or the CV of a mean) is above the bar."""
+    rule = NOISE[statistic]
+    return f" {NOISY_MARK}" if rule.is_noisy(rule.spread_of(row, _stats_prefix(name))) else ""
 
 
 def mean_std(row: dict, name: str) -> str:
-    """'mean ± std' of a timing column, † when its CV says the mean is not to be trusted alone."""
+    """'mean ± sample std' of a timing column (the handout asks for both), † by the CV."""
     mean = _number(row, name)
     if mean is None:
         return ""
-    prefix = _stats_prefix(name)
-    std, cv = _number(row, f"{prefix}std_ms"), _number(row, f"{prefix}cv_pct")
-    return sig3(mean) + ("" if std is None else f" ± {sig3(std)}") + (f" {NOISY_MARK}" if is_noisy(cv) else "")
+    std = _number(row, f"{_stats_prefix(name)}std_ms")
+    return sig3(mean) + ("" if std is None else f" ± {sig3(std)}") + _noise_mark(row, name, "mean")
+
+
+def median(row: dict, name: str) -> str:
+    """The median of a timing column, † by IQR/median (torch.utils.benchmark's rule)."""
+    value = _number(row, name)
+    return "" if value is None else sig3(value) + _noise_mark(row, name, "median")
 
 
 def _scaled(scale: float) -> Callable[[dict, str], str]:
@@ -105,7 +119,8 @@ def _percent_of_fraction(row: dict, name: str) -> str:
 
 FORMATS: dict[str, Callable[[dict, str], str]] = {
     "sig3": lambda row, name: "" if (v := _number(row, name)) is None else sig3(v),
-    "ms±": mean_std,
+    "ms±": mean_std,  # a *_mean_ms field
+    "ms": median,  # a *_median_ms field
     "GiB": _scaled(2**30),
     "MiB": _scaled(2**20),
     "KiB": _scaled(2**10),
@@ -248,7 +263,7 @@ def _grid(frame, tool, title, labels, values, caption, name, footnotes, keep_emp
     sources = list(dict.fromkeys(str(s) for s in frame.get("source", pd.Series(dtype=object)).dropna()))
     spec = Spec(tool, sources, fixed, [tuple(x) for x in labels], shown)
     text = caption_text(caption, sources, fixed, tool)
-    notes = [*footnotes, *_mark_footnotes(table), *_failure_notes(rows, labels)]
+    notes = [*footnotes, *_mark_footnotes(table, shown), *_failure_notes(rows, labels)]
     return Table(slug(name or title), title, text, table, notes, spec=spec)
 
 
@@ -293,11 +308,16 @@ def _cell(members: list[dict], value: Value, key: tuple) -> str:
     return ratio_text(_number(picked[0], value.field), _number(below[0], value.field))
 
 
-def _mark_footnotes(table: pd.DataFrame) -> list[str]:
+STATISTIC_OF_FORMAT = {"ms": "median", "ms±": "mean"}  # the statistic a timing format shows (its noise rule's)
+
+
+def _mark_footnotes(table: pd.DataFrame, values: Sequence[Value] = ()) -> list[str]:
     cells = {str(c) for c in table.to_numpy().ravel()}
-    notes = []
-    if any(NOISY_MARK in c for c in cells):
-        notes.append(f"{NOISY_MARK} the coefficient of variation of the measured steps is above 10%: noisy.")
+    timed = [v for v in values if v.fmt in STATISTIC_OF_FORMAT and v.header in table.columns]
+    marked = dict.fromkeys(
+        STATISTIC_OF_FORMAT[v.fmt] for v in timed if any(NOISY_MARK in str(c) for c in table[v.header])
+    )
+    notes = [f"{NOISY_MARK} {NOISE[statistic].footnote}" for statistic in marked]
     shown = [f"{mark}: {MARK_WORDS[status]}" for status, mark in FAILURE_MARK.items() if mark in cells]
     if shown:
         notes.append("; ".join(shown) + ".")

@@ -15,11 +15,9 @@ import pandas as pd
 from tabulate import tabulate
 
 from ..anomalies import fast_path_flags, flag_anomalies
-from ..stats import is_noisy
+from ..stats import CONVENTIONS, NOISE
+from .writing import write_whole
 
-STATS_CONVENTIONS = (
-    "std is the sample standard deviation (ddof=1); cv_pct = 100*std/mean; p10/p90 interpolate linearly."
-)
 MARKDOWN_ENVIRONMENT = (
     "device_name",
     "device_memory_bytes",
@@ -41,6 +39,7 @@ _SCIENTIFIC = ("max_abs_err_out", "max_abs_err_grad")  # errors of 1e-7 must not
 _DECIMALS = {
     "tokens_per_s": 1,
     "cv_pct": 1,
+    "iqr_pct": 1,
     "compile_s": 2,
     "achieved_tflops": 4,
     "peak_tflops": 4,
@@ -92,8 +91,10 @@ def row_warnings(row: dict, label_columns: Sequence[str] = BENCHMARK_LABEL_COLUM
     lines = []
     if row.get("status") not in (None, "ok"):
         lines.append(f"{label}: status {row['status']}: {row.get('error') or ''}".rstrip(": "))
-    if is_noisy(None if is_missing(row.get("cv_pct")) else float(row["cv_pct"])):
-        lines.append(f"{label}: WARNING high variance, CV {float(row['cv_pct']):.1f}% > 10%; treat the mean with care")
+    rule = NOISE["median"]  # a table leads with the median
+    spread = rule.spread_of(row)
+    if rule.is_noisy(spread):
+        lines.append(f"{label}: WARNING {rule.warning(spread)}")
     if not is_missing(row.get("notes")) and row.get("notes"):
         lines.append(f"{label}: note: {row['notes']}")
     return lines
@@ -130,7 +131,7 @@ def write_page(path: Path, *, title: str, command: str, body: Sequence[str], env
         *environment_lines(environment),
     ]
     text = "\n".join([*lines, ""])
-    path.write_text(text)
+    write_whole(path, text)
     return text
 
 
@@ -140,7 +141,7 @@ def render_document(
     title: str,
     columns: Sequence[str],
     label_columns: Sequence[str],
-    conventions: str = STATS_CONVENTIONS,
+    conventions: str = CONVENTIONS,
 ) -> str:
     """Title, table, per-row notes (failures, noise, caveats), environment, conventions."""
     parts = [f"# {title}", "", markdown_table(rows, columns), ""]

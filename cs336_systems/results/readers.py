@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..stats import summarize
 from . import validate
 from .errors import ResultFileError
 from .paths import OUTPUT_SUFFIXES
@@ -68,13 +69,38 @@ RENAMED_COLUMNS = (
     ("implementation", "backward_ms", "backward_samples_ms"),
     ("implementation", "end_to_end_ms", "end_to_end_samples_ms"),
     ("strategy", "per_device_batch", "batch_size"),  # ddp_bench: the batch per rank
+    # the per-phase means, before each phase had every timing column (timing_columns("forward_"))
+    ("pass_type", "forward_ms", "forward_mean_ms"),  # benchmark
+    ("pass_type", "backward_ms", "backward_mean_ms"),
+    ("pass_type", "optimizer_ms", "optimizer_mean_ms"),
+    ("strategy", "forward_ms", "forward_mean_ms"),  # ddp_bench
+    ("strategy", "backward_ms", "backward_mean_ms"),
+)
+# Raw samples and the timing columns they summarise: a JSONL file written before the IQR was a
+# column gets it from its samples (a CSV file has no samples; its rows have no iqr_pct).
+SAMPLES_OF_TIMING = (
+    ("step_ms", ""),
+    *((f"{phase}_samples_ms", f"{phase}_") for phase in ("forward", "backward", "optimizer", "end_to_end")),
 )
 
 
 def as_todays_rows(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of a file written before a column was renamed or added, as today's rows."""
     renames = {old: new for marker, old, new in RENAMED_COLUMNS if marker in frame.columns and old in frame.columns}
-    return _with_added_config_columns(frame.rename(columns=renames))
+    return _with_spread_from_samples(_with_added_config_columns(frame.rename(columns=renames)))
+
+
+def _with_spread_from_samples(frame: pd.DataFrame) -> pd.DataFrame:
+    for samples, prefix in SAMPLES_OF_TIMING:
+        if samples not in frame.columns or f"{prefix}median_ms" not in frame.columns or f"{prefix}iqr_pct" in frame:
+            continue
+        summaries = [summarize(s) if isinstance(s, list) and s else None for s in frame[samples]]
+        if not any(summaries):  # a column of that name that holds no samples (a probe's step_ms)
+            continue
+        for statistic in ("iqr", "iqr_pct"):
+            column = f"{prefix}{statistic}" if statistic.endswith("_pct") else f"{prefix}{statistic}_ms"
+            frame[column] = [None if x is None else getattr(x, statistic) for x in summaries]
+    return frame
 
 
 def _with_added_config_columns(frame: pd.DataFrame) -> pd.DataFrame:

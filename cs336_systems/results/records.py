@@ -20,18 +20,18 @@ import torch
 from .. import identity
 from ..config import BenchmarkConfig, BenchmarkIdentity
 from ..profiling import StepProfile
-from ..stats import Summary, summarize
+from ..stats import CONVENTIONS, Summary, summarize
 from .environment import ENVIRONMENT_FIELDS, Environment, utc_timestamp
 from .markdown import (
     BENCHMARK_LABEL_COLUMNS,
-    STATS_CONVENTIONS,
     console_table,
     render_document,
     row_label,
 )
 
-# Summary fields in column order; cv_pct is a ratio, the rest are milliseconds.
-TIMING_STATISTICS = ("mean", "std", "cv_pct", "median", "min", "max", "p10", "p90")
+# Summary fields in column order, the median first (tables lead with it); the *_pct are ratios,
+# the rest milliseconds.
+TIMING_STATISTICS = ("median", "iqr", "iqr_pct", "mean", "std", "cv_pct", "min", "max", "p10", "p90")
 
 # A 'wrong' row's error when its loss came out NaN or inf (older files carried it as a note: compare never ranks those).
 NONFINITE_LOSS_NOTE = "loss is not finite (NaN/inf)"
@@ -43,12 +43,16 @@ def samples_field():
 
 
 def timing_names(prefix: str = "") -> tuple[str, ...]:
-    """mean_ms, std_ms, cv_pct, ... each with `prefix` (e.g. forward_mean_ms)."""
-    return tuple(f"{prefix}{s}" if s == "cv_pct" else f"{prefix}{s}_ms" for s in TIMING_STATISTICS)
+    """median_ms, iqr_ms, iqr_pct, mean_ms, ... each with `prefix` (e.g. forward_median_ms)."""
+    return tuple(f"{prefix}{s}" if s.endswith("_pct") else f"{prefix}{s}_ms" for s in TIMING_STATISTICS)
 
 
-# The statistics a Markdown table shows; min and max stay in the CSV and JSONL.
-MARKDOWN_TIMING = tuple(name for name in timing_names() if name not in ("min_ms", "max_ms"))
+def markdown_timing(prefix: str = "") -> tuple[str, ...]:
+    """The statistics a Markdown table shows, the median and its spread first; the rest stay in the files."""
+    return tuple(f"{prefix}{name}" for name in ("median_ms", "iqr_pct", "mean_ms", "std_ms", "p10_ms", "p90_ms"))
+
+
+MARKDOWN_TIMING = markdown_timing()
 
 
 def timing_columns(prefix: str = "") -> type:
@@ -59,11 +63,20 @@ def timing_columns(prefix: str = "") -> type:
 
 
 Timing = timing_columns()
+# Per phase of a benchmark step, from the measured steps (timing.py): forward rows have only
+# forward, forward-backward rows no optimizer, CUDA-graph rows none.
+PHASES = ("forward", "backward", "optimizer")
+ForwardTiming, BackwardTiming, OptimizerTiming = (timing_columns(f"{phase}_") for phase in PHASES)
+
+
+def timing_values(summary: Summary, prefix: str = "") -> dict[str, float]:
+    """A stats.Summary as the `prefix` timing columns' values (a record's, or a self-check's row)."""
+    return dict(zip(timing_names(prefix), (getattr(summary, s) for s in TIMING_STATISTICS), strict=True))
 
 
 def fill_timing(record: object, summary: Summary, prefix: str = "") -> None:
     """Copy a stats.Summary into the record's `prefix` timing columns (the only place that does)."""
-    for name, value in zip(timing_names(prefix), (getattr(summary, s) for s in TIMING_STATISTICS), strict=True):
+    for name, value in timing_values(summary, prefix).items():
         if not hasattr(record, name):
             raise AttributeError(f"{type(record).__name__} declares no timing column {name!r}")
         setattr(record, name, value)
@@ -84,10 +97,10 @@ class Record:
     environment: Environment | None = None
 
     # The Markdown view; a record type sets these (and may override `markdown`).
-    title: ClassVar[str] = "cs336-systems results"
+    title: ClassVar[str] = "cs336-bench results"
     markdown_columns: ClassVar[tuple[str, ...]] = ("status",)
     label_columns: ClassVar[tuple[str, ...]] = ()
-    conventions: ClassVar[str] = STATS_CONVENTIONS
+    conventions: ClassVar[str] = CONVENTIONS
 
     @classmethod
     def _scalar_fields(cls) -> list[dataclasses.Field]:
@@ -139,7 +152,7 @@ class Record:
 
 
 @dataclass
-class BenchmarkRecord(Timing, Record, BenchmarkIdentity):
+class BenchmarkRecord(OptimizerTiming, BackwardTiming, ForwardTiming, Timing, Record, BenchmarkIdentity):
     """One configuration of `benchmark`: what was asked (config.BenchmarkIdentity's columns,
     filled by `BenchmarkRecord(**config.identity(), ...)`), what happened, where."""
 
@@ -149,16 +162,8 @@ class BenchmarkRecord(Timing, Record, BenchmarkIdentity):
     size_table: str | None = None  # the handout edition whose table named model_size (2025, 2026)
     checkpoint_group_size: int = 0  # blocks per checkpointed group (0: off)
     optimizer: str | None = None  # train-step: the optimizer class that really ran
-    tokens_per_s: float | None = None  # on the median step
+    tokens_per_s: float | None = None  # on the median step, as every rate (stats.per_second)
     compile_s: float | None = None
-    # per phase, from the measured steps (timing.py): mean and median ms; forward rows have
-    # only forward, forward-backward rows no optimizer, CUDA-graph rows none
-    forward_ms: float | None = None
-    backward_ms: float | None = None
-    optimizer_ms: float | None = None
-    forward_median_ms: float | None = None
-    backward_median_ms: float | None = None
-    optimizer_median_ms: float | None = None
     # the profiled step after the measured ones (profiling.py); None with --no-profile-step
     kernels_per_step: int | None = None
     device_busy_pct: float | None = None
@@ -167,7 +172,8 @@ class BenchmarkRecord(Timing, Record, BenchmarkIdentity):
     flops_source: str | None = None
     achieved_tflops: float | None = None
     peak_tflops: float | None = None
-    peak_source: str | None = None
+    peak_source: str | None = None  # table, calibrated (this machine's, kept), measured (this run's), user
+    peak_measured_at: str | None = None  # calibrated or measured: when (rows with one time compare)
     mfu: float | None = None
     # memory (cs336_systems.memory): steady state = the last step, first = the first step run
     memory_source: str | None = None
@@ -196,7 +202,7 @@ class BenchmarkRecord(Timing, Record, BenchmarkIdentity):
     optimizer_samples_ms: list[float] = samples_field()
     top_kernels: list[dict] = samples_field()  # {"name", "calls", "total_ms"} of the profiled step
 
-    title: ClassVar[str] = "cs336-systems benchmark results"
+    title: ClassVar[str] = "cs336-bench benchmark results"
     markdown_columns: ClassVar[tuple[str, ...]] = (
         "model_size",
         "num_params",
@@ -209,9 +215,9 @@ class BenchmarkRecord(Timing, Record, BenchmarkIdentity):
         "device",
         "status",
         *MARKDOWN_TIMING,
-        "forward_ms",
-        "backward_ms",
-        "optimizer_ms",
+        "forward_median_ms",
+        "backward_median_ms",
+        "optimizer_median_ms",
         "tokens_per_s",
         "achieved_tflops",
         "mfu",
@@ -231,7 +237,7 @@ class BenchmarkRecord(Timing, Record, BenchmarkIdentity):
         "precision",
         "compile",
         "median_ms",
-        "cv_pct",
+        "iqr_pct",
         "tokens_per_s",
         "mfu",
         "peak_memory_gib",
@@ -262,12 +268,10 @@ class BenchmarkRecord(Timing, Record, BenchmarkIdentity):
         fill_timing(self, summary)
 
     def add_phases(self, phase_ms: dict[str, Sequence[float]]) -> None:
-        """Per-phase samples (forward, backward, optimizer) with their mean and median."""
+        """Per-phase samples (forward, backward, optimizer) and their statistics."""
         for name, samples in phase_ms.items():
-            summary = summarize(samples)
             setattr(self, f"{name}_samples_ms", list(samples))
-            setattr(self, f"{name}_ms", summary.mean)
-            setattr(self, f"{name}_median_ms", summary.median)
+            fill_timing(self, summarize(samples), prefix=f"{name}_")
 
     def add_profile(self, profile: StepProfile) -> None:
         self.kernels_per_step, self.device_busy_pct = profile.kernels_per_step, profile.device_busy_pct

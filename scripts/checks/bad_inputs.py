@@ -22,6 +22,7 @@ import fcntl
 import json
 import os
 import re
+import runpy
 import shlex
 import subprocess
 import sys
@@ -31,10 +32,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TINY = ["--d-model", "32", "--d-ff", "64", "--num-layers", "2", "--num-heads", "2", "--vocab-size", "97"]
-RUN = ["--device", "cpu", "--warmup-steps", "1", "--measure-steps", "1"]
+from cs336_bench.results.writing import write_whole
+
 CASE_TIMEOUT_S = 40.0  # refusing takes an import of torch; more means work started
 REPO = Path(__file__).resolve().parents[2]
+TINY_RUNS = runpy.run_path(str(REPO / "tests" / "tiny.py"))  # the tests' table of tiny-run flags
+TINY, RUN = TINY_RUNS["MODEL"], [*TINY_RUNS["CPU"], *TINY_RUNS["STEPS"]]
+BENCH = [*TINY, *RUN, *TINY_RUNS["PEAK"]]  # benchmark-like tools: a given MFU peak, no matmul probe
 FIXTURES = REPO / "tests" / "fixtures"  # hostile/ holds user code that exits, hangs or lies
 HUGE = str(2**62)
 LONG_NAME = "n" * 250 + ".csv"  # fits NAME_MAX (255) alone, not as its lock file .NAME.lock
@@ -506,54 +510,16 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
 
 # flags every case of a command carries (the tiny model on the CPU), before the bad ones
 BASE: dict[str, list[str]] = {
-    "benchmark": [*TINY, *RUN, "--context-length", "8", "--batch-size", "2"],
-    "benchmark_direct": [*TINY, *RUN, "--context-lengths", "8", "--batch-sizes", "2"],
-    "run_benchmarks": [*TINY, *RUN, "--context-lengths", "8", "--batch-sizes", "2"],
-    "find_max": [*TINY, *RUN, "--context-length", "8", "--max", "4"],
+    "benchmark": [*BENCH, "--context-length", "8", "--batch-size", "2"],
+    "benchmark_direct": [*BENCH, "--context-lengths", "8", "--batch-sizes", "2"],
+    "run_benchmarks": [*BENCH, "--context-lengths", "8", "--batch-sizes", "2"],
+    "find_max": [*BENCH, "--context-length", "8", "--max", "4"],
     "memory": [],
     "report": [],
     "compare": [],
-    "attention_bench": [
-        "--device",
-        "cpu",
-        "--head-dims",
-        "8",
-        "--context-lengths",
-        "16",
-        "--batch-size",
-        "1",
-        "--warmup-steps",
-        "1",
-        "--measure-steps",
-        "1",
-    ],
-    "allreduce_bench": [
-        "--device",
-        "cpu",
-        "--world-sizes",
-        "2",
-        "--sizes",
-        "4KB",
-        "--warmup-steps",
-        "1",
-        "--measure-steps",
-        "1",
-    ],
-    "ddp_bench": [
-        *TINY,
-        "--device",
-        "cpu",
-        "--world-sizes",
-        "2",
-        "--context-length",
-        "8",
-        "--batch-size",
-        "2",
-        "--warmup-steps",
-        "1",
-        "--measure-steps",
-        "1",
-    ],
+    "attention_bench": [*RUN, "--head-dims", "8", "--context-lengths", "16", "--batch-size", "1"],
+    "allreduce_bench": [*RUN, "--world-sizes", "2", "--sizes", "4KB"],
+    "ddp_bench": [*TINY, *RUN, "--world-sizes", "2", "--context-length", "8", "--batch-size", "2"],
     "loader_bench": [
         "--num-items",
         "16",
@@ -887,7 +853,7 @@ def main() -> int:
     if args.output and args.update and args.commands and args.output.exists():
         text = updated(args.output.read_text(), text, args.commands)
     if args.output:
-        args.output.write_text(text)
+        write_whole(args.output, text)
     passed = sum(o.passed for o in outcomes)
     print(
         f"{passed} of {len(outcomes)} bad inputs end as one line with exit 2 or their documented row ({seconds:.0f} s)"

@@ -22,9 +22,11 @@ from tabulate import tabulate
 
 from cs336_bench.config import BenchmarkConfig
 from cs336_bench.device import resolve_device
+from cs336_bench.flops import mfu
 from cs336_bench.models import ModelConfig, build_model, count_parameters
 from cs336_bench.results import ResultSink, collect_environment, read_results
 from cs336_bench.results.markdown import write_page
+from cs336_bench.results.records import timing_values
 from cs336_bench.runner import run_benchmark
 from cs336_bench.stats import summarize
 
@@ -47,19 +49,16 @@ def interleaved(configs: dict[str, BenchmarkConfig], models: dict, rounds: int) 
     out = {}
     for name, record in last.items():
         stats = summarize(pooled[name])
-        achieved = record.flops_per_step / (stats.mean / 1e3) / 1e12
+        achieved, utilisation = mfu(record.flops_per_step, stats.median, record.peak_tflops)  # on the median step
         out[name] = dict(
             model=name,
             num_params=record.num_params,
             steps=stats.n,
-            mean_ms=stats.mean,
-            std_ms=stats.std,
-            cv_pct=stats.cv_pct,
-            median_ms=stats.median,
+            **timing_values(stats),
             achieved_tflops=achieved,
             peak_tflops=record.peak_tflops,
             peak_source=record.peak_source,
-            mfu=achieved / record.peak_tflops,
+            mfu=utilisation,
         )
     return out
 
@@ -86,14 +85,14 @@ def cpu_targets(device, rounds: int) -> list[dict]:
         raise SystemExit(f"parameter counts differ: {counts}")
     results = interleaved(configs, models, rounds)
     ours, theirs = results["cs336_systems"], results["transformers LlamaForCausalLM"]
-    ratio = ours["mean_ms"] / theirs["mean_ms"]
+    ratio = ours["median_ms"] / theirs["median_ms"]
     return [
         dict(check="(a) MFU vs measured fp32 matmul probe", **ours, target=">= 0.6", passed=ours["mfu"] >= 0.6),
         dict(check="(b) reference: same step in transformers", **theirs, target="", passed=None),
         dict(
             check="(b) time ratio ours / transformers",
             model="ratio",
-            mean_ms=ratio,
+            median_ms=ratio,
             target="<= 1.0",
             passed=ratio <= 1.0,
         ),
@@ -119,7 +118,7 @@ def gpu_sizes(device, sizes: list[str], compile_scope: str, output: Path) -> pd.
         record = run_benchmark(config)
         sink.write(record)
         print(
-            f"{size} compile={compiled}: {record.status} mean {record.mean_ms} ms mfu {record.mfu}",
+            f"{size} compile={compiled}: {record.status} median {record.median_ms} ms mfu {record.mfu}",
             file=sys.stderr,
             flush=True,
         )
@@ -143,7 +142,7 @@ def main() -> int:
         rows = cpu_targets(device, args.rounds)
         frame = pd.DataFrame(rows)
         frame.to_csv(args.output_dir / "bench_model_cpu.csv", index=False)
-        columns = ["check", "model", "num_params", "steps", "mean_ms", "cv_pct", "achieved_tflops", "mfu"]
+        columns = ["check", "model", "num_params", "steps", "median_ms", "iqr_pct", "achieved_tflops", "mfu"]
         columns += ["peak_tflops", "peak_source", "target", "passed"]
         shape = "d_model 1024, d_ff 2816, 4 layers, 16 heads, context 256, batch 4, fp32, forward-backward"
         command = f"python scripts/checks/bench_model.py --rounds {args.rounds}"
@@ -153,7 +152,7 @@ def main() -> int:
     else:
         output = args.output_dir / f"bench_model_{device.type}"
         frame = gpu_sizes(device, args.sizes, args.compile_scope, output)
-        columns = ["model_size", "num_params", "compile", "status", "mean_ms", "cv_pct", "achieved_tflops", "mfu"]
+        columns = ["model_size", "num_params", "compile", "status", "median_ms", "iqr_pct", "achieved_tflops", "mfu"]
         columns += ["peak_tflops", "peak_source", "compile_s"]
         command = f"python scripts/checks/bench_model.py --device {args.device} --compile-scope {args.compile_scope}"
         body = [

@@ -13,9 +13,9 @@ Checks, and the accuracy this harness promises for each:
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -28,7 +28,8 @@ from cs336_bench.device import resolve_device
 from cs336_bench.models import ModelConfig, build_model
 from cs336_bench.results import collect_environment
 from cs336_bench.results.markdown import write_page
-from cs336_bench.stats import summarize
+from cs336_bench.results.records import timing_values
+from cs336_bench.stats import Summary, summarize
 from cs336_bench.step import make_step
 from cs336_bench.timing import CudaEventTimer, HostTimer, device_synchronizer, time_steps
 
@@ -41,7 +42,30 @@ def spin(seconds: float) -> None:
         pass
 
 
-def known_duration_rows(measure_steps: int) -> list[dict]:
+@dataclass
+class Check:
+    """One row: a check of `workload`, our time against the reference's, and the value judged."""
+
+    check: str
+    workload: str
+    ours_ms: float
+    reference_ms: float | None
+    value: float
+    unit: str
+    target: str
+    passed: bool | None
+    ours: Summary | None = None  # our samples' statistics, as every result file names them
+
+    def row(self) -> dict:
+        row = {k: v for k, v in asdict(self).items() if k != "ours"}
+        return {**row, **(timing_values(self.ours) if self.ours else {})}
+
+
+def percent_off(ours: float, reference: float) -> float:
+    return 100 * abs(ours - reference) / reference
+
+
+def known_duration_rows(measure_steps: int) -> list[Check]:
     rows = []
     workloads = [
         ("sleep 10 ms", 10.0, lambda: time.sleep(0.010)),
@@ -49,38 +73,19 @@ def known_duration_rows(measure_steps: int) -> list[dict]:
         ("spin 5 ms", 5.0, lambda: spin(0.005)),
     ]
     for name, true_ms, step in workloads:
-        times = time_steps(step, warmup_steps=2, measure_steps=measure_steps, timer=HostTimer())
-        median = summarize(times.measured_ms).median
-        error_pct = 100 * abs(median - true_ms) / true_ms
-        rows.append(
-            dict(
-                check="known-duration error",
-                workload=name,
-                ours_ms=median,
-                reference_ms=true_ms,
-                value=error_pct,
-                unit="%",
-                target="< 2",
-                passed=error_pct < 2,
-            )
-        )
+        ours = summarize(time_steps(step, warmup_steps=2, measure_steps=measure_steps, timer=HostTimer()).measured_ms)
+        error = percent_off(ours.median, true_ms)
+        rows.append(Check("known-duration error", name, ours.median, true_ms, error, "%", "< 2", error < 2, ours))
     return rows
 
 
-def overhead_row(steps: int) -> dict:
+def overhead_row(steps: int) -> Check:
     timer = HostTimer()
     start = time.perf_counter()
     time_steps(lambda: None, warmup_steps=0, measure_steps=steps, timer=timer)
-    per_step_ms = (time.perf_counter() - start) * 1e3 / steps
-    return dict(
-        check="harness overhead per step",
-        workload=f"empty step x {steps}",
-        ours_ms=per_step_ms,
-        reference_ms=None,
-        value=per_step_ms,
-        unit="ms",
-        target="< 0.1",
-        passed=per_step_ms < 0.1,
+    per_step = (time.perf_counter() - start) * 1e3 / steps
+    return Check(
+        "harness overhead per step", f"empty step x {steps}", per_step, None, per_step, "ms", "< 0.1", per_step < 0.1
     )
 
 
@@ -93,7 +98,7 @@ def model_step(device: torch.device, pass_type: str):
     return make_step(config, model, device), f"d256 L4 ctx128 b4 {pass_type}"
 
 
-def engine_vs_torch_rows(device: torch.device, rounds: int, steps_per_round: int) -> list[dict]:
+def engine_vs_torch_rows(device: torch.device, rounds: int, steps_per_round: int) -> list[Check]:
     rows = []
     sync = device_synchronizer(device)
     for pass_type in ("forward", "forward-backward"):
@@ -107,24 +112,15 @@ def engine_vs_torch_rows(device: torch.device, rounds: int, steps_per_round: int
                 step, warmup_steps=0, measure_steps=steps_per_round, timer=HostTimer(synchronize=sync)
             ).measured_ms
             theirs += [torch_timer.timeit(number=1).median * 1e3 for _ in range(steps_per_round)]
-        ours_median, theirs_median = statistics.median(ours), statistics.median(theirs)
-        diff_pct = 100 * abs(ours_median - theirs_median) / theirs_median
+        mine, reference = summarize(ours), summarize(theirs).median
+        diff = percent_off(mine.median, reference)
         rows.append(
-            dict(
-                check="median vs torch.utils.benchmark",
-                workload=label,
-                ours_ms=ours_median,
-                reference_ms=theirs_median,
-                value=diff_pct,
-                unit="%",
-                target="< 5",
-                passed=diff_pct < 5,
-            )
+            Check("median vs torch.utils.benchmark", label, mine.median, reference, diff, "%", "< 5", diff < 5, mine)
         )
     return rows
 
 
-def cuda_sync_rows(device: torch.device, steps: int) -> list[dict]:
+def cuda_sync_rows(device: torch.device, steps: int) -> list[Check]:
     """Why synchronisation matters: an unsynchronised clock times only the kernel launches."""
     a = torch.randn(8192, 8192, device=device)
     step = lambda: a @ a  # noqa: E731
@@ -139,27 +135,12 @@ def cuda_sync_rows(device: torch.device, steps: int) -> list[dict]:
     events = summarize(time_steps(step, warmup_steps=0, measure_steps=steps, timer=CudaEventTimer()).measured_ms).median
     unsynced = summarize(time_steps(step, warmup_steps=0, measure_steps=steps, timer=HostTimer()).measured_ms).median
     torch.cuda.synchronize(device)
-    diff_pct = 100 * abs(synced - events) / events
+    diff, workload = percent_off(synced, events), "fp32 8192^3 matmul"
     return [
-        dict(
-            check="host+sync vs CUDA events",
-            workload="fp32 8192^3 matmul",
-            ours_ms=synced,
-            reference_ms=events,
-            value=diff_pct,
-            unit="%",
-            target="< 5",
-            passed=diff_pct < 5,
-        ),
-        dict(
-            check="unsynchronised host clock (wrong on purpose)",
-            workload="fp32 8192^3 matmul",
-            ours_ms=unsynced,
-            reference_ms=events,
-            value=100 * unsynced / events,
-            unit="% of true",
-            target="(shows the bug)",
-            passed=None,
+        Check("host+sync vs CUDA events", workload, synced, events, diff, "%", "< 5", diff < 5),
+        Check(
+            "unsynchronised host clock (wrong on purpose)",
+            *(workload, unsynced, events, 100 * unsynced / events, "% of true", "(shows the bug)", None),
         ),
     ]
 
@@ -180,7 +161,7 @@ def main() -> int:
         rows += cuda_sync_rows(device, steps=20)
 
     env = collect_environment(device)
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame([row.row() for row in rows])
     frame.insert(0, "device", str(device))
     frame["device_name"], frame["torch_version"], frame["git_commit"] = (
         env.device_name,

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from cs336_bench.results.writing import write_whole
+
 
 def block_times_ms(seconds: float, size: int = 1024, repeats: int = 20) -> list[float]:
     a, b, out = torch.randn(size, size), torch.randn(size, size), torch.empty(size, size)
@@ -64,7 +66,7 @@ def main() -> int:
     print(text)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text)
+        write_whole(args.output, text)
     return 0
 
 

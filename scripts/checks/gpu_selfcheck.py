@@ -39,6 +39,7 @@ from cs336_bench.profiling import device_kernels, kineto_lines_dropped, profile_
 from cs336_bench.results import collect_environment
 from cs336_bench.results.environment import ENVIRONMENT_FIELDS
 from cs336_bench.results.markdown import environment_lines
+from cs336_bench.results.writing import write_whole
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "checks"  # the harness checking itself
 NSYS_PLACES = ("/usr/local/cuda/bin/nsys", "/opt/nvidia/nsight-systems", "/opt/nvidia/nsight-systems-cli")
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python scripts/checks/gpu_selfcheck.py", *(sys.argv[1:] if argv is None else argv)])
     header = [f"# GPU self-check ({device})", "", f"Command: `{command}`", ""]
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text("\n".join(header + lines))
+    write_whole(output, "\n".join(header + lines))
     print(f"wrote {output}", file=sys.stderr)
     return 1 if failures else 0
 

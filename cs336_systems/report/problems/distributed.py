@@ -161,7 +161,7 @@ def gather_observations(rows: list[dict]) -> list[str]:
         if gather is None:
             continue
         text = f"{label_text('strategy', row)}: the all-gathers take {sig3(gather)} ms per step"
-        forward = number(row, "forward_ms")
+        forward = number(row, "forward_mean_ms")
         if forward:
             text += f" against a {sig3(forward)} ms forward"
         lines.append(text + f" of a {sig3(number(row, 'mean_ms'))} ms step.")

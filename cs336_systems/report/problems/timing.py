@@ -34,17 +34,17 @@ def timing_observations(rows: list[dict]) -> list[str]:
         lines.append(text + ".")
     full = _model_rows(rows, "train-step") or _model_rows(rows, "forward-backward")
     ratios = {
-        m: number(r, "backward_ms") / number(r, "forward_ms")
+        m: number(r, "backward_mean_ms") / number(r, "forward_mean_ms")
         for m, r in full.items()
-        if number(r, "forward_ms") and number(r, "backward_ms")
+        if number(r, "forward_mean_ms") and number(r, "backward_mean_ms")
     }
     if ratios:
         where = next(iter(full.values()))["pass_type"]
         lines.append(f"The backward pass takes {span(list(ratios.values()))} the forward pass ({where} rows).")
     shares = {
-        m: number(r, "optimizer_ms") / number(r, "mean_ms")
+        m: number(r, "optimizer_mean_ms") / number(r, "mean_ms")
         for m, r in _model_rows(rows, "train-step").items()
-        if number(r, "optimizer_ms")
+        if number(r, "optimizer_mean_ms")
     }
     if shares:
         lines.append(f"The optimizer step is {span([100 * s for s in shares.values()], '%')} of a training step.")
