@@ -40,7 +40,8 @@ from .benchmark_flags import (
 from .command import Command
 from .config import COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
 from .device import DeviceError, resolve_device
-from .models import ATTENTION_KINDS, SIZE_TABLES, ConfigError, ModelConfig, count_parameters_for
+from .factory import count_parameters_for
+from .models import ATTENTION_KINDS, SIZE_TABLES, ConfigError, ModelConfig
 from .monitor import add_monitor_arguments, check_monitor_arguments, monitored
 from .precision import PRECISIONS
 from .results import BenchmarkRecord, ResultSink, ResultWriteError, check_output_paths

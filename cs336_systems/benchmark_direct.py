@@ -20,8 +20,8 @@ from .argtypes import ArgumentParser
 from .child import failed_record
 from .command import Command
 from .device import failure_status, release_memory, resolve_device
+from .factory import build_model, count_parameters_for
 from .memory import baseline_memory_bytes
-from .models import build_model, count_parameters_for
 from .runner import run_benchmark
 from .sweep import build_sweep_parser, run_sweep
 from .user_model import ModelFactoryError, check_model_output

@@ -11,9 +11,8 @@ import sys
 
 from . import cuda_graphs
 from .argtypes import add_device_argument, non_negative_int, output_path, positive_float, positive_int
-from .config import COMPILE_MODES, PARAM_DTYPES, BenchmarkConfig
+from .config import COMPILE_MODES, PARAM_DTYPES, PEAK_CHOICES, BenchmarkConfig
 from .device import DeviceError
-from .flops import PEAK_CHOICES
 from .models import CHECKPOINT_WORDS, ConfigError, ModelConfig
 from .optimizer import check_user_optimizer
 from .size_tables import AUTO, SIZE_TABLE_CHOICES, SizeTableChoice, choose_size_table

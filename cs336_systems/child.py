@@ -28,8 +28,8 @@ from .argtypes import (
 )
 from .config import BenchmarkConfig
 from .errors import UsageError
+from .factory import count_parameters_for
 from .lifetime import child_preexec, temporary_directory
-from .models import count_parameters_for
 from .results import ENVIRONMENT_FIELDS, BenchmarkRecord, Environment, collect_environment
 from .tools import module_name
 from .usercode import timeout_seconds

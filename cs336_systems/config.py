@@ -18,10 +18,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from . import cuda_graphs
 from .anomalies import fast_path_flags
 from .argtypes import MAX_INT
-from .flops import PEAK_CHOICES
 from .identity import identity_field, row_key
 from .models import ConfigError, ModelConfig
 from .precision import PRECISIONS
@@ -31,6 +29,9 @@ PASS_TYPES = ("forward", "forward-backward", "train-step")
 COMPILE_SCOPES = ("model", "blocks")  # "model": torch.compile(model); "blocks": each block (regional)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 COMPILE_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
+# where MFU's peak comes from (peak_flops.py): auto, the table for a known GPU, else this machine's
+# calibrated peak; calibrate: measure now and keep it; measure: for this run only; table: the spec sheet
+PEAK_CHOICES = ("auto", "table", "calibrate", "measure")
 
 
 @dataclass(kw_only=True)
@@ -223,15 +224,7 @@ def check_benchmark_config(config: BenchmarkConfig) -> None:
             f"--param-dtype {config.param_dtype} runs under --precision {config.param_dtype} "
             f"(autocast keeps softmax and the loss in fp32); got --precision {config.precision}"
         )
-    if config.cuda_graphs and (
-        reason := cuda_graphs.refusal(
-            config.precision,
-            config.compile_mode if config.compile else None,
-            config.optimizer_factory,
-            config.grad_accum_steps,
-            config.param_dtype,
-        )
-    ):
+    if config.cuda_graphs and (reason := cuda_graphs_refusal(config)):
         raise ConfigError(reason)
     if config.model_factory and config.model.fused_projections:
         raise ConfigError("--fused-projections changes the built-in model's projections; not a --model-factory model's")
@@ -243,3 +236,24 @@ def check_benchmark_config(config: BenchmarkConfig) -> None:
 
 def _names(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
+
+
+GRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")  # these capture CUDA graphs themselves
+
+
+def cuda_graphs_refusal(config: BenchmarkConfig) -> str | None:
+    """Why --cuda-graphs (cuda_graphs.py) cannot capture this configuration, whatever the device
+    (one line), or None."""
+    if config.optimizer_factory is not None:
+        return "--cuda-graphs captures torch's fused AdamW (capturable=True); it cannot capture --optimizer: drop one"
+    if config.precision == "fp16":
+        return "--cuda-graphs does not support fp16: GradScaler reads its inf check on the host, which capture forbids"
+    if config.compile and config.compile_mode in GRAPH_COMPILE_MODES:
+        return (
+            f"--cuda-graphs with --compile-mode {config.compile_mode}: that mode captures CUDA graphs itself; pick one"
+        )
+    if config.grad_accum_steps > 1 or config.param_dtype != "fp32":
+        return (
+            "--cuda-graphs captures a one-batch step of fp32 parameters: not with --grad-accum-steps or --param-dtype"
+        )
+    return None

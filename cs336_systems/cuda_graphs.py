@@ -31,30 +31,6 @@ from torch import nn
 from .optimizer import make_optimizer as make_train_optimizer
 
 CAPTURE_WARMUP_ITERS = 3  # eager iterations on a side stream before capture (PyTorch's example uses 3)
-GRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")  # these capture CUDA graphs themselves
-
-
-OPTIMIZER_REFUSAL = (
-    "--cuda-graphs captures torch's fused AdamW (capturable=True); it cannot capture --optimizer: drop one"
-)
-
-
-def refusal(
-    precision: str, compile_mode: str | None, optimizer_factory: str | None, grad_accum_steps: int, param_dtype: str
-) -> str | None:
-    """Why --cuda-graphs cannot capture a configuration with these settings (one line), or None: the
-    configuration refuses itself with it (config.check_benchmark_config), whatever the device."""
-    if optimizer_factory is not None:
-        return OPTIMIZER_REFUSAL
-    if precision == "fp16":
-        return "--cuda-graphs does not support fp16: GradScaler reads its inf check on the host, which capture forbids"
-    if compile_mode in GRAPH_COMPILE_MODES:
-        return f"--cuda-graphs with --compile-mode {compile_mode}: that mode captures CUDA graphs itself; pick one"
-    if grad_accum_steps > 1 or param_dtype != "fp32":
-        return (
-            "--cuda-graphs captures a one-batch step of fp32 parameters: not with --grad-accum-steps or --param-dtype"
-        )
-    return None
 
 
 def unsupported_reason(device: torch.device) -> str | None:

@@ -30,18 +30,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from .models import ModelConfig, build_model
+from .factory import build_model
+from .models import ModelConfig
 from .precision import PRECISION_TABLE, precision_mode
 from .stats import per_second
 from .timing import device_synchronizer
 from .usercode import UserCodeTimeout
 
 PASS_FLOP_MULTIPLIER = {"forward": 1, "forward-backward": 3, "train-step": 3}
-# auto: the table for a known GPU, else this machine's calibrated peak (calibrated now if it has none);
-# calibrate: measure now and keep it as this machine's; measure: measure now, for this run only;
-# table: the spec sheet or nothing
-PEAK_CHOICES = ("auto", "table", "calibrate", "measure")
-
 # Dense peak TFLOP/s from the vendors' spec sheets (no sparsity), docs/reference.md section 2.
 # Matched against the lower-cased device name: first entry whose every word is present
 # and none of whose excluded words is, so "H100 PCIe" is not read as the SXM part and a

@@ -11,6 +11,7 @@ and becomes an 'oom' row. CUDA needs far more address space than it uses: CPU on
 from __future__ import annotations
 
 import contextlib
+import importlib
 import resource
 import runpy
 import sys
@@ -52,7 +53,8 @@ def soft_address_space_cap(headroom_bytes: int) -> Iterator[int]:
 
 def main() -> None:
     headroom, module, *args = sys.argv[1:]
-    from . import runner  # noqa: F401  (the harness is mapped before the cap too)
+    # the harness mapped before the cap too, by name: loaded for its address space, not used here
+    importlib.import_module(f"{__package__}.runner")
 
     cap_address_space(int(headroom))
     sys.argv = [module, *args]

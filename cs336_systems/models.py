@@ -1,4 +1,4 @@
-"""The CS336 Transformer LM and its table of named sizes; `build_model` builds it or a user's own (user_model.py).
+"""The CS336 Transformer LM and its table of named sizes (factory.py builds it, or a user's own model).
 
 Architecture (CS336 assignment 2): pre-norm blocks, RMSNorm computed in fp32,
 causal multi-head self-attention with RoPE, SwiGLU feed-forward, no biases,
@@ -19,8 +19,6 @@ from . import nvtx
 from .errors import UsageError
 from .layers import RMSNorm, TransformerBlock
 from .size_tables import NEWEST_SIZE_TABLE, SIZE_TABLES, choose_size_table
-from .user_model import FACTORY_KEYWORDS, build_user_model
-from .usercode import UserCodeTimeout
 
 ATTENTION_KINDS = ("naive", "sdpa")
 DEFAULT_VOCAB_SIZE = 10_000
@@ -166,10 +164,6 @@ class ModelConfig:
             if int(blocks) > self.num_layers:
                 raise ConfigError(f"--checkpoint-blocks {blocks} is more than the model's {self.num_layers} layers")
 
-    def factory_kwargs(self) -> dict:
-        """The keyword arguments a user's --model-factory callable receives."""
-        return {name: getattr(self, name) for name in FACTORY_KEYWORDS}
-
     def check_context(self, requested: int, what: str | None = None) -> None:
         """Refuse a sequence longer than the model was built for (RoPE tables, masks)."""
         if requested > self.context_length:
@@ -244,31 +238,3 @@ def _run_blocks(blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
     for block in blocks:
         x = block(x)
     return x
-
-
-def build_model(
-    config: ModelConfig,
-    device: torch.device | str,
-    model_factory: str | None = None,
-) -> nn.Module:
-    """Build the model directly on `device` (initialising 3B parameters on a GPU is fast). A
-    --model-factory model with the built-in model's own options is refused by BenchmarkConfig."""
-    if model_factory is None:
-        with torch.device(device):
-            return TransformerLM(config)
-    return build_user_model(model_factory, config.factory_kwargs(), device)
-
-
-def count_parameters_for(config: ModelConfig, model_factory: str | None = None) -> int | None:
-    """Parameter count without allocating: the model is built on the meta device.
-
-    Returns None for a user's model that cannot be built on the meta device.
-    """
-    if model_factory is None:
-        return count_parameters(build_model(config, "meta"))
-    try:
-        return count_parameters(build_model(config, "meta", model_factory))
-    except UserCodeTimeout:  # usercode.guarded's: the factory hangs, on any device
-        raise
-    except Exception:  # a user's model need not support the meta device
-        return None

@@ -22,9 +22,10 @@ from .device import (
     release_memory,
     resolve_device,
 )
+from .factory import build_model, count_parameters_for
 from .flops import flops_per_step, mfu
 from .memory import PhaseMemory, baseline_memory_bytes, current_memory_bytes, estimate_memory, step_peak
-from .models import build_model, count_parameters, count_parameters_for
+from .models import count_parameters
 from .optimizer import OptimizerFactoryError, make_optimizer, optimizer_name
 from .peak_flops import resolve_peak
 from .precision import (

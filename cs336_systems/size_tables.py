@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .adapters import edition_of_file
+from .editions import edition_of_file
 
 _SMALL_TO_LARGE = {
     "small": dict(d_model=768, d_ff=3072, num_layers=12, num_heads=12),

@@ -27,7 +27,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cs336_bench.config import BenchmarkConfig
-from cs336_bench.models import ModelConfig, build_model
+from cs336_bench.factory import build_model
+from cs336_bench.models import ModelConfig
 from cs336_bench.optimizer import make_optimizer
 from cs336_bench.precision import autocast
 from cs336_bench.results.markdown import write_page

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.distributed import LaunchSpec
-from cs336_systems.models import ModelConfig, build_model
+from cs336_systems.factory import build_model
+from cs336_systems.models import ModelConfig
 from cs336_systems.peak_flops import PEAK_CACHE_ENV
 from tests.tiny import (  # noqa: F401  the tiny runs' flags, for every test
     CELL,

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from cs336_systems import benchmark, residuals
 from cs336_systems.config import BenchmarkConfig
+from cs336_systems.factory import count_parameters_for
 from cs336_systems.flops import analytic_flops_per_step, flops_per_step
 from cs336_systems.memory import estimate_memory
 from cs336_systems.memory.estimate import block_saved_bytes
@@ -19,7 +20,6 @@ from cs336_systems.models import (
     ConfigError,
     ModelConfig,
     TransformerLM,
-    count_parameters_for,
     formula_num_params,
 )
 from cs336_systems.optimizer import OPTIMIZER_KWARGS

@@ -43,7 +43,7 @@ AWAITING_REGENERATION = {
     "attention_cpu.csv": "cpu_results.sh attention",
     "ddp_gloo_cpu.csv": "cpu_results.sh ddp",  # a rerun on 2026-11-24 was too noisy to replace it (single step CV 19%)
     "gpu_sweep_h100.csv": "gpu_session.sh core (needs a GPU)",
-    # issue 36 added size_table, forward_ms and backward_ms to ddp_bench rows, the environment to the warmup study's
+    # ddp_bench rows gained size_table and the per-phase columns, the warmup study's rows their environment
     "ddp_strategies_cpu.csv": "cpu_results.sh ddp",
     "warmup_study_cpu.csv": "cpu_results.sh warmup",
 }

@@ -6,6 +6,7 @@ import torch
 
 from cs336_systems import flops, peak_flops
 from cs336_systems.config import PASS_TYPES
+from cs336_systems.factory import build_model
 from cs336_systems.flops import (
     analytic_flops_per_step,
     counted_flops_per_step,
@@ -14,7 +15,7 @@ from cs336_systems.flops import (
     mfu,
     table_peak_tflops,
 )
-from cs336_systems.models import ModelConfig, build_model
+from cs336_systems.models import ModelConfig
 from cs336_systems.peak_flops import PEAK_CACHE_ENV, PeakCache, resolve_peak
 from cs336_systems.runner import run_benchmark
 from tests.conftest import tiny_benchmark_config, tiny_model_config

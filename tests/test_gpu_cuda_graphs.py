@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cs336_systems import cuda_graphs
-from cs336_systems.models import build_model
+from cs336_systems.factory import build_model
 from tests.conftest import tiny_model_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -64,7 +64,7 @@ def test_cuda_graph_benchmark_row():
     )
     assert record.status == "ok", record.error
     assert record.cuda_graphs is True and len(record.step_ms) == 5
-    assert record.forward_ms is None  # one replay: no phases
+    assert record.forward_mean_ms is None  # one replay: no phases
     assert record.kernels_per_step > 0 and 0 < record.device_busy_pct <= 100
     assert record.optimizer == "torch.optim.adamw.AdamW (fused)"
     # the capture's peak holds the graph pool (activations, grads), as an eager step's peak does

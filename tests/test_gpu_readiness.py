@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cs336_systems import benchmark, cuda_graphs, models, runner
+from cs336_systems import benchmark, cuda_graphs, factory, models, runner
 from cs336_systems.attention_bench.dobench import do_bench_samples
 from cs336_systems.memory import PhaseMemory
 from cs336_systems.models import ConfigError
@@ -21,7 +21,7 @@ from tests.conftest import REPO, TINY, child_env, run_main, tiny_benchmark_confi
 
 
 def test_graph_optimizer_is_fused_and_capturable():
-    model = models.build_model(tiny_model_config(), "cpu")
+    model = factory.build_model(tiny_model_config(), "cpu")
     optimizer = make_optimizer(model, torch.device("cpu"), capturable=True)
     assert optimizer.defaults["fused"] is True and optimizer.defaults["capturable"] is True
     assert not optimizer.defaults["foreach"]
@@ -116,7 +116,7 @@ def test_graph_row_names_its_optimizer_and_checks_the_loss(monkeypatch):
     monkeypatch.setattr(cuda_graphs, "CapturedStep", EagerStandIn)
     monkeypatch.setattr(cuda_graphs, "unsupported_reason", lambda *args: None)
     config = tiny_benchmark_config(cuda_graphs=True, pass_type="train-step", warmup_steps=0, measure_steps=1)
-    model = models.build_model(config.model, "cpu")
+    model = factory.build_model(config.model, "cpu")
     with torch.no_grad():
         model.lm_head.weight.fill_(float("nan"))
     record = runner.run_benchmark(config, model=model, memory_baseline_bytes=0)
@@ -142,7 +142,7 @@ def test_checkpointed_blocks_do_not_save_rng_state(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(models, "checkpoint", spy)
-    model = models.build_model(tiny_model_config(checkpoint_blocks=1), "cpu")
+    model = factory.build_model(tiny_model_config(checkpoint_blocks=1), "cpu")
     model(torch.zeros(1, 4, dtype=torch.long)).sum().backward()
     assert calls and all(kwargs.get("preserve_rng_state") is False for kwargs in calls)
 

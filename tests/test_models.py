@@ -1,15 +1,14 @@
 import pytest
 import torch
 
+from cs336_systems.factory import build_model, count_parameters_for
 from cs336_systems.layers import naive_causal_attention, sdpa_causal_attention
 from cs336_systems.models import (
     MODEL_SIZES,
     ConfigError,
     ModelConfig,
     TransformerLM,
-    build_model,
     count_parameters,
-    count_parameters_for,
     formula_num_params,
 )
 from cs336_systems.user_model import ModelFactoryError, check_model_output, load_model_factory

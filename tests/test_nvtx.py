@@ -11,7 +11,7 @@ import torch
 
 from cs336_systems import nvtx, runner
 from cs336_systems.device import compile_unsupported_reason
-from cs336_systems.models import build_model
+from cs336_systems.factory import build_model
 from cs336_systems.optimizer import make_optimizer
 from cs336_systems.step import make_step
 from cs336_systems.timing import HostTimer, time_steps

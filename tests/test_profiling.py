@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.autograd import DeviceType
 
-from cs336_systems.models import build_model
+from cs336_systems.factory import build_model
 from cs336_systems.optimizer import make_optimizer
 from cs336_systems.profiling import kineto_lines_dropped, profile_step, summarize_events, union_length
 from cs336_systems.step import make_step

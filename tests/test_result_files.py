@@ -338,7 +338,7 @@ def test_lock_file_holds_the_pid(tmp_path):
 def test_a_nan_loss_makes_its_row_wrong():
     import torch
 
-    from cs336_systems.models import build_model
+    from cs336_systems.factory import build_model
 
     config = tiny_benchmark_config(pass_type="forward-backward")
     model = build_model(config.model, torch.device("cpu"))

@@ -63,7 +63,10 @@ def test_train_step_actually_updates_weights():
 def test_zero_warmup_train_step_says_optimizer_state_is_included():
     record = run_benchmark(tiny_benchmark_config(pass_type="train-step", warmup_steps=0))
     assert OPTIMIZER_STATE_NOTE in record.notes
-    assert run_benchmark(tiny_benchmark_config(pass_type="train-step", warmup_steps=1)).notes is None
+    # (other notes, such as a busy machine's MFU peak, depend on the moment)
+    assert OPTIMIZER_STATE_NOTE not in (
+        run_benchmark(tiny_benchmark_config(pass_type="train-step", warmup_steps=1)).notes or ""
+    )
 
 
 def test_seed_makes_inputs_reproducible():

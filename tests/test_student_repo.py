@@ -22,8 +22,8 @@ from cs336_systems.attention_bench.implementations import heads_in_batch
 from cs336_systems.attention_bench.measure import _judge_causal, _Phase, run_attention
 from cs336_systems.ddp_bench.accounting import measured_sharding
 from cs336_systems.ddp_bench.trainer import optimizer_class
+from cs336_systems.factory import build_model, count_parameters_for, factory_kwargs
 from cs336_systems.loading import repo_paths
-from cs336_systems.models import build_model, count_parameters_for
 from cs336_systems.optimizer import OPTIMIZER_KWARGS, OptimizerFactoryError, check_user_optimizer, load_user_optimizer
 from cs336_systems.tools import discover
 from cs336_systems.user_model import FACTORY_KEYWORDS, FACTORY_SYNONYMS, ModelFactoryError, factory_keywords
@@ -306,7 +306,7 @@ def test_factory_keywords_follow_the_signature_with_theta_as_rope_theta():
     assert factory_keywords(theta_model, given, "m:f") == {"vocab_size": 10, "d_model": 4, "theta": 10000.0}
     assert factory_keywords(lambda **kw: None, given, "m:f") == given
     assert FACTORY_SYNONYMS["theta"] == "rope_theta"
-    assert tuple(tiny_model_config().factory_kwargs()) == FACTORY_KEYWORDS  # checked at load by these names
+    assert tuple(factory_kwargs(tiny_model_config())) == FACTORY_KEYWORDS  # checked at load by these names
 
     def needs_more(vocab_size, n_embd):
         pass

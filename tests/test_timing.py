@@ -255,7 +255,7 @@ def test_cuda_event_phases_inside_a_cuda_event_step_timer():
 
 
 def test_phases_of_a_real_cpu_train_step_add_up_to_the_step():
-    from cs336_systems.models import build_model
+    from cs336_systems.factory import build_model
     from cs336_systems.optimizer import make_optimizer
     from cs336_systems.step import make_step
     from cs336_systems.timing import HostPhases

@@ -16,6 +16,7 @@ from cs336_systems.report.problems.memory import checkpoint_observations
 from cs336_systems.report.problems.precision import precision_observations
 from cs336_systems.report.problems.timing import timing_observations, warmup_observations
 from cs336_systems.report.verify import parse_tables
+from cs336_systems.results.readers import as_todays_rows
 from tests.conftest import REPO
 
 WRITEUP = REPO / "writeup" / "2026"
@@ -79,9 +80,9 @@ def test_the_first_page_checklist_is_the_plans_outcomes(text):
 
 
 def test_the_benchmarking_observations_are_the_rows_numbers(text):
-    rows = pd.read_json(WRITEUP / "benchmarking_script-b-small.jsonl", lines=True)
+    rows = as_todays_rows(pd.read_json(WRITEUP / "benchmarking_script-b-small.jsonl", lines=True))
     step = rows[rows["pass_type"] == "train-step"].iloc[0]
-    ratio = step["backward_ms"] / step["forward_ms"]
+    ratio = step["backward_mean_ms"] / step["forward_mean_ms"]
     assert f"The backward pass takes {ratio:.2f}x the forward pass" in _section(text, "benchmarking_script")
 
 
@@ -96,18 +97,18 @@ def test_timing_observations_by_hand():
         _bench(
             "small",
             pass_type="train-step",
-            forward_ms=10.0,
-            backward_ms=20.0,
-            optimizer_ms=3.0,
+            forward_mean_ms=10.0,
+            backward_mean_ms=20.0,
+            optimizer_mean_ms=3.0,
             mean_ms=33.0,
             cv_pct=1.0,
         ),
         _bench(
             "large",
             pass_type="train-step",
-            forward_ms=40.0,
-            backward_ms=100.0,
-            optimizer_ms=6.0,
+            forward_mean_ms=40.0,
+            backward_mean_ms=100.0,
+            optimizer_mean_ms=6.0,
             mean_ms=146.0,
             cv_pct=1.0,
         ),

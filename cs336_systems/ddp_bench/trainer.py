@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from ..adapters import NotImplementedAdapter
 from ..config import BenchmarkConfig
 from ..distributed import BarrierFirst, RankContext
+from ..factory import build_model
 from ..memory import PhaseMemory, current_memory_bytes, pin_mmap_threshold, rss_high_water_mark_available
-from ..models import build_model
 from ..optimizer import load_user_optimizer
 from ..precision import autocast, precision_mode
 from ..step import combine_phases, make_step

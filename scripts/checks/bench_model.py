@@ -22,8 +22,9 @@ from tabulate import tabulate
 
 from cs336_bench.config import BenchmarkConfig
 from cs336_bench.device import resolve_device
+from cs336_bench.factory import build_model
 from cs336_bench.flops import mfu
-from cs336_bench.models import ModelConfig, build_model, count_parameters
+from cs336_bench.models import ModelConfig, count_parameters
 from cs336_bench.results import ResultSink, collect_environment, read_results
 from cs336_bench.results.markdown import write_page
 from cs336_bench.results.records import timing_values

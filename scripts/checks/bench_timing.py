@@ -25,7 +25,8 @@ from tabulate import tabulate
 
 from cs336_bench.config import BenchmarkConfig
 from cs336_bench.device import resolve_device
-from cs336_bench.models import ModelConfig, build_model
+from cs336_bench.factory import build_model
+from cs336_bench.models import ModelConfig
 from cs336_bench.results import collect_environment
 from cs336_bench.results.markdown import write_page
 from cs336_bench.results.records import timing_values

@@ -32,8 +32,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from cs336_bench import cuda_graphs
 from cs336_bench.device import compile_unsupported_reason, resolve_device
+from cs336_bench.factory import build_model
 from cs336_bench.flops import measure_peak_tflops, table_peak_tflops
-from cs336_bench.models import ModelConfig, build_model
+from cs336_bench.models import ModelConfig
 from cs336_bench.optimizer import make_optimizer
 from cs336_bench.profiling import device_kernels, kineto_lines_dropped, profile_step
 from cs336_bench.results import collect_environment

@@ -28,8 +28,9 @@ from tabulate import tabulate
 from cs336_bench.anomalies import fast_path_flags
 from cs336_bench.config import BenchmarkConfig
 from cs336_bench.device import release_memory, resolve_device
+from cs336_bench.factory import build_model
 from cs336_bench.memory import estimate_memory, pin_mmap_threshold
-from cs336_bench.models import ModelConfig, build_model
+from cs336_bench.models import ModelConfig
 from cs336_bench.results import collect_environment
 from cs336_bench.results.markdown import write_page
 from cs336_bench.runner import run_benchmark
