@@ -10,7 +10,7 @@ import dataclasses
 import sys
 
 from . import cuda_graphs
-from .argtypes import add_device_argument, non_negative_int, output_path, positive_float, positive_int
+from .argtypes import add_device_argument, add_output_argument, non_negative_int, positive_float, positive_int
 from .config import COMPILE_MODES, PARAM_DTYPES, BenchmarkConfig
 from .device import DeviceError
 from .flops import PEAK_CHOICES
@@ -152,14 +152,7 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="skip the extra step under torch.profiler after the measured ones (kernels_per_step, device_busy_pct)",
     )
-    group.add_argument(
-        "--output",
-        action="append",
-        type=output_path,
-        default=[],
-        metavar="PATH",
-        help="write results to PATH (.csv, .md or .jsonl; repeatable)",
-    )
+    add_output_argument(group, help="write results to PATH (.csv, .md or .jsonl; repeatable)")
 
 
 def size_table_of(args: argparse.Namespace) -> SizeTableChoice:

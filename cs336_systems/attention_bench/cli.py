@@ -14,6 +14,7 @@ from ..argtypes import (
     ArgumentParser,
     add_device_argument,
     add_memory_limit_argument,
+    add_output_argument,
     exit_status,
     non_negative_float,
     non_negative_int,
@@ -123,14 +124,7 @@ def build_parser() -> ArgumentParser:
     )
     add_memory_limit_argument(parser, allow_auto=True)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--output",
-        action="append",
-        type=output_path,
-        default=[],
-        metavar="PATH",
-        help="write results to PATH (.csv, .md or .jsonl; repeatable)",
-    )
+    add_output_argument(parser, help="write results to PATH (.csv, .md or .jsonl; repeatable)")
     parser.add_argument(
         "--plot", type=output_path, metavar="PATH.png", help="plot file (default: the first --output with suffix .png)"
     )

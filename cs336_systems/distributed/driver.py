@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..argtypes import add_device_argument, output_path, positive_int
+from ..argtypes import add_device_argument, add_output_argument, positive_int
 from ..command import add_argument_with_aliases
 from ..results import Environment, collect_environment
 from ..usercode import timeout_seconds
@@ -78,14 +78,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser, *, default_timeout_s: 
         metavar="SECONDS",
         help=f"for starting the ranks and joining the group ({DEFAULT_INIT_TIMEOUT_S:g})",
     )
-    parser.add_argument(
-        "--output",
-        action="append",
-        type=output_path,
-        default=[],
-        metavar="PATH",
-        help=".csv, .md or .jsonl; repeatable",
-    )
+    add_output_argument(parser, help=".csv, .md or .jsonl; repeatable")
 
 
 @dataclass(frozen=True)
