@@ -18,7 +18,7 @@ from .models import CHECKPOINT_WORDS, ConfigError, ModelConfig
 from .optimizer import check_user_optimizer
 from .size_tables import AUTO, SIZE_TABLE_CHOICES, SizeTableChoice, choose_size_table
 from .timing import TIMERS, timer_unsupported_reason
-from .user_model import load_model_factory
+from .user_model import FACTORY_KEYWORDS, load_model_factory
 from .usercode import DEFAULT_IMPORT_TIMEOUT_S
 
 
@@ -179,17 +179,14 @@ def model_config_from_args(
     if checkpoint is None and not isinstance(getattr(args, "checkpoint_blocks", None), list):
         checkpoint = getattr(args, "checkpoint_blocks", None)
     table = size_table_of(args)
+    # a flag of its own name for each shape keyword, but the context length's is --max-context-length
+    shape = {name: getattr(args, name) for name in FACTORY_KEYWORDS if name != "context_length"}
     try:
         return ModelConfig.from_size(
             size,
             table.edition,
             checkpoint_blocks=checkpoint,
-            d_model=args.d_model,
-            d_ff=args.d_ff,
-            num_layers=args.num_layers,
-            num_heads=args.num_heads,
-            vocab_size=args.vocab_size,
-            rope_theta=args.rope_theta,
+            **shape,
             context_length=args.max_context_length or context_length,
             attention=attention,
             fused_projections=getattr(args, "fused_projections", False),
