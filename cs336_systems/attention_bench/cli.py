@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -144,24 +145,23 @@ def default_implementations(adapters: str | None) -> list[str]:
 
 
 def configs_from_args(args, device: torch.device) -> list[AttentionConfig]:
+    """Every configuration of the grid. A flag whose destination is a field's name sets that field (as
+    benchmark's do); the grid's values, the resolved device and the flash-only adapters are set per configuration."""
     implementations = args.implementations or default_implementations(args.adapters)
+    flags = {
+        field.name: getattr(args, field.name) for field in dataclasses.fields(AttentionConfig) if field.name in args
+    }
     return [
         AttentionConfig(
-            implementation=implementation,
-            head_dim=head_dim,
-            context_length=context_length,
-            batch_size=args.batch_size,
-            num_heads=args.num_heads,
-            layout=args.layout,
-            causal=args.causal,
-            precision=precision,
-            device=str(device),
-            timer=args.timer,
-            warmup_steps=args.warmup_steps,
-            measure_steps=args.measure_steps,
-            max_seconds=args.max_seconds,
-            seed=args.seed,
-            adapters=args.adapters if implementation in FLASH_IMPLEMENTATIONS else None,
+            **{
+                **flags,
+                "implementation": implementation,
+                "head_dim": head_dim,
+                "context_length": context_length,
+                "precision": precision,
+                "device": str(device),
+                "adapters": args.adapters if implementation in FLASH_IMPLEMENTATIONS else None,
+            }
         )
         for precision in args.precisions
         for head_dim in args.head_dims
