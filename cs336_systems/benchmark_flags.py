@@ -17,7 +17,7 @@ from .flops import PEAK_CHOICES
 from .models import CHECKPOINT_WORDS, ConfigError, ModelConfig
 from .optimizer import check_user_optimizer
 from .size_tables import AUTO, SIZE_TABLE_CHOICES, SizeTableChoice, choose_size_table
-from .timing import TIMERS, timer_unsupported_reason
+from .timing import add_timer_argument, timer_unsupported_reason
 from .user_model import FACTORY_KEYWORDS, load_model_factory
 from .usercode import DEFAULT_IMPORT_TIMEOUT_S
 
@@ -103,10 +103,8 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_argument(group)
     group.add_argument("--warmup-steps", type=non_negative_int, default=5)
     group.add_argument("--measure-steps", type=positive_int, default=10)
-    group.add_argument(
-        "--timer",
-        choices=TIMERS,
-        default="host",
+    add_timer_argument(
+        group,
         help="host: synchronise + host clock around each step; cuda-event: CUDA event pair per step; do-bench: "
         "each sample one triton.testing.do_bench call, as the CS336 leaderboard times a step (CUDA and Triton)",
     )

@@ -35,6 +35,7 @@ from ..results import (
     check_output_paths,
     collect_environment,
 )
+from ..timing import add_timer_argument
 from ..units import format_bytes
 from ..usercode import add_timeout_argument, import_timeout
 from .config import (
@@ -42,7 +43,6 @@ from .config import (
     FLASH_IMPLEMENTATIONS,
     IMPLEMENTATIONS,
     LAYOUTS,
-    TIMERS,
     AttentionConfig,
     is_custom,
 )
@@ -116,10 +116,8 @@ def build_parser() -> ArgumentParser:
         help="opt-in budget per pass (forward, backward, end-to-end) and per warmup: stop once the steps so far "
         "took this long and at least 3 were measured; the row says how many ran. 0: no limit (0)",
     )
-    parser.add_argument(
-        "--timer",
-        choices=TIMERS,
-        default="host",
+    add_timer_argument(
+        parser,
         help="host clock, cuda-event loop, or do-bench: triton.testing.do_bench where Triton and CUDA are there, "
         "else the CUDA-event loop, else host (the row's timer_used says which) (host)",
     )
