@@ -262,18 +262,14 @@ def _forward_backward(
     return mem + keep * (embedding_grad + d * param) - logits
 
 
+# estimate_memory's arguments that a BenchmarkConfig holds under the same names
+CONFIG_ARGUMENTS = ("batch_size", "context_length", "pass_type", "precision", "grad_accum_steps", "param_dtype")
+
+
 def estimate_config(config: BenchmarkConfig, device_type: str) -> MemoryEstimate:
     """estimate_memory of one benchmark configuration's step (its micro-batches and parameter dtype too)."""
-    return estimate_memory(
-        config.model,
-        config.batch_size,
-        config.context_length,
-        config.pass_type,
-        config.precision,
-        device_type,
-        grad_accum_steps=config.grad_accum_steps,
-        param_dtype=config.param_dtype,
-    )
+    step = {name: getattr(config, name) for name in CONFIG_ARGUMENTS}
+    return estimate_memory(config.model, device_type=device_type, **step)
 
 
 def _estimate(weights, gradients, optimizer, activations, copies, head, timeline, device_type, device_memory):
