@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..adapters import AdapterError, Adapters, load_adapters
+from ..adapters import AdapterError, Adapters, add_adapters_argument, load_adapters
 from ..argtypes import (
     ArgumentParser,
     add_device_argument,
@@ -89,9 +89,8 @@ def build_parser() -> ArgumentParser:
         "(called f(q, k, v, is_causal); an autograd.Function class as Fn.apply(q, k, v, "
         "is_causal)) (naive sdpa compiled, and flash-pytorch flash-triton with --adapters)",
     )
-    parser.add_argument(
-        "--adapters",
-        metavar="MODULE",
+    add_adapters_argument(
+        parser,
         help="the student's adapters module (dotted name or path to a .py file): flash-pytorch and flash-triton "
         "are its get_flashattention_autograd_function_{pytorch,triton}()",
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..adapters import AdapterError, Adapters, load_adapters
+from ..adapters import AdapterError, Adapters, add_adapters_argument, load_adapters
 from ..argtypes import (
     ArgumentParser,
     exit_status,
@@ -55,9 +55,8 @@ def build_parser() -> ArgumentParser:
         metavar="MB",
         help=f"DDP / zero1 / adapter-ddp-bucketed bucket sizes to try (default {DDP_DEFAULT_BUCKET_CAP_MB:g})",
     )
-    parser.add_argument(
-        "--adapters",
-        metavar="MODULE",
+    add_adapters_argument(
+        parser,
         help="a student's adapters (tests/adapters.py or a dotted name) for the adapter-* strategies",
     )
     parser.add_argument(
