@@ -36,6 +36,12 @@ FLASH_ADAPTERS = {
 }
 
 
+def add_adapters_argument(parser, help: str) -> None:
+    """`--adapters MODULE`, the student's adapters module, as every tool that reads one spells it; `help`
+    says what the tool takes from it."""
+    parser.add_argument("--adapters", metavar="MODULE", help=help)
+
+
 class AdapterError(UsageError):
     """The adapters module cannot be used at all (import failure, no adapter defined)."""
 

@@ -108,6 +108,15 @@ def output_path(text: str) -> str:
     return text if not text or os.path.isabs(text) else os.path.join(os.getcwd(), text)
 
 
+def add_output_argument(parser, help: str, *, absolute: bool = True) -> None:
+    """The repeatable `--output PATH` a tool writes its rows to (the suffix picks the format). Made
+    absolute as it is read (output_path) unless `absolute` is off: a tool that checks its paths before
+    any user code runs keeps them as the user wrote them."""
+    parser.add_argument(
+        "--output", action="append", type=output_path if absolute else None, default=[], metavar="PATH", help=help
+    )
+
+
 def as_flag_value(action: argparse.Action, value: object) -> object:
     """`value` (from a configuration file) checked and converted as its flag `action` would read it from
     the command line: its type and choices; a switch (store_true / store_false) takes true or false only.

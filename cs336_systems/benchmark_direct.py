@@ -12,18 +12,15 @@ Example:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import itertools
 
-from .argtypes import ArgumentParser
 from .child import failed_record
-from .command import Command
 from .device import failure_status, release_memory, resolve_device
 from .factory import build_model, count_parameters_for
 from .memory import baseline_memory_bytes
 from .runner import run_benchmark
-from .sweep import build_sweep_parser, run_sweep
+from .sweep import sweep_command
 from .user_model import ModelFactoryError, check_model_output
 from .usercode import UserCodeError, UserCodeTimeout, guarded
 
@@ -63,15 +60,8 @@ def execute(pending, args, env, writer) -> None:
             return
 
 
-def build_parser() -> ArgumentParser:
-    return build_sweep_parser(PROG, __doc__.split("\n")[0], child_processes=False)
-
-
-def run(args: argparse.Namespace) -> int:
-    return run_sweep(args, PROG, execute, child_processes=False)
-
-
-main = Command(build_parser, run)
+main = sweep_command(PROG, __doc__.split("\n")[0], execute, child_processes=False)
+build_parser = main.build_parser  # the tool's flags, where the handout planner and the flag tables read them
 
 if __name__ == "__main__":
     main.start()

@@ -10,14 +10,14 @@ import dataclasses
 import sys
 
 from . import cuda_graphs
-from .argtypes import add_device_argument, non_negative_int, output_path, positive_float, positive_int
+from .argtypes import add_device_argument, add_output_argument, non_negative_int, positive_float, positive_int
 from .config import COMPILE_MODES, PARAM_DTYPES, PEAK_CHOICES, BenchmarkConfig
 from .device import DeviceError
 from .models import CHECKPOINT_WORDS, ConfigError, ModelConfig
 from .optimizer import check_user_optimizer
 from .size_tables import AUTO, SIZE_TABLE_CHOICES, SizeTableChoice, choose_size_table
-from .timing import TIMERS, timer_unsupported_reason
-from .user_model import load_model_factory
+from .timing import add_timer_argument, timer_unsupported_reason
+from .user_model import FACTORY_KEYWORDS, load_model_factory
 from .usercode import DEFAULT_IMPORT_TIMEOUT_S
 
 
@@ -102,10 +102,8 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_argument(group)
     group.add_argument("--warmup-steps", type=non_negative_int, default=5)
     group.add_argument("--measure-steps", type=positive_int, default=10)
-    group.add_argument(
-        "--timer",
-        choices=TIMERS,
-        default="host",
+    add_timer_argument(
+        group,
         help="host: synchronise + host clock around each step; cuda-event: CUDA event pair per step; do-bench: "
         "each sample one triton.testing.do_bench call, as the CS336 leaderboard times a step (CUDA and Triton)",
     )
@@ -151,14 +149,7 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="skip the extra step under torch.profiler after the measured ones (kernels_per_step, device_busy_pct)",
     )
-    group.add_argument(
-        "--output",
-        action="append",
-        type=output_path,
-        default=[],
-        metavar="PATH",
-        help="write results to PATH (.csv, .md or .jsonl; repeatable)",
-    )
+    add_output_argument(group, help="write results to PATH (.csv, .md or .jsonl; repeatable)")
 
 
 def size_table_of(args: argparse.Namespace) -> SizeTableChoice:
@@ -185,17 +176,14 @@ def model_config_from_args(
     if checkpoint is None and not isinstance(getattr(args, "checkpoint_blocks", None), list):
         checkpoint = getattr(args, "checkpoint_blocks", None)
     table = size_table_of(args)
+    # a flag of its own name for each shape keyword, but the context length's is --max-context-length
+    shape = {name: getattr(args, name) for name in FACTORY_KEYWORDS if name != "context_length"}
     try:
         return ModelConfig.from_size(
             size,
             table.edition,
             checkpoint_blocks=checkpoint,
-            d_model=args.d_model,
-            d_ff=args.d_ff,
-            num_layers=args.num_layers,
-            num_heads=args.num_heads,
-            vocab_size=args.vocab_size,
-            rope_theta=args.rope_theta,
+            **shape,
             context_length=args.max_context_length or context_length,
             attention=attention,
             fused_projections=getattr(args, "fused_projections", False),

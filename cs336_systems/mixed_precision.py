@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from tabulate import tabulate
 from torch import nn
 
-from .argtypes import ArgumentParser, add_device_argument
+from .argtypes import ArgumentParser, add_device_argument, add_output_argument
 from .command import Command
 from .device import resolve_device
 from .errors import UsageError
@@ -286,12 +286,8 @@ def write_rows(rows: list[dict], path: Path) -> None:
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     add_device_argument(parser)
-    parser.add_argument(
-        "--output",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="also write the printed values as rows to PATH (.csv or .jsonl; repeatable)",
+    add_output_argument(
+        parser, help="also write the printed values as rows to PATH (.csv or .jsonl; repeatable)", absolute=False
     )
     return parser
 

@@ -27,7 +27,7 @@ from tabulate import tabulate
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .argtypes import ArgumentParser, add_device_argument, exit_status, positive_int
+from .argtypes import ArgumentParser, add_device_argument, add_output_argument, exit_status, positive_int
 from .benchmark_flags import add_shape_arguments, announce_size_table, model_config_from_args
 from .command import Command
 from .device import DeviceError, compile_unsupported_reason, failure_status, resolve_device
@@ -278,12 +278,10 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd block")
     parser.add_argument("--no-model", action="store_true", help="skip the whole model's totals")
-    parser.add_argument(
-        "--output",
-        action="append",
-        default=[],
-        metavar="PATH",
+    add_output_argument(
+        parser,
         help="also write what each (submodule, op) of the eager block saves, largest first, to PATH (.csv or .jsonl)",
+        absolute=False,
     )
     add_device_argument(parser, default="cpu")
     add_shape_arguments(parser)

@@ -14,12 +14,8 @@ Example:
 
 from __future__ import annotations
 
-import argparse
-
-from .argtypes import ArgumentParser
 from .child import benchmark_command, run_in_child
-from .command import Command
-from .sweep import build_sweep_parser, run_sweep
+from .sweep import sweep_command
 
 PROG = "python -m cs336_systems.run_benchmarks"
 
@@ -35,15 +31,8 @@ def execute(pending, args, env, writer) -> None:
             writer.log(f"{record.status}: run it alone with\n  {benchmark_command(config, args.child_limits)}")
 
 
-def build_parser() -> ArgumentParser:
-    return build_sweep_parser(PROG, __doc__.split("\n")[0], child_processes=True)
-
-
-def run(args: argparse.Namespace) -> int:
-    return run_sweep(args, PROG, execute, child_processes=True)
-
-
-main = Command(build_parser, run)
+main = sweep_command(PROG, __doc__.split("\n")[0], execute, child_processes=True)
+build_parser = main.build_parser  # the tool's flags, where the handout planner and the flag tables read them
 
 if __name__ == "__main__":
     main.start()

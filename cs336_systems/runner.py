@@ -24,7 +24,7 @@ from .device import (
 )
 from .factory import build_model, count_parameters_for
 from .flops import flops_per_step, mfu
-from .memory import PhaseMemory, baseline_memory_bytes, current_memory_bytes, estimate_memory, step_peak
+from .memory import PhaseMemory, baseline_memory_bytes, current_memory_bytes, estimate_config, step_peak
 from .models import count_parameters
 from .optimizer import OptimizerFactoryError, make_optimizer, optimizer_name
 from .peak_flops import resolve_peak
@@ -275,16 +275,7 @@ def run_benchmark(
     else:
         model_flops = None
     if config.model_factory is None:
-        record.predicted_memory_bytes = estimate_memory(
-            config.model,
-            config.batch_size,
-            config.context_length,
-            config.pass_type,
-            config.precision,
-            device.type,
-            grad_accum_steps=config.grad_accum_steps,
-            param_dtype=config.param_dtype,
-        ).peak_bytes
+        record.predicted_memory_bytes = estimate_config(config, device.type).peak_bytes
 
     # what depends on the device (the configuration refused its own contradictions when it was made)
     reason = unsupported_reason(config.precision, device)

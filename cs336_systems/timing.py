@@ -30,6 +30,12 @@ from . import nvtx
 
 TIMERS = ("host", "cuda-event", "do-bench")
 
+
+def add_timer_argument(parser, help: str) -> None:
+    """`--timer host|cuda-event|do-bench` (host by default); `help` says what the tool does with each."""
+    parser.add_argument("--timer", choices=TIMERS, default="host", help=help)
+
+
 Step = Callable[[], object]
 
 

@@ -14,7 +14,7 @@ from ..argtypes import (
 )
 from ..command import Command, add_argument_with_aliases
 from ..distributed import LaunchError
-from ..distributed.driver import add_launch_arguments, launch_from_args, run_rows
+from ..distributed.driver import launch_from_args, launch_parser, run_rows
 from ..results import ResultSink, check_output_path, check_output_paths
 from .plot import plot_bandwidth
 from .record import AllReduceRecord, describe, record_for
@@ -25,8 +25,7 @@ DEFAULT_SIZES = ("1MB", "10MB", "100MB", "1GB")
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog=PROG, description="time torch.distributed.all_reduce by world size and size")
-    add_launch_arguments(parser, default_timeout_s=300.0)
+    parser = launch_parser(PROG, "time torch.distributed.all_reduce by world size and size", default_timeout_s=300.0)
     add_argument_with_aliases(
         parser,
         "--sizes",

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 from pathlib import Path
 
 import torch
 
-from ..adapters import AdapterError, Adapters, load_adapters
+from ..adapters import AdapterError, Adapters, add_adapters_argument, load_adapters
 from ..argtypes import (
     ArgumentParser,
     add_device_argument,
     add_memory_limit_argument,
+    add_output_argument,
     exit_status,
     non_negative_float,
     non_negative_int,
@@ -33,6 +35,7 @@ from ..results import (
     check_output_paths,
     collect_environment,
 )
+from ..timing import add_timer_argument
 from ..units import format_bytes
 from ..usercode import add_timeout_argument, import_timeout
 from .config import (
@@ -40,7 +43,6 @@ from .config import (
     FLASH_IMPLEMENTATIONS,
     IMPLEMENTATIONS,
     LAYOUTS,
-    TIMERS,
     AttentionConfig,
     is_custom,
 )
@@ -87,9 +89,8 @@ def build_parser() -> ArgumentParser:
         "(called f(q, k, v, is_causal); an autograd.Function class as Fn.apply(q, k, v, "
         "is_causal)) (naive sdpa compiled, and flash-pytorch flash-triton with --adapters)",
     )
-    parser.add_argument(
-        "--adapters",
-        metavar="MODULE",
+    add_adapters_argument(
+        parser,
         help="the student's adapters module (dotted name or path to a .py file): flash-pytorch and flash-triton "
         "are its get_flashattention_autograd_function_{pytorch,triton}()",
     )
@@ -114,23 +115,14 @@ def build_parser() -> ArgumentParser:
         help="opt-in budget per pass (forward, backward, end-to-end) and per warmup: stop once the steps so far "
         "took this long and at least 3 were measured; the row says how many ran. 0: no limit (0)",
     )
-    parser.add_argument(
-        "--timer",
-        choices=TIMERS,
-        default="host",
+    add_timer_argument(
+        parser,
         help="host clock, cuda-event loop, or do-bench: triton.testing.do_bench where Triton and CUDA are there, "
         "else the CUDA-event loop, else host (the row's timer_used says which) (host)",
     )
     add_memory_limit_argument(parser, allow_auto=True)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--output",
-        action="append",
-        type=output_path,
-        default=[],
-        metavar="PATH",
-        help="write results to PATH (.csv, .md or .jsonl; repeatable)",
-    )
+    add_output_argument(parser, help="write results to PATH (.csv, .md or .jsonl; repeatable)")
     parser.add_argument(
         "--plot", type=output_path, metavar="PATH.png", help="plot file (default: the first --output with suffix .png)"
     )
@@ -150,24 +142,23 @@ def default_implementations(adapters: str | None) -> list[str]:
 
 
 def configs_from_args(args, device: torch.device) -> list[AttentionConfig]:
+    """Every configuration of the grid. A flag whose destination is a field's name sets that field (as
+    benchmark's do); the grid's values, the resolved device and the flash-only adapters are set per configuration."""
     implementations = args.implementations or default_implementations(args.adapters)
+    flags = {
+        field.name: getattr(args, field.name) for field in dataclasses.fields(AttentionConfig) if field.name in args
+    }
     return [
         AttentionConfig(
-            implementation=implementation,
-            head_dim=head_dim,
-            context_length=context_length,
-            batch_size=args.batch_size,
-            num_heads=args.num_heads,
-            layout=args.layout,
-            causal=args.causal,
-            precision=precision,
-            device=str(device),
-            timer=args.timer,
-            warmup_steps=args.warmup_steps,
-            measure_steps=args.measure_steps,
-            max_seconds=args.max_seconds,
-            seed=args.seed,
-            adapters=args.adapters if implementation in FLASH_IMPLEMENTATIONS else None,
+            **{
+                **flags,
+                "implementation": implementation,
+                "head_dim": head_dim,
+                "context_length": context_length,
+                "precision": precision,
+                "device": str(device),
+                "adapters": args.adapters if implementation in FLASH_IMPLEMENTATIONS else None,
+            }
         )
         for precision in args.precisions
         for head_dim in args.head_dims

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..adapters import AdapterError, Adapters, load_adapters
+from ..adapters import AdapterError, Adapters, add_adapters_argument, load_adapters
 from ..argtypes import (
     ArgumentParser,
     exit_status,
@@ -16,7 +16,7 @@ from ..argtypes import (
 from ..benchmark_flags import add_shape_arguments, announce_size_table, model_config_from_args
 from ..command import Command, add_argument_with_aliases
 from ..config import BenchmarkConfig
-from ..distributed.driver import add_launch_arguments, launch_from_args, run_rows
+from ..distributed.driver import launch_from_args, launch_parser, run_rows
 from ..models import ATTENTION_KINDS, ConfigError
 from ..optimizer import check_user_optimizer
 from ..precision import PRECISIONS, unsupported_reason
@@ -36,8 +36,9 @@ PROG = "python -m cs336_systems.ddp_bench"
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog=PROG, description="our training step under data parallelism, and what it scales to")
-    add_launch_arguments(parser, default_timeout_s=600.0)
+    parser = launch_parser(
+        PROG, "our training step under data parallelism, and what it scales to", default_timeout_s=600.0
+    )
     add_argument_with_aliases(
         parser,
         "--strategies",
@@ -54,9 +55,8 @@ def build_parser() -> ArgumentParser:
         metavar="MB",
         help=f"DDP / zero1 / adapter-ddp-bucketed bucket sizes to try (default {DDP_DEFAULT_BUCKET_CAP_MB:g})",
     )
-    parser.add_argument(
-        "--adapters",
-        metavar="MODULE",
+    add_adapters_argument(
+        parser,
         help="a student's adapters (tests/adapters.py or a dotted name) for the adapter-* strategies",
     )
     parser.add_argument(

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..argtypes import add_device_argument, output_path, positive_int
+from ..argtypes import ArgumentParser, add_device_argument, add_output_argument, positive_int
 from ..command import add_argument_with_aliases
 from ..results import Environment, collect_environment
 from ..usercode import timeout_seconds
@@ -44,8 +44,10 @@ from .torchrun import (
 )
 
 
-def add_launch_arguments(parser: argparse.ArgumentParser, *, default_timeout_s: float) -> None:
-    """The flags every distributed tool shares, spelled as every other tool spells them."""
+def launch_parser(prog: str, description: str, *, default_timeout_s: float) -> ArgumentParser:
+    """A distributed tool's parser, opening with the flags every one of them shares, spelled as every
+    other tool spells them."""
+    parser = ArgumentParser(prog=prog, description=description)
     parser.add_argument(
         "--backend", choices=BACKENDS, default="gloo", help="gloo (CPU, or CUDA tensors) or nccl (CUDA)"
     )
@@ -78,14 +80,8 @@ def add_launch_arguments(parser: argparse.ArgumentParser, *, default_timeout_s: 
         metavar="SECONDS",
         help=f"for starting the ranks and joining the group ({DEFAULT_INIT_TIMEOUT_S:g})",
     )
-    parser.add_argument(
-        "--output",
-        action="append",
-        type=output_path,
-        default=[],
-        metavar="PATH",
-        help=".csv, .md or .jsonl; repeatable",
-    )
+    add_output_argument(parser, help=".csv, .md or .jsonl; repeatable")
+    return parser
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..adapters import add_adapters_argument
 from ..argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser
 from ..command import Command
 from ..editions import ALL_PROBLEMS, EDITIONS, KIND_MEANING, MEASURED, PROBLEM_KIND, PROBLEMS, measured_problems
@@ -51,7 +52,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "--problems", nargs="+", metavar="NAME", help="only these problems (default: all of the edition)"
     )
-    parser.add_argument("--adapters", metavar="MODULE", help="your tests/adapters.py: FlashAttention-2, DDP, FSDP")
+    add_adapters_argument(parser, help="your tests/adapters.py: FlashAttention-2, DDP, FSDP")
     parser.add_argument("--model-factory", metavar="package.module:callable", help="your model instead of the built-in")
     parser.add_argument("--optimizer", metavar="package.module:callable", help="your optimizer for training steps")
     parser.add_argument(

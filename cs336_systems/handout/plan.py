@@ -21,7 +21,7 @@ from pathlib import Path
 from ..config import BenchmarkConfig
 from ..errors import UsageError
 from ..flops import analytic_flops_per_step, recompute_flops_per_step
-from ..memory.estimate import estimate_memory
+from ..memory.estimate import estimate_config, estimate_memory
 from ..precision import PRECISION_TABLE
 from ..tools import module_name
 from ..units import format_bytes
@@ -178,16 +178,7 @@ def step_seconds(target: Target, config: BenchmarkConfig) -> float:
 
 def predicted_peak(target: Target, config: BenchmarkConfig) -> int:
     """The estimator's total for `config` on the target's kind of device."""
-    return estimate_memory(
-        config.model,
-        config.batch_size,
-        config.context_length,
-        config.pass_type,
-        config.precision,
-        target.type,
-        grad_accum_steps=config.grad_accum_steps,
-        param_dtype=config.param_dtype,
-    ).total_bytes
+    return estimate_config(config, target.type).total_bytes
 
 
 def predict(step: Step, target: Target, user_model: bool = False) -> None:

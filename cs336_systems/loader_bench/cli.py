@@ -19,12 +19,12 @@ import psutil
 from ..argtypes import (
     ArgumentParser,
     add_device_argument,
+    add_output_argument,
     boolean,
     byte_size,
     exit_status,
     non_negative_float,
     non_negative_int,
-    output_path,
     positive_float,
     positive_int,
 )
@@ -127,14 +127,7 @@ def build_parser() -> ArgumentParser:
         metavar="SIZE",
         help="host RAM the loader's buffer may use (default: RAM available now)",
     )
-    parser.add_argument(
-        "--output",
-        action="append",
-        type=output_path,
-        default=[],
-        metavar="PATH",
-        help=".csv, .md or .jsonl; repeatable",
-    )
+    add_output_argument(parser, help=".csv, .md or .jsonl; repeatable")
     add_monitor_arguments(parser)
     return parser
 

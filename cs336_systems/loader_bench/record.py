@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -121,12 +122,7 @@ def new_record(bench: BenchConfig, loader: LoaderConfig, env, compute_desc: str,
         compute=compute_desc,
         compute_ms=bench.compute_ms if bench.compute == "sleep" else None,
         device=bench.device,
-        processes=loader.processes,
-        num_workers=loader.num_workers,
-        prefetch_factor=loader.prefetch_factor,
-        pin_memory=loader.pin_memory,
-        persistent_workers=loader.persistent_workers,
-        child_processes=loader.child_processes,
+        **dataclasses.asdict(loader),  # the swept flags, each a column of its own name
         epochs=bench.epochs,
         epoch=epoch,
         seed=bench.seed,

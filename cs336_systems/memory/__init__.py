@@ -4,7 +4,7 @@ The command line is cs336_systems.memory.cli (`python -m cs336_systems.memory`);
 not imported here, so importing the estimator never imports a CLI.
 """
 
-from .estimate import MemoryEstimate, estimate_memory, find_max_by_prediction
+from .estimate import MemoryEstimate, estimate_config, estimate_memory, find_max_by_prediction
 from .measure import (
     PhaseMemory,
     baseline_memory_bytes,
@@ -19,6 +19,7 @@ __all__ = [
     "PhaseMemory",
     "baseline_memory_bytes",
     "current_memory_bytes",
+    "estimate_config",
     "estimate_memory",
     "find_max_by_prediction",
     "pin_mmap_threshold",

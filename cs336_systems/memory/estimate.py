@@ -20,10 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..models import ModelConfig, formula_num_params
 from ..precision import PRECISION_TABLE
 from ..search import search_boundary
+
+if TYPE_CHECKING:
+    from ..config import BenchmarkConfig
 
 FP32 = 4
 HALF = 2  # bytes of an autocast dtype (bf16, fp16: precision.PRECISION_TABLE)
@@ -256,6 +260,16 @@ def _forward_backward(
     embedding_grad = V * d * param
     timeline.append(("backward (embedding)", mem + embedding_grad + N * d * param))
     return mem + keep * (embedding_grad + d * param) - logits
+
+
+# estimate_memory's arguments that a BenchmarkConfig holds under the same names
+CONFIG_ARGUMENTS = ("batch_size", "context_length", "pass_type", "precision", "grad_accum_steps", "param_dtype")
+
+
+def estimate_config(config: BenchmarkConfig, device_type: str) -> MemoryEstimate:
+    """estimate_memory of one benchmark configuration's step (its micro-batches and parameter dtype too)."""
+    step = {name: getattr(config, name) for name in CONFIG_ARGUMENTS}
+    return estimate_memory(config.model, device_type=device_type, **step)
 
 
 def _estimate(weights, gradients, optimizer, activations, copies, head, timeline, device_type, device_memory):

@@ -92,25 +92,25 @@ def line_figure(
     return [Figure(title, saved) for saved in _save(fig, path)]
 
 
-def _points(frame: pd.DataFrame, group: Sequence[str], x: str, y: str) -> dict[str, list[tuple[float, float]]]:
+def _points(
+    frame: pd.DataFrame, group: Sequence[str], x: str, y: str, name: str = "{}"
+) -> dict[str, list[tuple[float, float]]]:
+    """The ok rows' (x, y) points, a series per value of `group`, named by `name` (a format of the values)."""
     ok = frame[frame["status"].astype(str) == "ok"] if "status" in frame.columns else frame
     series: dict[str, list[tuple[float, float]]] = {}
     for row in ok.to_dict("records"):
         xv, yv = pd.to_numeric(row.get(x), errors="coerce"), pd.to_numeric(row.get(y), errors="coerce")
         if pd.notna(xv) and pd.notna(yv):
-            name = ", ".join(label_text(g, row) for g in group)
-            series.setdefault(name, []).append((float(xv), float(yv)))
+            values = ", ".join(label_text(g, row) for g in group)
+            series.setdefault(name.format(values), []).append((float(xv), float(yv)))
     return series
 
 
 def attention_plot(frame: pd.DataFrame, directory: Path, stem: str) -> list[Figure]:
     group = [c for c in ("implementation", "precision") if frame[c].nunique() > 1] + ["head_dim"]
-    series = {
-        f"d={name}" if group == ["head_dim"] else name: pts
-        for name, pts in _points(frame, group, "context_length", "forward_mean_ms").items()
-    }
+    name = "d={}" if group == ["head_dim"] else "{}"
     return line_figure(
-        series,
+        _points(frame, group, "context_length", "forward_mean_ms", name),
         title="Attention forward time vs sequence length",
         xlabel="sequence length",
         ylabel="forward (ms)",
@@ -119,12 +119,8 @@ def attention_plot(frame: pd.DataFrame, directory: Path, stem: str) -> list[Figu
 
 
 def allreduce_plot(frame: pd.DataFrame, directory: Path, stem: str) -> list[Figure]:
-    series = {
-        f"{name} ranks": pts
-        for name, pts in _points(frame, ["backend", "world_size"], "size_bytes", "busbw_gbps").items()
-    }
     return line_figure(
-        series,
+        _points(frame, ["backend", "world_size"], "size_bytes", "busbw_gbps", "{} ranks"),
         title="All-reduce bus bandwidth vs tensor size",
         xlabel="tensor size (bytes)",
         ylabel="bus bandwidth (GB/s)",

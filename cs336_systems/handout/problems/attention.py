@@ -29,21 +29,26 @@ def attention_step(options: Options, name: str, problem: str, part: str, flags: 
     )
 
 
-def pytorch_attention(options: Options, target: Target) -> list[Step]:
+def pytorch_attention_grid(options: Options, implementation: str) -> dict:
+    """attention_bench's flags for pytorch_attention's grid of shapes, run by `implementation`."""
     scale = options.scale
+    return {
+        "--implementations": [implementation],
+        "--batch-size": scale.attention_batch,
+        "--head-dims": list(scale.attention_head_dims),
+        "--context-lengths": list(scale.attention_contexts),
+        "--warmup-steps": 5,
+        "--measure-steps": scale.attention_measure,
+    }
+
+
+def pytorch_attention(options: Options, target: Target) -> list[Step]:
     step = attention_step(
         options,
         "pytorch_attention",
         "pytorch_attention",
-        f"(a) naive attention, batch {scale.attention_batch}, one head, forward and backward",
-        {
-            "--implementations": ["naive"],
-            "--batch-size": scale.attention_batch,
-            "--head-dims": list(scale.attention_head_dims),
-            "--context-lengths": list(scale.attention_contexts),
-            "--warmup-steps": 5,
-            "--measure-steps": scale.attention_measure,
-        },
+        f"(a) naive attention, batch {options.scale.attention_batch}, one head, forward and backward",
+        pytorch_attention_grid(options, "naive"),
     )
     step.reason = (
         "runs every shape, those predicted not to fit too: the handout asks where attention runs "
@@ -59,14 +64,7 @@ def torch_compile(options: Options, target: Target) -> list[Step]:
         "torch_compile-attention",
         "torch_compile",
         "(a) torch.compile'd attention on the pytorch_attention grid",
-        {
-            "--implementations": ["compiled"],
-            "--batch-size": scale.attention_batch,
-            "--head-dims": list(scale.attention_head_dims),
-            "--context-lengths": list(scale.attention_contexts),
-            "--warmup-steps": 5,
-            "--measure-steps": scale.attention_measure,
-        },
+        pytorch_attention_grid(options, "compiled"),
     )
     attention.reason = "runs every shape (out-of-memory is a row, as in pytorch_attention)"
     steps = [attention]

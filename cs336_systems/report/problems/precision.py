@@ -11,10 +11,15 @@ from ..observe import number, ok, pick, records, times
 from . import Problem, finish, section
 
 
+def mixed_precision_table(problem: Problem, table: str) -> pd.DataFrame:
+    """The rows of one of mixed_precision's two tables (`table`: accumulation or autocast)."""
+    rows = problem.rows("mixed_precision")
+    return rows[rows["table"] == table] if not rows.empty else rows
+
+
 def mixed_precision_accumulation(problem: Problem) -> Section:
     out = section(problem)
-    rows = problem.rows("mixed_precision")
-    rows = rows[rows["table"] == "accumulation"] if not rows.empty else rows
+    rows = mixed_precision_table(problem, "accumulation")
     if not rows.empty:
         out.add(
             grid(
@@ -55,8 +60,7 @@ def accumulation_observations(rows: list[dict]) -> list[str]:
 
 def benchmarking_mixed_precision(problem: Problem, timing: Problem | None) -> Section:
     out = section(problem)
-    dtypes = problem.rows("mixed_precision")
-    dtypes = dtypes[dtypes["table"] == "autocast"] if not dtypes.empty else dtypes
+    dtypes = mixed_precision_table(problem, "autocast")
     out.add(Heading("(a), (b) The toy model's dtypes under autocast"))
     if not dtypes.empty:
         out.add(
