@@ -143,7 +143,7 @@ def test_compiled_reports_compile_time_apart():
         (["--device", "tpu"], "unknown device 'tpu'"),
         (["--device", "cpu", "--timer", "cuda-event"], "cuda-event needs a CUDA device"),
         (["--device", "cpu", "--memory-limit", "lots"], "--memory-limit: not a size"),
-        (["--device", "cpu", "--max-seconds", "-1"], "--max-seconds must be zero or more"),
+        (["--device", "cpu", "--max-seconds", "-1"], "--max-seconds: must be zero or more"),
         (["--device", "cpu", "--output", "r.xlsx"], "unknown suffix"),
         (["--device", "cpu", "--plot", "r.txt"], "use a .png, .svg or .pdf file"),
     ],
