@@ -49,10 +49,11 @@ from .results import BenchmarkRecord, ResultFileError, ResultSink, ResultWriteEr
 from .runner import run_benchmark
 from .terminal import show
 from .timing import timer_unsupported_reason
+from .tools import prog
 from .user_model import ModelFactoryError, load_model_factory
 from .usercode import add_timeout_argument, import_timeout
 
-PROG = "python -m cs336_systems.benchmark"
+PROG = prog("benchmark")
 
 
 def build_parser() -> ArgumentParser:

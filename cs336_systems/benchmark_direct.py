@@ -22,10 +22,11 @@ from .memory import baseline_memory_bytes
 from .models import build_model, count_parameters_for
 from .runner import run_benchmark
 from .sweep import sweep_main
+from .tools import prog
 from .user_model import ModelFactoryError, check_model_output
 from .usercode import UserCodeError, UserCodeTimeout, guarded
 
-PROG = "python -m cs336_systems.benchmark_direct"
+PROG = prog("benchmark_direct")
 
 
 def execute(pending, args, env, writer) -> None:

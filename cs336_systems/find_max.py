@@ -48,9 +48,10 @@ from .results import (
 from .search import search_boundary
 from .sweep import StopRequest, describe
 from .timing import timer_unsupported_reason
+from .tools import prog
 from .user_model import ModelFactoryError, load_model_factory
 
-PROG = "python -m cs336_systems.find_max"
+PROG = prog("find_max")
 DIMENSIONS = {"batch-size": "batch_size", "context-length": "context_length"}
 
 

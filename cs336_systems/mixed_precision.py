@@ -28,8 +28,9 @@ from .argtypes import EXIT_FAILED, ArgumentParser, add_device_argument, fail
 from .command import run_command
 from .device import DeviceError, resolve_device
 from .lifetime import exit_with
+from .tools import prog
 
-PROG = "python -m cs336_systems.mixed_precision"
+PROG = prog("mixed_precision")
 STEPS, ADDEND, EXACT = 1000, 0.01, 10.0
 NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 

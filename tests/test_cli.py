@@ -52,7 +52,7 @@ def test_run_prints_table_and_writes_every_format(capsys, tmp_path):
     outputs = [tmp_path / "r.csv", tmp_path / "r.md", tmp_path / "r.jsonl"]
     code, out, err = run_main(benchmark.main, capsys, *TINY, *sum((["--output", str(p)] for p in outputs), []))
     assert code == 0, err
-    assert out.startswith("# cs336-systems benchmark results") and "| custom " in out
+    assert out.startswith("# cs336-bench benchmark results") and "| custom " in out
     assert all(p.exists() for p in outputs)
     frame = pd.read_csv(outputs[0])
     assert frame.loc[0, "status"] == "ok" and frame.loc[0, "d_model"] == 32

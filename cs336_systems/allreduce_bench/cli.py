@@ -17,11 +17,12 @@ from ..command import add_argument_with_aliases, run_command
 from ..distributed import LaunchError
 from ..distributed.driver import add_launch_arguments, launch_from_args, run_rows
 from ..results import ResultFileError, ResultSink, check_output_path, check_output_paths
+from ..tools import prog
 from .plot import plot_bandwidth
 from .record import AllReduceRecord, describe, record_for
 from .worker import AllReduceUnit, allreduce_worker, parse_size
 
-PROG = "python -m cs336_systems.allreduce_bench"
+PROG = prog("allreduce_bench")
 DEFAULT_SIZES = ("1MB", "10MB", "100MB", "1GB")
 
 

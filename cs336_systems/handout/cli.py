@@ -11,6 +11,7 @@ from pathlib import Path
 from ..argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser, fail
 from ..command import run_command
 from ..editions import ALL_PROBLEMS, EDITIONS, KIND_MEANING, MEASURED, PROBLEM_KIND, PROBLEMS, measured_problems
+from ..tools import prog
 from .outputs import MARKERS, check_output_dir, claim, lock
 from .parameters import SCALES, Options
 from .plan import fit_budget, format_seconds, parse_duration, total_seconds
@@ -18,7 +19,7 @@ from .problems import build_steps
 from .run import PLAN_FILE, execute, log_name, not_measured_line, plan_table
 from .target import Target, TargetError, assumed_target, present_target
 
-PROG = "python -m cs336_systems.handout"
+PROG = prog("handout")
 WRITEUP = "writeup"
 DESCRIPTION = """Plan, run and write up every measurable problem of the CS336 assignment 2 (systems) handout.
 

@@ -17,11 +17,12 @@ from pathlib import Path
 from ..argtypes import EXIT_FAILED, ArgumentParser, fail, non_negative_int, positive_float
 from ..lifetime import child_preexec
 from ..terminal import show
+from ..tools import prog
 from ..usercode import timeout_seconds
 from .files import MonitorPathError, SampleCsvWriter, check_monitor_path, report_text, write_report
 from .sampling import DEFAULT_INTERVAL_S, GpuProbe, ResourceMonitor
 
-PROG = "python -m cs336_systems.monitor"
+PROG = prog("monitor")
 
 
 def _wait_without_reaping(process: subprocess.Popen) -> None:
