@@ -1,3 +1,3 @@
-"""cs336-systems: a benchmarking harness for Transformer language models (CS336 assignment 2)."""
+"""cs336-bench: a benchmarking harness for Transformer language models (CS336 assignment 2), the package cs336_systems."""
 
 __version__ = "0.1.0"

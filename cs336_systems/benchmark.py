@@ -48,9 +48,10 @@ from .results import BenchmarkRecord, ResultSink, ResultWriteError, check_output
 from .runner import run_benchmark
 from .step import describe_measurement
 from .terminal import show
+from .tools import prog
 from .usercode import add_timeout_argument, import_timeout
 
-PROG = "python -m cs336_systems.benchmark"
+PROG = prog("benchmark")
 
 
 def configuration_parser() -> ArgumentParser:

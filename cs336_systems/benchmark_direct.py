@@ -21,10 +21,11 @@ from .factory import build_model, count_parameters_for
 from .memory import baseline_memory_bytes
 from .runner import run_benchmark
 from .sweep import sweep_command
+from .tools import prog
 from .user_model import ModelFactoryError, check_model_output
 from .usercode import UserCodeError, UserCodeTimeout, guarded
 
-PROG = "python -m cs336_systems.benchmark_direct"
+PROG = prog("benchmark_direct")
 
 
 def execute(pending, args, env, writer) -> None:

@@ -21,8 +21,9 @@ from .command import Command
 from .report import model_label
 from .results import BenchmarkRecord, ResultFileError, read_results, validate
 from .results.records import NONFINITE_LOSS_NOTE
+from .tools import prog
 
-PROG = "python -m cs336_systems.compare"
+PROG = prog("compare")
 DEFAULT_BAND_PCT = 5.0
 SHOWN = ("model", "context_length", "batch_size", "pass_type", "precision", "compile", "attention")
 # What a reader needs to know before trusting a ratio: were both sides measured alike?

@@ -46,8 +46,9 @@ from .results import (
 from .search import search_boundary
 from .step import describe_measurement
 from .sweep import StopRequest, describe
+from .tools import prog
 
-PROG = "python -m cs336_systems.find_max"
+PROG = prog("find_max")
 DIMENSIONS = {"batch-size": "batch_size", "context-length": "context_length"}
 
 

@@ -15,7 +15,8 @@ so checkpointing shows as lower MFU, not as more useful work.
 MFU = achieved FLOP/s / peak FLOP/s, with the peak chosen for the device *and* the
 precision in effect (hard-coding one GPU's peak gives >100% "MFU" on another). A known GPU's
 peak is its spec sheet's; a CPU's (or an unknown GPU's) is measured once per machine, at a
-quiet moment, and kept with its date and the load average it was measured at (peak_flops.py),
+quiet moment (other processes kept almost no core busy while it ran), and kept with its date and
+that load (peak_flops.py),
 so MFU stays comparable between runs; `--peak-tflops` gives one's own.
 """
 

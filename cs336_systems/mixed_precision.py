@@ -28,8 +28,9 @@ from .argtypes import ArgumentParser, add_device_argument, add_output_argument
 from .command import Command
 from .device import resolve_device
 from .errors import UsageError
+from .tools import prog
 
-PROG = "python -m cs336_systems.mixed_precision"
+PROG = prog("mixed_precision")
 STEPS, ADDEND, EXACT = 1000, 0.01, 10.0
 NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 

@@ -2,8 +2,9 @@
 
     table       a known GPU's dense spec-sheet peak (flops.PEAK_TFLOPS_TABLE)
     calibrated  this machine's own: a matmul probe in the precision's dtype (flops.measure_peak_tflops),
-                measured once at a quiet moment and kept with its date and the load average then, so
-                MFU stays comparable between runs (`--peak calibrate` measures and keeps it again)
+                measured once at a quiet moment (other processes kept under QUIET_CORES busy while it
+                ran) and kept with its date and the load then, so MFU stays comparable between runs
+                (`--peak calibrate` measures and keeps it again)
     measured    a probe for this run only (`--peak measure`, or a busy machine with nothing kept)
     user        `--peak-tflops`
     unknown     `--peak table` on a device the table does not know
@@ -17,20 +18,23 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+import psutil
 import torch
 
 from . import flops
 from .results import write_whole
 
 PEAK_CACHE_ENV = "CS336_BENCH_CACHE"  # the directory of the calibrated peaks; default ~/.cache/cs336-bench
-# A calibration is kept only when the 1-minute load average is at most this per core (or at least
-# QUIET_LOAD_FLOOR): a matmul probe sharing the cores with another job reads low, and MFU high.
-QUIET_LOAD_PER_CORE = 0.25
-QUIET_LOAD_FLOOR = 0.5
+# A calibration is kept only when other processes (and a hypervisor's steal) kept at most this many
+# cores busy while the probe ran: a probe sharing the cores with another job reads low, and MFU high.
+# Not the load average: it counts this run's own steps of the last minute.
+QUIET_CORES = 0.25
 
 
 @dataclass(frozen=True)
@@ -42,19 +46,32 @@ class Peak:
 
 
 def load_average() -> float:
-    """The 1-minute load average (0 where the system has none)."""
+    """The 1-minute load average (0 where the system has none), kept beside a calibration."""
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
 
-def quiet_load(cores: int | None = None) -> float:
-    """The highest 1-minute load average at which a calibration is kept."""
-    return max(QUIET_LOAD_FLOOR, QUIET_LOAD_PER_CORE * (cores or os.cpu_count() or 1))
+def busy_elsewhere(measure: Callable[[], float]) -> tuple[float, float]:
+    """measure()'s value, and how many cores other processes kept busy while it ran: the machine's
+    busy CPU time (steal included) less this process's own, over the wall time."""
+    machine, ours, start = psutil.cpu_times(), os.times(), time.monotonic()
+    value = measure()
+    machine_after, ours_after, wall = psutil.cpu_times(), os.times(), time.monotonic() - start
+    own = (ours_after.user + ours_after.system) - (ours.user + ours.system)
+    return value, max(0.0, _busy_seconds(machine_after) - _busy_seconds(machine) - own) / max(wall, 1e-3)
+
+
+def _busy_seconds(times) -> float:
+    """The machine's busy CPU seconds since boot: all but idle and iowait; Linux's guest times are
+    already inside user and nice, so they are not counted twice."""
+    skipped = ("idle", "iowait", "guest", "guest_nice")
+    return sum(getattr(times, name) for name in times._fields if name not in skipped)
 
 
 @dataclass
 class PeakCache:
     """This machine's calibrated peaks, one JSON file: a key per (host, device, precision, threads,
-    torch version), each holding the TFLOP/s, when it was measured and the load average then."""
+    torch version), each holding the TFLOP/s, when it was measured, the load average and how many cores
+    other processes kept busy while it ran."""
 
     path: Path = field(
         default_factory=lambda: (
@@ -109,16 +126,19 @@ def resolve_peak(
     kept = cache.get(key)
     if kept is not None and peak == "auto":
         return Peak(float(kept["tflops"]), "calibrated", kept.get("measured_at"))
-    load, cores = load_average(), os.cpu_count() or 1
-    value, measured_at = flops.measure_peak_tflops(device, precision), now()
-    busy = load > quiet_load(cores)
-    if busy and peak == "auto":
-        note = (
-            f"MFU peak measured for this run only, at load average {load:.1f} on {cores} cores (a busy machine "
-            "reads a low peak); `--peak calibrate` at a quiet moment keeps one for this machine"
-        )
+    measured_at, cores = now(), os.cpu_count() or 1
+    value, others = busy_elsewhere(lambda: flops.measure_peak_tflops(device, precision))
+    busy = f"other processes kept {others:.1f} of {cores} cores busy while the MFU peak was measured"
+    if others > QUIET_CORES and peak == "auto":
+        note = f"{busy}: kept for this run only (a busy machine reads a low peak); `--peak calibrate` keeps one"
         return Peak(value, "measured", measured_at, (note,))
-    entry = {"tflops": value, "measured_at": measured_at, "load_average": round(load, 2), "cores": cores}
+    entry = {
+        "tflops": value,
+        "measured_at": measured_at,
+        "load_average": round(load_average(), 2),
+        "other_processes_cores": round(others, 2),
+        "cores": cores,
+    }
     cache.put(key, entry)
-    notes = (f"MFU peak calibrated at load average {load:.1f} on {cores} cores: it may read low",) if busy else ()
+    notes = (f"{busy}: it may read low",) if others > QUIET_CORES else ()
     return Peak(value, "calibrated", measured_at, notes)

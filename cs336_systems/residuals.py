@@ -36,8 +36,9 @@ from .memory.estimate import FP32, block_saved_bytes
 from .models import ATTENTION_KINDS, ConfigError, ModelConfig, TransformerLM
 from .precision import PRECISIONS, autocast, unsupported_reason
 from .results import check_output_paths
+from .tools import prog
 
-PROG = "python -m cs336_systems.residuals"
+PROG = prog("residuals")
 MIB = 2**20
 
 # Where a tensor saved inside a block's submodule goes in the estimator's breakdown.

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from .child import benchmark_command, run_in_child
 from .sweep import sweep_command
+from .tools import prog
 
-PROG = "python -m cs336_systems.run_benchmarks"
+PROG = prog("run_benchmarks")
 
 
 def execute(pending, args, env, writer) -> None:

@@ -42,7 +42,7 @@ from .command import Command
 from .errors import UsageError
 from .latency_model import LatencyModel
 from .lifetime import child_preexec
-from .tools import module_name
+from .tools import module_name, prog
 
 STORAGE_KINDS = ("simulated", "local", "http")
 HOST = "127.0.0.1"
@@ -309,7 +309,7 @@ def model_from_args(args: argparse.Namespace) -> LatencyModel:
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="python -m cs336_systems.storage")
+    parser = ArgumentParser(prog=prog("storage"))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     serve = sub.add_parser("serve", help="serve root/item_NNNNNNN.bin as GET /items/N on 127.0.0.1")
     serve.add_argument("--root", type=Path, required=True)

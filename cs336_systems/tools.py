@@ -28,6 +28,12 @@ def top_package() -> str:
     return __name__.partition(".")[0]
 
 
+def prog(tool: str) -> str:
+    """How the user ran `tool`, for its usage line and errors: `cs336-bench TOOL` under the console
+    command, `python -m cs336_systems.TOOL` otherwise."""
+    return f"{COMMAND} {tool}" if top_package() == "cs336_bench" else f"python -m cs336_systems.{tool}"
+
+
 def module_name(tool: str) -> str:
     """The importable name of `tool` (e.g. 'benchmark') in this copy of the package."""
     return f"{top_package()}.{tool}"

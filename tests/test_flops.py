@@ -73,8 +73,9 @@ def test_peak_table_by_device_and_precision(name, precision, expected):
     assert table_peak_tflops(name, precision) == expected
 
 
-def _fake_probe(monkeypatch, values=(1.5,), load=0.0) -> list:
-    """measure_peak_tflops returns `values` in turn (the last one after); the machine's load is `load`."""
+def _fake_probe(monkeypatch, values=(1.5,), others=0.0, load=0.7) -> list:
+    """measure_peak_tflops returns `values` in turn (the last one after); other processes keep `others`
+    cores busy while it runs; the 1-minute load average is `load`."""
     calls = []
 
     def measure(device, precision):
@@ -82,6 +83,7 @@ def _fake_probe(monkeypatch, values=(1.5,), load=0.0) -> list:
         return values[min(len(calls), len(values)) - 1]
 
     monkeypatch.setattr(flops, "measure_peak_tflops", measure)
+    monkeypatch.setattr(peak_flops, "busy_elsewhere", lambda measure: (measure(), others))
     monkeypatch.setattr(peak_flops, "load_average", lambda: load)
     return calls
 
@@ -104,13 +106,16 @@ def test_peak_resolution_order(monkeypatch, tmp_path):
 
 
 def test_a_cpu_peak_is_calibrated_once_with_its_date_and_load_and_reused(monkeypatch, tmp_path):
-    calls = _fake_probe(monkeypatch, values=(2.0, 3.0), load=0.1)
+    calls = _fake_probe(monkeypatch, values=(2.0, 3.0), others=0.1)
     cpu, cache = torch.device("cpu"), PeakCache(tmp_path / "cache" / "peaks.json")
     first = resolve_peak(cpu, "AMD EPYC", "fp32", cache=cache)
     assert (first.tflops, first.source, first.notes) == (2.0, "calibrated", ()) and first.measured_at
     ((key, entry),) = json.loads(cache.path.read_text()).items()
     assert key == PeakCache.key(cpu, "AMD EPYC", "fp32") and "AMD EPYC fp32 threads=" in key
-    assert entry == {"tflops": 2.0, "measured_at": first.measured_at, "load_average": 0.1, "cores": os.cpu_count()}
+    assert entry == {
+        **{"tflops": 2.0, "measured_at": first.measured_at, "load_average": 0.7},
+        **{"other_processes_cores": 0.1, "cores": os.cpu_count()},
+    }
     again = resolve_peak(cpu, "AMD EPYC", "fp32", cache=cache)  # another run: the kept one, not measured
     assert again == first and len(calls) == 1
     assert resolve_peak(cpu, "AMD EPYC", "bf16", cache=cache).tflops == 3.0  # another precision: its own
@@ -122,14 +127,21 @@ def test_a_cpu_peak_is_calibrated_once_with_its_date_and_load_and_reused(monkeyp
 
 
 def test_a_busy_machine_keeps_no_calibration_unless_asked(monkeypatch, tmp_path):
-    _fake_probe(monkeypatch, values=(0.7,), load=8.0)
+    _fake_probe(monkeypatch, values=(0.7,), others=1.5)
     cpu, cache = torch.device("cpu"), PeakCache(tmp_path / "peaks.json")
     busy = resolve_peak(cpu, "AMD EPYC", "fp32", cache=cache)
-    assert (busy.tflops, busy.source) == (0.7, "measured") and "load average 8.0" in busy.notes[0]
+    assert (busy.tflops, busy.source) == (0.7, "measured") and "other processes kept 1.5 of" in busy.notes[0]
     assert "--peak calibrate" in busy.notes[0] and not cache.path.exists()
     asked = resolve_peak(cpu, "AMD EPYC", "fp32", peak="calibrate", cache=cache)
-    assert asked.source == "calibrated" and "load average 8.0" in asked.notes[0]
-    assert json.loads(cache.path.read_text())[PeakCache.key(cpu, "AMD EPYC", "fp32")]["load_average"] == 8.0
+    assert asked.source == "calibrated" and "kept 1.5 of" in asked.notes[0] and "may read low" in asked.notes[0]
+    kept = json.loads(cache.path.read_text())[PeakCache.key(cpu, "AMD EPYC", "fp32")]
+    assert kept["other_processes_cores"] == 1.5
+
+
+def test_busy_elsewhere_counts_other_processes_not_this_one():
+    # this process's own work is subtracted; what is left is the machine's other load, within its cores
+    value, others = peak_flops.busy_elsewhere(lambda: sum(i * i for i in range(2_000_000)))
+    assert value > 0 and 0.0 <= others <= (os.cpu_count() or 1)
 
 
 def test_the_row_says_which_peak_its_mfu_divides_by(monkeypatch, tmp_path):

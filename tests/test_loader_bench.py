@@ -457,7 +457,7 @@ def test_loader_rows_carry_their_identity_through_a_file(tmp_path):
     back = read_results(tmp_path / "r.csv").to_dict("records")
     assert [loader_bench.LoaderRecord.row_key(row) for row in back] == [r.key() for r in records]
     text = (tmp_path / "r.md").read_text()
-    assert text.startswith("# cs336-systems loader benchmark") and "verdict bands" in text
+    assert text.startswith("# cs336-bench loader benchmark") and "verdict bands" in text
     assert "sample standard deviation" not in text  # the loader states its own conventions
     shown = read_results(tmp_path / "r.md")["predicted_buffer_mib"].tolist()
     assert shown == pytest.approx([r.predicted_buffer_bytes / 2**20 for r in records], abs=5e-4)  # 3 decimals

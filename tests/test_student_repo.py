@@ -105,6 +105,13 @@ def test_children_start_under_the_running_package_name():
     assert result.stdout.split() == ["cs336_bench.benchmark", "cs336_bench.child"], result.stderr
 
 
+def test_usage_and_errors_name_the_command_the_user_typed():
+    # from a student's root, `python -m cs336_systems.benchmark` would run theirs: say `cs336-bench benchmark`
+    bad = run("benchmark", "--model-size", "nope")
+    assert bad.returncode == 2 and bad.stderr.startswith("cs336-bench benchmark: error: unknown model size")
+    assert run("handout", "--help").stdout.startswith("usage: cs336-bench handout")
+
+
 def test_scripts_and_the_probe_import_ours_beside_the_students_package():
     # scripts run by path (the handout runs warmup_study.py from the student's root) and the probe
     # imported in the student's own loop get our files; the student's imports still get theirs

@@ -16,11 +16,12 @@ from ..command import Command, add_argument_with_aliases
 from ..distributed import LaunchError
 from ..distributed.driver import launch_from_args, launch_parser, run_rows
 from ..results import ResultSink, check_output_path, check_output_paths
+from ..tools import prog
 from .plot import plot_bandwidth
 from .record import AllReduceRecord, describe, record_for
 from .worker import AllReduceUnit, allreduce_worker, parse_size
 
-PROG = "python -m cs336_systems.allreduce_bench"
+PROG = prog("allreduce_bench")
 DEFAULT_SIZES = ("1MB", "10MB", "100MB", "1GB")
 
 

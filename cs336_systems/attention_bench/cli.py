@@ -36,6 +36,7 @@ from ..results import (
     collect_environment,
 )
 from ..timing import add_timer_argument
+from ..tools import prog
 from ..units import format_bytes
 from ..usercode import add_timeout_argument, import_timeout
 from .config import (
@@ -50,7 +51,7 @@ from .figure import plot
 from .measure import run_attention
 from .record import AttentionRecord
 
-PROG = "python -m cs336_systems.attention_bench"
+PROG = prog("attention_bench")
 
 
 def build_parser() -> ArgumentParser:

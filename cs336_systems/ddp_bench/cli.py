@@ -21,6 +21,7 @@ from ..models import ATTENTION_KINDS, ConfigError
 from ..optimizer import check_user_optimizer
 from ..precision import PRECISIONS, unsupported_reason
 from ..results import ResultSink, check_output_paths
+from ..tools import prog
 from ..user_model import load_model_factory
 from .record import (
     DdpRecord,
@@ -32,7 +33,7 @@ from .record import (
 from .strategies import ADAPTER_STRATEGIES, COMPUTE_DTYPES, STRATEGIES, missing_adapter
 from .trainer import DDP_DEFAULT_BUCKET_CAP_MB, OPTIMIZERS, DdpUnit, ddp_worker
 
-PROG = "python -m cs336_systems.ddp_bench"
+PROG = prog("ddp_bench")
 
 
 def build_parser() -> ArgumentParser:

@@ -13,6 +13,7 @@ from ..argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser
 from ..command import Command
 from ..editions import ALL_PROBLEMS, EDITIONS, KIND_MEANING, MEASURED, PROBLEM_KIND, PROBLEMS, measured_problems
 from ..errors import UsageError
+from ..tools import prog
 from .outputs import MARKERS, check_output_dir, claim, lock
 from .parameters import SCALES, Options
 from .plan import fit_budget, format_seconds, parse_duration, total_seconds
@@ -20,7 +21,7 @@ from .problems import build_steps
 from .run import PLAN_FILE, execute, log_name, not_measured_line, plan_table
 from .target import Target, assumed_target, present_target
 
-PROG = "python -m cs336_systems.handout"
+PROG = prog("handout")
 WRITEUP = "writeup"
 DESCRIPTION = """Plan, run and write up every measurable problem of the CS336 assignment 2 (systems) handout.
 

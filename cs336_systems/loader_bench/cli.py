@@ -46,6 +46,7 @@ from ..storage import (
     model_from_args,
     write_items,
 )
+from ..tools import prog
 from ..units import format_bytes
 from .config import BenchConfig, LoaderConfig, load_dataset, loader_grid
 from .measure import error_text, run_configuration
@@ -58,7 +59,7 @@ from .record import (
 )
 from .step import compute_description
 
-PROG = "python -m cs336_systems.loader_bench"
+PROG = prog("loader_bench")
 DESCRIPTION = f"{PROG}: is training waiting for its data?"
 
 

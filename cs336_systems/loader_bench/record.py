@@ -77,7 +77,7 @@ class LoaderRecord(Record):
     step_h2d_ms: list[float] = samples_field()
     step_compute_ms: list[float] = samples_field()
 
-    title: ClassVar[str] = "cs336-systems loader benchmark"
+    title: ClassVar[str] = "cs336-bench loader benchmark"
     markdown_columns: ClassVar[tuple[str, ...]] = (
         *_LABELS,
         "status",

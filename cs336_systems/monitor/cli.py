@@ -20,11 +20,12 @@ from ..command import Command
 from ..errors import UsageError
 from ..lifetime import child_preexec
 from ..terminal import show
+from ..tools import prog
 from ..usercode import timeout_seconds
 from .files import SampleCsvWriter, check_monitor_path, report_text, write_report
 from .sampling import DEFAULT_INTERVAL_S, GpuProbe, ResourceMonitor
 
-PROG = "python -m cs336_systems.monitor"
+PROG = prog("monitor")
 
 
 def _wait_without_reaping(process: subprocess.Popen) -> None:

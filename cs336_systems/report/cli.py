@@ -15,6 +15,7 @@ from ..argtypes import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser
 from ..command import Command
 from ..errors import UsageError
 from ..results import ResultFileError, ResultWriteError, check_distinct, check_output_path, write_whole
+from ..tools import prog
 from . import plots
 from .build import build_document
 from .latex import document_latex, table_latex
@@ -23,7 +24,7 @@ from .markdown import document_markdown, table_markdown
 from .problems import load_files
 from .typst_source import INSTALL_HINT, compile_pdf, document_typst, table_typst
 
-PROG = "python -m cs336_systems.report"
+PROG = prog("report")
 FORMATS = (".md", ".tex", ".typ", ".pdf")
 USAGE = f"""{__doc__.splitlines()[0]}
 
