@@ -16,6 +16,7 @@ import contextlib
 import itertools
 
 from .child import failed_record
+from .command import Command
 from .device import failure_status, release_memory, resolve_device
 from .factory import build_model, count_parameters_for
 from .memory import baseline_memory_bytes
@@ -61,8 +62,8 @@ def execute(pending, args, env, writer) -> None:
             return
 
 
-main = sweep_command(PROG, __doc__.split("\n")[0], execute, child_processes=False)
-build_parser = main.build_parser  # the tool's flags, where the handout planner and the flag tables read them
+build_parser, run = sweep_command(PROG, __doc__.split("\n")[0], execute, child_processes=False)
+main = Command(build_parser, run)
 
 if __name__ == "__main__":
     main.start()

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 from .child import benchmark_command, run_in_child
+from .command import Command
 from .sweep import sweep_command
 from .tools import prog
 
@@ -32,8 +33,8 @@ def execute(pending, args, env, writer) -> None:
             writer.log(f"{record.status}: run it alone with\n  {benchmark_command(config, args.child_limits)}")
 
 
-main = sweep_command(PROG, __doc__.split("\n")[0], execute, child_processes=True)
-build_parser = main.build_parser  # the tool's flags, where the handout planner and the flag tables read them
+build_parser, run = sweep_command(PROG, __doc__.split("\n")[0], execute, child_processes=True)
+main = Command(build_parser, run)
 
 if __name__ == "__main__":
     main.start()

@@ -150,7 +150,7 @@ def describe_measurement(configs: Sequence[BenchmarkConfig]) -> list[str]:
     first = configs[0]
     threads = f" ({torch.get_num_threads()} threads)" if first.device.startswith("cpu") else ""
     warmup, measured = first.warmup_steps, first.measure_steps
-    samples = "do_bench samples" if first.timer == "do-bench" else "steps"
+    samples = ("do_bench sample" if first.timer == "do-bench" else "step") + "s" * (measured != 1)
     peak = (
         f"--peak-tflops {first.peak_tflops:g}"
         if first.peak_tflops is not None

@@ -23,7 +23,6 @@ from tqdm import tqdm
 from . import benchmark_flags
 from .argtypes import EXIT_FAILED, EXIT_INTERRUPTED, ArgumentParser, exit_status, positive_int
 from .child import add_child_arguments, child_limits_from_args
-from .command import Command
 from .config import COMPILE_CHOICES, COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
 from .device import resolve_device
 from .lifetime import OurInterrupt
@@ -262,12 +261,17 @@ def build_sweep_parser(prog: str, description: str, child_processes: bool) -> Ar
     return parser
 
 
-def sweep_command(prog: str, description: str, execute, child_processes: bool) -> Command:
-    """A sweep tool: the sweep's flags, then `execute(pending, args, env, writer)` over the grid."""
-    return Command(
-        lambda: build_sweep_parser(prog, description, child_processes),
-        lambda args: run_sweep(args, prog, execute, child_processes),
-    )
+def sweep_command(prog: str, description: str, execute, child_processes: bool):
+    """A sweep tool's (build_parser, run): the sweep's flags, then `execute(pending, args, env,
+    writer)` over the grid. The tool module declares `main = Command(build_parser, run)` with them."""
+
+    def build_parser() -> argparse.ArgumentParser:
+        return build_sweep_parser(prog, description, child_processes)
+
+    def run(args: argparse.Namespace) -> int:
+        return run_sweep(args, prog, execute, child_processes)
+
+    return build_parser, run
 
 
 def run_sweep(args: argparse.Namespace, prog: str, execute, child_processes: bool) -> int:

@@ -80,3 +80,25 @@ def test_module_entry_point_in_a_child_process(tmp_path):
         "choose one of: small, medium, large, xl, 10B; size table 2026 (the newest edition's; --size-table 2025 "
         "for the other)"
     )
+
+
+def test_the_dispatcher_runs_every_tool_module():
+    """Every module that is a tool (build_parser and run, on the one command spine) is a
+    `cs336-bench TOOL`, the sweeps whose parser and run are made for them included."""
+    import importlib
+    import pkgutil
+
+    import cs336_systems
+    from cs336_systems.command import Command
+    from cs336_systems.tools import discover
+
+    tools = set()
+    for info in pkgutil.walk_packages(cs336_systems.__path__, "cs336_systems."):
+        name = info.name.removesuffix(".cli")
+        if name.count(".") != 1 or name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        if isinstance(getattr(module, "main", None), Command) and callable(getattr(module, "build_parser", None)):
+            tools.add(name.split(".")[1])
+    assert {"run_benchmarks", "benchmark_direct", "benchmark", "handout", "storage"} <= tools
+    assert set(discover()) == tools
