@@ -79,5 +79,7 @@ PY
       --batch-size 8 --steps 100 --max-seconds 5 --implementations naive sdpa compiled \
       --output "$out/attention_h100.csv" --output "$out/attention_h100.md" --output "$out/attention_h100.jsonl"
     ;;
-  *) echo "usage: $0 core|extras|sweeps|input|attention" >&2; exit 2 ;;
+  first)
+    shift; exec $py scripts/dev/gpu_first.py "$@" ;;
+  *) echo "usage: $0 first [--dry-run|--collect DIR]|core|extras|sweeps|input|attention" >&2; exit 2 ;;
 esac
