@@ -89,6 +89,10 @@ class CapturedStep:
         phase: Callable[[str], contextlib.AbstractContextManager] = lambda name: contextlib.nullcontext(),
         cuda=torch.cuda,
     ):
+        # The graph reads what the body closes over (the static batch, the optimizer's state) by
+        # address, and holds no reference to it: keep the body, or those blocks are freed and reused
+        # and the replays read garbage (token ids out of range, a device-side assert).
+        self.body = body
         with phase("eager"):
             side = cuda.Stream()
             side.wait_stream(cuda.current_stream())

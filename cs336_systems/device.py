@@ -7,6 +7,7 @@ can go on in the same process.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -87,7 +88,10 @@ def return_freed_heap_to_os() -> None:
 def release_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
-        torch.cuda.empty_cache()
+        # after a device-side assert the context is lost and every call raises it again: the
+        # failed row already holds that error, and must not be replaced by a traceback here
+        with contextlib.suppress(RuntimeError):
+            torch.cuda.empty_cache()
     else:
         return_freed_heap_to_os()
 

@@ -245,3 +245,19 @@ def test_markdown_shows_small_errors_instead_of_zeros():
     record = run_attention(tiny("sdpa", measure_steps=1, warmup_steps=0))
     markdown = attention_bench.AttentionRecord.markdown([record.to_row()])
     assert f"{record.max_abs_err_out:.2e}" in markdown and 0 < record.max_abs_err_out < 1e-5
+
+
+def test_do_bench_times_a_compiled_backward_over_one_retained_graph(monkeypatch):
+    """do_bench calls backward many times on one graph (retain_graph=True); a compiled backward
+    that donates its buffers refuses that (torch 2.11 on CUDA), so the row compiles without them."""
+    donated = []
+
+    def fake_do_bench(step, grad_to_none=(), return_mode="all"):
+        donated.append(torch._functorch.config.donated_buffer)
+        step(), step()
+        return [1.0, 1.0]
+
+    monkeypatch.setattr(attention_bench.measure, "do_bench_backend", lambda device: ("do-bench", fake_do_bench, None))
+    record = run_attention(tiny("compiled", timer="do-bench"))
+    assert record.status == "ok", record.error
+    assert donated == [False, False, False] and torch._functorch.config.donated_buffer  # restored after the row

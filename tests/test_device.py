@@ -34,3 +34,15 @@ def test_resolve_device():
 def test_cuda_without_cuda_is_a_device_error():
     with pytest.raises(DeviceError, match="CUDA is not available"):
         resolve_device("cuda:0")
+
+
+def test_releasing_memory_after_a_device_side_assert_keeps_the_row(monkeypatch):
+    """A lost CUDA context raises its error again at every call, empty_cache included: the failed
+    row (which holds the first error) must survive the clean-up (seen on an H200)."""
+    from cs336_systems import device as device_module
+
+    def lost_context():
+        raise torch.AcceleratorError("CUDA error: device-side assert triggered")
+
+    monkeypatch.setattr(device_module.torch.cuda, "empty_cache", lost_context)
+    device_module.release_memory(torch.device("cuda"))  # no raise

@@ -87,6 +87,22 @@ def test_capture_starts_from_an_emptied_cache(monkeypatch):
     ]
 
 
+def test_the_captured_steps_static_batch_lives_as_long_as_the_graph():
+    """The graph reads its inputs by address: a batch freed after capture would be reused memory,
+    and the replays would embed garbage token ids (seen on an H200 as a device-side assert)."""
+    import gc
+    import weakref
+
+    model = torch.nn.Embedding(4, 4)  # (B, T) tokens -> (B, T, 4) logits
+    batch = cuda_graphs.StaticBatch(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long))
+    tokens = weakref.ref(batch.tokens)
+    body = cuda_graphs.step_body(model, batch, "forward", None, contextlib.nullcontext)
+    step = cuda_graphs.CapturedStep(body, model, warmup_iters=1, cuda=FakeCuda([]))
+    del batch, body
+    gc.collect()
+    assert tokens() is not None and step.graph is not None
+
+
 def test_graph_row_peak_is_the_capture_peak():
     memory = PhaseMemory(torch.device("cpu"))
     memory.source = "cuda_allocator"  # as on a GPU

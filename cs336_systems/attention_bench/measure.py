@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import torch
+import torch._functorch.config  # donated_buffer, patched around each row (run_attention)
 
 from ..adapters import Adapters, NotImplementedAdapter
 from ..device import compile_unsupported_reason, failure_status, release_memory, resolve_device
@@ -339,7 +340,9 @@ def run_attention(
         return record
 
     phase = _Phase()
-    with precision_mode(config.precision, device) as state:
+    # do_bench times backward again and again over one retained graph (retain_graph=True), which a
+    # compiled backward that donates its buffers refuses (seen with torch 2.11 on CUDA)
+    with precision_mode(config.precision, device) as state, torch._functorch.config.patch(donated_buffer=False):
         record.matmul_precision, record.cuda_matmul_allow_tf32 = state.matmul_precision, state.cuda_matmul_allow_tf32
         try:
             with guarded(config.implementation, timeout_s) as rearm:

@@ -57,27 +57,48 @@ def tool(name: str, *args: str) -> list[str]:
     return [PY, "-m", "cs336_bench", name, *args]
 
 
-def plan(work: Path, dry_run: bool) -> list[Stage]:
-    """The five stages. `dry_run`: tiny shapes on the CPU, the same tools and flags otherwise."""
+def fast_micro_batch(device_memory_bytes: int | None) -> int:
+    """The 2.7B fast path's micro-batch: 8 sequences where the estimator says they fit (larger
+    matmuls, the optimizer amortised over twice the tokens), else 4 (an H100 80GB)."""
+    from cs336_systems.config import BenchmarkConfig
+    from cs336_systems.memory.estimate import estimate_config
+    from cs336_systems.models import ModelConfig
+
+    model = ModelConfig.from_size("2.7B", "2025", context_length=512, fused_projections=True)
+    for batch in (8, 4):
+        config = BenchmarkConfig(
+            model=model,
+            context_length=512,
+            batch_size=batch,
+            pass_type="train-step",
+            precision="bf16",
+            grad_accum_steps=4,
+            param_dtype="bf16",
+            device="cuda",
+        )
+        if device_memory_bytes and estimate_config(config, "cuda").total_bytes <= 0.95 * device_memory_bytes:
+            return batch
+    return 4
+
+
+def plan(work: Path, dry_run: bool, student_repos: list[Path], device_memory_bytes: int | None = None) -> list[Stage]:
+    """The stages in order of value. `dry_run`: tiny shapes on the CPU, the same tools and flags otherwise."""
     gpu = not dry_run
     device = ["--device", "cuda" if gpu else "cpu"]
     timer = ["--timer", "cuda-event" if gpu else "host"]
     backend = ["--backend", "nccl" if gpu else "gloo"]
     # 2025's table: small..2.7B (the 2026 xl is the 2025 2.7B); a dry run keeps the names, tiny shapes
-    shape = ["--size-table", "2025"] + (
-        []
-        if gpu
-        else ["--d-model", "64", "--d-ff", "128", "--num-layers", "2", "--num-heads", "2", "--vocab-size", "97"]
-    )
-    context, batch = ("512", "4") if gpu else ("32", "2")
+    tiny = ["--d-model", "64", "--d-ff", "128", "--num-layers", "2", "--num-heads", "2", "--vocab-size", "97"]
+    shape = ["--size-table", "2025", *([] if gpu else tiny)]
+    context = "512" if gpu else "32"
     sizes = ["small", "medium", "large", "xl", "2.7B"] if gpu else ["small", "medium"]
     big = "2.7B" if gpu else "small"
     steps = ["--warmup-steps", "5", "--measure-steps", "10"] if gpu else ["--warmup-steps", "1", "--measure-steps", "2"]
     peak = [] if gpu else ["--peak-tflops", "1"]  # a CPU row needs no matmul probe here
     compiled = ["--compile", "on", "--compile-scope", "blocks", "--fused-projections"]
-    s = lambda name: work / name  # noqa: E731  a path in the stage directories
 
-    def sweep(out: str, *args: str) -> list[str]:
+    def sweep(out: str, batch: str, *args: str) -> list[str]:
+        path = work / out
         return tool(
             "benchmark_direct",
             *shape,
@@ -91,16 +112,19 @@ def plan(work: Path, dry_run: bool) -> list[Stage]:
             batch,
             *args,
             "--output",
-            str(s(out).with_suffix(".csv")),
+            f"{path}.csv",
             "--output",
-            str(s(out).with_suffix(".jsonl")),
+            f"{path}.jsonl",
         )
+
+    def out(name: str) -> str:
+        return str(work / name)
 
     environment = Stage(
         "environment",
-        150 if gpu else 120,
+        85,
         [
-            Command("versions", [PY, str(Path(__file__)), "--versions", str(s("1-environment/versions.json"))], 30),
+            Command("versions", [PY, str(Path(__file__)), "--versions", out("environment/versions.json")], 30),
             Command(
                 "gpu_selfcheck",
                 [
@@ -108,10 +132,10 @@ def plan(work: Path, dry_run: bool) -> list[Stage]:
                     "scripts/checks/gpu_selfcheck.py",
                     *device,
                     "--output",
-                    str(s("1-environment/gpu_selfcheck.md")),
+                    out("environment/gpu_selfcheck.md"),
                     *([] if gpu else ["--no-compile"]),
                 ],
-                60 if gpu else 60,
+                40,
             ),
             Command(
                 "gpu tests",
@@ -127,63 +151,106 @@ def plan(work: Path, dry_run: bool) -> list[Stage]:
                     "tests/test_gpu_fast_path.py",
                     "tests/test_attention_gpu.py",
                     "--junitxml",
-                    str(s("1-environment/gpu_tests.xml")),
+                    out("environment/gpu_tests.xml"),
                 ],
-                75 if gpu else 60,
+                60,
                 log="gpu_tests.txt",
             ),
         ],
         "GPU, driver, torch, CUDA, Triton; the self-check; the GPU-only tests",
     )
 
+    micro = str(fast_micro_batch(device_memory_bytes)) if gpu else "2"
+    small_batch = "4" if gpu else "2"
     train = ["--model-sizes", big, "--pass-types", "train-step", "--precisions", "bf16"]
     fast = [*train, *compiled, "--param-dtype", "bf16"]
+    fast_commands = [
+        Command(
+            f"best: {micro} x 4 micro-batches",
+            sweep(f"fast_path/best_b{micro}_accum4", micro, *fast, "--grad-accum-steps", "4"),
+            60,
+        ),
+        Command("eager beside it", sweep("fast_path/eager", small_batch, *train), 30),
+        Command(
+            f"best: {small_batch} x 2 micro-batches",
+            sweep("fast_path/best_accum2", small_batch, *fast, "--grad-accum-steps", "2"),
+            25,
+        ),
+    ]
+    if micro != small_batch:  # the 4 x 4 row too, the H100's configuration
+        fast_commands.insert(
+            1,
+            Command(
+                f"best: {small_batch} x 4 micro-batches",
+                sweep(f"fast_path/best_b{small_batch}_accum4", small_batch, *fast, "--grad-accum-steps", "4"),
+                25,
+            ),
+        )
     fast_path = Stage(
         "fast_path",
-        150,
-        [
-            Command(
-                "best: 8,192 tokens per optimizer step",
-                sweep("2-fast_path/best_accum4", *fast, "--grad-accum-steps", "4"),
-                110,
-            ),
-            Command("eager beside it", sweep("2-fast_path/eager", *train), 45),
-            Command(
-                "best: 4,096 tokens per optimizer step",
-                sweep("2-fast_path/best_accum2", *fast, "--grad-accum-steps", "2"),
-                40,
-            ),
-        ],
-        f"{big} bf16 train step: compiled blocks, bf16 parameters, fused projections, gradient accumulation; eager",
+        100,
+        fast_commands,
+        f"{big} bf16 train step: compiled blocks, bf16 parameters, fused projections, "
+        "gradient accumulation (>= 4,096 tokens per optimizer step); eager beside it",
     )
 
     per_size = ["--model-sizes", *sizes, "--pass-types", "forward-backward", "--no-profile-step"]
-    precision = Stage(
+    best_path = Stage(
         "precision",
-        120,
+        105,
         [
             # what the targets need first (bf16 against fp32 on the best path), tf32 last
             Command(
                 "best bf16",
-                sweep("3-precision/best_bf16", *per_size, *compiled, "--precisions", "bf16", "--param-dtype", "bf16"),
-                120,
+                sweep(
+                    "precision/best_bf16",
+                    small_batch,
+                    *per_size,
+                    *compiled,
+                    "--precisions",
+                    "bf16",
+                    "--param-dtype",
+                    "bf16",
+                ),
+                105,
             ),
-            Command("best fp32", sweep("3-precision/best_fp32", *per_size, *compiled, "--precisions", "fp32"), 120),
-            Command("eager bf16 fp32", sweep("3-precision/eager", *per_size, "--precisions", "bf16", "fp32"), 120),
-            Command("best tf32", sweep("3-precision/best_tf32", *per_size, *compiled, "--precisions", "tf32"), 120),
-            Command("eager tf32", sweep("3-precision/eager_tf32", *per_size, "--precisions", "tf32"), 120),
+            Command(
+                "best fp32",
+                sweep("precision/best_fp32", small_batch, *per_size, *compiled, "--precisions", "fp32"),
+                105,
+            ),
+            Command(
+                "best tf32",
+                sweep("precision/best_tf32", small_batch, *per_size, *compiled, "--precisions", "tf32"),
+                105,
+            ),
         ],
-        f"forward-backward at context {context}, {sizes[0]}..{sizes[-1]}, fp32 / tf32 / bf16, eager and the best path",
+        f"forward-backward at context {context}, {sizes[0]}..{sizes[-1]}, bf16 / fp32 / tf32, the best path",
+    )
+    eager = Stage(
+        "precision_eager",
+        85,
+        [
+            Command(
+                "eager bf16 fp32",
+                sweep("precision_eager/eager", small_batch, *per_size, "--precisions", "bf16", "fp32"),
+                85,
+            ),
+            Command(
+                "eager tf32", sweep("precision_eager/eager_tf32", small_batch, *per_size, "--precisions", "tf32"), 85
+            ),
+        ],
+        "the same grid, eager (the handout's model as it is)",
     )
 
     lengths = ["1024", "4096", "16384"] if gpu else ["64", "128"]
-    attention = Stage(
-        "attention",
-        60,
-        [
-            # from the student's root, as a student runs it: their flash through their tests/adapters.py
+    attention_commands = []
+    for repo in [STUDENT_REPO, *student_repos]:
+        # from the student's root, as a student runs it: their flash through their tests/adapters.py
+        name = "fixture" if repo == STUDENT_REPO else repo.name
+        attention_commands.append(
             Command(
-                "attention_bench",
+                f"attention_bench ({name})",
                 tool(
                     "attention_bench",
                     *device,
@@ -206,25 +273,28 @@ def plan(work: Path, dry_run: bool) -> list[Stage]:
                     "flash-triton",
                     "flash-pytorch",
                     "naive",
-                    "compiled",
+                    *(["compiled"] if repo == STUDENT_REPO else []),
                     "--max-seconds",
                     "2",
                     *(["--measure-steps", "3", "--warmup-steps", "1"] if dry_run else []),
                     "--output",
-                    str(s("4-attention/attention.csv")),
+                    out(f"attention/{name}.csv"),
                     "--output",
-                    str(s("4-attention/attention.jsonl")),
+                    out(f"attention/{name}.jsonl"),
                     "--plot",
-                    str(s("4-attention/attention.png")),
+                    out(f"attention/{name}.png"),
                 ),
-                60,
-                cwd=STUDENT_REPO,
-            ),
-        ],
-        "naive, sdpa, compiled and the student fixture's FlashAttention-2 (PyTorch and Triton adapters), do_bench",
+                45,
+                cwd=repo.resolve(),
+            )
+        )
+    attention = Stage(
+        "attention",
+        50 + 35 * len(student_repos),
+        attention_commands,
+        "naive, sdpa, compiled and a student's FlashAttention-2 (PyTorch and Triton), do_bench",
     )
 
-    allreduce_sizes = ["1MB", "100MB", "1GB"] if gpu else ["1MB"]
     monitored = tool(
         "benchmark",
         *shape,
@@ -235,7 +305,7 @@ def plan(work: Path, dry_run: bool) -> list[Stage]:
         "--context-length",
         context,
         "--batch-size",
-        batch,
+        small_batch,
         "--pass-type",
         "train-step",
         "--warmup-steps",
@@ -244,11 +314,11 @@ def plan(work: Path, dry_run: bool) -> list[Stage]:
         "30" if gpu else "3",
         "--no-profile-step",
         "--output",
-        str(s("5-distributed/monitored_step.csv")),
+        out("distributed/monitored_step.csv"),
     )
     distributed = Stage(
         "distributed",
-        60,
+        55,
         [
             Command(
                 "all-reduce",
@@ -259,14 +329,14 @@ def plan(work: Path, dry_run: bool) -> list[Stage]:
                     "--world-sizes",
                     "1",
                     "--sizes",
-                    *allreduce_sizes,
-                    *(["--measure-steps", "3"] if dry_run else []),
+                    *(["1MB", "100MB", "1GB"] if gpu else ["1MB"]),
+                    *([] if gpu else ["--measure-steps", "3"]),
                     "--output",
-                    str(s("5-distributed/allreduce.csv")),
+                    out("distributed/allreduce.csv"),
                     "--output",
-                    str(s("5-distributed/allreduce.jsonl")),
+                    out("distributed/allreduce.jsonl"),
                 ),
-                25,
+                20,
             ),
             Command(
                 "ddp strategies",
@@ -288,28 +358,31 @@ def plan(work: Path, dry_run: bool) -> list[Stage]:
                     "--context-length",
                     context,
                     "--batch-size",
-                    batch,
+                    small_batch,
                     *(["--precision", "bf16"] if gpu else []),
                     "--warmup-steps",
                     "2",
                     "--measure-steps",
                     "5" if gpu else "2",
                     "--output",
-                    str(s("5-distributed/ddp.csv")),
+                    out("distributed/ddp.csv"),
                     "--output",
-                    str(s("5-distributed/ddp.jsonl")),
+                    out("distributed/ddp.jsonl"),
                 ),
                 30,
             ),
             Command(
                 "monitor around a train step",
-                tool("monitor", "--interval", "0.2", "--output", str(s("5-distributed/monitor.csv")), "--", *monitored),
+                tool("monitor", "--interval", "0.2", "--output", out("distributed/monitor.csv"), "--", *monitored),
                 25,
             ),
         ],
         "NCCL all-reduce and ddp_bench's strategies at world size 1; monitor around a train step",
     )
-    return [environment, fast_path, precision, attention, distributed]
+    return [environment, fast_path, best_path, attention, distributed, eager]
+
+
+STAGES = ("environment", "fast_path", "precision", "attention", "distributed", "precision_eager")
 
 
 def write_versions(path: Path) -> None:
@@ -404,39 +477,60 @@ class Tee:
         self.file.flush()
 
 
-def run(out: Path, dry_run: bool) -> int:
+def device_memory() -> int | None:
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+
+
+def run(out: Path, dry_run: bool, stages_wanted: list[str], student_repos: list[Path], limit_s: int) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="gpu-first-"))
     log = Tee(out / "first.log")
-    stages = plan(work, dry_run)
+    stages = [stage for stage in plan(work, dry_run, student_repos, device_memory()) if stage.name in stages_wanted]
+    commit = (
+        os.environ.get("CS336_SYSTEMS_GIT_COMMIT")
+        or subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    )
     started = time.monotonic()
     summary = []
-    for number, stage in enumerate(stages, 1):
-        stage_dir = work / f"{number}-{stage.name}"
+    for stage in stages:
+        number = STAGES.index(stage.name) + 1
+        stage_dir = work / stage.name
         stage_dir.mkdir(parents=True, exist_ok=True)
         print(f"=== stage {number} {stage.name} (limit {stage.limit_s} s): {stage.about}", file=log, flush=True)
         stage_started = time.monotonic()
         statuses = []
         for command in stage.commands:
-            left = min(stage.limit_s - (time.monotonic() - stage_started), CALL_LIMIT_S - (time.monotonic() - started))
+            left = min(stage.limit_s - (time.monotonic() - stage_started), limit_s - (time.monotonic() - started))
             if left < 5:
-                statuses.append((command.label, "not run (stage limit)"))
-                print(f"=== {command.label}: not run, the stage's {stage.limit_s} s are spent", file=log, flush=True)
+                statuses.append((command.label, "not run (time limit)"))
+                print(f"=== {command.label}: not run, the time is spent", file=log, flush=True)
                 continue
             statuses.append((command.label, run_command(command, min(command.limit_s, left), stage_dir, log)))
+        seconds = time.monotonic() - stage_started
+        provenance = {
+            "stage": stage.name,
+            "commit": commit,
+            "dry_run": dry_run,
+            "seconds": round(seconds, 1),
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "commands": [
+                {"label": c.label, "status": s, "command": shlex.join(c.argv)}
+                for c, (_, s) in zip(stage.commands, statuses)
+            ],
+        }
+        (stage_dir / "run.json").write_text(json.dumps(provenance, indent=1) + "\n")
         with tarfile.open(out / f"{number}-{stage.name}.tgz", "w:gz") as archive:
-            archive.add(stage_dir, arcname=stage_dir.name)
-        (stage_dir / "statuses.json").write_text(json.dumps(statuses))
-        summary.append((stage.name, time.monotonic() - stage_started, statuses))
+            archive.add(stage_dir, arcname=stage.name)
+        summary.append((stage.name, seconds, statuses))
     print("\n=== first contact: stage, seconds, commands", file=log)
     failed = False
     for name, seconds, statuses in summary:
-        print(
-            f"{name:12s} {seconds:5.0f} s  " + "; ".join(f"{label}: {status}" for label, status in statuses), file=log
-        )
+        line = "; ".join(f"{label}: {status}" for label, status in statuses)
+        print(f"{name:15s} {seconds:5.0f} s  {line}", file=log)
         failed |= any(status != "ok" for _, status in statuses)
     print(f"total {time.monotonic() - started:.0f} s; archives in {out}", file=log, flush=True)
-    (out / "statuses.json").write_text(json.dumps(summary, indent=1) + "\n")
     shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0
 
@@ -445,20 +539,37 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu_session.sh first", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU: every stage, every flag")
     parser.add_argument("--out", type=Path, help="where the archives go (default $OUT, else a temporary folder)")
-    parser.add_argument("--collect", type=Path, metavar="DIR", help="unpack DIR's archives into results/gpu/<gpu>/")
+    parser.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES), help="run only these")
+    parser.add_argument(
+        "--student-repo",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also time this student repository's FlashAttention-2 (from its root)",
+    )
+    parser.add_argument("--limit", type=int, default=CALL_LIMIT_S, help=f"seconds for all stages ({CALL_LIMIT_S})")
+    parser.add_argument(
+        "--collect",
+        type=Path,
+        nargs="+",
+        metavar="DIR",
+        help="here, after the call: the archives in DIR (later DIRs win) -> results/gpu/<gpu>/",
+    )
     parser.add_argument("--versions", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.versions:
         write_versions(args.versions)
         return 0
     if args.collect:
+        from gpu_collect import collect  # beside this file
+
         return collect(args.collect)
+    for repo in args.student_repo:
+        if not (repo / "tests" / "adapters.py").is_file():
+            parser.error(f"--student-repo {repo}: no tests/adapters.py there")
     out = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(tempfile.mkdtemp(prefix="first-")))
-    return run(out, args.dry_run)
-
-
-def collect(folder: Path) -> int:
-    raise NotImplementedError
+    return run(out, args.dry_run, args.stages, args.student_repo, args.limit)
 
 
 if __name__ == "__main__":
