@@ -53,8 +53,14 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    """The message's first line; where that is only a header ending in ':' (Triton's
+    CompilationError: 'at 123:16:', then the source, then the reason), the reason after it."""
+    text = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not text:
+        return type(exc).__name__
+    if text[0].endswith(":") and len(text) > 1:
+        return f"{text[0]} ... {text[-1]}"
+    return text[0]
 
 
 def failure_status(exc: BaseException) -> tuple[str, str]:

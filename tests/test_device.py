@@ -46,3 +46,16 @@ def test_releasing_memory_after_a_device_side_assert_keeps_the_row(monkeypatch):
 
     monkeypatch.setattr(device_module.torch.cuda, "empty_cache", lost_context)
     device_module.release_memory(torch.device("cuda"))  # no raise
+
+
+def test_a_header_only_first_line_keeps_the_reason():
+    """Triton's CompilationError starts 'at LINE:COL:', then the source, then the reason: a row that
+    kept only 'at 123:16:' told the student nothing (seen with a public solution's bf16 kernel)."""
+    CompilationError = type("CompilationError", (Exception,), {})  # noqa: N806  (triton.compiler.errors' name)
+    exc = CompilationError(
+        "at 123:16:\n        O_acc = tl.dot(P, V, acc=O_acc)\n                ^\nBoth operands must be same dtype"
+    )
+    assert failure_status(exc) == (
+        "error",
+        "CompilationError: at 123:16: ... Both operands must be same dtype",
+    )

@@ -181,3 +181,19 @@ def test_every_ok_row_has_mfu_and_its_peak_source():
     assert (record.peak_tflops, record.peak_source) == (0.5, "user")
     measured = run_benchmark(tiny_benchmark_config())  # kept as the session's calibration, or this run's (busy)
     assert measured.peak_source in ("calibrated", "measured") and measured.mfu > 0
+
+
+def test_the_peak_probe_grows_past_the_first_products_set_up(monkeypatch):
+    """A library's first product pays its set-up (a cuBLAS handle: longer than the probe's target);
+    timed, it stopped the probe at n = 256, where per-call overhead swamps the rate (0.8 TFLOP/s
+    for an H200's ~800). A machine of 1 TFLOP/s with 0.1 ms a call, set-up 1 s on the first call:"""
+    calls = []
+
+    def fake_time(a, b, sync, repeats):
+        calls.append(a.shape[0])
+        return 1.0 if len(calls) == 1 else 2 * a.shape[0] ** 3 / 1e12 + 1e-4
+
+    monkeypatch.setattr(flops, "_time_matmul", fake_time)
+    probe = flops.measure_peak_tflops.__wrapped__  # uncached: the real probe is measured once per process
+    assert probe(torch.device("cpu"), "fp32") == pytest.approx(0.994, abs=0.01)
+    assert max(calls) == 2048  # the CPU probe's largest size

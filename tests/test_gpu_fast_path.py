@@ -20,13 +20,6 @@ def test_fast_path_row_on_a_gpu():
     assert record.forward_mean_ms > 0 and record.optimizer_mean_ms > 0 and record.peak_memory_bytes > 0
 
 
-def test_graph_rows_refuse_the_fast_path():
-    record = run_benchmark(
-        tiny_benchmark_config(device="cuda", pass_type="train-step", cuda_graphs=True, grad_accum_steps=2)
-    )
-    assert record.status == "unsupported" and "--grad-accum-steps" in record.error
-
-
 def test_tf32_on_a_gpu_after_the_new_api_was_used():
     saved = torch.backends.cuda.matmul.fp32_precision
     torch.backends.cuda.matmul.fp32_precision = "tf32"

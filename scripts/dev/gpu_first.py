@@ -122,9 +122,9 @@ def plan(work: Path, dry_run: bool, student_repos: list[Path], device_memory_byt
 
     environment = Stage(
         "environment",
-        85,
+        100,
         [
-            Command("versions", [PY, str(Path(__file__)), "--versions", out("environment/versions.json")], 30),
+            Command("versions", [PY, str(Path(__file__)), "--versions", out("environment/versions.json")], 20),
             Command(
                 "gpu_selfcheck",
                 [
@@ -153,7 +153,7 @@ def plan(work: Path, dry_run: bool, student_repos: list[Path], device_memory_byt
                     "--junitxml",
                     out("environment/gpu_tests.xml"),
                 ],
-                60,
+                70,
                 log="gpu_tests.txt",
             ),
         ],
@@ -168,13 +168,13 @@ def plan(work: Path, dry_run: bool, student_repos: list[Path], device_memory_byt
         Command(
             f"best: {micro} x 4 micro-batches",
             sweep(f"fast_path/best_b{micro}_accum4", micro, *fast, "--grad-accum-steps", "4"),
-            60,
+            45,
         ),
         Command("eager beside it", sweep("fast_path/eager", small_batch, *train), 30),
         Command(
             f"best: {small_batch} x 2 micro-batches",
             sweep("fast_path/best_accum2", small_batch, *fast, "--grad-accum-steps", "2"),
-            25,
+            30,
         ),
     ]
     if micro != small_batch:  # the 4 x 4 row too, the H100's configuration
@@ -183,12 +183,12 @@ def plan(work: Path, dry_run: bool, student_repos: list[Path], device_memory_byt
             Command(
                 f"best: {small_batch} x 4 micro-batches",
                 sweep(f"fast_path/best_b{small_batch}_accum4", small_batch, *fast, "--grad-accum-steps", "4"),
-                25,
+                35,
             ),
         )
     fast_path = Stage(
         "fast_path",
-        100,
+        110,
         fast_commands,
         f"{big} bf16 train step: compiled blocks, bf16 parameters, fused projections, "
         "gradient accumulation (>= 4,096 tokens per optimizer step); eager beside it",
@@ -229,12 +229,12 @@ def plan(work: Path, dry_run: bool, student_repos: list[Path], device_memory_byt
     )
     eager = Stage(
         "precision_eager",
-        85,
+        60,
         [
             Command(
                 "eager bf16 fp32",
                 sweep("precision_eager/eager", small_batch, *per_size, "--precisions", "bf16", "fp32"),
-                85,
+                60,
             ),
             Command(
                 "eager tf32", sweep("precision_eager/eager_tf32", small_batch, *per_size, "--precisions", "tf32"), 85
@@ -284,7 +284,7 @@ def plan(work: Path, dry_run: bool, student_repos: list[Path], device_memory_byt
                     "--plot",
                     out(f"attention/{name}.png"),
                 ),
-                45,
+                48,
                 cwd=repo.resolve(),
             )
         )
