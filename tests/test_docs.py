@@ -20,8 +20,7 @@ def _flag_tables():
 def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     command = next(line for line in readme.splitlines() if line.startswith("pip install") and "pytest" in line)
-    ci = (ROOT / ".ci" / "run").read_text().splitlines()[-1]
-    assert ci == f"python -m {command}"
+    assert f"python -m {command}" in (ROOT / ".ci" / "run").read_text().splitlines()
 
 
 def test_every_advertised_flag_of_a_tool_is_in_its_table():

@@ -160,7 +160,7 @@ def plan(work: Path, dry_run: bool, student_repos: list[Path], device_memory_byt
         "GPU, driver, torch, CUDA, Triton; the self-check; the GPU-only tests",
     )
 
-    micro = str(fast_micro_batch(device_memory_bytes)) if gpu else "2"
+    micro = str(fast_micro_batch(device_memory_bytes)) if gpu else "4"  # the dry run has both rows too
     small_batch = "4" if gpu else "2"
     train = ["--model-sizes", big, "--pass-types", "train-step", "--precisions", "bf16"]
     fast = [*train, *compiled, "--param-dtype", "bf16"]
@@ -237,7 +237,7 @@ def plan(work: Path, dry_run: bool, student_repos: list[Path], device_memory_byt
                 60,
             ),
             Command(
-                "eager tf32", sweep("precision_eager/eager_tf32", small_batch, *per_size, "--precisions", "tf32"), 85
+                "eager tf32", sweep("precision_eager/eager_tf32", small_batch, *per_size, "--precisions", "tf32"), 60
             ),
         ],
         "the same grid, eager (the handout's model as it is)",
@@ -359,7 +359,8 @@ def plan(work: Path, dry_run: bool, student_repos: list[Path], device_memory_byt
                     context,
                     "--batch-size",
                     small_batch,
-                    *(["--precision", "bf16"] if gpu else []),
+                    "--precision",
+                    "bf16",
                     "--warmup-steps",
                     "2",
                     "--measure-steps",
