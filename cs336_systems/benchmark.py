@@ -94,7 +94,7 @@ def configuration_parser() -> ArgumentParser:
         const="steps",
         choices=nvtx.LEVELS,
         help="CUDA: mark warmup, each measured step, forward/backward/optimizer and the naive attention's "
-        "scores/softmax/weighted sum as NVTX ranges for nsys (scripts/nsys_profile.sh); `--nvtx blocks` "
+        "scores/softmax/weighted sum as NVTX ranges for nsys (the Nsight Systems wrapper in scripts/); `--nvtx blocks` "
         "also marks each Transformer block (block/N); no-op without CUDA",
     )
     add_shape_arguments(parser)

@@ -105,7 +105,7 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     add_timer_argument(
         group,
         help="host: synchronise + host clock around each step; cuda-event: CUDA event pair per step; do-bench: "
-        "each sample one triton.testing.do_bench call, as the CS336 leaderboard times a step (CUDA and Triton)",
+        "each sample one triton.testing.do_bench call, as CS336 ranks the fastest training step (CUDA and Triton)",
     )
     group.add_argument("--seed", type=int, default=0)
     group.add_argument(

@@ -18,7 +18,7 @@ from tabulate import tabulate
 
 from .argtypes import ArgumentParser, positive_float
 from .command import Command
-from .report import model_label
+from .report.fields import model_label
 from .results import BenchmarkRecord, ResultFileError, read_results, validate
 from .results.records import NONFINITE_LOSS_NOTE
 from .tools import prog

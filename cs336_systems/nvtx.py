@@ -13,11 +13,11 @@ around it (forward, backward, optimizer) but not those inside attention; profile
 model to see those.
 
 With `enable(blocks=True)` (`--nvtx blocks`) each Transformer block's forward is also a
-range, "block/0", "block/1", ...: the handout's memory_profiling (f) reads per-block
+range, "block/0", "block/1", ...: the handout's per-block memory question reads
 memory off the timeline by these.
 
 `capture` marks the measured steps: an NVTX range plus cudaProfilerStart/Stop, so
-`nsys profile --capture-range=cudaProfilerApi` (scripts/nsys_profile.sh) records only them.
+`nsys profile --capture-range=cudaProfilerApi` (the Nsight Systems wrapper in scripts/) records only them.
 """
 
 from __future__ import annotations

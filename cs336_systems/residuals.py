@@ -37,9 +37,9 @@ from .models import ATTENTION_KINDS, ConfigError, ModelConfig, TransformerLM
 from .precision import PRECISIONS, autocast, unsupported_reason
 from .results import check_output_paths
 from .tools import prog
+from .units import MIB
 
 PROG = prog("residuals")
-MIB = 2**20
 
 # Where a tensor saved inside a block's submodule goes in the estimator's breakdown.
 COMPILED = "compiled graph (not split by component)"

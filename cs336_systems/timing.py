@@ -106,7 +106,7 @@ class UntimedSetup:
 
 
 class DoBenchTimer:
-    """`triton.testing.do_bench` around the step, as the CS336 leaderboard times its training step.
+    """`triton.testing.do_bench` around the step, as CS336 ranks the fastest training step.
 
     do_bench runs the step itself: a few calls to estimate its length, then its own warmup and
     repetitions (25 ms and 100 ms of them by default, at least one each), clearing the L2 cache

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+MIB, GIB = 2**20, 2**30  # bytes, for the tables and notes that show MiB and GiB
+
 _UNITS = {
     "": 1,
     "b": 1,

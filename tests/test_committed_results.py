@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from cs336_systems import report
 from cs336_systems.allreduce_bench.record import AllReduceRecord
 from cs336_systems.attention_bench.record import AttentionRecord
 from cs336_systems.ddp_bench.record import DdpRecord
 from cs336_systems.loader_bench.record import LoaderRecord
 from cs336_systems.monitor import SAMPLE_FIELDS
 from cs336_systems.probe.record import ProbeRecord
+from cs336_systems.report import cli as report
 from cs336_systems.report.load import read_file, tool_of
 from cs336_systems.results import ENVIRONMENT_FIELDS, BenchmarkRecord, read_results
 from cs336_systems.results.files import CsvWriter

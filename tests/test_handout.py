@@ -11,21 +11,25 @@ import pandas as pd
 import pytest
 
 from cs336_systems.config import BenchmarkConfig
-from cs336_systems.editions import PROBLEM_KIND, PROBLEM_TITLE, PROBLEMS, measured_problems
 from cs336_systems.handout import cli, outputs, run
 from cs336_systems.handout.parameters import FULL, SMALL, Options
 from cs336_systems.handout.plan import fit_budget, parse_duration, predicted_peak, total_seconds
-from cs336_systems.handout.problems import build_steps
+from cs336_systems.handout.problems import EDITIONS, PROBLEMS, build_steps, of_edition
 from cs336_systems.handout.target import Target, assumed_target
 from cs336_systems.models import ModelConfig
 from cs336_systems.results.paths import lock_path
+
+
+def measured_problems(edition: str) -> list[str]:
+    return [problem.label for problem in of_edition(edition, "measured")]
+
 
 H100 = "H100 80GB"
 
 
 def plan_for(edition: str, device: str = H100, **options):
     target = assumed_target(device)
-    return build_steps(Options(edition, FULL, "cuda", **options), target, list(PROBLEMS[edition])), target
+    return build_steps(Options(edition, FULL, "cuda", **options), target, list(EDITIONS[edition])), target
 
 
 @pytest.mark.parametrize("edition", ["2025", "2026"])
@@ -37,7 +41,7 @@ def test_dry_run_for_an_assumed_h100_covers_every_problem_of_the_edition(edition
     for problem in measured_problems(edition):
         assert any(line.startswith(f"| {problem} ") for line in table), problem
     not_measured = next(line for line in out.splitlines() if line.startswith("Not measured"))
-    assert all(p in not_measured for p in PROBLEMS[edition] if PROBLEM_KIND[p] != "measured")
+    assert all(p.label in not_measured for p in of_edition(edition) if p.kind != "measured")
     commands = out.split("Commands:")[1]
     assert "python -m cs336_systems.run_benchmarks" in commands and "--device cuda" in commands
     assert f"results/handout-{edition}-h100/" in commands
@@ -401,16 +405,24 @@ HANDOUT_2026 = [
 
 
 def test_every_problem_of_each_edition_in_the_handouts_order_with_a_kind_and_a_title():
-    assert list(PROBLEMS["2026"]) == HANDOUT_2026
-    assert "ddp_bucketed_benchmarking" in PROBLEMS["2025"] and "ddp_bucketed_benchmarking" not in PROBLEMS["2026"]
-    assert PROBLEMS["2025"].index("leaderboard") == PROBLEMS["2025"].index("flash_benchmarking") + 1
-    kinds = {p: PROBLEM_KIND[p] for p in PROBLEMS["2026"]}
+    assert list(EDITIONS["2026"]) == HANDOUT_2026
+    assert "ddp_bucketed_benchmarking" in EDITIONS["2025"] and "ddp_bucketed_benchmarking" not in EDITIONS["2026"]
+    assert EDITIONS["2025"].index("leaderboard") == EDITIONS["2025"].index("flash_benchmarking") + 1
+    kinds = {p: PROBLEMS[p].kind for p in EDITIONS["2026"]}
     assert [p for p, k in kinds.items() if k == "analytic"] == HANDOUT_2026[21:26]
     assert kinds["fsdp"] == kinds["naive_ddp"] == "implementation" and kinds["fsdp_accounting"] == "measured"
-    assert PROBLEM_KIND["communication_accounting"] == "analytic"
-    assert PROBLEM_TITLE["nsys_profile"] == "Nsight Systems Profiling"
-    assert all(PROBLEM_TITLE[p] for edition in PROBLEMS.values() for p in edition)
-    for edition in PROBLEMS:  # each step answers a measured problem of its edition
+    assert PROBLEMS["communication_accounting"].kind == "analytic"
+    assert PROBLEMS["nsys_profile"].title == "Nsight Systems Profiling"
+    assert PROBLEMS["leaderboard"].title_in("2025") == "FlashAttention-2 Leaderboard"
+    assert PROBLEMS["fsdp"].official_test == "tests/test_fsdp.py"
+    every = {label for labels in EDITIONS.values() for label in labels}
+    assert every == set(PROBLEMS)  # one registry: every problem of an edition is an object, and only those
+    for label in every:  # a measured problem plans and writes; the others only write
+        problem = PROBLEMS[label]
+        assert problem.title and problem.write is not None
+        assert (problem.plan is not None) == (problem.kind == "measured"), label
+        assert (problem.official_test is not None) == (problem.kind == "implementation"), label
+    for edition in EDITIONS:  # each step answers a measured problem of its edition
         steps, _ = plan_for(edition)
         assert {s.problem for s in steps} == set(measured_problems(edition))
 

@@ -1,7 +1,8 @@
 import pandas as pd
 import pytest
 
-from cs336_systems import compare, report
+from cs336_systems import compare
+from cs336_systems.report import cli as report
 from cs336_systems.results import ResultSink
 from cs336_systems.runner import run_benchmark
 from tests.conftest import tiny_benchmark_config

@@ -9,12 +9,12 @@ import re
 import pandas as pd
 import pytest
 
-from cs336_systems.editions import PROBLEMS
-from cs336_systems.report.problems.attention import attention_observations
-from cs336_systems.report.problems.distributed import ddp_observations, held_observations
-from cs336_systems.report.problems.memory import checkpoint_observations
-from cs336_systems.report.problems.precision import precision_observations
-from cs336_systems.report.problems.timing import timing_observations, warmup_observations
+from cs336_systems.handout.problems import EDITIONS
+from cs336_systems.handout.problems.attention import attention_observations
+from cs336_systems.handout.problems.benchmarking import timing_observations, warmup_observations
+from cs336_systems.handout.problems.checkpointing import checkpoint_observations
+from cs336_systems.handout.problems.data_parallel import ddp_observations, held_observations
+from cs336_systems.handout.problems.precision import precision_observations
 from cs336_systems.report.verify import parse_tables
 from cs336_systems.results.readers import as_todays_rows
 from tests.conftest import REPO
@@ -35,7 +35,7 @@ def _section(text: str, label: str) -> str:
 
 def test_every_problem_of_the_edition_is_a_section_in_the_handouts_order(text):
     headings = re.findall(r"^## ([a-z0-9_]+): ", text, re.M)
-    assert headings == list(PROBLEMS["2026"])
+    assert headings == list(EDITIONS["2026"])
     assert text.index("## What was measured, where") < text.index("## benchmarking_script:")
 
 
@@ -71,7 +71,7 @@ def test_a_part_not_measured_here_says_why_and_how_to_measure_it(text):
 def test_the_first_page_checklist_is_the_plans_outcomes(text):
     checklist = next(t for t in parse_tables(text) if t.title == "Every problem of the edition")
     status = {row[0]: row[1] for row in checklist.rows}
-    assert list(status) == list(PROBLEMS["2026"])
+    assert list(status) == list(EDITIONS["2026"])
     plan = pd.read_csv(WRITEUP / "handout_plan.csv")
     for problem, steps in plan.groupby("problem"):
         if (steps["outcome"] == "skipped").all():

@@ -1,4 +1,4 @@
-"""Memory per rank (the handout's optimizer_state_sharding_accounting and fsdp_accounting):
+"""Memory per rank (the handout's optimizer-state sharding and FSDP accounting):
 the bytes of parameters, gradients and optimizer state a rank really holds, counted from its
 tensors, and the estimator's prediction with each divided as the strategy divides it."""
 

@@ -11,13 +11,12 @@ from pathlib import Path
 from ..adapters import add_adapters_argument
 from ..argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser
 from ..command import Command
-from ..editions import ALL_PROBLEMS, EDITIONS, KIND_MEANING, MEASURED, PROBLEM_KIND, PROBLEMS, measured_problems
 from ..errors import UsageError
 from ..tools import prog
 from .outputs import MARKERS, check_output_dir, claim, lock
 from .parameters import SCALES, Options
 from .plan import fit_budget, format_seconds, parse_duration, total_seconds
-from .problems import build_steps
+from .problems import EDITIONS, KIND_MEANING, MEASURED, PROBLEMS, build_steps, of_edition
 from .run import PLAN_FILE, execute, log_name, not_measured_line, plan_table
 from .target import Target, assumed_target, present_target
 
@@ -37,7 +36,7 @@ of every result goes to OUTPUT_DIR/writeup.{md,tex,typ,pdf}.
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--edition", choices=EDITIONS, default="2026", help="which handout (2026)")
+    parser.add_argument("--edition", choices=tuple(EDITIONS), default="2026", help="which handout (2026)")
     parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]", help="where the steps run (auto)")
     parser.add_argument(
         "--assume-device",
@@ -92,18 +91,17 @@ def _check_loadable(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    problems = args.problems or list(measured_problems(args.edition))
-    unknown = [p for p in problems if p not in PROBLEMS[args.edition]]
+    measured = [problem.label for problem in of_edition(args.edition, MEASURED)]
+    problems = args.problems or measured
+    unknown = [p for p in problems if p not in EDITIONS[args.edition]]
     if unknown:
-        where = "" if unknown[0] not in ALL_PROBLEMS else f" (a problem of the other edition, not {args.edition})"
-        raise UsageError(
-            f"--problems {unknown[0]}: unknown{where}; choose from {', '.join(measured_problems(args.edition))}"
-        )
-    unmeasured = [p for p in problems if PROBLEM_KIND[p] != MEASURED]
+        where = "" if unknown[0] not in PROBLEMS else f" (a problem of the other edition, not {args.edition})"
+        raise UsageError(f"--problems {unknown[0]}: unknown{where}; choose from {', '.join(measured)}")
+    unmeasured = [p for p in problems if PROBLEMS[p].kind != MEASURED]
     if unmeasured:
         raise UsageError(
-            f"--problems {unmeasured[0]}: {KIND_MEANING[PROBLEM_KIND[unmeasured[0]]]}, nothing to measure; "
-            f"choose from {', '.join(measured_problems(args.edition))}"
+            f"--problems {unmeasured[0]}: {KIND_MEANING[PROBLEMS[unmeasured[0]].kind]}, nothing to measure; "
+            f"choose from {', '.join(measured)}"
         )
     budget_s = parse_duration(args.budget) if args.budget is not None else None  # '' refused there
     if args.assume_device is not None and not args.assume_device.strip():

@@ -1,15 +1,13 @@
 """The numbers of the CS336 assignment 2 (systems) handouts: every parameter a measured problem uses,
-at full and at small scale (which problems each edition has: ../editions.py; builders: problems/).
+at full and at small scale (the problems that use them: problems/).
 
 Parameters are the handouts' own (stanford-cs336/assignment2-systems, 2025 and 2026 releases): the
 size tables, contexts 128..1024 at batch 4, 5 warmup + 10 measured steps and again with 0, 1 and 2
 warmup steps, nsys (2025 every size x 128..1024; 2026 two sizes x three powers of two above 128, the
 largest the longest that fits), the attention grid (batch 8, d 16..128, sequence 256..16384, 100
 passes), the FlashAttention grid (batch 1, causal, 128..65536, bf16 and fp32, do_bench), all-reduce
-1MB..1GB on 2, 4 and 6 ranks, DDP on the XL model with buckets of 1..1000 MB (2025), and the
-leaderboards: 2025 the FlashAttention-2 forward + backward (batch 1, 16 heads of 64, sequence 16384,
-bf16, causal), 2026 a full AdamW training step of the 8B configuration below (batch 2, context 32,768,
-bf16), both timed with do_bench.
+1MB..1GB on 2, 4 and 6 ranks, DDP on the XL model with buckets of 1..1000 MB (2025). The fastest-step
+problem's own shapes are beside it (problems/).
 
 `Scale` holds every number a problem uses, so `--scale small` is the same plan at small shapes.
 """
@@ -24,15 +22,6 @@ SMALL_SHAPE = {"--d-model": 64, "--d-ff": 176, "--num-layers": 2, "--num-heads":
 # Memory at the small scale: large enough that tensors, not a CPU's allocator slack (~15 MiB of RSS), make
 # the peaks (~0.3 GiB for a training step), small enough that its runs take a minute on two cores.
 MEMORY_SHAPE = {"--d-model": 512, "--d-ff": 1344, "--num-layers": 4, "--num-heads": 8, "--vocab-size": 2000}
-LEADERBOARD_MODEL = {  # the 2026 leaderboard's Config: bf16, causal, AdamW, timed by do_bench on two B200s
-    "--vocab-size": 151_936,
-    "--d-model": 4096,
-    "--d-ff": 11_008,
-    "--num-layers": 34,
-    "--num-heads": 32,
-    "--context-length": 32_768,
-    "--batch-size": 2,
-}
 DDP_CPU_SHAPE = {"--d-model": 128, "--d-ff": 352, "--num-layers": 2, "--num-heads": 4, "--vocab-size": 1000}
 
 
@@ -57,10 +46,6 @@ class Scale:
     attention_measure: int = 100
     flash_contexts: tuple[int, ...] = tuple(2**k for k in range(7, 17))
     flash_head_dims: tuple[int, ...] = (16, 32, 64, 128)
-    flash_leaderboard: tuple[int, int, int] = (16, 16384, 64)  # 2025: (batch x heads, sequence, head dim)
-    # 2026's leaderboard: a full training step of this model (the handout's 8B configuration)
-    training_leaderboard: dict = field(default_factory=lambda: dict(LEADERBOARD_MODEL))
-    training_leaderboard_name: str = "the handout's 8B configuration"
     # None: every size; 2026's two: the smallest, and large, the largest whose training step fits three
     # powers of two above 128 on an 80 GB or a 40 GB GPU (xl fits only 256 and 512 on an H100)
     nsys_sizes: dict = field(default_factory=lambda: {"2025": None, "2026": ("small", "large")})
@@ -95,9 +80,6 @@ SMALL = Scale(
     attention_measure=10,
     flash_contexts=(64, 128),
     flash_head_dims=(16,),
-    flash_leaderboard=(2, 128, 16),
-    training_leaderboard={**SMALL_SHAPE, "--context-length": 128, "--batch-size": 2},
-    training_leaderboard_name="a tiny configuration (small scale)",
     nsys_above=16,
     nsys_max_context=128,
     allreduce_sizes=("1MB", "10MB"),

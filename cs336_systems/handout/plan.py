@@ -63,8 +63,8 @@ class Step:
     reductions: list[str] = field(default_factory=list)
     predicted_peak_bytes: int | None = None
     predicted_s: float | None = None
-    # the tool whose parser reads `flags` where `tool` is a script passing them on (nsys_profile.sh,
-    # warmup_study.py: benchmark's flags, and the script's own, which the plan always gives)
+    # the tool whose parser reads `flags` where `tool` is a script passing them on (the Nsight Systems
+    # wrapper, warmup_study.py: benchmark's flags, and the script's own, which the plan always gives)
     flags_of: str | None = None
 
     def outputs(self) -> list[str]:
@@ -82,7 +82,7 @@ class Step:
         return argv_of(self.flags, output_dir)
 
     def command(self, output_dir: Path) -> list[str]:
-        if self.tool.endswith(".sh"):  # scripts/nsys_profile.sh OUTPUT_STEM [benchmark flags]
+        if self.tool.endswith(".sh"):  # a wrapper script: OUTPUT_STEM [benchmark flags]
             return ["bash", self.tool, str(output_dir / self.flags["_stem"]), *self.argv(output_dir)]
         if self.tool.endswith(".py"):
             return [sys.executable, self.tool, *self.argv(output_dir)]

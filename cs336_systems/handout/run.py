@@ -238,11 +238,11 @@ def plan_table(steps: list[Step], target: Target) -> str:
 
 def not_measured_line(edition: str) -> str:
     """The edition's problems that have nothing to measure, by kind (--dry-run prints it under the plan)."""
-    from ..editions import MEASURED, PROBLEM_KIND, PROBLEMS
+    from .problems import MEASURED, of_edition
 
     kinds: dict[str, list[str]] = {}
-    for problem in PROBLEMS[edition]:
-        if PROBLEM_KIND[problem] != MEASURED:
-            kinds.setdefault(PROBLEM_KIND[problem], []).append(problem)
+    for problem in of_edition(edition):
+        if problem.kind != MEASURED:
+            kinds.setdefault(problem.kind, []).append(problem.label)
     parts = [f"{kind}: {', '.join(problems)}" for kind, problems in kinds.items()]
     return "Not measured (" + "; ".join(parts) + ")"

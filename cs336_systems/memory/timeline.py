@@ -16,9 +16,8 @@ from pathlib import Path
 
 from ..command import Command
 from ..errors import UsageError
+from ..units import GIB, MIB
 
-GIB = 2**30
-MIB = 2**20
 LIBRARY_PATHS = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python")  # not the user's frames
 
 

@@ -4,17 +4,10 @@
   fields.py        what tells rows apart (each tool's identity) and how a label reads
   grid.py          tables where each cell is one row's value, with the spec --verify re-derives
   benchmark.py, attention.py, distributed.py, observed.py   tables and observations per kind of row
-  problems/        the write-up of a handout plan, one module per part of the handout (timing, profile,
-                   precision, memory, attention, distributed); writeup.py orders their sections
-  summary.py       its first page: where each result was measured, and a checklist of problems
+  summary.py       where each result was measured (a column per machine)
   document.py      blocks of text and tables; markdown.py, latex.py, typst_source.py lay them out
   plots.py         the figures; build.py puts the document together; verify.py checks a write-up
-  cli.py           the command
+  cli.py           the command (a handout plan among the results: the handout writes it up)
 
 The sections and formats: docs/sweeps.md; the flags: --help.
 """
-
-from .cli import main
-from .fields import model_label
-
-__all__ = ["main", "model_label"]

@@ -1,6 +1,6 @@
-"""From result files to one Document. With a handout plan among them, the write-up of that plan
-(writeup.py: a section per problem of the edition); otherwise a report of the results as they are,
-a section per kind of row, every table one row per cell (grid.py)."""
+"""From result files to one Document: a report of the results as they are, a section per kind of
+row, every table one row per cell (grid.py). A handout plan among them is written up by the handout
+(`plan_writer`, given by the command)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from .document import Bullets, Document, Section, Text, sig3
 from .fields import label_text
 from .observe import number, ok, records, times
 from .summary import environment_table
-from .writeup import build_writeup
 
 
 def build_document(
@@ -22,15 +21,17 @@ def build_document(
     stem: str,
     paragraphs: list[str],
     paths: dict[str, Path] | None = None,
+    plan_writer=None,
 ) -> Document:
     """`frames` maps a tool (load.TOOLS) to its rows, each with its file's name in `source`;
     plots go to `directory` as `stem`_*.png. `paths` maps a file name to its path (a plan's results
-    are read from beside it)."""
-    if "handout" in frames:
+    are read from beside it); `plan_writer(plan, plan_path, directory, stem, paragraphs)` makes the
+    document of a handout plan."""
+    if "handout" in frames and plan_writer is not None:
         plan = frames["handout"]
         source = str(plan["source"].iloc[0])
         plan_path = (paths or {}).get(source, directory / source)
-        document, _ = build_writeup(
+        document, _ = plan_writer(
             plan[plan["source"] == source].drop(columns="source"), plan_path, directory, stem, paragraphs
         )
         return document
@@ -48,7 +49,7 @@ def build_document(
     if "warmup_study" in frames:
         warmup = frames["warmup_study"]
         sections.append(
-            _section("Warmup effect", "benchmarking_script").add(
+            _section("Warmup effect", "warmup").add(
                 benchmark.warmup_table(warmup), *plots.warmup_plot(warmup, directory, stem)
             )
         )
@@ -57,7 +58,7 @@ def build_document(
     if "allreduce_bench" in frames:
         rows = frames["allreduce_bench"]
         sections.append(
-            _section("All-reduce", "distributed_communication_single_node").add(
+            _section("All-reduce", "allreduce").add(
                 *distributed.allreduce_tables(rows), *plots.allreduce_plot(rows, directory, stem)
             )
         )
@@ -75,15 +76,13 @@ def build_document(
     return Document("Benchmark report", paragraphs, sections)
 
 
-def _section(title: str, problem: str | None) -> Section:
-    """A section of a results report, naming the handout problem its rows answer."""
-    section = Section(title, problem)
-    return section.add(Text(f"Handout problem: `{problem}`.")) if problem else section
+def _section(title: str, anchor: str) -> Section:
+    return Section(title, anchor)
 
 
 def benchmark_sections(frame: pd.DataFrame, directory: Path, stem: str) -> list[Section]:
     """Step time per context (one table per device and pass), phases, speedups, memory, MFU."""
-    timing = _section("Step time", "benchmarking_script")
+    timing = _section("Step time", "step-time")
     for (device, pass_type), rows in frame.groupby(["device_name", "pass_type"], dropna=False, sort=False):
         title = f"{pass_type} step time, {device}"
         timing.add(benchmark.context_table(rows, title))
@@ -97,12 +96,12 @@ def benchmark_sections(frame: pd.DataFrame, directory: Path, stem: str) -> list[
         ]
     ]
     if not phased.empty:
-        sections.append(_section("Phases", "benchmarking_script").add(benchmark.phase_table(phased, "Time per phase")))
+        sections.append(_section("Phases", "phases").add(benchmark.phase_table(phased, "Time per phase")))
     for key, base, others, title in (
         ("precision", "fp32", ("bf16", "fp16", "tf32"), "Mixed precision"),
         ("compile", "eager", ("compiled",), "torch.compile of the whole model"),
     ):
-        section = _section(title, "benchmarking_mixed_precision" if key == "precision" else "torch_compile")
+        section = _section(title, key)
         for other in others:
             if benchmark.has(frame, key, base) and benchmark.has(frame, key, other):
                 both = frame[[label_text(key, r) in (base, other) for r in frame.to_dict("records")]]
@@ -116,10 +115,10 @@ def benchmark_sections(frame: pd.DataFrame, directory: Path, stem: str) -> list[
                         labels=[("model", "model"), ("context", "context_length"), ("pass", "pass_type")],
                     )
                 )
-        if len(section.blocks) > 1:
+        if section.blocks:
             sections.append(section)
     if "peak_memory_bytes" in frame and frame["peak_memory_bytes"].notna().any():
-        memory = _section("Memory", "memory_profiling")
+        memory = _section("Memory", "memory")
         for device, rows in frame.groupby("device_name", dropna=False, sort=False):
             memory.add(
                 benchmark.memory_table(
@@ -173,7 +172,7 @@ def _slug(text: object) -> str:
 
 
 def attention_section(frame: pd.DataFrame, directory: Path, stem: str) -> Section:
-    section = _section("Attention", "pytorch_attention")
+    section = _section("Attention", "attention")
     section.add(attention.timing_table(frame, "Attention: time and memory per shape"))
     names = attention.implementations(frame)
     for base in ("naive", "sdpa"):
@@ -185,7 +184,7 @@ def attention_section(frame: pd.DataFrame, directory: Path, stem: str) -> Sectio
 
 
 def ddp_section(frame: pd.DataFrame) -> Section:
-    section = _section("Data-parallel training", "naive_ddp_benchmarking")
+    section = _section("Data-parallel training", "data-parallel")
     section.add(Text("One table row per measured configuration: strategies are never folded together."))
     for source, rows in frame.groupby("source", sort=False):
         section.add(distributed.ddp_time_table(rows, f"Time per training step: {source}"))

@@ -21,7 +21,6 @@ from .build import build_document
 from .latex import document_latex, table_latex
 from .load import TOOLS, load_each, read_file, tool_of
 from .markdown import document_markdown, table_markdown
-from .problems import load_files
 from .typst_source import INSTALL_HINT, compile_pdf, document_typst, table_typst
 
 PROG = prog("report")
@@ -119,7 +118,10 @@ def run(args: argparse.Namespace) -> int:
         output.parent.mkdir(parents=True, exist_ok=True)
     paths = {Path(raw).name: Path(raw) for raw in args.results}
     plots.UNWRITTEN.clear()
-    document = build_document(frames, outputs[0].parent, outputs[0].stem, [*args.note, generated], paths)
+    plan_writer = _handout().build_writeup if "handout" in frames else None
+    document = build_document(
+        frames, outputs[0].parent, outputs[0].stem, [*args.note, generated], paths, plan_writer=plan_writer
+    )
     # A full disk: each file that could not be written is one line, the others are written (Markdown first,
     # the smallest); the inputs are untouched.
     unwritten = [f"{PROG}: error: {problem}" for problem in plots.UNWRITTEN]
@@ -135,6 +137,14 @@ def run(args: argparse.Namespace) -> int:
     for line in unwritten:
         print(line, file=sys.stderr)
     return EXIT_FAILED if problems or unwritten else EXIT_OK
+
+
+def _handout():
+    """The handout's write-up (its sections, its checklist), for a handout plan among the results: the
+    command hands the plan to its maker; report itself knows no handout edition."""
+    from ..handout import writeup
+
+    return writeup
 
 
 def _inside(path: str | Path, directory: Path) -> bool:
@@ -178,7 +188,7 @@ def result_files(raws: list[str]) -> tuple[dict[str, pd.DataFrame], list[str]]:
             continue
         frames[path.name] = frame.assign(source=path.name)
         if tool_of(frame) == "handout":
-            found, missing = load_files(frame, path.parent)
+            found, missing = _handout().load_files(frame, path.parent)
             frames.update({name: rows for name, rows in found.items() if name not in frames})
             problems += missing
     # a write-up names a JSONL where the plan named its CSV twin: both names find the rows
@@ -196,7 +206,8 @@ def run_verify(writeup: Path, raws: list[str]) -> int:
     frames, problems = result_files(raws)
     if problems:
         raise UsageError(problems[0])
-    checked, failures = verify(writeup, frames)
+    plan = any(tool_of(frame) == "handout" for frame in frames.values())
+    checked, failures = verify(writeup, frames, _handout().REBUILD if plan else None)
     for line in failures:
         print(f"{PROG}: {writeup}: {line}", file=sys.stderr)
     if failures:

@@ -1,34 +1,108 @@
-"""Every measured problem of the CS336 assignment 2 (systems) handout, mapped to this project's tools:
-one builder per problem turns the handout's parameters (parameters.py) into the plan's steps, by part:
-model.py (benchmarking, mixed precision, checkpointing), profiling.py (nsys, memory), attention.py,
-distributed.py, leaderboard.py. Implementation and analytic problems have no builder: nothing runs.
+"""Every problem of the CS336 assignment 2 (systems) handout as one object (base.Problem): its kind,
+title, official test, how the plan measures it and how the write-up answers it. One module per
+problem or small group; `EDITIONS` lists each edition's problems in the handout's order, and
+`PROBLEMS` is the one registry.
 """
 
 from __future__ import annotations
 
-from ...editions import MEASURED, PROBLEM_KIND, PROBLEMS
 from ...errors import UsageError
 from ..parameters import Options
 from ..plan import Step, fit_verdict, predict
 from ..target import Target
-from .attention import flash_benchmarking, pytorch_attention, torch_compile
-from .distributed import DDP_PROBLEMS, ddp, distributed_communication_single_node
-from .leaderboard import leaderboard
-from .model import (
-    benchmarking_mixed_precision,
-    benchmarking_script,
-    gradient_checkpointing,
-    mixed_precision_accumulation,
+from . import (
+    attention,
+    benchmarking,
+    checkpointing,
+    communication,
+    data_parallel,
+    leaderboard,
+    memory,
+    nsys,
+    paper,
+    precision,
 )
-from .profiling import memory_profiling, nsys_profile
+from .base import ANALYTIC, IMPLEMENTATION, KIND_MEANING, MEASURED, Problem
+
+PROBLEMS: dict[str, Problem] = {
+    problem.label: problem
+    for problem in (
+        benchmarking.PROBLEM,
+        nsys.PROBLEM,
+        precision.ACCUMULATION_PROBLEM,
+        precision.BENCHMARKING_PROBLEM,
+        memory.PROBLEM,
+        checkpointing.PROBLEM,
+        attention.PYTORCH_ATTENTION_PROBLEM,
+        attention.TORCH_COMPILE_PROBLEM,
+        attention.FLASH_BENCHMARKING_PROBLEM,
+        communication.PROBLEM,
+        *data_parallel.PROBLEMS,
+        leaderboard.PROBLEM,
+        *paper.PROBLEMS,
+    )
+}
+
+# The runs of problems both handouts have, in the same order.
+_PROFILING = (
+    "benchmarking_script",
+    "nsys_profile",
+    "mixed_precision_accumulation",
+    "benchmarking_mixed_precision",
+    "memory_profiling",
+)
+_ATTENTION = ("pytorch_attention", "torch_compile", "flash_forward", "flash_backward", "flash_benchmarking")
+_DDP = (
+    "distributed_communication_single_node",
+    "naive_ddp",
+    "naive_ddp_benchmarking",
+    "minimal_ddp_flat_benchmarking",
+    "ddp_overlap_individual_parameters",
+    "ddp_overlap_individual_parameters_benchmarking",
+)
+_SHARDING = ("optimizer_state_sharding", "optimizer_state_sharding_accounting")
+# Every problem of each edition, in the handout's order (2025's leaderboard is its section 1.3.3,
+# right after flash_benchmarking; 2026's is the last problem).
+EDITIONS: dict[str, tuple[str, ...]] = {
+    "2025": (
+        *_PROFILING,
+        *_ATTENTION,
+        "leaderboard",
+        *_DDP,
+        "ddp_overlap_bucketed",
+        "ddp_bucketed_benchmarking",
+        "communication_accounting",
+        *_SHARDING,
+    ),
+    "2026": (
+        *_PROFILING,
+        "gradient_checkpointing",
+        *_ATTENTION,
+        *_DDP,
+        *_SHARDING,
+        "fsdp",
+        "fsdp_accounting",
+        "alternate_ring_all_reduce",
+        "data_parallel_calcs",
+        "fsdp_calcs",
+        "tp_calcs",
+        "fsdp_tp_calcs",
+        "leaderboard",
+    ),
+}
 
 
-def build_steps(options: Options, target: Target, problems: list[str]) -> list[Step]:
+def of_edition(edition: str, kind: str | None = None) -> list[Problem]:
+    """The edition's problems in the handout's order (of one kind, if given)."""
+    return [PROBLEMS[label] for label in EDITIONS[edition] if kind is None or PROBLEMS[label].kind == kind]
+
+
+def build_steps(options: Options, target: Target, labels: list[str]) -> list[Step]:
     """The plan: every step of the chosen problems in the handout's order, predicted and judged."""
     steps: list[Step] = []
-    for problem in PROBLEMS[options.edition]:
-        if problem in problems and PROBLEM_KIND[problem] == MEASURED:
-            steps += BUILDERS[problem](options, target)
+    for problem in of_edition(options.edition, MEASURED):
+        if problem.label in labels:
+            steps += problem.plan(options, target)
     for step in steps:
         if step.status == "run":
             try:
@@ -44,17 +118,4 @@ def build_steps(options: Options, target: Target, problems: list[str]) -> list[S
     return steps
 
 
-BUILDERS = {
-    "benchmarking_script": benchmarking_script,
-    "nsys_profile": nsys_profile,
-    "mixed_precision_accumulation": mixed_precision_accumulation,
-    "benchmarking_mixed_precision": benchmarking_mixed_precision,
-    "memory_profiling": memory_profiling,
-    "gradient_checkpointing": gradient_checkpointing,
-    "pytorch_attention": pytorch_attention,
-    "torch_compile": torch_compile,
-    "flash_benchmarking": flash_benchmarking,
-    "distributed_communication_single_node": distributed_communication_single_node,
-    **{problem: (lambda options, target, problem=problem: ddp(problem, options, target)) for problem in DDP_PROBLEMS},
-    "leaderboard": leaderboard,
-}
+__all__ = ["ANALYTIC", "EDITIONS", "IMPLEMENTATION", "KIND_MEANING", "MEASURED", "PROBLEMS", "Problem", "of_edition"]

@@ -1,12 +1,24 @@
-"""The handout's attention problems: PyTorch attention, torch.compile, your FlashAttention-2."""
+"""The attention problems: pytorch_attention (naive attention over the handout's grid of head sizes
+and sequence lengths, out-of-memory as rows), torch_compile (the same grid compiled, and the whole
+model compiled) and flash_benchmarking (the student's FlashAttention-2 against PyTorch attention)."""
 
 from __future__ import annotations
 
+import pandas as pd
+
+from ...report import attention, benchmark, plots
+from ...report.document import Bullets, Heading, Section, Text, sig3
+from ...report.fields import label_text
+from ...report.observe import number, ok, pick, records, slope, span, times
 from ...tools import module_name
+from ...units import MIB
 from ..parameters import Options
 from ..plan import Step
 from ..target import Target
-from .model import sizes, sweep
+from .base import Problem, Results, finish, section
+from .model_steps import sizes, sweep
+
+PYTORCH_ATTENTION, TORCH_COMPILE, FLASH_BENCHMARKING = "pytorch_attention", "torch_compile", "flash_benchmarking"
 
 
 def attention_step(options: Options, name: str, problem: str, part: str, flags: dict) -> Step:
@@ -42,11 +54,11 @@ def pytorch_attention_grid(options: Options, implementation: str) -> dict:
     }
 
 
-def pytorch_attention(options: Options, target: Target) -> list[Step]:
+def plan_pytorch_attention(options: Options, target: Target) -> list[Step]:
     step = attention_step(
         options,
-        "pytorch_attention",
-        "pytorch_attention",
+        PYTORCH_ATTENTION,
+        PYTORCH_ATTENTION,
         f"(a) naive attention, batch {options.scale.attention_batch}, one head, forward and backward",
         pytorch_attention_grid(options, "naive"),
     )
@@ -57,12 +69,12 @@ def pytorch_attention(options: Options, target: Target) -> list[Step]:
     return [step]
 
 
-def torch_compile(options: Options, target: Target) -> list[Step]:
+def plan_torch_compile(options: Options, target: Target) -> list[Step]:
     scale = options.scale
     attention = attention_step(
         options,
-        "torch_compile-attention",
-        "torch_compile",
+        f"{TORCH_COMPILE}-attention",
+        TORCH_COMPILE,
         "(a) torch.compile'd attention on the pytorch_attention grid",
         pytorch_attention_grid(options, "compiled"),
     )
@@ -72,7 +84,7 @@ def torch_compile(options: Options, target: Target) -> list[Step]:
         steps += sweep(
             options,
             target,
-            "torch_compile",
+            TORCH_COMPILE,
             "b",
             "(b) compiled model",
             size,
@@ -86,13 +98,13 @@ def torch_compile(options: Options, target: Target) -> list[Step]:
     return steps
 
 
-def flash_benchmarking(options: Options, target: Target) -> list[Step]:
+def plan_flash_benchmarking(options: Options, target: Target) -> list[Step]:
     scale = options.scale
     implementations = ["naive", "flash-triton" if target.type == "cuda" else "flash-pytorch"]
     step = attention_step(
         options,
-        "flash_benchmarking",
-        "flash_benchmarking",
+        FLASH_BENCHMARKING,
+        FLASH_BENCHMARKING,
         f"(a) your FlashAttention-2 ({implementations[1]}) against PyTorch attention, batch 1, causal",
         {
             "--implementations": implementations,
@@ -117,3 +129,159 @@ def flash_benchmarking(options: Options, target: Target) -> list[Step]:
     elif not target.triton:
         step.skip("flash-triton needs Triton, which is not installed")
     return [step]
+
+
+def write_pytorch_attention(problem: Results) -> Section:
+    out = section(problem)
+    rows = problem.rows("attention_bench")
+    if not rows.empty:
+        out.add(attention.timing_table(rows, "Naive attention: time and memory per head dimension and sequence length"))
+        out.add(*plots.attention_plot(rows, problem.out_dir, f"{problem.stem}_pytorch_attention"))
+        out.add(Bullets(attention_observations(records(rows, "attention_bench"))))
+    return finish(problem, out)
+
+
+def attention_observations(rows: list[dict]) -> list[str]:
+    lines = []
+    failed = [r for r in rows if r.get("status") == "oom"]
+    if failed:
+        first = min(failed, key=lambda r: (number(r, "context_length"), number(r, "head_dim")))
+        lines.append(
+            f"The first out-of-memory is at sequence length {label_text('context_length', first)} "
+            f"(head dim {label_text('head_dim', first)}); {len(failed)} of {len(rows)} shapes ran out of memory."
+        )
+    else:
+        lines.append(f"Every one of the {len(rows)} shapes ran; none ran out of memory on this device.")
+    for d in dict.fromkeys(label_text("head_dim", r) for r in ok(rows)):
+        mine = [r for r in ok(rows) if label_text("head_dim", r) == d]
+        held = slope([(number(r, "context_length"), number(r, "memory_before_backward_bytes")) for r in mine])
+        took = slope([(number(r, "context_length"), number(r, "forward_mean_ms")) for r in mine])
+        parts = []
+        if held is not None:
+            parts.append(f"memory held before backward grows as sequence^{held:.1f}")
+        if took is not None:
+            parts.append(f"forward time as sequence^{took:.1f}")
+        if parts:
+            lines.append(f"Head dim {d}: " + ", ".join(parts) + " (log-log slope over the measured lengths).")
+    largest = max(ok(rows), key=lambda r: number(r, "scores_bytes") or 0, default=None)
+    if number(largest, "scores_bytes"):
+        lines.append(
+            f"At sequence length {label_text('context_length', largest)} the score matrix alone is "
+            f"{sig3(number(largest, 'scores_bytes') / MIB)} MiB (batch x seq x seq x element size), and the "
+            "backward keeps it (and the softmax of it) until it runs."
+        )
+    return lines
+
+
+def write_torch_compile(problem: Results) -> Section:
+    out = section(problem)
+    eager = problem.other(PYTORCH_ATTENTION)
+    compiled = problem.rows("attention_bench")
+    out.add(Heading("(a) Compiled attention against the uncompiled one"))
+    if not compiled.empty:
+        base = eager.rows("attention_bench") if eager else pd.DataFrame()
+        both = pd.concat([base, compiled], ignore_index=True)
+        out.add(attention.versus_table(both, "naive", "compiled", "Uncompiled (naive) and compiled attention"))
+        out.add(Bullets(versus_observations(records(both, "attention_bench"), "naive", "compiled")))
+    compiled_model(problem, out)
+    return finish(problem, out)
+
+
+def versus_observations(rows: list[dict], base: str, other: str) -> list[str]:
+    lines = []
+    for phase in ("forward", "backward", "end_to_end"):
+        ratios = []
+        for row in ok(rows):
+            if label_text("implementation", row) != base:
+                continue
+            shape = {k: label_text(k, row) for k in ("head_dim", "context_length", "precision")}
+            partner = pick(ok(rows), implementation=other, **shape)
+            a, b = number(row, f"{phase}_mean_ms"), number(partner, f"{phase}_mean_ms")
+            if a and b:
+                ratios.append((a / b, shape))
+        if ratios:
+            best = max(ratios, key=lambda r: r[0])
+            lines.append(
+                f"{phase.replace('_', '-')}: {other} runs {span([r for r, _ in ratios])} as fast as {base}; the largest "
+                f"gain at head dim {best[1]['head_dim']}, sequence {best[1]['context_length']} ({best[1]['precision']})."
+            )
+    return lines
+
+
+def write_flash_benchmarking(problem: Results) -> Section:
+    out = section(problem)
+    rows = problem.rows("attention_bench")
+    if not rows.empty:
+        flash = [i for i in attention.implementations(rows) if i.startswith("flash")]
+        out.add(attention.timing_table(rows, "Your FlashAttention-2 and PyTorch attention"))
+        caveats = _flash_caveats(rows)
+        if caveats:
+            out.add(Text("About these rows: " + " ".join(caveats)))
+        base = "naive" if (rows["implementation"] == "naive").any() else None
+        for name in flash:
+            if base:
+                out.add(attention.speedup_only_table(rows, base, name, f"Speedup of {name} over {base}"))
+                out.add(
+                    Bullets(
+                        versus_observations(records(rows, "attention_bench"), base, name)
+                        + correctness(records(rows, "attention_bench"), name)
+                    )
+                )
+    return finish(problem, out)
+
+
+def _flash_caveats(rows: pd.DataFrame) -> list[str]:
+    """Each distinct note of the flash rows once (e.g. a forward that ignores is_causal), not per row."""
+    notes = []
+    for row in records(rows, "attention_bench"):
+        for note in str(row.get("notes") or "").split("; "):
+            if note and "CV" not in note and note not in notes and note != "None":
+                notes.append(note)
+    implementations = ", ".join(i for i in attention.implementations(rows) if i.startswith("flash"))
+    return [f"{implementations}: {note}." for note in notes]
+
+
+def correctness(rows: list[dict], implementation: str) -> list[str]:
+    mine = [r for r in rows if label_text("implementation", r) == implementation]
+    out_err = [number(r, "max_abs_err_out") for r in mine if number(r, "max_abs_err_out") is not None]
+    grad_err = [number(r, "max_abs_err_grad") for r in mine if number(r, "max_abs_err_grad") is not None]
+    tolerance = next((number(r, "check_tolerance") for r in mine if number(r, "check_tolerance")), None)
+    if not out_err:
+        return []
+    text = f"Checked against fp32 attention: largest output error {max(out_err):.1e}"
+    text += f", gradient error {max(grad_err):.1e}" if grad_err else ""
+    text += f" (tolerance {tolerance:.0e})" if tolerance else ""
+    return [text + "."]
+
+
+def compiled_model(problem: Results, out: Section) -> None:
+    """torch_compile (b): the whole model eager and compiled."""
+    rows = problem.rows("benchmark")
+    out.add(Heading("(b) The whole model compiled"))
+    if rows.empty:
+        return
+    out.add(benchmark.speedup_table(rows, "compile", "eager", "compiled", "Eager and compiled model"))
+    lines = []
+    for r in records(rows, "benchmark"):
+        if label_text("compile", r) != "eager":
+            continue
+        other = pick(
+            ok(records(rows, "benchmark")), model=r["model"], pass_type=label_text("pass_type", r), compile="compiled"
+        )
+        if r.get("status") == "ok" and number(other, "mean_ms"):
+            lines.append(
+                f"{r['model']}, {label_text('pass_type', r)}: compiled runs {times(number(r, 'mean_ms') / number(other, 'mean_ms'))} as fast as eager."
+            )
+    first = [number(r, "compile_s") for r in records(rows, "benchmark") if number(r, "compile_s")]
+    if first:
+        lines.append(f"Compiling took {span(first, ' s')} before the first step.")
+    out.add(Bullets(lines))
+
+
+PYTORCH_ATTENTION_PROBLEM = Problem(
+    PYTORCH_ATTENTION, "PyTorch Attention Benchmarking", plan=plan_pytorch_attention, write=write_pytorch_attention
+)
+TORCH_COMPILE_PROBLEM = Problem(TORCH_COMPILE, "Torch Compile", plan=plan_torch_compile, write=write_torch_compile)
+FLASH_BENCHMARKING_PROBLEM = Problem(
+    FLASH_BENCHMARKING, "FlashAttention-2 Benchmarking", plan=plan_flash_benchmarking, write=write_flash_benchmarking
+)

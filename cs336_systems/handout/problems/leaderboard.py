@@ -6,27 +6,58 @@ largest that does is named instead (the handout's context kept as long as possib
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from ...report import attention
+from ...report.document import Bullets, Section, sig3
+from ...report.fields import label_text
+from ...report.grid import Value, grid
+from ...report.observe import number, ok, records
 from ...tools import module_name
-from ..parameters import Options
+from ..parameters import SMALL_SHAPE, Options
 from ..plan import Step, fit_verdict, model_configs, predicted_peak
 from ..target import Target
 from .attention import attention_step
-from .model import STUDENT_MODEL, defined_in_repository, training_optimizer
+from .base import Problem, Results, finish, section
+from .model_steps import STUDENT_MODEL, defined_in_repository, training_optimizer
 
+LABEL = "leaderboard"
+# 2026: a full training step of the handout's 8B configuration (its Config: bf16, causal, AdamW, timed
+# by do_bench on two B200s); 2025: the FlashAttention-2 forward + backward (batch x heads, sequence, d)
+MODEL_8B = {
+    "--vocab-size": 151_936,
+    "--d-model": 4096,
+    "--d-ff": 11_008,
+    "--num-layers": 34,
+    "--num-heads": 32,
+    "--context-length": 32_768,
+    "--batch-size": 2,
+}
+
+
+@dataclass(frozen=True)
+class Shapes:
+    flash: tuple[int, int, int]  # 2025: (batch x heads, sequence, head dim)
+    training: dict  # 2026: the model and batch of the training step
+    training_name: str
+
+
+SHAPES = {
+    "full": Shapes((16, 16384, 64), MODEL_8B, "the handout's 8B configuration"),
+    "small": Shapes(
+        (2, 128, 16), {**SMALL_SHAPE, "--context-length": 128, "--batch-size": 2}, "a tiny configuration (small scale)"
+    ),
+}
 MIN_CONTEXT = 128  # a smaller configuration keeps at least this context
 BENCHMARK = module_name("benchmark")
 
 
-def leaderboard(options: Options, target: Target) -> list[Step]:
-    return flash_leaderboard(options, target) if options.edition == "2025" else training_leaderboard(options, target)
-
-
 def flash_leaderboard(options: Options, target: Target) -> list[Step]:
-    batch_heads, sequence, head_dim = options.scale.flash_leaderboard
+    batch_heads, sequence, head_dim = SHAPES[options.scale.name].flash
     step = attention_step(
         options,
-        "leaderboard",
-        "leaderboard",
+        LABEL,
+        LABEL,
         f"your Triton FlashAttention-2, forward + backward, {batch_heads} heads x {head_dim}, sequence {sequence}, "
         "bf16, causal, do_bench",
         {
@@ -70,7 +101,7 @@ def fitted_configuration(target: Target, flags: dict) -> tuple[int, int] | None:
 
 def training_leaderboard(options: Options, target: Target) -> list[Step]:
     scale = options.scale
-    shape = dict(scale.training_leaderboard)
+    shape = dict(SHAPES[scale.name].training)
     model_factory = options.model_factory or (STUDENT_MODEL if defined_in_repository(STUDENT_MODEL) else None)
     optimizer, optimizer_name, optimizer_note = training_optimizer(options)
     # the handout's own model materialises the T x T scores: estimate a student's model as naive attention
@@ -93,7 +124,7 @@ def training_leaderboard(options: Options, target: Target) -> list[Step]:
     full_peak = leaderboard_peak(target, estimated, layers, context)
     gpu = target.type == "cuda"
     fitted = fitted_configuration(target, estimated) if gpu and scale.name == "full" else (layers, context)
-    named = scale.training_leaderboard_name
+    named = SHAPES[scale.name].training_name
     notes = []
     if fitted is not None and fitted != (layers, context):
         notes.append(
@@ -111,7 +142,7 @@ def training_leaderboard(options: Options, target: Target) -> list[Step]:
             "--warmup-steps": 0 if timer == "do-bench" else scale.warmup,  # do_bench warms up by itself
             "--measure-steps": 3 if timer == "do-bench" else scale.measure,
             "--device": options.device,
-            "--output": ["leaderboard.csv", "leaderboard.jsonl", "leaderboard.md"],
+            "--output": [f"{LABEL}.csv", f"{LABEL}.jsonl", f"{LABEL}.md"],
             "_estimate_builtin": True,  # the student's model is the handout's architecture
             "_estimate_attention": attention,
         }
@@ -123,14 +154,14 @@ def training_leaderboard(options: Options, target: Target) -> list[Step]:
     model_name = f"your model ({model_factory})" if model_factory else "the built-in model"
     timed = {"do-bench": "do_bench", "cuda-event": "CUDA events (no Triton here)", "host": "the host timer (no GPU)"}
     step = Step(
-        "leaderboard",
-        "leaderboard",
+        LABEL,
+        LABEL,
         f"a full training step of {model_name} with {optimizer_name}, bf16 autocast, {named}, "
         f"batch {shape['--batch-size']}, timed with {timed[timer]}",
         module_name("benchmark"),
         flags,
         kind="benchmark",
-        reads=("leaderboard.csv",),
+        reads=(f"{LABEL}.csv",),
     )
     step.reductions += notes + ([optimizer_note] if optimizer_note else [])
     if not model_factory:
@@ -145,3 +176,56 @@ def training_leaderboard(options: Options, target: Target) -> list[Step]:
     elif timer == "cuda-event":
         step.reductions.append("Triton is not installed: CUDA event pairs instead of do_bench")
     return [step]
+
+
+def write_flash(problem: Results) -> Section:
+    out = section(problem)
+    rows = problem.rows("attention_bench")
+    if not rows.empty:
+        out.add(
+            attention.timing_table(
+                rows,
+                "FlashAttention-2 forward and backward, the leaderboard's shape",
+                phases=("forward", "backward", "end_to_end"),
+            )
+        )
+        best = [number(r, "end_to_end_mean_ms") for r in ok(records(rows, "attention_bench"))]
+        if best:
+            out.add(Bullets([f"Forward plus backward: {sig3(min(best))} ms (the leaderboard's number)."]))
+    return finish(problem, out)
+
+
+def write_training(problem: Results) -> Section:
+    out = section(problem)
+    rows = problem.rows("benchmark")
+    if not rows.empty:
+        out.add(
+            grid(
+                rows,
+                "benchmark",
+                title="A full training step: zero_grad, forward, cross-entropy, backward, AdamW step",
+                caption="Mean ± std of the measured steps, ms",
+                labels=[("model", "model"), ("context", "context_length"), ("batch", "batch_size")],
+                values=[Value("step (ms)", "mean_ms", "ms±"), Value("tokens/s", "tokens_per_s", "sig3")],
+            )
+        )
+        lines = []
+        for row in ok(records(rows, "benchmark")):
+            lines.append(
+                f"{row['model']}, context {label_text('context_length', row)}, batch {label_text('batch_size', row)}, "
+                f"{label_text('precision', row)}: {sig3(number(row, 'mean_ms'))} ms per training step "
+                f"({label_text('timer', row)} timer)."
+            )
+        out.add(Bullets(lines))
+    return finish(problem, out)
+
+
+PLANS = {"2025": flash_leaderboard, "2026": training_leaderboard}
+WRITERS = {"2025": write_flash, "2026": write_training}
+PROBLEM = Problem(
+    LABEL,
+    "Leaderboard: Fastest Training Step",
+    plan=lambda options, target: PLANS[options.edition](options, target),
+    write=lambda results: WRITERS[results.edition](results),
+    titles={"2025": "FlashAttention-2 Leaderboard"},
+)

@@ -1,13 +1,65 @@
-"""The write-up's timing problems: benchmarking_script (a-c), torch_compile (b), the 2026 leaderboard."""
+"""benchmarking_script: (a) the timing script, (b) forward, backward and optimizer step of each size,
+(c) the effect of warmup. The plan sweeps each size at the timing context (2026 times a training step
+too) and runs the warmup study; the section shows each phase's time and what the rows say."""
 
 from __future__ import annotations
 
-from .. import benchmark, plots
-from ..document import Bullets, Heading, Section, Text, sig3
-from ..fields import label_text
-from ..grid import Value, grid
-from ..observe import change, number, ok, pick, records, span, times
-from . import Problem, finish, section
+from ...report import benchmark, plots
+from ...report.document import Bullets, Heading, Section, Text, sig3
+from ...report.fields import label_text
+from ...report.observe import change, number, ok, records, span, times
+from ...tools import module_name
+from ..parameters import Options
+from ..plan import Step
+from ..target import Target
+from .base import Problem, Results, finish, section
+from .model_steps import SCRIPTS, model_flags, script_here, sizes, sweep
+
+LABEL = "benchmarking_script"
+# 2026 times the optimizer step too (forward / backward / AdamW columns); 2025 forward and backward
+PASSES = {"2025": ["forward", "forward-backward"], "2026": ["forward", "forward-backward", "train-step"]}
+
+
+def plan(options: Options, target: Target) -> list[Step]:
+    scale = options.scale
+    passes = PASSES[options.edition]
+    steps = []
+    for size in sizes(options):
+        steps += sweep(
+            options,
+            target,
+            LABEL,
+            "b",
+            "(b) timing",
+            size,
+            {"--context-lengths": [scale.timing_context], "--pass-types": passes, "--precisions": ["fp32"]},
+        )
+    warmup = Step(
+        f"{LABEL}-c-warmup",
+        LABEL,
+        "(c) 0, 1, 2 and 5 warmup steps, each in a fresh process",
+        str(SCRIPTS / "warmup_study.py"),
+        kind="warmup",
+        flags_of=module_name("benchmark"),  # the script's flags are benchmark's, and its own --warmups
+    )
+    size = sizes(options)[0]
+    warmup.flags = {
+        **model_flags(options, size),
+        "--context-length": scale.timing_context,
+        "--batch-size": scale.batch,
+        "--measure-steps": scale.measure,
+        "--warmups": [0, 1, 2, 5],
+        "--device": options.device,
+        "--output-dir": ".",
+    }
+    warmup.flags["--model-size"] = warmup.flags.pop("--model-sizes")[0]
+    device_type = "cpu" if options.device == "cpu" else "cuda"
+    warmup.reads = (f"warmup_study_{device_type}.csv",)
+    warmup.figures = (f"warmup_study_{device_type}.png",)
+    warmup.flags["_writes"] = [f"warmup_study_{device_type}.{ext}" for ext in ("csv", "md", "png")]
+    if not script_here("scripts/warmup_study.py"):
+        warmup.skip("scripts/warmup_study.py is not here (installed without the repository's scripts/)")
+    return [*steps, warmup]
 
 
 def _model_rows(rows: list[dict], pass_type: str) -> dict[str, dict]:
@@ -84,7 +136,7 @@ def warmup_observations(rows: list[dict]) -> list[str]:
     return lines
 
 
-def benchmarking_script(problem: Problem) -> Section:
+def write(problem: Results) -> Section:
     out = section(problem)
     step = problem.step("-b")
     out.add(Heading("(a) The script"))
@@ -114,52 +166,4 @@ def benchmarking_script(problem: Problem) -> Section:
     return finish(problem, out)
 
 
-def compiled_model(problem: Problem, out: Section) -> None:
-    """torch_compile (b): the whole model eager and compiled."""
-    rows = problem.rows("benchmark")
-    out.add(Heading("(b) The whole model compiled"))
-    if rows.empty:
-        return
-    out.add(benchmark.speedup_table(rows, "compile", "eager", "compiled", "Eager and compiled model"))
-    lines = []
-    for r in records(rows, "benchmark"):
-        if label_text("compile", r) != "eager":
-            continue
-        other = pick(
-            ok(records(rows, "benchmark")), model=r["model"], pass_type=label_text("pass_type", r), compile="compiled"
-        )
-        if r.get("status") == "ok" and number(other, "mean_ms"):
-            lines.append(
-                f"{r['model']}, {label_text('pass_type', r)}: compiled runs {times(number(r, 'mean_ms') / number(other, 'mean_ms'))} as fast as eager."
-            )
-    first = [number(r, "compile_s") for r in records(rows, "benchmark") if number(r, "compile_s")]
-    if first:
-        lines.append(f"Compiling took {span(first, ' s')} before the first step.")
-    out.add(Bullets(lines))
-
-
-def leaderboard(problem: Problem) -> Section:
-    """2026: one full training step of the leaderboard's model (the 2025 leaderboard times
-    FlashAttention-2 alone: attention.leaderboard_2025)."""
-    out = section(problem)
-    rows = problem.rows("benchmark")
-    if not rows.empty:
-        out.add(
-            grid(
-                rows,
-                "benchmark",
-                title="A full training step: zero_grad, forward, cross-entropy, backward, AdamW step",
-                caption="Mean ± std of the measured steps, ms",
-                labels=[("model", "model"), ("context", "context_length"), ("batch", "batch_size")],
-                values=[Value("step (ms)", "mean_ms", "ms±"), Value("tokens/s", "tokens_per_s", "sig3")],
-            )
-        )
-        lines = []
-        for row in ok(records(rows, "benchmark")):
-            lines.append(
-                f"{row['model']}, context {label_text('context_length', row)}, batch {label_text('batch_size', row)}, "
-                f"{label_text('precision', row)}: {sig3(number(row, 'mean_ms'))} ms per training step "
-                f"({label_text('timer', row)} timer)."
-            )
-        out.add(Bullets(lines))
-    return finish(problem, out)
+PROBLEM = Problem(LABEL, "Benchmarking Script", plan=plan, write=write)

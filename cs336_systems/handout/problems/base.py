@@ -1,39 +1,77 @@
-"""The write-up of a handout plan: one section per problem of the edition, in the handout's order.
+"""A handout problem is one object: what it asks for (measured, an implementation the official tests
+check, a derivation), its title, its official test, how the plan measures it and how the write-up
+answers it from the rows its steps wrote.
 
-A measured problem's section shows, part by part, the tables and figures its deliverable asks
-for (built from the rows of its steps' result files), observations computed from those rows, and
-for each part not measured here one line saying why with the command that measures it. An
-implementation problem points at the official tests; a derivation is the student's, with the
-measured rates it may use.
+`Results` is one problem's side of the write-up: its plan rows (steps) and the rows of the files
+they wrote. The helpers below give every section the same ending: what was reduced, and what was
+not measured, why, and the command that measures it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from ...editions import OFFICIAL_TESTS, problem_title
-from ..document import Bullets, Section, Text
-from ..load import read_file, tool_of
+from ...report.document import Bullets, Section
+from ...report.load import read_file, tool_of
+from ..parameters import Options
+from ..plan import Step
+from ..target import Target
+
+# What a problem asks for: `measured` (the plan runs something for it), `implementation` (code the
+# official tests check: nothing to measure), `analytic` (the student derives it on paper).
+MEASURED, IMPLEMENTATION, ANALYTIC = "measured", "implementation", "analytic"
+KIND_MEANING = {
+    IMPLEMENTATION: "an implementation the official tests check",
+    ANALYTIC: "a derivation on paper",
+    MEASURED: "measured by the plan",
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem of the handout. `plan` makes its steps for an edition and a device; `write` its
+    write-up section from its results (None: the kind's own section, see `section_of`)."""
+
+    label: str
+    title: str
+    kind: str = MEASURED
+    official_test: str | None = None  # `uv run pytest ...` arguments, as the handout gives them
+    plan: Callable[[Options, Target], list[Step]] | None = None
+    write: Callable[[Results], Section] | None = None
+    titles: Mapping[str, str] = field(default_factory=dict)  # an edition whose handout titles it otherwise
+
+    def title_in(self, edition: str) -> str:
+        return self.titles.get(edition, self.title)
 
 
 @dataclass
-class Problem:
-    """One problem of the plan: its steps (plan rows) and the rows of the files they wrote."""
+class Results:
+    """One problem of the plan in the write-up: its steps (plan rows) and the rows of the files they wrote."""
 
-    label: str
+    problem: Problem
     edition: str
     steps: list[dict]
     directory: Path  # the plan's directory: the steps' outputs are there
     out_dir: Path  # where figures of the write-up go
     stem: str
     files: dict[str, pd.DataFrame] = field(default_factory=dict)  # file name -> rows (with `source`)
+    others: dict[str, Results] = field(default_factory=dict, repr=False)  # every problem's, by label
+
+    @property
+    def label(self) -> str:
+        return self.problem.label
 
     @property
     def title(self) -> str:
-        return problem_title(self.label, self.edition)
+        return self.problem.title_in(self.edition)
+
+    def other(self, label: str) -> Results | None:
+        """Another problem's results, where a section compares with them (None when not in the plan)."""
+        return self.others.get(label)
 
     def step(self, contains: str) -> dict | None:
         return next((s for s in self.steps if contains in str(s["step"])), None)
@@ -82,10 +120,10 @@ def load_files(plan: pd.DataFrame, directory: Path) -> tuple[dict[str, pd.DataFr
     return files, problems
 
 
-def not_measured(problem: Problem) -> list[str]:
+def not_measured(results: Results) -> list[str]:
     """One line per step that did not run or did not finish: why, and the command that measures it."""
     lines = []
-    for step in problem.steps:
+    for step in results.steps:
         outcome = str(step.get("outcome"))
         command = str(step.get("command") or "")
         to_measure = f" To measure it: `{command}`." if command and command != "nan" else ""
@@ -100,10 +138,10 @@ def not_measured(problem: Problem) -> list[str]:
     return lines
 
 
-def reductions(problem: Problem) -> list[str]:
+def reductions(results: Results) -> list[str]:
     return [
         f"{_part(s)}: {s['reductions']}."
-        for s in problem.steps
+        for s in results.steps
         if isinstance(s.get("reductions"), str) and s["reductions"]
     ]
 
@@ -116,31 +154,13 @@ def _reason(step: dict) -> str:
     return str(step.get("reason") or "no reason recorded").rstrip(".")
 
 
-def implementation_section(problem: Problem) -> Section:
-    tests = OFFICIAL_TESTS[problem.label]
-    return Section(f"{problem.label}: {problem.title}", problem.label).add(
-        Text(
-            f"Code, not a measurement: the official tests check it (`uv run pytest {tests}`). Its speed and "
-            "memory are measured in the benchmarking problems that follow."
-        )
-    )
+def section(results: Results) -> Section:
+    return Section(f"{results.label}: {results.title}", results.label)
 
 
-def analytic_section(problem: Problem, rates: list[str]) -> Section:
-    section = Section(f"{problem.label}: {problem.title}", problem.label)
-    section.add(Text("A derivation, not a measurement: the student's to write. Not measured here."))
-    if rates:
-        section.add(Text(f"Measured here, should the calculation want them: {'; '.join(rates)}."))
-    return section
-
-
-def section(problem: Problem) -> Section:
-    return Section(f"{problem.label}: {problem.title}", problem.label)
-
-
-def finish(problem: Problem, out: Section) -> Section:
+def finish(results: Results, out: Section) -> Section:
     """The lines every section ends with: what was reduced, what was not measured and why."""
-    lines = reductions(problem) + not_measured(problem)
+    lines = reductions(results) + not_measured(results)
     if lines:
         out.add(Bullets(lines))
     return out

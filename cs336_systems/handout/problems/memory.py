@@ -1,18 +1,122 @@
-"""The write-up's memory problems: memory_profiling (a-f) and gradient_checkpointing."""
+"""memory_profiling: (a, e) memory snapshots drawn as active-memory timelines with their largest
+allocations (a GPU's caching allocator), (b, c) peaks per context of a forward and a training step in
+fp32 and bf16, (d) one residual-stream activation, (f, 2026) what autograd saves per block."""
 
 from __future__ import annotations
 
-from .. import benchmark
-from ..document import Bullets, Figure, Heading, Section, byte_unit, sig3
-from ..fields import label_text
-from ..grid import Value, grid
-from ..observe import change, number, ok, pick, records, span, times
-from . import Problem, finish, reads, section
+from ...report import benchmark
+from ...report.document import Bullets, Figure, Heading, Section, sig3
+from ...report.fields import label_text
+from ...report.grid import Value, grid
+from ...report.observe import change, number, ok, pick, records, span, times
+from ...tools import module_name
+from ...units import MIB
+from ..parameters import Options
+from ..plan import Step, fit_verdict
+from ..target import Target
+from .base import Problem, Results, finish, reads, section
+from .model_steps import MEMORY_SWEEP, memory_options, model_flags, sweep, worst_peak
 
-MIB = 2**20
+LABEL = "memory_profiling"
 
 
-def memory_profiling(problem: Problem) -> Section:
+def plan(options: Options, target: Target) -> list[Step]:
+    options = memory_options(options)
+    scale, edition = options.scale, options.edition
+    size = scale.memory_size[edition] if not scale.sizes else scale.sizes[0]
+    contexts = list(scale.memory_contexts[edition])
+    steps = sweep(
+        options,
+        target,
+        LABEL,
+        "peaks",
+        "(b, c) peaks",
+        size,
+        {"--context-lengths": contexts, "--pass-types": ["forward", "train-step"], "--precisions": ["fp32", "bf16"]},
+        tool=MEMORY_SWEEP,
+    )
+    for pass_type in ("forward", "train-step"):
+        steps += _snapshot_steps(options, target, size, contexts[0], pass_type)
+    if edition == "2026":
+        steps.append(_residuals_step(options, size, contexts[0]))
+    return steps
+
+
+def _snapshot_steps(options: Options, target: Target, size: str, context: int, pass_type: str) -> list[Step]:
+    """One step recording the CUDA allocator over a measured step, one drawing it (GPU only: the
+    snapshot is the CUDA caching allocator's history)."""
+    name = f"{LABEL}-snapshot-{pass_type}"
+    flags = {
+        **model_flags(options, size),
+        "--context-length": context,
+        "--batch-size": options.scale.batch,
+        "--pass-type": pass_type,
+        "--warmup-steps": 1,
+        "--measure-steps": 1,
+        "--device": options.device,
+        "--memory-snapshot": f"{name}.pickle",
+    }
+    flags["--model-size"] = flags.pop("--model-sizes")[0]
+    record = Step(
+        name,
+        LABEL,
+        f"(a) memory snapshot of one {pass_type} ({size}, context {context}), for pytorch.org/memory_viz",
+        module_name("benchmark"),
+        flags,
+        kind="benchmark",
+    )
+    drawn = Step(
+        f"{name}-timeline",
+        LABEL,
+        f"(a, e) active memory timeline of the {pass_type} snapshot, and its largest allocations",
+        module_name("memory.timeline"),
+        {"--snapshot": f"{name}.pickle", "--plot": f"{name}.png", "--output": f"{name}-largest.csv"},
+        reads=(f"{name}-largest.csv",),
+        figures=(f"{name}.png",),
+        fixed_s=10,
+    )
+    peak = worst_peak(options, target, flags, module_name("benchmark"))
+    verdict, why = fit_verdict(peak, target)
+    if target.type != "cuda":
+        record.skip("a memory snapshot records the CUDA caching allocator: needs a GPU")
+        drawn.skip("draws the memory snapshot, which needs a GPU")
+    elif verdict == "no":
+        record.predicted_peak_bytes = peak
+        record.skip(why)
+        drawn.skip(f"draws the {pass_type} snapshot, which is not taken: it does not fit")
+    return [record, drawn]
+
+
+def _residuals_step(options: Options, size: str, context: int) -> Step:
+    flags = {
+        **model_flags(options, size),
+        "--context-length": context,
+        "--batch-size": options.scale.batch,
+        "--device": options.device,
+        "--output": [f"{LABEL}-residuals.csv"],
+    }
+    flags["--model-size"] = flags.pop("--model-sizes")[0]
+    step = Step(
+        f"{LABEL}-residuals",
+        LABEL,
+        f"(f) what autograd saves per block ({size})",
+        module_name("residuals"),
+        flags,
+        reads=(f"{LABEL}-residuals.csv",),
+        capture=f"{LABEL}-residuals.txt",
+        fixed_s=90,
+    )
+    if options.model_factory:
+        flags.pop("--model-factory")
+        step.reductions.append("residuals reads the built-in model's blocks (not your --model-factory)")
+    if options.scale.name == "small":
+        flags["--no-compile"] = True
+        step.fixed_s = 20
+        step.reductions.append("small scale: the compiled block is left out (compiling it takes a minute on a CPU)")
+    return step
+
+
+def write(problem: Results) -> Section:
     out = section(problem)
     rows = problem.rows("benchmark", "peaks")
     figures = [s for s in problem.steps if "snapshot" in s["step"]]
@@ -137,55 +241,4 @@ def residual_stream(rows: list[dict]) -> list[str]:
     return lines
 
 
-def gradient_checkpointing(problem: Problem) -> Section:
-    out = section(problem)
-    rows = problem.rows("benchmark")
-    if not rows.empty:
-        unit = byte_unit(rows["peak_memory_bytes"])
-        out.add(
-            grid(
-                rows,
-                "benchmark",
-                title="Peak memory and step time per checkpointed group size",
-                caption="Each run of K consecutive blocks wrapped in one torch.utils.checkpoint (off: none; all: one group)",
-                labels=[("checkpoint blocks", "checkpoint_blocks")],
-                values=[Value(f"peak ({unit})", "peak_memory_bytes", unit), Value("step (ms)", "mean_ms", "ms±")],
-            )
-        )
-        out.add(Bullets(checkpoint_observations(records(rows, "benchmark"))))
-    return finish(problem, out)
-
-
-def checkpoint_observations(rows: list[dict]) -> list[str]:
-    rows = [r for r in ok(rows) if number(r, "peak_memory_bytes")]
-    if not rows:
-        return []
-    base = pick(rows, checkpoint_blocks="off")
-    best = min(rows, key=lambda r: number(r, "peak_memory_bytes"))
-    label = label_text("checkpoint_blocks", best)
-    text = (
-        "The lowest peak is without checkpointing"
-        if label == "off"
-        else f"The lowest peak is with {label} block{'s' * (label != '1')} per checkpointed group"
-    )
-    if base is not None and best is not base:
-        text += (
-            f": {change(number(best, 'peak_memory_bytes'), number(base, 'peak_memory_bytes'))} against no checkpointing, "
-            f"for {change(number(best, 'mean_ms'), number(base, 'mean_ms'))} step time"
-        )
-    lines = [text + "."]
-    ordered = sorted(rows, key=lambda r: benchmark_sort(r))
-    at = ordered.index(best)
-    for neighbour in (ordered[at - 1] if at > 0 else None, ordered[at + 1] if at + 1 < len(ordered) else None):
-        if neighbour is not None and neighbour is not base:
-            lines.append(
-                f"{label_text('checkpoint_blocks', neighbour)} blocks per group: peak "
-                f"{change(number(neighbour, 'peak_memory_bytes'), number(best, 'peak_memory_bytes'))} against the lowest."
-            )
-    return lines
-
-
-def benchmark_sort(row: dict) -> tuple:
-    from ..fields import sort_key
-
-    return sort_key("checkpoint_blocks", row)
+PROBLEM = Problem(LABEL, "Memory Profiling", plan=plan, write=write)

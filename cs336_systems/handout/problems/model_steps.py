@@ -1,6 +1,6 @@
-"""The handout's model problems: sweeps of the model (benchmark rows), each size's contexts kept where
-the estimator says they fit, the warmup study, mixed precision, checkpointing; what the student's
-repository provides (their model, their AdamW), read without importing it."""
+"""What the model problems' plans share: a sweep of one size whose contexts are kept where the
+estimator says they fit, the flags of the scale, and what the student's repository provides (their
+model, their AdamW), read without importing it."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from pathlib import Path
 from ...models import SIZE_TABLES
 from ...tools import module_name
 from ..parameters import Options
-from ..plan import SWEEP, Step, fit_verdict, model_configs, predicted_peak, refusal
+from ..plan import SWEEP, Step, fit_verdict, model_configs, predicted_peak
 from ..target import Target
 
 SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"  # the repository's scripts/, beside the package
-STUDENT_MODEL = "cs336_basics.model:BasicsTransformerLM"  # the handout's model, as the leaderboard builds it
+STUDENT_MODEL = "cs336_basics.model:BasicsTransformerLM"  # the handout's model, from assignment 1
 STUDENT_ADAMW = "cs336_basics.optimizer:AdamW"  # assignment 1's AdamW, where the student's repository has it
 
 
@@ -179,124 +179,5 @@ def worst_peak(options: Options, target: Target, flags: dict, tool: str = SWEEP)
     return max(predicted_peak(target, config) for config in model_configs(tool, flags))
 
 
-def benchmarking_script(options: Options, target: Target) -> list[Step]:
-    scale = options.scale
-    # 2026 times the optimizer step too (forward / backward / AdamW columns); 2025 forward and backward
-    passes = ["forward", "forward-backward"] + (["train-step"] if options.edition == "2026" else [])
-    steps = []
-    for size in sizes(options):
-        steps += sweep(
-            options,
-            target,
-            "benchmarking_script",
-            "b",
-            "(b) timing",
-            size,
-            {"--context-lengths": [scale.timing_context], "--pass-types": passes, "--precisions": ["fp32"]},
-        )
-    warmup = Step(
-        "benchmarking_script-c-warmup",
-        "benchmarking_script",
-        "(c) 0, 1, 2 and 5 warmup steps, each in a fresh process",
-        str(SCRIPTS / "warmup_study.py"),
-        kind="warmup",
-        flags_of=module_name("benchmark"),  # the script's flags are benchmark's, and its own --warmups
-    )
-    size = sizes(options)[0]
-    warmup.flags = {
-        **model_flags(options, size),
-        "--context-length": scale.timing_context,
-        "--batch-size": scale.batch,
-        "--measure-steps": scale.measure,
-        "--warmups": [0, 1, 2, 5],
-        "--device": options.device,
-        "--output-dir": ".",
-    }
-    warmup.flags["--model-size"] = warmup.flags.pop("--model-sizes")[0]
-    device_type = "cpu" if options.device == "cpu" else "cuda"
-    warmup.reads = (f"warmup_study_{device_type}.csv",)
-    warmup.figures = (f"warmup_study_{device_type}.png",)
-    warmup.flags["_writes"] = [f"warmup_study_{device_type}.{ext}" for ext in ("csv", "md", "png")]
-    if not _script("scripts/warmup_study.py"):
-        warmup.skip("scripts/warmup_study.py is not here (installed without the repository's scripts/)")
-    return [*steps, warmup]
-
-
-def _mixed_precision_step(options: Options, name: str, problem: str, part: str) -> Step:
-    """The mixed_precision tool: it prints both tables (accumulation, the toy model's dtypes) and
-    writes them as rows; each problem's step reads its own table (the `table` column)."""
-    return Step(
-        name,
-        problem,
-        part,
-        module_name("mixed_precision"),
-        {"--device": options.device, "--output": [f"{name}.csv"]},
-        reads=(f"{name}.csv",),
-        capture=f"{name}.txt",
-        fixed_s=15,
-    )
-
-
-def mixed_precision_accumulation(options: Options, target: Target) -> list[Step]:
-    name = "mixed_precision_accumulation"
-    return [_mixed_precision_step(options, name, name, "0.01 added 1000 times, fp32 and fp16 accumulators")]
-
-
-def benchmarking_mixed_precision(options: Options, target: Target) -> list[Step]:
-    steps = [
-        _mixed_precision_step(
-            options,
-            "benchmarking_mixed_precision-a-dtypes",
-            "benchmarking_mixed_precision",
-            "(a, b) the toy model's dtypes under fp16 and bf16 autocast",
-        )
-    ]
-    for size in sizes(options):
-        steps += sweep(
-            options,
-            target,
-            "benchmarking_mixed_precision",
-            "bf16",
-            "(c) bf16 autocast",
-            size,
-            {
-                "--context-lengths": [options.scale.timing_context],
-                "--pass-types": ["forward", "forward-backward"],
-                "--precisions": ["bf16"],
-            },
-        )
-    return steps
-
-
-def gradient_checkpointing(options: Options, target: Target) -> list[Step]:
-    options = memory_options(options)
-    scale = options.scale
-    size = scale.memory_size["2026"] if not scale.sizes else scale.sizes[0]
-    flags = {
-        "--context-lengths": [scale.checkpoint_context],
-        "--pass-types": ["train-step"],
-        "--precisions": ["fp32"],
-        "--checkpoint-blocks": list(scale.checkpoint_blocks),
-    }
-    if options.model_factory:  # refused by the configuration itself; the command kept is the built-in model's
-        name = "gradient_checkpointing"
-        outputs = {"--output": [f"{name}.csv", f"{name}.jsonl", f"{name}.md"]}
-        builtin = sweep_flags(dataclasses.replace(options, model_factory=None), size, {**flags, **outputs})
-        step = Step(name, name, f"(b) {size} checkpoint block sizes", scale.sweep_tool, builtin)
-        step.skip(refusal(step.tool, {**builtin, "--model-factory": options.model_factory}) or "")
-        return [step]
-    return sweep(
-        options,
-        target,
-        "gradient_checkpointing",
-        "blocks",
-        "(b) block sizes",
-        size,
-        flags,
-        "--checkpoint-blocks",
-        tool=MEMORY_SWEEP,
-    )
-
-
-def _script(path: str) -> bool:
+def script_here(path: str) -> bool:
     return (SCRIPTS.parent / path).is_file()

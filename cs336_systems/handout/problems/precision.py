@@ -1,23 +1,80 @@
-"""The write-up's mixed-precision problems: mixed_precision_accumulation and benchmarking_mixed_precision."""
+"""mixed_precision_accumulation (fp32 and fp16 accumulators) and benchmarking_mixed_precision (the toy
+model's dtypes under autocast, then bf16 autocast against fp32 per size): both read the rows of the
+mixed_precision tool, the second also a bf16 sweep beside benchmarking_script's fp32 one."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from .. import benchmark
-from ..document import Bullets, Heading, Section
-from ..grid import Value, grid
-from ..observe import number, ok, pick, records, times
-from . import Problem, finish, section
+from ...report import benchmark
+from ...report.document import Bullets, Heading, Section
+from ...report.grid import Value, grid
+from ...report.observe import number, ok, pick, records, times
+from ...tools import module_name
+from ..parameters import Options
+from ..plan import Step
+from ..target import Target
+from . import benchmarking
+from .base import Problem, Results, finish, section
+from .model_steps import sizes, sweep
+
+ACCUMULATION = "mixed_precision_accumulation"
+BENCHMARKING = "benchmarking_mixed_precision"
 
 
-def mixed_precision_table(problem: Problem, table: str) -> pd.DataFrame:
+def _mixed_precision_step(options: Options, name: str, problem: str, part: str) -> Step:
+    """The mixed_precision tool: it prints both tables (accumulation, the toy model's dtypes) and
+    writes them as rows; each problem's step reads its own table (the `table` column)."""
+    return Step(
+        name,
+        problem,
+        part,
+        module_name("mixed_precision"),
+        {"--device": options.device, "--output": [f"{name}.csv"]},
+        reads=(f"{name}.csv",),
+        capture=f"{name}.txt",
+        fixed_s=15,
+    )
+
+
+def plan_accumulation(options: Options, target: Target) -> list[Step]:
+    name = ACCUMULATION
+    return [_mixed_precision_step(options, name, name, "0.01 added 1000 times, fp32 and fp16 accumulators")]
+
+
+def plan_benchmarking(options: Options, target: Target) -> list[Step]:
+    steps = [
+        _mixed_precision_step(
+            options,
+            f"{BENCHMARKING}-a-dtypes",
+            BENCHMARKING,
+            "(a, b) the toy model's dtypes under fp16 and bf16 autocast",
+        )
+    ]
+    for size in sizes(options):
+        steps += sweep(
+            options,
+            target,
+            BENCHMARKING,
+            "bf16",
+            "(c) bf16 autocast",
+            size,
+            {
+                "--context-lengths": [options.scale.timing_context],
+                "--pass-types": ["forward", "forward-backward"],
+                "--precisions": ["bf16"],
+            },
+        )
+    return steps
+
+
+def mixed_precision_table(problem: Results, table: str) -> pd.DataFrame:
     """The rows of one of mixed_precision's two tables (`table`: accumulation or autocast)."""
     rows = problem.rows("mixed_precision")
     return rows[rows["table"] == table] if not rows.empty else rows
 
 
-def mixed_precision_accumulation(problem: Problem) -> Section:
+def write_accumulation(problem: Results) -> Section:
     out = section(problem)
     rows = mixed_precision_table(problem, "accumulation")
     if not rows.empty:
@@ -58,8 +115,9 @@ def accumulation_observations(rows: list[dict]) -> list[str]:
     return lines
 
 
-def benchmarking_mixed_precision(problem: Problem, timing: Problem | None) -> Section:
+def write_benchmarking(problem: Results) -> Section:
     out = section(problem)
+    timing = problem.other(benchmarking.LABEL)
     dtypes = mixed_precision_table(problem, "autocast")
     out.add(Heading("(a), (b) The toy model's dtypes under autocast"))
     if not dtypes.empty:
@@ -95,7 +153,7 @@ def benchmarking_mixed_precision(problem: Problem, timing: Problem | None) -> Se
     return finish(problem, out)
 
 
-def timing_rows(timing: Problem | None) -> pd.DataFrame:
+def timing_rows(timing: Results | None) -> pd.DataFrame:
     return timing.rows("benchmark", "-b") if timing else pd.DataFrame()
 
 
@@ -124,3 +182,11 @@ def precision_observations(rows: list[dict]) -> list[str]:
             f"The speedup {trend} with model size: {times(smallest[3])} for {smallest[1]}, {times(largest[3])} for {largest[1]} ({largest[2]})."
         )
     return lines
+
+
+ACCUMULATION_PROBLEM = Problem(
+    ACCUMULATION, "Mixed-Precision Accumulation", plan=plan_accumulation, write=write_accumulation
+)
+BENCHMARKING_PROBLEM = Problem(
+    BENCHMARKING, "Benchmarking Mixed Precision", plan=plan_benchmarking, write=write_benchmarking
+)

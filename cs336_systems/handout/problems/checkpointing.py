@@ -1,0 +1,103 @@
+"""gradient_checkpointing (2026): peak memory and step time of a training step per checkpointed group
+size (off, 1, 2, 4, sqrt, all blocks), each configuration in a process of its own."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ...report.document import Bullets, Section, byte_unit
+from ...report.fields import label_text, sort_key
+from ...report.grid import Value, grid
+from ...report.observe import change, number, ok, pick, records
+from ..parameters import Options
+from ..plan import Step, refusal
+from ..target import Target
+from .base import Problem, Results, finish, section
+from .model_steps import MEMORY_SWEEP, memory_options, sweep, sweep_flags
+
+LABEL = "gradient_checkpointing"
+
+
+def plan(options: Options, target: Target) -> list[Step]:
+    options = memory_options(options)
+    scale = options.scale
+    size = scale.memory_size["2026"] if not scale.sizes else scale.sizes[0]
+    flags = {
+        "--context-lengths": [scale.checkpoint_context],
+        "--pass-types": ["train-step"],
+        "--precisions": ["fp32"],
+        "--checkpoint-blocks": list(scale.checkpoint_blocks),
+    }
+    if options.model_factory:  # refused by the configuration itself; the command kept is the built-in model's
+        name = LABEL
+        outputs = {"--output": [f"{name}.csv", f"{name}.jsonl", f"{name}.md"]}
+        builtin = sweep_flags(dataclasses.replace(options, model_factory=None), size, {**flags, **outputs})
+        step = Step(name, name, f"(b) {size} checkpoint block sizes", scale.sweep_tool, builtin)
+        step.skip(refusal(step.tool, {**builtin, "--model-factory": options.model_factory}) or "")
+        return [step]
+    return sweep(
+        options,
+        target,
+        LABEL,
+        "blocks",
+        "(b) block sizes",
+        size,
+        flags,
+        "--checkpoint-blocks",
+        tool=MEMORY_SWEEP,
+    )
+
+
+def write(problem: Results) -> Section:
+    out = section(problem)
+    rows = problem.rows("benchmark")
+    if not rows.empty:
+        unit = byte_unit(rows["peak_memory_bytes"])
+        out.add(
+            grid(
+                rows,
+                "benchmark",
+                title="Peak memory and step time per checkpointed group size",
+                caption="Each run of K consecutive blocks wrapped in one torch.utils.checkpoint (off: none; all: one group)",
+                labels=[("checkpoint blocks", "checkpoint_blocks")],
+                values=[Value(f"peak ({unit})", "peak_memory_bytes", unit), Value("step (ms)", "mean_ms", "ms±")],
+            )
+        )
+        out.add(Bullets(checkpoint_observations(records(rows, "benchmark"))))
+    return finish(problem, out)
+
+
+def checkpoint_observations(rows: list[dict]) -> list[str]:
+    rows = [r for r in ok(rows) if number(r, "peak_memory_bytes")]
+    if not rows:
+        return []
+    base = pick(rows, checkpoint_blocks="off")
+    best = min(rows, key=lambda r: number(r, "peak_memory_bytes"))
+    label = label_text("checkpoint_blocks", best)
+    text = (
+        "The lowest peak is without checkpointing"
+        if label == "off"
+        else f"The lowest peak is with {label} block{'s' * (label != '1')} per checkpointed group"
+    )
+    if base is not None and best is not base:
+        text += (
+            f": {change(number(best, 'peak_memory_bytes'), number(base, 'peak_memory_bytes'))} against no checkpointing, "
+            f"for {change(number(best, 'mean_ms'), number(base, 'mean_ms'))} step time"
+        )
+    lines = [text + "."]
+    ordered = sorted(rows, key=lambda r: benchmark_sort(r))
+    at = ordered.index(best)
+    for neighbour in (ordered[at - 1] if at > 0 else None, ordered[at + 1] if at + 1 < len(ordered) else None):
+        if neighbour is not None and neighbour is not base:
+            lines.append(
+                f"{label_text('checkpoint_blocks', neighbour)} blocks per group: peak "
+                f"{change(number(neighbour, 'peak_memory_bytes'), number(best, 'peak_memory_bytes'))} against the lowest."
+            )
+    return lines
+
+
+def benchmark_sort(row: dict) -> tuple:
+    return sort_key("checkpoint_blocks", row)
+
+
+PROBLEM = Problem(LABEL, "Memory-Optimal Gradient Checkpointing", plan=plan, write=write)

@@ -1,0 +1,224 @@
+"""The data-parallel problems, each one ddp_bench run of its strategies, built in and the student's own
+(--adapters): naive DDP, flat gradients, overlapped and bucketed DDP, optimizer-state sharding and FSDP
+accounting (the bytes each rank holds, step time, the all-gather against the forward)."""
+
+from __future__ import annotations
+
+import functools
+
+from ...report import distributed
+from ...report.document import Bullets, Heading, Section, sig3
+from ...report.fields import label_text
+from ...report.observe import change, number, ok, pick, records, times
+from ...tools import module_name
+from ...units import MIB
+from ..parameters import DDP_CPU_SHAPE, Options
+from ..plan import Step
+from ..target import Target
+from .base import Problem, Results, finish, section
+from .model_steps import STUDENT_MODEL, defined_in_repository
+
+# problem -> (built-in strategies, the student's strategy, what runs): every step is ddp_bench, whose
+# rows carry step and communication time, bytes of parameters / gradients / optimizer state per rank,
+# each rank's forward and backward ms and (FSDP) the all-gather and reduce-scatter time.
+DDP_PROBLEMS = {
+    "naive_ddp_benchmarking": (["naive"], None, "individual all-reduce after backward"),
+    "minimal_ddp_flat_benchmarking": (["naive", "flat"], None, "one flattened all-reduce"),
+    "ddp_overlap_individual_parameters_benchmarking": (["ddp"], "adapter-ddp", "(a) overlapped with backward"),
+    "ddp_bucketed_benchmarking": (["ddp"], "adapter-ddp-bucketed", "(a) bucketed, per bucket size"),
+    "optimizer_state_sharding_accounting": (
+        ["ddp", "zero1"],
+        "adapter-sharded-optimizer",
+        "(a, b) bytes per rank and step time, optimizer state sharded",
+    ),
+    "fsdp_accounting": (
+        ["fsdp2"],
+        "adapter-fsdp",
+        "(a, b) bytes per rank, all-gather time against the forward, fully sharded",
+    ),
+}
+
+
+def plan(problem: str, options: Options, target: Target) -> list[Step]:
+    scale = options.scale
+    strategies, adapter_strategy, what = DDP_PROBLEMS[problem]
+    strategies = list(strategies) + ([adapter_strategy] if adapter_strategy and options.adapters else [])
+    flags = {
+        "--strategies": strategies,
+        "--size-table": options.edition,
+        "--model-size": scale.ddp_size,
+        "--context-length": scale.ddp_context,
+        "--batch-size": scale.batch,
+        "--warmup-steps": scale.warmup,
+        "--measure-steps": scale.measure,
+        "--output": [f"{problem}.csv", f"{problem}.jsonl", f"{problem}.md"],
+    }
+    if "bucketed" in problem:
+        flags["--bucket-cap-mb"] = list(scale.buckets)
+    if adapter_strategy and options.adapters:
+        flags["--adapters"] = options.adapters
+    step = Step(
+        problem,
+        problem,
+        f"{what}: {' '.join(strategies)}",
+        module_name("ddp_bench"),
+        flags,
+        kind="ddp",
+        reads=(f"{problem}.csv",),
+    )
+    if options.model_factory:
+        flags["--model-factory"] = options.model_factory
+    elif adapter_strategy == "adapter-fsdp" and options.adapters and defined_in_repository(STUDENT_MODEL):
+        flags["--model-factory"] = STUDENT_MODEL  # a student's FSDP shards their own model's layer classes
+        step.reductions.append(f"your model ({STUDENT_MODEL}), whose layers your FSDP wraps")
+    if options.optimizer:
+        flags["--optimizer"] = options.optimizer  # ddp_bench steps it under each strategy
+    if target.gpus >= 2:
+        flags.update({"--backend": "nccl", "--device": "cuda", "--world-sizes": [2]})
+    else:
+        flags.update(
+            {
+                "--backend": "gloo",
+                "--device": "cpu",
+                "--world-sizes": [2],
+                **DDP_CPU_SHAPE,
+                "--model-size": "small",
+                "--context-length": min(scale.ddp_context, 128),
+                "--batch-size": 2,
+                "--warmup-steps": 1,
+                "--measure-steps": 3,
+            }
+        )
+        step.reductions.append(
+            f"{'one GPU' if target.gpus == 1 else 'no GPU'}: 2 gloo ranks on CPU at a small shape "
+            "(d_model 128, 2 layers, context up to 128, batch 2, 1 + 3 steps): not the handout's "
+            "XL timings"
+        )
+    if adapter_strategy and not options.adapters:
+        step.reductions.append(f"{adapter_strategy} (your implementation) needs --adapters; built-in strategies only")
+    return [step]
+
+
+def _step(rows: list[dict], strategy: str, **more) -> dict | None:
+    return pick(ok(rows), strategy=strategy, **more)
+
+
+def write_ddp(problem: Results) -> Section:
+    """naive_ddp_benchmarking, minimal_ddp_flat_benchmarking, the overlapped and bucketed problems."""
+    out = section(problem)
+    rows = problem.rows("ddp_bench")
+    if not rows.empty:
+        out.add(distributed.ddp_time_table(rows, "Time per training step"))
+        out.add(Bullets(ddp_observations(records(rows, "ddp_bench"))))
+    return finish(problem, out)
+
+
+def ddp_observations(rows: list[dict]) -> list[str]:
+    lines = []
+    single = _step(rows, "single")
+    for row in ok(rows):
+        strategy = label_text("strategy", row)
+        if strategy == "single":
+            continue
+        bucket = label_text("bucket_cap_mb", row)
+        text = f"{strategy}{f' ({bucket} MB buckets)' if bucket else ''} on {label_text('world_size', row)} ranks: step {sig3(number(row, 'mean_ms'))} ms"
+        if number(row, "comm_ms") is not None:
+            comm = number(row, "comm_ms")
+            text += f", of which {sig3(comm)} ms communicating ({sig3(number(row, 'comm_pct'))}% of the step)"
+            if comm < 0:
+                text += ": below zero, i.e. the step without synchronisation was the slower one; within noise"
+        if single is not None:
+            text += f"; one process: {sig3(number(single, 'mean_ms'))} ms"
+        lines.append(text + ".")
+    naive, flat = _step(rows, "naive"), _step(rows, "flat")
+    if number(naive, "comm_ms") and number(flat, "comm_ms"):
+        lines.append(
+            f"One flat all-reduce takes {sig3(number(flat, 'comm_ms'))} ms against {sig3(number(naive, 'comm_ms'))} ms for "
+            f"one all-reduce per parameter tensor ({change(number(flat, 'comm_ms'), number(naive, 'comm_ms'))})."
+        )
+    return lines
+
+
+def accounting(problem: Results, memory: str, timing: str, compared_with: str, time_observations) -> Section:
+    """optimizer_state_sharding_accounting and fsdp_accounting: (a) what each rank holds and its peaks,
+    each strategy against `compared_with`; (b) the step's time, read by `time_observations`."""
+    out = section(problem)
+    rows = problem.rows("ddp_bench")
+    if not rows.empty:
+        out.add(Heading(f"(a) {memory}"))
+        out.add(distributed.held_table(rows, "Bytes each rank holds after a step"))
+        out.add(distributed.peaks_table(rows, "Peak memory of a rank"))
+        out.add(Bullets(held_observations(records(rows, "ddp_bench"), compared_with)))
+        out.add(Heading(f"(b) {timing}"))
+        out.add(distributed.ddp_time_table(rows, "Time per training step"))
+        out.add(Bullets(time_observations(records(rows, "ddp_bench"))))
+    return finish(problem, out)
+
+
+def write_sharding(problem: Results) -> Section:
+    memory = "Memory per rank: what each strategy holds, and its peaks"
+    return accounting(problem, memory, "Time per step, with and without sharding", "ddp", sharding_time)
+
+
+def write_fsdp(problem: Results) -> Section:
+    return accounting(
+        problem, "Memory per rank", "The weights' all-gather against the forward", "single", gather_observations
+    )
+
+
+def held_observations(rows: list[dict], base: str) -> list[str]:
+    lines = []
+    reference = _step(rows, base) or _step(rows, "single")
+    for row in ok(rows):
+        strategy = label_text("strategy", row)
+        if reference is None or row is reference:
+            continue
+        parts = []
+        for header, column in distributed.HELD:
+            a, b = number(row, column), number(reference, column)
+            if a is not None and b:
+                parts.append(f"{header} {sig3(a / MIB)} MiB ({times(a / b)} of {label_text('strategy', reference)}'s)")
+        if parts:
+            lines.append(f"{strategy}: " + ", ".join(parts) + ".")
+    return lines
+
+
+def sharding_time(rows: list[dict]) -> list[str]:
+    base = _step(rows, "ddp")
+    lines = []
+    for row in ok(rows):
+        strategy = label_text("strategy", row)
+        if base is not None and strategy not in ("ddp", "single") and number(row, "mean_ms"):
+            lines.append(
+                f"{strategy}: step {sig3(number(row, 'mean_ms'))} ms, {change(number(row, 'mean_ms'), number(base, 'mean_ms'))} against ddp."
+            )
+    return lines
+
+
+def gather_observations(rows: list[dict]) -> list[str]:
+    lines = []
+    for row in ok(rows):
+        gather = number(row, "fsdp_all_gather_ms")
+        if gather is None:
+            continue
+        text = f"{label_text('strategy', row)}: the all-gathers take {sig3(gather)} ms per step"
+        forward = number(row, "forward_mean_ms")
+        if forward:
+            text += f" against a {sig3(forward)} ms forward"
+        lines.append(text + f" of a {sig3(number(row, 'mean_ms'))} ms step.")
+    return lines
+
+
+TITLES = {
+    "naive_ddp_benchmarking": "Naive DDP Benchmarking",
+    "minimal_ddp_flat_benchmarking": "Minimal DDP with Flat Gradients Benchmarking",
+    "ddp_overlap_individual_parameters_benchmarking": "DDP Overlapping Individual Parameters Benchmarking",
+    "ddp_bucketed_benchmarking": "Bucketed DDP Benchmarking",
+    "optimizer_state_sharding_accounting": "Optimizer State Sharding Accounting",
+    "fsdp_accounting": "FSDP Accounting",
+}
+WRITERS = {"optimizer_state_sharding_accounting": write_sharding, "fsdp_accounting": write_fsdp}
+PROBLEMS = tuple(
+    Problem(label, TITLES[label], plan=functools.partial(plan, label), write=WRITERS.get(label, write_ddp))
+    for label in DDP_PROBLEMS
+)

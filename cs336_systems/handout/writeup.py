@@ -1,0 +1,183 @@
+"""The write-up of a handout plan (handout_plan.csv): a first page saying what was measured where with
+a checklist of every problem, then one section per problem of the edition in the handout's order
+(each problem writes its own: problems/), then the plan itself with every step's command.
+
+The checklist is not one row per cell (a line per problem, from its steps' outcomes): its spec names
+the rebuilder here (REBUILD), which `report --verify` is handed for a handout plan."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+from ..report.document import Bullets, Document, Section, Text
+from ..report.grid import Value, grid
+from ..report.summary import environment_frame, environment_table, rebuilt_table
+from .problems import EDITIONS, IMPLEMENTATION, MEASURED, PROBLEMS, of_edition
+from .problems.base import Results, load_files
+
+
+def build_writeup(
+    plan: pd.DataFrame, plan_path: Path, out_dir: Path, stem: str, paragraphs: list[str]
+) -> tuple[Document, list[str]]:
+    """The write-up's document, and one line per expected result file that is missing."""
+    plan = plan.sort_values("order") if "order" in plan.columns else plan
+    edition = str(plan["edition"].iloc[0]).split(".")[0]
+    directory = plan_path.parent
+    files, missing = load_files(plan, directory)
+    files[plan_path.name] = plan.assign(source=plan_path.name)
+    results: dict[str, Results] = {}
+    for problem in of_edition(edition) if edition in EDITIONS else []:
+        steps = [s for s in plan.to_dict("records") if s["problem"] == problem.label]
+        results[problem.label] = Results(problem, edition, steps, directory, out_dir, stem, files, results)
+    sections = []
+    for answer in results.values():
+        if answer.problem.kind == MEASURED and not answer.steps:
+            sections.append(left_out(answer))
+        else:
+            sections.append(answer.problem.write(answer))
+    title = f"CS336 assignment 2 (systems): write-up, {edition} edition"
+    front = first_page(plan, files, plan_path.name)
+    sections = [front, *sections, plan_appendix(plan, plan_path.name)]
+    return Document(title, paragraphs, sections), missing
+
+
+def left_out(results: Results) -> Section:
+    return Section(f"{results.label}: {results.title}", results.label).add(
+        Text(
+            "Not measured: this plan left it out (--problems). "
+            f"`cs336-bench handout --edition {results.edition} --problems {results.label}` measures it."
+        )
+    )
+
+
+def plan_appendix(plan: pd.DataFrame, source: str) -> Section:
+    """Every step of the plan: outcome, prediction against what it took, and its command."""
+    frame = plan.assign(source=source)
+    table = grid(
+        frame,
+        "handout",
+        title="Every step of the plan",
+        caption="Predictions are rough (time from FLOPs at a fixed share of the device's peak, memory from the "
+        "estimator); outcomes and times are measured",
+        labels=[("problem", "problem"), ("step", "step")],
+        values=[
+            Value("outcome", "outcome", "text"),
+            Value("predicted peak", "predicted_peak_bytes", "bytes"),
+            Value("predicted time", "predicted_s", "s"),
+            Value("took", "elapsed_s", "s"),
+        ],
+    )
+    commands = [
+        f"{row['step']}: `{row['command']}`"
+        for row in plan.to_dict("records")
+        if isinstance(row.get("command"), str) and row["command"]
+    ]
+    section = Section("The plan and its commands", None, [table])
+    section.add(
+        Text("Each step's command, as run (outputs in this directory; `--resume` continues a sweep):"),
+        Bullets(commands),
+    )
+    return section
+
+
+# -- the first page -------------------------------------------------------------------------
+
+
+def problem_status(label: str, steps: list[dict]) -> tuple[str, str]:
+    """(status, why) of one problem from its steps' outcomes."""
+    problem = PROBLEMS[label]
+    if problem.kind == IMPLEMENTATION:
+        return "code", f"checked by the official tests: uv run pytest {problem.official_test}"
+    if problem.kind != MEASURED:
+        return "derivation", "the student's calculation: nothing to measure"
+    if not steps:
+        return "not measured", "not in this plan (--problems)"
+    outcomes = [str(s.get("outcome")) for s in steps]
+    skipped = [s for s in steps if str(s.get("outcome")) == "skipped"]
+    why = list(dict.fromkeys(str(s.get("reason") or "").rstrip(".") for s in skipped))
+    why += list(
+        dict.fromkeys(
+            str(s["reductions"]).rstrip(".") for s in steps if isinstance(s.get("reductions"), str) and s["reductions"]
+        )
+    )
+    if any(o not in ("ok", "skipped", "failed rows") for o in outcomes):
+        status = "not finished"
+        why = [
+            f"{s['step']}: {s['outcome']}"
+            for s in steps
+            if str(s.get("outcome")) not in ("ok", "skipped", "failed rows")
+        ] + why
+    elif all(o == "skipped" for o in outcomes):
+        status = "not measured"
+    elif "failed rows" in outcomes:
+        status = "measured, some rows failed"
+    elif skipped:
+        status = "partly measured"
+    elif any(isinstance(s.get("reductions"), str) and s["reductions"] for s in steps):
+        status = "reduced"
+    else:
+        status = "measured"
+    return status, "; ".join(w for w in why if w)
+
+
+def checklist_frame(plan: pd.DataFrame) -> pd.DataFrame:
+    edition = str(plan["edition"].iloc[0]).split(".")[0]
+    records = plan.astype(object).where(plan.notna(), None).to_dict("records")
+    body = []
+    for label in EDITIONS.get(edition, ()):
+        status, why = problem_status(label, [r for r in records if r["problem"] == label])
+        body.append({"problem": label, "status": status, "why": why})
+    return pd.DataFrame(body).set_index("problem")
+
+
+def _plan_of(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    return next(f for f in frames.values() if "plan_status" in f.columns)
+
+
+# the write-up's tables that are rebuilt whole from their sources (`report --verify` is handed these)
+REBUILD: dict[str, Callable[[dict[str, pd.DataFrame]], pd.DataFrame]] = {
+    "checklist": lambda frames: checklist_frame(_plan_of(frames)),
+}
+
+
+def first_page(plan: pd.DataFrame, files: dict[str, pd.DataFrame], plan_name: str) -> Section:
+    first = plan.iloc[0]
+    scale, device = str(first["scale"]), str(first.get("device_name"))
+    section = Section("What was measured, where", None, page_break=True)
+    text = (
+        f"The {first['edition']} edition of the handout, planned for {device}"
+        f"{' (assumed)' if str(first.get('device_assumed')) == 'True' else ''} at the {scale} scale. "
+        "Every number in a table below is one measured row of the result files beside this write-up "
+        "(`cs336-bench report --verify` re-derives each from them); the observations under each table are "
+        "computed from those rows."
+    )
+    if scale == "small":
+        text += (
+            " Small scale: every model, attention and all-reduce shape is shrunk so that a CPU runs the whole plan "
+            "in minutes; the numbers test the pipeline and are not the handout's answers at its shapes."
+        )
+    section.add(Text(text))
+    used = {name: frame for name, frame in files.items() if "device_name" in frame.columns}
+    section.add(environment_table(used))
+    machines = environment_frame(used).shape[1] if used else 0
+    section.add(
+        Text(
+            "Every result comes from one machine, commit and torch version."
+            if machines <= 1
+            else f"The results come from {machines} machines, commits or torch versions: each table's caption names its file, and the table above says which file came from where."
+        )
+    )
+    section.add(
+        rebuilt_table(
+            "checklist",
+            "checklist",
+            "Every problem of the edition",
+            "measured / reduced (smaller or fewer than the handout asks) / partly or not measured, with the reason",
+            {plan_name: files[plan_name]},
+            REBUILD["checklist"],
+        )
+    )
+    return section
