@@ -43,6 +43,7 @@ from .results import (
     check_output_paths,
     write_whole,
 )
+from .results.origin import TOOL
 from .search import search_boundary
 from .step import describe_measurement
 from .sweep import StopRequest, describe
@@ -135,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"({result.stopped_because}; {len(result.probes)} probes)")
     if summary:
         answer = {**asdict(result), "config": searched, "size_table": base.model.size_table, "device": str(device)}
-        text = json.dumps(answer, indent=2)
+        text = json.dumps({TOOL: "find_max", **answer}, indent=2)
         try:
             write_whole(summary, text + "\n")
         except ResultWriteError as exc:  # a full disk after all the work: the answer is printed above

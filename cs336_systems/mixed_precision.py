@@ -273,10 +273,13 @@ def report(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_rows(rows: list[dict], path: Path) -> None:
-    """One file of both tables' rows: .csv (a `table` column tells them apart) or .jsonl."""
+def write_rows(rows: list[dict], path: Path, tool: str = "mixed_precision") -> None:
+    """One file of both tables' rows: .csv (a `table` column tells them apart) or .jsonl, each row
+    naming `tool` (residuals writes its rows this way too)."""
     from .results import write_whole
+    from .results.origin import named
 
+    rows = named(tool, rows)
     if path.suffix == ".csv":
         text = pd.DataFrame(rows).to_csv(index=False)
     else:

@@ -387,7 +387,7 @@ def write_contributions(args, config: ModelConfig, device: torch.device, rows: l
     }
     table = [{**setting, **row, **environment} for row in contributions(rows)]
     for path in args.output:
-        write_rows(table, path)
+        write_rows(table, path, "residuals")
 
 
 main = Command(build_parser, run)

@@ -39,6 +39,7 @@ from cs336_bench.results import (  # noqa: E402
     check_output_paths,
 )
 from cs336_bench.results.markdown import write_page  # noqa: E402
+from cs336_bench.results.origin import named  # noqa: E402
 from cs336_bench.stats import summarize  # noqa: E402
 from cs336_bench.sweep import describe  # noqa: E402
 from cs336_bench.user_model import load_model_factory  # noqa: E402
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
     args.output_dir.mkdir(parents=True, exist_ok=True)
     stem = args.output_dir / f"warmup_study_{device.type}"
-    pd.DataFrame(steps).to_csv(stem.with_suffix(".csv"), index=False)
+    pd.DataFrame(named("warmup_study", steps)).to_csv(stem.with_suffix(".csv"), index=False)
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     frame = pd.DataFrame(steps)

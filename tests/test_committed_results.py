@@ -29,9 +29,9 @@ TODAY = {
     "ddp_bench": DdpRecord.row_fields(),
     "loader_bench": LoaderRecord.row_fields(),
     "probe": ProbeRecord.row_fields(),
-    "monitor": SAMPLE_FIELDS,
+    "monitor": ("tool", *SAMPLE_FIELDS),
     "warmup_study": (  # scripts/warmup_study.py: each step, what ran and where
-        *("warmup_steps", "step_index", "measured", "step_ms", "model_size", "size_table", "context_length"),
+        *("tool", "warmup_steps", "step_index", "measured", "step_ms", "model_size", "size_table", "context_length"),
         *("batch_size", "pass_type", "precision", "compile", "device", *ENVIRONMENT_FIELDS),
     ),
 }

@@ -31,7 +31,7 @@ def test_monitor_sees_a_500mb_child_and_returns_its_exit_status(capsys, tmp_path
     code, _, err = run(capsys, "--interval", "0.1", "--output", str(path), "--", PYTHON, "-c", ALLOCATE_500MB)
     assert code == 3
     frame = pd.read_csv(path)
-    assert list(frame.columns) == list(monitor.SAMPLE_FIELDS)
+    assert list(frame.columns) == ["tool", *monitor.SAMPLE_FIELDS] and set(frame["tool"]) == {"monitor"}
     assert frame["tree_rss_bytes"].max() >= 400e6  # the child's 500 MB, seen while it held them
     assert len(frame) >= 8 and frame["t_s"].is_monotonic_increasing
     assert (frame["system_ram_used_bytes"] > 0).all()

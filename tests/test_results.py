@@ -170,6 +170,7 @@ class _PhaseRecord(timing_columns("backward_"), timing_columns("forward_"), Reco
     flops: int | None = None
     forward_ms: list[float] = samples_field()
 
+    tool: ClassVar[str] = "phases"
     title: ClassVar[str] = "phases"
     markdown_columns: ClassVar[tuple[str, ...]] = ("name", "size", "status", "forward_median_ms", "backward_cv_pct")
     label_columns: ClassVar[tuple[str, ...]] = ("name", "size")
@@ -177,7 +178,8 @@ class _PhaseRecord(timing_columns("backward_"), timing_columns("forward_"), Reco
 
 def test_common_fields_are_declared_once_and_come_last():
     fields = _PhaseRecord.row_fields()
-    assert fields[:2] == ("name", "size")  # identity first
+    assert fields[:3] == ("tool", "name", "size")  # the tool that wrote the row, then its identity
+    assert _PhaseRecord(name="a", size=1, status="ok").to_row()["tool"] == "phases"
     assert fields.index("forward_mean_ms") < fields.index("backward_mean_ms") < fields.index("status")
     tail = fields[fields.index("status") :]
     assert tail[:4] == ("status", "error", "notes", "timestamp") and tail[4] == "device_name"

@@ -17,6 +17,8 @@ class AllReduceRecord(Timing, Record):
     """One (world size, size) of the all-reduce benchmark; latency statistics over the measured
     steps, each step's latency being the slowest rank's (status, error, notes: Record's)."""
 
+    tool: ClassVar[str] = "allreduce_bench"
+
     backend: str = identity_field()
     device: str = identity_field()
     launcher: str = identity_field()

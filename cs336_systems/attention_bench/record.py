@@ -28,6 +28,8 @@ class AttentionRecord(EndToEndTiming, BackwardTiming, ForwardTiming, Record):
     end_to_end_* timing statistics from the one declaration in results (status, error, notes,
     environment: Record's)."""
 
+    tool: ClassVar[str] = "attention_bench"
+
     implementation: str = identity_field()
     head_dim: int = identity_field()
     context_length: int = identity_field()

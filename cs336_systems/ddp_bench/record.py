@@ -38,6 +38,8 @@ class DdpRecord(BackwardTiming, ForwardTiming, Timing, Record, ModelShape):
     step's time being the slowest rank's (model shape: ModelShape's; status, error, notes: Record's).
     Rates and shares are on the median step (stats.per_second, stats.percent_of)."""
 
+    tool: ClassVar[str] = "ddp_bench"
+
     strategy: str = identity_field()
     backend: str = identity_field()
     device: str = identity_field()

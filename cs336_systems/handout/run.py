@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from ..lifetime import child_preexec
 from ..results import open_to_write, write_whole
+from ..results.origin import named
 from ..units import format_bytes
 from .outputs import LOGS, MARKERS, claim, written
 from .plan import Step, fit_verdict, format_seconds
@@ -78,7 +79,7 @@ def plan_rows(
                 problem=step.problem,
                 step=step.id,
                 part=step.part,
-                tool=Path(step.tool).name if step.tool.endswith((".py", ".sh")) else step.tool,
+                runs=Path(step.tool).name if step.tool.endswith((".py", ".sh")) else step.tool,
                 plan_status=plan_status,
                 outcome=done.get("outcome", "skipped" if step.status == "skipped" else "pending"),
                 reason=step.reason,
@@ -103,7 +104,7 @@ def plan_rows(
 
 def write_plan(path: Path, rows: list[dict]) -> None:
     """Replaced whole (written beside, then renamed): a kill never leaves half a plan."""
-    write_whole(path, pd.DataFrame(rows).to_csv(index=False))
+    write_whole(path, pd.DataFrame(named("handout", rows)).to_csv(index=False))
 
 
 def outcome_of(exit_status: int) -> str:

@@ -25,6 +25,8 @@ _LABELS = ("processes", "num_workers", "prefetch_factor", "pin_memory", "persist
 class LoaderRecord(Record):
     """One epoch of one loader configuration: what was asked, what happened, where."""
 
+    tool: ClassVar[str] = "loader_bench"
+
     # the data
     storage: str = identity_field()
     dataset: str | None = identity_field()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..command import Command
 from ..errors import UsageError
+from ..results.origin import named
 from ..units import GIB, MIB
 
 LIBRARY_PATHS = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python")  # not the user's frames
@@ -125,6 +126,7 @@ def run(args) -> int:
     plot_timeline(series, args.plot, f"Active memory timeline: {args.snapshot.name}")
     rows = largest_allocations(snapshot, args.top)
     if output is not None:
+        rows = named("memory_allocations", rows)
         write_whole(output, pd.DataFrame(rows, columns=list(rows[0]) if rows else None).to_csv(index=False))
     peak = max(series, default=0)
     print(f"{len(series)} allocator events, peak active {peak / GIB:.3f} GiB; wrote {args.plot}")

@@ -12,11 +12,13 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from ..argtypes import output_path, positive_float
 from ..errors import UsageError
 from ..identity import identity_field
 from ..results.errors import ResultFileError, ResultWriteError
+from ..results.origin import TOOL
 from ..results.paths import check_distinct, check_output_path
 from ..results.records import Record
 from ..results.writing import append_line, write_whole
@@ -92,7 +94,7 @@ class SampleCsvWriter:
         self.error: ResultWriteError | None = None
         self.rows = 0
         try:
-            append_line(path, ",".join(SAMPLE_FIELDS) + "\n", inject=False)
+            append_line(path, ",".join((TOOL, *SAMPLE_FIELDS)) + "\n", inject=False)
         except ResultWriteError as exc:  # a disk full from the start: the run is still measured and summarised
             self.error = exc
 
@@ -100,7 +102,8 @@ class SampleCsvWriter:
         if self.error is not None:
             return
         cells = (
-            "" if v is None else (f"{v:.6f}" if isinstance(v, float) else str(v)) for v in dataclasses.astuple(sample)
+            "" if v is None else (f"{v:.6f}" if isinstance(v, float) else str(v))
+            for v in ("monitor", *dataclasses.astuple(sample))
         )
         try:
             append_line(self.path, ",".join(cells) + "\n", inject=False)
@@ -158,6 +161,8 @@ def plot_samples(samples: Sequence[Sample], path: Path, title: str, gpu_note: st
 class MonitorReport(Record):
     """What is written to the .json beside the CSV: enough to reproduce and read the run.
     Its status is the command's: 'ok' when it exited 0 (or ran in-process), else 'error'."""
+
+    tool: ClassVar[str] = "monitor_run"
 
     command: str = identity_field()
     interval_s: float = identity_field()

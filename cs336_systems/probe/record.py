@@ -18,6 +18,8 @@ HOST_BOUND_BUSY_PCT = 80.0
 class ProbeRecord(Record):
     """One window of steps of the user's loop."""
 
+    tool: ClassVar[str] = "probe"
+
     run: str  # the probe's label (not `label`: the results package's Record has a label() method)
     window: int
     first_step: int

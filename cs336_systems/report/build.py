@@ -23,7 +23,7 @@ def build_document(
     paths: dict[str, Path] | None = None,
     plan_writer=None,
 ) -> Document:
-    """`frames` maps a tool (load.TOOLS) to its rows, each with its file's name in `source`;
+    """`frames` maps a tool (its rows' `tool` column) to its rows, each with its file's name in `source`;
     plots go to `directory` as `stem`_*.png. `paths` maps a file name to its path (a plan's results
     are read from beside it); `plan_writer(plan, plan_path, directory, stem, paragraphs)` makes the
     document of a handout plan."""

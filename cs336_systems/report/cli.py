@@ -15,11 +15,12 @@ from ..argtypes import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ArgumentParser
 from ..command import Command
 from ..errors import UsageError
 from ..results import ResultFileError, ResultWriteError, check_distinct, check_output_path, write_whole
+from ..results.origin import TOOL_NAMES
 from ..tools import prog
 from . import plots
 from .build import build_document
 from .latex import document_latex, table_latex
-from .load import TOOLS, load_each, read_file, tool_of
+from .load import load_each, read_file, tool_of
 from .markdown import document_markdown, table_markdown
 from .typst_source import INSTALL_HINT, compile_pdf, document_typst, table_typst
 
@@ -32,7 +33,7 @@ USAGE = f"""{__doc__.splitlines()[0]}
     {PROG} --verify WRITEUP.md RESULTS...
 
 The format is the output's extension: {", ".join(FORMATS)} (PDF: the Typst document compiled by the
-typst package, pip install -e ".[pdf]"). RESULTS are .csv/.jsonl files of {", ".join(TOOLS)}
+typst package, pip install -e ".[pdf]"). RESULTS are .csv/.jsonl files of {", ".join(TOOL_NAMES)}
 (find_max: its .json answer); each tool's rows are told apart by their columns. A handout plan
 (handout_plan.csv of `handout`) makes the write-up of that plan, its results read from beside it.
 A file of no tool is named in one line and left out; the others are reported, and the exit status

@@ -8,11 +8,13 @@ import math
 
 import pandas as pd
 
+from ..config import MODEL_SHAPE_FIELDS
 from ..models import SIZE_TABLES
+from ..results.origin import ROW_IDENTITY
 from .document import missing, plain
 
-# A model is named by one label; these are the identity fields it replaces.
-MODEL_FIELDS = ("model_size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "rope_theta", "model_factory")
+# A model is named by one label; these are the identity fields it replaces (attention stays its own).
+MODEL_FIELDS = tuple(name for name in MODEL_SHAPE_FIELDS if name != "attention")
 
 
 def _identity(record: type, *more: str) -> tuple[str, ...]:
@@ -25,26 +27,19 @@ def _identity(record: type, *more: str) -> tuple[str, ...]:
 
 
 def _tool_identity() -> dict[str, tuple[str, ...]]:
+    """Each tool's identity: a record type's own (with what its tables also tell rows apart by), and
+    the declared identity of the tools that write rows of their own (results/origin.py)."""
     from ..allreduce_bench.record import AllReduceRecord
     from ..attention_bench.record import AttentionRecord
     from ..ddp_bench.record import DdpRecord
     from ..loader_bench.record import LoaderRecord
     from ..results.records import BenchmarkRecord
 
+    devices = {record: ("device_name",) for record in (DdpRecord, AttentionRecord, AllReduceRecord, LoaderRecord)}
+    by_record = {BenchmarkRecord: ("size_table", "device_name"), **devices}
     return {
-        "benchmark": _identity(BenchmarkRecord, "size_table", "device_name"),
-        "ddp_bench": _identity(DdpRecord, "device_name"),
-        "attention_bench": _identity(AttentionRecord, "device_name"),
-        "allreduce_bench": _identity(AllReduceRecord, "device_name"),
-        "loader_bench": _identity(LoaderRecord, "device_name"),
-        "warmup_study": ("model", "warmup_steps", "step_index", "measured", "device_name"),
-        "handout": ("problem", "step"),
-        "probe": ("source", "run", "window"),
-        "find_max": ("source", "dimension"),
-        "mixed_precision": ("table", "experiment", "tensor", "device", "device_name"),
-        "nsys_kernels": ("Name",),
-        "memory_allocations": ("rank",),
-        "residuals": ("rank", "model", "context_length", "batch_size", "precision", "device_name"),
+        **ROW_IDENTITY,
+        **{record.tool: _identity(record, *more) for record, more in by_record.items()},
         # the torch profiler's operators of a benchmark row's profiled step, one row each (derive)
         "kernels": _identity(BenchmarkRecord, "size_table", "device_name", "kernel_rank", "kernel"),
     }

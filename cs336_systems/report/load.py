@@ -1,4 +1,5 @@
-"""Reading result files and telling each tool's rows apart by their columns."""
+"""Reading result files: each row names the tool that wrote it (its `tool` column; a file written
+before that column gets it from its columns when it is read, results/readers.as_todays_rows)."""
 
 from __future__ import annotations
 
@@ -9,30 +10,11 @@ from pathlib import Path
 import pandas as pd
 
 from ..results import ResultFileError, read_results, validate
+from ..results.origin import TOOL, TOOL_NAMES
 from ..results.readers import as_todays_rows
 
 # Written by torch as text ("13.0") or an int (91900): read as text so pandas never makes 13.000 of them.
 VERSION_COLUMNS = ("cuda_version", "cudnn_version", "torch_version", "python_version", "git_commit")
-
-# The first tool whose columns a file has owns it; ddp_bench before benchmark (both have model_size).
-# find_max's rows are benchmark rows; its answer is the JSON summary beside them.
-TOOLS = {
-    "handout": ("problem", "step", "plan_status", "outcome"),
-    "mixed_precision": ("table", "experiment", "accumulator", "result"),
-    "nsys_kernels": ("Time (%)", "Total Time (ns)", "Instances", "Name"),  # nsys stats cuda_gpu_kern_sum
-    "memory_allocations": ("rank", "size_bytes", "event_index", "user_frame"),  # memory.timeline
-    "residuals": ("rank", "module", "op", "share_pct"),
-    "warmup_study": ("warmup_steps", "step_index", "step_ms"),
-    "monitor": ("t_s", "system_cpu_pct", "tree_cpu_pct"),
-    "monitor_run": ("command", "exit_status", "interval_s", "num_samples"),  # monitor's .json beside its CSV
-    "probe": ("window", "step_ms", "data_wait_pct", "verdict"),
-    "find_max": ("dimension", "largest_ok", "smallest_oom"),
-    "attention_bench": ("implementation", "head_dim", "context_length", "status"),
-    "allreduce_bench": ("size_bytes", "world_size", "mean_ms", "status"),
-    "ddp_bench": ("strategy", "world_size", "mean_ms", "status"),
-    "loader_bench": ("storage", "num_workers", "samples_per_s", "status"),
-    "benchmark": ("model_size", "pass_type", "mean_ms", "status"),
-}
 
 
 def version_text(value: object) -> str | None:
@@ -52,7 +34,7 @@ def read_file(path: str | Path) -> pd.DataFrame:
             validate.check_csv(path, validate.read_text(path))  # damaged lines named as file:LINE
             frame = as_todays_rows(pd.read_csv(path, dtype=dict.fromkeys(VERSION_COLUMNS, str)))
         elif path.suffix == ".json":
-            frame = _summary_frame(json.loads(path.read_text()))
+            frame = as_todays_rows(_summary_frame(json.loads(path.read_text())))
         else:
             frame = read_results(path)
     except ResultFileError:
@@ -75,7 +57,11 @@ def _summary_frame(summary: object) -> pd.DataFrame:
 
 
 def tool_of(frame: pd.DataFrame) -> str | None:
-    return next((tool for tool, columns in TOOLS.items() if set(columns) <= set(frame.columns)), None)
+    """The tool whose rows these are (one file's rows name one tool), None for a file of no tool of ours."""
+    if TOOL not in frame.columns or frame.empty:
+        return None
+    names = frame[TOOL].dropna().unique()
+    return str(names[0]) if len(names) == 1 and str(names[0]) in TOOL_NAMES else None
 
 
 def load_each(paths: Sequence[str | Path]) -> tuple[dict[str, pd.DataFrame], list[str]]:
@@ -91,7 +77,7 @@ def load_each(paths: Sequence[str | Path]) -> tuple[dict[str, pd.DataFrame], lis
             continue
         tool = tool_of(frame)
         if tool is None:
-            problems.append(f"{path}: not the output of any tool of this project ({', '.join(TOOLS)})")
+            problems.append(f"{path}: not the output of any tool of this project ({', '.join(TOOL_NAMES)})")
         elif frame.empty:
             problems.append(f"{path}: no rows")
         else:

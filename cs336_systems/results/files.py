@@ -21,6 +21,7 @@ from typing import Protocol
 from ..lifetime import at_exit
 from . import validate
 from .errors import OutputLockedError, ResultFileError
+from .origin import TOOL
 from .paths import check_output_paths, lock_path
 from .records import BenchmarkRecord
 from .writing import append_line, csv_line, repair_cut_line, write_whole
@@ -118,11 +119,13 @@ def _release_all() -> None:
 class CsvWriter:
     """Appends rows; writes the header only to a new file (in the same write as the first row);
     refuses a file with other columns. A file with the same columns in another order (written
-    before a column moved) keeps its order."""
+    before a column moved), or without the `tool` column (written before it), keeps its columns."""
 
     def __init__(self, path: Path, fields: Sequence[str]):
         self.path, self.fields = path, list(fields)
         existing = _read_csv_header(path)
+        if existing is not None and TOOL not in existing and TOOL in self.fields:
+            self.fields.remove(TOOL)  # a file written before rows named their tool keeps its columns
         if existing is not None and sorted(existing) != sorted(self.fields):
             raise ResultFileError(
                 f"{path} already holds results with different columns (another tool's, or an older schema); "
@@ -156,7 +159,7 @@ class JsonlWriter:
     def __init__(self, path: Path, fields: Sequence[str] = ()):
         self.path = path
         first = _first_jsonl_keys(path)
-        if first is not None and fields and not set(fields) <= first:
+        if first is not None and fields and not set(fields) - {TOOL} <= first:  # older rows: no tool column
             raise ResultFileError(
                 f"{path} already holds results with different keys (another tool's, or an older schema); "
                 "write to a new file"

@@ -12,6 +12,7 @@ import pandas as pd
 from ..stats import summarize
 from . import validate
 from .errors import ResultFileError
+from .origin import TOOL, legacy_tool
 from .paths import OUTPUT_SUFFIXES
 
 
@@ -63,6 +64,7 @@ def read_results(path: str | Path, dtype: dict | None = None) -> pd.DataFrame:
 
 # Columns renamed since, for rows only one tool writes: (a column that marks that tool's rows, old, new).
 RENAMED_COLUMNS = (
+    ("plan_status", "tool", "runs"),  # a handout plan: the tool each step runs (`tool` names the plan's own)
     ("implementation", "seq_len", "context_length"),  # attention_bench
     ("implementation", "steps", "measure_steps"),
     ("implementation", "forward_ms", "forward_samples_ms"),  # JSONL: raw samples, as benchmark names them
@@ -86,8 +88,19 @@ SAMPLES_OF_TIMING = (
 
 def as_todays_rows(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of a file written before a column was renamed or added, as today's rows."""
-    renames = {old: new for marker, old, new in RENAMED_COLUMNS if marker in frame.columns and old in frame.columns}
-    return _with_spread_from_samples(_with_added_config_columns(frame.rename(columns=renames)))
+    columns = set(frame.columns)
+    renames = {
+        old: new for marker, old, new in RENAMED_COLUMNS if marker in columns and old in columns and new not in columns
+    }
+    return _with_tool(_with_spread_from_samples(_with_added_config_columns(frame.rename(columns=renames))))
+
+
+def _with_tool(frame: pd.DataFrame) -> pd.DataFrame:
+    """A file written before rows named their tool: the tool its columns say, as the first column."""
+    if TOOL in frame.columns or frame.empty:
+        return frame
+    tool = legacy_tool(frame.columns)
+    return frame if tool is None else frame.assign(**{TOOL: tool})[[TOOL, *frame.columns]]
 
 
 def _with_spread_from_samples(frame: pd.DataFrame) -> pd.DataFrame:

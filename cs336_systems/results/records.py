@@ -28,6 +28,7 @@ from .markdown import (
     render_document,
     row_label,
 )
+from .origin import TOOL
 
 # Summary fields in column order, the median first (tables lead with it); the *_pct are ratios,
 # the rest milliseconds.
@@ -96,6 +97,9 @@ class Record:
     timestamp: str = field(default_factory=utc_timestamp)
     environment: Environment | None = None
 
+    # the tool whose rows these are, every row's first column (results/origin.py); None: the harness
+    # checking itself (scripts/checks/), whose rows are no tool's results
+    tool: ClassVar[str | None] = None
     # The Markdown view; a record type sets these (and may override `markdown`).
     title: ClassVar[str] = "cs336-bench results"
     markdown_columns: ClassVar[tuple[str, ...]] = ("status",)
@@ -112,7 +116,7 @@ class Record:
 
     @classmethod
     def row_fields(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in cls._scalar_fields()) + ENVIRONMENT_FIELDS
+        return (*((TOOL,) if cls.tool else ()), *(f.name for f in cls._scalar_fields()), *ENVIRONMENT_FIELDS)
 
     @classmethod
     def identity_fields(cls) -> tuple[str, ...]:
@@ -133,7 +137,7 @@ class Record:
     def to_row(self) -> dict[str, object]:
         row = {f.name: getattr(self, f.name) for f in self._scalar_fields()}
         env = dataclasses.asdict(self.environment) if self.environment else dict.fromkeys(ENVIRONMENT_FIELDS)
-        return {**row, **env}
+        return {**({TOOL: self.tool} if self.tool else {}), **row, **env}
 
     def to_json(self) -> dict[str, object]:
         samples = {f.name: list(getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata.get("samples")}
@@ -155,6 +159,8 @@ class Record:
 class BenchmarkRecord(OptimizerTiming, BackwardTiming, ForwardTiming, Timing, Record, BenchmarkIdentity):
     """One configuration of `benchmark`: what was asked (config.BenchmarkIdentity's columns,
     filled by `BenchmarkRecord(**config.identity(), ...)`), what happened, where."""
+
+    tool: ClassVar[str] = "benchmark"
 
     # outcome
     num_params: int | None
