@@ -41,6 +41,9 @@ BORDERLINE = 1.10  # predicted up to 10% over the device still runs (the estimat
 PATH_FLAGS = ("--output", "--output-dir", "--plot", "--summary", "--memory-snapshot")
 INPUT_FLAGS = ("--snapshot",)  # a file an earlier step wrote: inside the output directory, not an output
 SWEEP = module_name("benchmark_direct")  # the grid's parser (run_benchmarks' is the same grid)
+CHILD_PER_CONFIG = module_name("run_benchmarks")  # the sweep that runs each configuration in a process of its own
+SWEEPS = (SWEEP, CHILD_PER_CONFIG)
+DDP_BENCH = module_name("ddp_bench")
 
 
 @dataclass
@@ -54,6 +57,8 @@ class Step:
     flags: dict = field(default_factory=dict)
     kind: str = "fixed"  # the prediction family: benchmark, attention, allreduce, ddp, warmup, fixed
     reads: tuple[str, ...] = ()  # result files the write-up shows, relative to the output directory
+    writes: tuple[str, ...] = ()  # files the tool names itself (not given by a path flag)
+    stem: str | None = None  # a wrapper script's first argument: its outputs' common stem
     figures: tuple[str, ...] = ()  # the images the step writes (PNG), relative to the output directory
     capture: str | None = None  # the tool prints its result: stdout is kept in this file
     resumable: bool = False  # the tool's own --resume continues a partial output
@@ -66,6 +71,10 @@ class Step:
     # the tool whose parser reads `flags` where `tool` is a script passing them on (the Nsight Systems
     # wrapper, warmup_study.py: benchmark's flags, and the script's own, which the plan always gives)
     flags_of: str | None = None
+    # the estimator's stand-in for a student's model (the handout's architecture): predict its memory
+    # as the built-in model's, with this attention
+    estimate_builtin: bool = False
+    estimate_attention: str | None = None
 
     def outputs(self) -> list[str]:
         names = []
@@ -74,7 +83,7 @@ class Step:
                 continue
             value = self.flags.get(flag)
             names += [value] if isinstance(value, str) else list(value or [])
-        names += list(self.flags.get("_writes", []))  # written by the tool under a name of its own
+        names += list(self.writes)
         return names + ([self.capture] if self.capture else [])
 
     def argv(self, output_dir: Path) -> list[str]:
@@ -83,7 +92,7 @@ class Step:
 
     def command(self, output_dir: Path) -> list[str]:
         if self.tool.endswith(".sh"):  # a wrapper script: OUTPUT_STEM [benchmark flags]
-            return ["bash", self.tool, str(output_dir / self.flags["_stem"]), *self.argv(output_dir)]
+            return ["bash", self.tool, str(output_dir / self.stem), *self.argv(output_dir)]
         if self.tool.endswith(".py"):
             return [sys.executable, self.tool, *self.argv(output_dir)]
         return [sys.executable, "-m", self.tool, *self.argv(output_dir)]
@@ -106,7 +115,7 @@ def argv_of(flags: dict, output_dir: Path = Path(".")) -> list[str]:
     """A step's flags as a command line, output paths inside `output_dir`."""
     out = []
     for flag, value in flags.items():
-        if value is None or value is False or flag.startswith("_"):  # _name: planning data, not a flag
+        if value is None or value is False:
             continue
         values = value if isinstance(value, (list, tuple)) else [value]
         if flag in PATH_FLAGS or flag in INPUT_FLAGS:
@@ -136,11 +145,13 @@ def benchmark_configs(step: Step) -> list[BenchmarkConfig]:
 
 
 def configurations(tool: str, args: argparse.Namespace) -> list[BenchmarkConfig]:
-    if hasattr(args, "model_sizes"):  # a sweep: its grid
+    """The configurations `tool` makes of its parsed flags: a sweep's grid, ddp_bench's per-rank step,
+    benchmark's one configuration."""
+    if tool in SWEEPS:
         from ..sweep import grid_from_args
 
         return grid_from_args(args, args.device)
-    if hasattr(args, "strategies"):  # ddp_bench: each rank's training step
+    if tool == DDP_BENCH:
         from ..ddp_bench.cli import config_from_args as ddp_config
 
         return [ddp_config(args, args.device.split(":")[0])]
@@ -182,49 +193,81 @@ def predicted_peak(target: Target, config: BenchmarkConfig) -> int:
 
 
 def predict(step: Step, target: Target, user_model: bool = False) -> None:
-    """Fill in the step's predicted time and peak memory (None where there is no model of it). A
-    UsageError where the step's tool would refuse its flags (the planner skips such a step)."""
-    kind = step.kind
-    step.predicted_peak_bytes = None
-    if kind in ("benchmark", "warmup", "ddp"):
-        configs = benchmark_configs(step)
-        if "_estimate_attention" in step.flags:  # a student's model estimated as the built-in one with it
-            attention = step.flags["_estimate_attention"]
-            configs = [c.replace(model=c.model.replace(attention=attention)) for c in configs]
-        per_config = [
-            (c.warmup_steps + c.measure_steps)
-            * (DO_BENCH_CALLS if c.timer == "do-bench" else 1)
-            * step_seconds(target, c)
-            for c in configs
-        ]
-        if kind == "ddp":  # a student's model estimated as the built-in one (the handout's architecture)
-            step.predicted_peak_bytes = data_parallel_peak(step.args(), configs[0].replace(model_factory=None))
-        elif not user_model or step.flags.get("_estimate_builtin"):
-            step.predicted_peak_bytes = max(predicted_peak(target, c) for c in configs)
-        processes = len(configs) if step.flags.get("_child_per_config") else 1
-        compiles = sum(1 for c in configs if c.compile) * COMPILE_S[target.type]
-        seconds = sum(per_config) + len(configs) * CONFIG_S[target.type] + processes * STARTUP_S[target.type]
-        seconds += compiles
-        if kind == "warmup":  # the script's own --warmups: each count in a process of its own
-            warmups = [int(w) for w in step.flags["--warmups"]]
-            one = step_seconds(target, configs[0])
-            seconds = sum((w + configs[0].measure_steps) * one for w in warmups)
-            seconds += len(warmups) * STARTUP_S[target.type]
-        if kind == "ddp":  # the single-process baseline, then each strategy (and bucket size) on N ranks
-            args = step.args()
-            units = 1 + len(args.strategies) * len(args.bucket_cap_mb or [None])
-            seconds = units * (sum(per_config) * 1.5 + CONFIG_S[target.type]) + 3 * STARTUP_S[target.type]
-        step.predicted_s = seconds
-    elif kind == "attention":
-        step.predicted_s, step.predicted_peak_bytes = _attention(step.args(), target)
-    elif kind == "allreduce":
-        args = step.args()
-        steps = args.warmup_steps + args.measure_steps
-        per_size = sum(2 * size_bytes / LINK[args.backend] for _, size_bytes in args.sizes)
-        step.predicted_s = sum(steps * per_size + STARTUP_S[target.type] for _ in _world_sizes(args))
-        step.predicted_peak_bytes = 3 * max(size_bytes for _, size_bytes in args.sizes)
-    else:
-        step.predicted_s = step.fixed_s
+    """Fill in the step's predicted time and peak memory (None where there is no model of it), by its
+    kind's predictor. A UsageError where the step's tool would refuse its flags (the planner skips it)."""
+    step.predicted_s, step.predicted_peak_bytes = PREDICTORS[step.kind](step, target, user_model)
+
+
+def _model_configs(step: Step) -> list[BenchmarkConfig]:
+    """The configurations a model step runs; a student's model, where estimated as the built-in one,
+    with the attention it stands in with."""
+    configs = benchmark_configs(step)
+    if step.estimate_attention:
+        configs = [c.replace(model=c.model.replace(attention=step.estimate_attention)) for c in configs]
+    return configs
+
+
+def _steps_seconds(target: Target, config: BenchmarkConfig) -> float:
+    """A configuration's warmup and measured steps (do_bench runs each sample's step several times)."""
+    calls = DO_BENCH_CALLS if config.timer == "do-bench" else 1
+    return (config.warmup_steps + config.measure_steps) * calls * step_seconds(target, config)
+
+
+def predict_sweep(step: Step, target: Target, user_model: bool) -> tuple[float, int | None]:
+    """benchmark and the sweeps: each configuration's steps, set-up and compile, and a process start
+    (one per configuration for the sweep that runs each in a child)."""
+    configs = _model_configs(step)
+    processes = len(configs) if (step.flags_of or step.tool) == CHILD_PER_CONFIG else 1
+    seconds = sum(_steps_seconds(target, c) for c in configs) + len(configs) * CONFIG_S[target.type]
+    seconds += processes * STARTUP_S[target.type] + sum(1 for c in configs if c.compile) * COMPILE_S[target.type]
+    peak = max(predicted_peak(target, c) for c in configs) if not user_model or step.estimate_builtin else None
+    return seconds, peak
+
+
+def predict_warmup(step: Step, target: Target, user_model: bool) -> tuple[float, int | None]:
+    """The warmup study: each of its --warmups counts in a process of its own."""
+    config = _model_configs(step)[0]
+    one = step_seconds(target, config)
+    warmups = [int(w) for w in step.flags["--warmups"]]
+    seconds = sum((w + config.measure_steps) * one for w in warmups) + len(warmups) * STARTUP_S[target.type]
+    return seconds, predicted_peak(target, config) if not user_model or step.estimate_builtin else None
+
+
+def predict_ddp(step: Step, target: Target, user_model: bool) -> tuple[float, int | None]:
+    """ddp_bench: the single-process baseline, then each strategy (and bucket size) on its ranks; a
+    rank's memory as each strategy divides it (a student's model estimated as the built-in one)."""
+    configs = _model_configs(step)
+    args = step.args()
+    units = 1 + len(args.strategies) * len(args.bucket_cap_mb or [None])
+    per_unit = sum(_steps_seconds(target, c) for c in configs) * 1.5 + CONFIG_S[target.type]
+    seconds = units * per_unit + 3 * STARTUP_S[target.type]
+    return seconds, data_parallel_peak(args, configs[0].replace(model_factory=None))
+
+
+def predict_attention(step: Step, target: Target, user_model: bool) -> tuple[float, int | None]:
+    return _attention(step.args(), target)
+
+
+def predict_allreduce(step: Step, target: Target, user_model: bool) -> tuple[float, int | None]:
+    args = step.args()
+    steps = args.warmup_steps + args.measure_steps
+    per_size = sum(2 * size_bytes / LINK[args.backend] for _, size_bytes in args.sizes)
+    seconds = sum(steps * per_size + STARTUP_S[target.type] for _ in _world_sizes(args))
+    return seconds, 3 * max(size_bytes for _, size_bytes in args.sizes)
+
+
+def predict_fixed(step: Step, target: Target, user_model: bool) -> tuple[float, int | None]:
+    return step.fixed_s, None
+
+
+PREDICTORS = {
+    "benchmark": predict_sweep,
+    "warmup": predict_warmup,
+    "ddp": predict_ddp,
+    "attention": predict_attention,
+    "allreduce": predict_allreduce,
+    "fixed": predict_fixed,
+}
 
 
 def _world_sizes(args: argparse.Namespace) -> list[int]:

@@ -56,7 +56,7 @@ def plan(options: Options, target: Target) -> list[Step]:
     device_type = "cpu" if options.device == "cpu" else "cuda"
     warmup.reads = (f"warmup_study_{device_type}.csv",)
     warmup.figures = (f"warmup_study_{device_type}.png",)
-    warmup.flags["_writes"] = [f"warmup_study_{device_type}.{ext}" for ext in ("csv", "md", "png")]
+    warmup.writes = tuple(f"warmup_study_{device_type}.{ext}" for ext in ("csv", "md", "png"))
     if not script_here("scripts/warmup_study.py"):
         warmup.skip("scripts/warmup_study.py is not here (installed without the repository's scripts/)")
     return [*steps, warmup]

@@ -143,8 +143,6 @@ def training_leaderboard(options: Options, target: Target) -> list[Step]:
             "--measure-steps": 3 if timer == "do-bench" else scale.measure,
             "--device": options.device,
             "--output": [f"{LABEL}.csv", f"{LABEL}.jsonl", f"{LABEL}.md"],
-            "_estimate_builtin": True,  # the student's model is the handout's architecture
-            "_estimate_attention": attention,
         }
     )
     if model_factory:
@@ -162,6 +160,8 @@ def training_leaderboard(options: Options, target: Target) -> list[Step]:
         flags,
         kind="benchmark",
         reads=(f"{LABEL}.csv",),
+        estimate_builtin=True,  # the student's model is the handout's architecture
+        estimate_attention=attention,
     )
     step.reductions += notes + ([optimizer_note] if optimizer_note else [])
     if not model_factory:

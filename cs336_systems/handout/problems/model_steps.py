@@ -91,7 +91,7 @@ def sweep_flags(options: Options, size: str, flags: dict, tool: str | None = Non
         "--device": options.device,
     }
     if tool.endswith("run_benchmarks"):
-        base.update({"--timeout": 900, "_child_per_config": True})
+        base["--timeout"] = 900
     if options.optimizer and "train-step" in base.get("--pass-types", []):
         base["--optimizer"] = options.optimizer
     return base

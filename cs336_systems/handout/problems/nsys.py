@@ -91,7 +91,6 @@ def _nsys_step(options: Options, size: str, context: int, pass_type: str, optimi
     name = f"{LABEL}-{size}-{context}-{pass_type}".replace(".", "_")
     what = "(a-c, e) forward" if pass_type == "forward" else f"(d) training step with {optimizer_name}"
     flags = {
-        "_stem": name,
         **model_flags(options, size),
         "--context-length": context,
         "--batch-size": options.scale.batch,
@@ -102,7 +101,6 @@ def _nsys_step(options: Options, size: str, context: int, pass_type: str, optimi
     flags["--model-size"] = flags.pop("--model-sizes")[0]
     if pass_type == "train-step" and optimizer:
         flags["--optimizer"] = optimizer
-    flags["_writes"] = [f"{name}.nsys-rep", *(f"{name}_{report}.csv" for report in NSYS_REPORTS)]
     step = Step(
         name,
         LABEL,
@@ -112,6 +110,8 @@ def _nsys_step(options: Options, size: str, context: int, pass_type: str, optimi
         kind="benchmark",
         reads=tuple(f"{name}_{report}.csv" for report in NSYS_REPORTS),
         flags_of=module_name("benchmark"),  # the script runs benchmark with them
+        stem=name,
+        writes=(f"{name}.nsys-rep", *(f"{name}_{report}.csv" for report in NSYS_REPORTS)),
     )
     return step
 
