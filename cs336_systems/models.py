@@ -28,7 +28,6 @@ CUSTOM_SIZE_NAME = "custom"
 
 # A size is a name looked up in its edition's table (size_tables.py) and nowhere else.
 DEFAULT_SIZE_TABLE = NEWEST_SIZE_TABLE  # a ModelConfig built from a shape, not from a name
-MODEL_SIZES = SIZE_TABLES["2025"]  # the table this project started from (the report labels the other's xl)
 CHECKPOINT_WORDS = ("sqrt", "all")  # --checkpoint-blocks besides a number of blocks K (0 = off)
 
 

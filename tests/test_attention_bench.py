@@ -168,7 +168,8 @@ def test_cli_writes_every_format_and_a_plot(tmp_path, capsys, saved_figures):
     assert out.startswith("# Attention forward and backward") and "memory_before_backward_mib" in out
     frame = pd.read_csv(outputs[0])
     assert len(frame) == 8 and set(frame["status"]) == {"ok"}
-    assert list(frame.columns[:3]) == ["implementation", "head_dim", "context_length"]
+    assert list(frame.columns[:4]) == ["tool", "implementation", "head_dim", "context_length"]
+    assert set(frame["tool"]) == {"attention_bench"}
     lines = [json.loads(line) for line in outputs[2].read_text().splitlines()]
     assert len(lines[0]["forward_samples_ms"]) == 2 and len(lines[0]["backward_samples_ms"]) == 2
     # the plot: a panel per (pass, head dim), a line per implementation through its rows' means

@@ -100,7 +100,6 @@ def test_cs336_systems_has_no_import_cycle():
 
 def test_only_the_benchmark_commands_import_the_engine():
     # the step lives in step.py; the engine (runner.py) is for commands that run configurations
-    # (memory_cap loads it by name into memory before capping the address space, and uses none of it)
     importers = {name for name, targets in import_graph().items() if "cs336_systems.runner" in targets}
     assert importers == {"cs336_systems.benchmark", "cs336_systems.benchmark_direct"}
 

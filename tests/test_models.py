@@ -4,7 +4,7 @@ import torch
 from cs336_systems.factory import build_model, count_parameters_for
 from cs336_systems.layers import naive_causal_attention, sdpa_causal_attention
 from cs336_systems.models import (
-    MODEL_SIZES,
+    SIZE_TABLES,
     ConfigError,
     ModelConfig,
     TransformerLM,
@@ -24,7 +24,7 @@ PUBLISHED_PARAMS = {
 }
 
 
-@pytest.mark.parametrize("size", list(MODEL_SIZES))
+@pytest.mark.parametrize("size", list(SIZE_TABLES["2025"]))
 def test_parameter_counts_match_formula_and_reference(size):
     config = ModelConfig.from_size(size, "2025")
     counted = count_parameters_for(config)  # built on the meta device: no memory needed

@@ -153,9 +153,9 @@ def test_a_table_that_would_fold_two_rows_is_refused_when_built():
     )
     assert list(table.frame.columns)[:1] == ["compile"]  # compile varies: it became a label, not a blend
     with pytest.raises(FoldedRows):
-        from cs336_systems.report.grid import _cell
+        from cs336_systems.report.grid import cell_value
 
-        _cell(rows.to_dict("records"), Value("ms", "mean_ms", "ms±"), ("x",))
+        cell_value(rows.to_dict("records"), Value("ms", "mean_ms", "ms±"), ("x",))
 
 
 def test_verify_names_a_changed_cell_and_a_folded_table(coexisting, tmp_path, capsys):

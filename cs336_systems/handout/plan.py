@@ -12,7 +12,6 @@ of the device's peak (flops.py) plus a start-up cost per process; memory from th
 from __future__ import annotations
 
 import argparse
-import importlib
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -129,10 +128,32 @@ def argv_of(flags: dict, output_dir: Path = Path(".")) -> list[str]:
     return out
 
 
+def tool_parser(tool: str) -> argparse.ArgumentParser:
+    """The parser of a tool the plan runs (its module's name, as a step names it)."""
+    from .. import (
+        allreduce_bench,
+        attention_bench,
+        benchmark,
+        benchmark_direct,
+        ddp_bench,
+        mixed_precision,
+        residuals,
+        run_benchmarks,
+    )
+    from ..memory import timeline
+
+    tools = (allreduce_bench, attention_bench, benchmark, benchmark_direct, ddp_bench)
+    tools += (mixed_precision, residuals, run_benchmarks, timeline)
+    parsers = {module_name(tool.__name__.split(".", 1)[1]): tool.build_parser for tool in tools}
+    if tool not in parsers:
+        raise ValueError(f"the plan runs no tool named {tool}")
+    return parsers[tool]()
+
+
 def tool_args(tool: str, flags: dict, script: bool = False) -> argparse.Namespace:
     """`flags` as the tool `tool` (a module) parses them: its build_parser(), so its defaults are the
     plan's. `script`: the flags go to a script that passes the tool's on and keeps its own."""
-    parser = importlib.import_module(tool).build_parser()
+    parser = tool_parser(tool)
     argv = argv_of(flags)
     return parser.parse_known_args(argv)[0] if script else parser.parse_args(argv)
 

@@ -180,7 +180,8 @@ def aggregate_text(rows: list[dict], value: Value) -> str:
 # -- building ---------------------------------------------------------------------------------
 
 
-def _matches(row: dict, wanted: dict) -> bool:
+def matches(row: dict, wanted: dict) -> bool:
+    """Whether `row` reads as each of `wanted`'s label texts (the rows a spec's settings or keys pick)."""
     return all(label_text(name, row) == text for name, text in wanted.items())
 
 
@@ -253,7 +254,7 @@ def _grid(frame, tool, title, labels, values, caption, name, footnotes, keep_emp
     for key, members in groups.items():
         cells = dict(zip([h for h, _ in labels], key, strict=True))
         for value in values:
-            cells[value.header] = _cell(members, value, key)
+            cells[value.header] = cell_value(members, value, key)
         body.append(cells)
     table = pd.DataFrame(body, columns=[h for h, _ in labels] + [v.header for v in values]).fillna("")
     if not keep_empty:  # a value column no row fills says nothing
@@ -272,7 +273,7 @@ def _bind(rows: list[dict], values: Sequence[Value], candidates: list[str]) -> t
     (they must label table rows) and those that only tell columns apart (compile_mode differs between
     the eager and the compiled column, not within either): the latter join each column's keys."""
     groups = [
-        [r for r in rows if _matches(r, keys)] for v in values for keys in (v.where, v.ratio_to) if keys is not None
+        [r for r in rows if matches(r, keys)] for v in values for keys in (v.where, v.ratio_to) if keys is not None
     ]
     varying = [n for n in candidates if any(len({label_text(n, r) for r in group}) > 1 for group in groups)]
     bound = [n for n in candidates if n not in varying]
@@ -280,7 +281,7 @@ def _bind(rows: list[dict], values: Sequence[Value], candidates: list[str]) -> t
         return list(values), varying
 
     def pinned(keys: dict) -> dict:
-        group = [r for r in rows if _matches(r, keys)]
+        group = [r for r in rows if matches(r, keys)]
         return {**keys, **{n: label_text(n, group[0]) for n in bound}} if group else keys
 
     bound_values = [
@@ -290,8 +291,9 @@ def _bind(rows: list[dict], values: Sequence[Value], candidates: list[str]) -> t
     return bound_values, varying
 
 
-def _cell(members: list[dict], value: Value, key: tuple) -> str:
-    picked = [r for r in members if _matches(r, value.where)]
+def cell_value(members: list[dict], value: Value, key: tuple) -> str:
+    """The text of `value`'s cell from the rows of one table row (FoldedRows where two rows could fill it)."""
+    picked = [r for r in members if matches(r, value.where)]
     if value.over:
         return aggregate_text(picked, value) if picked else ""
     if len(picked) > 1:
@@ -300,7 +302,7 @@ def _cell(members: list[dict], value: Value, key: tuple) -> str:
         return ""
     if value.ratio_to is None:
         return cell_text(picked[0], value)
-    below = [r for r in members if _matches(r, value.ratio_to)]
+    below = [r for r in members if matches(r, value.ratio_to)]
     if len(below) != 1:
         return ""
     if picked[0].get("status") != "ok" or below[0].get("status") != "ok":

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from .fields import derive, label_text
-from .grid import SPEC_MARK, FoldedRows, Spec, _cell, _matches
+from .grid import SPEC_MARK, FoldedRows, Spec, cell_value, matches
 
 _COMMENT = re.compile(rf"^<!-- {SPEC_MARK} (.*) -->$")
 
@@ -89,7 +89,7 @@ def check_table(table: ParsedTable, frames: dict[str, pd.DataFrame], more: dict 
     rows = pd.concat([frames[s] for s in spec.sources], ignore_index=True)
     rows = derive(rows, spec.tool)
     records = rows.astype(object).where(rows.notna(), None).to_dict("records")
-    candidates = [r for r in records if _matches(r, spec.fixed)]
+    candidates = [r for r in records if matches(r, spec.fixed)]
     problems = []
     headers = [h for h, _ in spec.labels] + [v.header for v in spec.values]
     if table.header != headers:
@@ -103,7 +103,7 @@ def check_table(table: ParsedTable, frames: dict[str, pd.DataFrame], more: dict 
             continue
         for value in spec.values:
             try:
-                expected = _cell(members, value, tuple(label))
+                expected = cell_value(members, value, tuple(label))
             except FoldedRows as exc:
                 problems.append(f"{where}: row '{label}', column '{value.header}': not one row's value ({exc})")
                 continue

@@ -13,9 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from .. import identity
 from ..config import BenchmarkConfig, BenchmarkIdentity
@@ -29,6 +27,9 @@ from .markdown import (
     row_label,
 )
 from .origin import TOOL
+
+if TYPE_CHECKING:  # for type names only
+    import torch
 
 # Summary fields in column order, the median first (tables lead with it); the *_pct are ratios,
 # the rest milliseconds.
