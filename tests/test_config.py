@@ -19,11 +19,11 @@ row_key = BenchmarkRecord.row_key
 
 def test_identity_is_declared_once_and_is_the_records_first_columns():
     assert BenchmarkRecord.identity_fields() == IDENTITY_FIELDS
-    assert BenchmarkRecord.row_fields()[: len(IDENTITY_FIELDS)] == IDENTITY_FIELDS
+    assert BenchmarkRecord.row_fields()[: 1 + len(IDENTITY_FIELDS)] == ("tool", *IDENTITY_FIELDS)
     assert list(tiny_benchmark_config().identity()) == list(IDENTITY_FIELDS)
     # the model-shape columns are one declaration shared by the benchmark and DDP records
     assert set(MODEL_SHAPE_FIELDS) <= set(DdpRecord.identity_fields())
-    assert DdpRecord.row_fields()[: len(MODEL_SHAPE_FIELDS)] == MODEL_SHAPE_FIELDS
+    assert DdpRecord.row_fields()[: 1 + len(MODEL_SHAPE_FIELDS)] == ("tool", *MODEL_SHAPE_FIELDS)
 
 
 def test_a_model_factory_rows_na_attention_is_one_key_in_every_file(tmp_path):

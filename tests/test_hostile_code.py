@@ -49,7 +49,7 @@ def test_a_factory_that_leaves_a_mess_loses_no_row_and_leaves_nothing_running(tm
     assert result.returncode == 0, result.stderr
     assert time.monotonic() - started < 60  # no wait for its thread or its exit hook
     lines = (tmp_path / "rows.csv").read_text().splitlines()  # where the user said, not where it chdir'd
-    assert len(lines) == 2 and lines[0].startswith("model_size,") and ",ok," in lines[1]  # one header, one row
+    assert len(lines) == 2 and lines[0].startswith("tool,model_size,") and ",ok," in lines[1]  # one header, one row
     assert not list(tmp_path.glob(".*.lock"))  # our exit cleanup ran before its hanging hook
     assert _helpers(pidfile) and all(_gone(pid) for pid in _helpers(pidfile))
 
