@@ -92,8 +92,8 @@ def _bench(model="m", **values) -> dict:
 
 def test_timing_observations_by_hand():
     rows = [
-        _bench("small", pass_type="forward", mean_ms=10.0, num_params=100, cv_pct=2.0),
-        _bench("large", pass_type="forward", mean_ms=40.0, num_params=400, cv_pct=12.0),
+        _bench("small", pass_type="forward", mean_ms=10.0, num_params=100, cv_pct=2.0, step_ms=[10.0, 10.1, 9.9]),
+        _bench("large", pass_type="forward", mean_ms=40.0, num_params=400, cv_pct=12.0, step_ms=[40.0, 41.0, 39.0]),
         _bench(
             "small",
             pass_type="train-step",
@@ -115,7 +115,8 @@ def test_timing_observations_by_hand():
     ]
     lines = timing_observations(rows)
     assert (
-        lines[0] == "A forward pass takes 10.0 ms (small) to 40.0 ms (large): 4.00x the time for 4.00x the parameters."
+        lines[0]
+        == "A forward pass takes 10.0 ms (small) to 40.0 ms (large): 4.00x the time (medians) for 4.00x the parameters."
     )
     assert lines[1] == "The backward pass takes 2.00x to 2.50x the forward pass (train-step rows)."
     assert lines[2] == "The optimizer step is 4.11% to 9.09% of a training step."
@@ -123,30 +124,34 @@ def test_timing_observations_by_hand():
 
 
 def test_warmup_observations_by_hand():
+    """A difference within the runs' noise is said so; a resolved one comes with its interval."""
     rows = []
-    for warmup, times_ in ((0, [30.0, 10.0, 10.0]), (1, [11.0, 11.0, 11.0]), (5, [10.0, 10.0, 10.0])):
+    runs = ((0, [30.0, 10.0, 10.2, 9.9]), (1, [11.0, 11.1, 10.9, 11.0]), (2, [9.0, 11.0, 10.0, 10.5]))
+    for warmup, times_ in (*runs, (5, [10.0, 10.1, 9.9, 10.0])):
         rows += [
             {"warmup_steps": warmup, "step_index": i, "measured": True, "step_ms": t} for i, t in enumerate(times_)
         ]
     lines = warmup_observations(rows)
     assert lines[0] == (
-        "Without warmup the first measured step took 30.0 ms, 3.00x the mean after 5 warmup steps (10.0 ms), "
-        "and lifts the mean of the measured steps by +67%."
+        "Without warmup the first measured step took 30.0 ms, 3.00x the median after 5 warmup steps (10.0 ms): "
+        "above every step after 5 warmup steps (9.90 to 10.1 ms)."
     )
-    assert lines[1] == "After 1 warmup step the mean is +10% off the 5-warmup mean."
+    assert lines[1].startswith("After 0 warmup steps the measured steps' median is the same within the noise")
+    assert lines[2].startswith("After 1 warmup step the measured steps' median is +10% (interval +")
+    assert lines[3].startswith("After 2 warmup steps the measured steps' median is the same within the noise")
 
 
 def test_checkpoint_observations_name_the_lowest_and_its_neighbours():
     rows = [
-        _bench(checkpoint_blocks=None, peak_memory_bytes=100.0, mean_ms=10.0),
-        _bench(checkpoint_blocks=1, peak_memory_bytes=60.0, mean_ms=13.0),
-        _bench(checkpoint_blocks=2, peak_memory_bytes=50.0, mean_ms=13.0),
-        _bench(checkpoint_blocks="all", peak_memory_bytes=70.0, mean_ms=14.0),
+        _bench(checkpoint_blocks=None, peak_memory_bytes=100.0, step_ms=[10.0, 10.1, 9.9, 10.0]),
+        _bench(checkpoint_blocks=1, peak_memory_bytes=60.0, step_ms=[13.0] * 4),
+        _bench(checkpoint_blocks=2, peak_memory_bytes=50.0, step_ms=[13.0, 13.1, 12.9, 13.0]),
+        _bench(checkpoint_blocks="all", peak_memory_bytes=70.0, step_ms=[14.0] * 4),
     ]
     lines = checkpoint_observations(rows)
-    assert (
-        lines[0]
-        == "The lowest peak is with 2 blocks per checkpointed group: -50% against no checkpointing, for +30% step time."
+    assert lines[0].startswith(
+        "The lowest peak is with 2 blocks per checkpointed group: -50% against no checkpointing, for a step time "
+        "+30% (interval +2"
     )
     assert lines[1:] == [
         "1 blocks per group: peak +20% against the lowest.",
@@ -172,23 +177,28 @@ def test_attention_observations_find_the_first_oom_and_the_quadratic_growth():
     assert "At sequence length 1024 the score matrix alone is 4.00 MiB" in lines[2]
 
 
-def test_ddp_observations_say_when_communication_is_below_zero():
+def test_ddp_observations_say_when_communication_is_not_measurable():
+    exposed = "step - no_sync step (exposed)"
     rows = [
-        {"strategy": "single", "world_size": 1, "status": "ok", "mean_ms": 5.0},
-        {"strategy": "naive", "world_size": 2, "status": "ok", "mean_ms": 20.0, "comm_ms": 15.0, "comm_pct": 75.0},
-        {"strategy": "flat", "world_size": 2, "status": "ok", "mean_ms": 10.0, "comm_ms": 5.0, "comm_pct": 50.0},
-        {"strategy": "zero1", "world_size": 2, "status": "ok", "mean_ms": 12.0, "comm_ms": -1.0, "comm_pct": -8.0},
+        {"strategy": "single", "world_size": 1, "status": "ok", "median_ms": 5.0, "step_ms": [5.0, 5.1, 4.9, 5.0]},
+        {
+            **{"strategy": "naive", "world_size": 2, "status": "ok", "median_ms": 20.0, "step_ms": [20.0, 20.2, 19.8]},
+            **{"comm_ms": 15.0, "comm_pct": 75.0, "comm_step_ms": [15.0, 15.1, 14.9]},
+        },
+        {"strategy": "flat", "world_size": 2, "status": "ok", "median_ms": 10.0, "comm_ms": 5.0, "comm_pct": 50.0},
+        {
+            **{"strategy": "zero1", "world_size": 2, "status": "ok", "median_ms": 12.0, "comm_ms": -1.0},
+            **{"comm_pct": -8.0, "comm_method": exposed, "comm_step_ms": [-31.2, -13.2, 75.9]},
+        },
     ]
+    rows[2]["comm_step_ms"] = [5.0, 5.1, 4.9]
     lines = ddp_observations(rows)
-    assert (
-        lines[0]
-        == "naive on 2 ranks: step 20.0 ms, of which 15.0 ms communicating (75.0% of the step); one process: 5.00 ms."
+    assert lines[0].startswith("naive on 2 ranks: median step 20.0 ms, of which 15.0 ms communicating (75.0% of it)")
+    assert "against one process: +300% (interval +" in lines[0]
+    assert lines[2].startswith(
+        "zero1 on 2 ranks: median step 12.0 ms; exposed communication: per-step differences -31.2..+75.9 ms straddle 0"
     )
-    assert (
-        "below zero" in lines[2]
-        and lines[3]
-        == "One flat all-reduce takes 5.00 ms against 15.0 ms for one all-reduce per parameter tensor (-67%)."
-    )
+    assert lines[3].startswith("One flat all-reduce against one all-reduce per parameter tensor: -67% (interval")
 
 
 def test_held_observations_compare_each_strategy_with_ddp():
@@ -215,14 +225,34 @@ def test_held_observations_compare_each_strategy_with_ddp():
 
 
 def test_precision_observations_follow_the_size():
+    def steps(median):  # a row's own steps, as a JSONL row keeps them
+        return {"step_ms": [median * f for f in (0.99, 1.0, 1.01, 1.0, 1.005)]}
+
     rows = [
-        _bench("small", num_params=1, pass_type="forward", precision="fp32", mean_ms=10.0),
-        _bench("small", num_params=1, pass_type="forward", precision="bf16", mean_ms=12.5),
-        _bench("xl", num_params=9, pass_type="forward", precision="fp32", mean_ms=100.0),
-        _bench("xl", num_params=9, pass_type="forward", precision="bf16", mean_ms=40.0),
+        _bench("small", num_params=1, pass_type="forward", precision="fp32", **steps(10.0)),
+        _bench("small", num_params=1, pass_type="forward", precision="bf16", step_ms=[9.0, 11.0, 10.2, 12.5, 9.5]),
+        _bench("xl", num_params=9, pass_type="forward", precision="fp32", **steps(100.0)),
+        _bench("xl", num_params=9, pass_type="forward", precision="bf16", **steps(40.0)),
     ]
     lines = precision_observations(rows)
-    assert lines == [
-        "bf16 autocast runs 0.80x (small, forward) to 2.50x (xl, forward) as fast as fp32.",
-        "The speedup grows with model size: 0.80x for small, 2.50x for xl (forward).",
+    assert lines[0].startswith("small, forward: bf16 autocast runs the same within the noise (±")
+    assert lines[1].startswith("xl, forward: bf16 autocast runs 2.50x as fast (interval 2.4")
+    assert len(lines) == 2  # no trend: small's speedup is not resolved
+
+
+def test_versus_observations_rank_only_what_the_noise_resolves():
+    from cs336_systems.handout.problems.attention import versus_observations
+
+    def row(implementation, context, samples):
+        shape = {"head_dim": 16, "context_length": context, "precision": "fp32"}
+        return {"implementation": implementation, "status": "ok", **shape, "forward_samples_ms": samples}
+
+    rows = [
+        row("naive", 128, [2.0, 2.02, 1.98, 2.0]),
+        row("compiled", 128, [1.0, 1.01, 0.99, 1.0]),  # 2x: resolved
+        row("naive", 256, [4.0, 6.0, 3.0, 5.0]),
+        row("compiled", 256, [4.5, 3.5, 5.5, 4.0]),  # the same within the noise
     ]
+    (line,) = versus_observations(rows, "naive", "compiled")
+    assert line.startswith("forward: compiled runs 2.00x as fast as naive at 1 of 2 shapes; the others are the same")
+    assert "the largest gain at head dim 16, sequence 128" in line

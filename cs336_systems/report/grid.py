@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
+from ..results import plausibility
+from ..results.plausibility import NOT_MEASURABLE
 from ..stats import NOISE
 from ..units import format_bytes
 from .document import FAILURE_MARK, NOISY_MARK, Table, missing, plain, sig3, slug
@@ -147,7 +149,10 @@ def ratio_text(numerator: float | None, denominator: float | None) -> str:
 
 
 def cell_text(row: dict, value: Value) -> str:
-    """What a value cell shows for `row` (a failed row's status where it has no value)."""
+    """What a value cell shows for `row` (a failed row's status where it has no value; NOT_MEASURABLE
+    where the value cannot be a result, results/plausibility.py)."""
+    if value.field in plausibility.problems(row):
+        return NOT_MEASURABLE
     text = FORMATS[value.fmt](row, value.field)
     if text == "" and row.get("status") not in (None, "ok"):
         return FAILURE_MARK.get(str(row["status"]), str(row["status"]))
@@ -264,7 +269,12 @@ def _grid(frame, tool, title, labels, values, caption, name, footnotes, keep_emp
     sources = list(dict.fromkeys(str(s) for s in frame.get("source", pd.Series(dtype=object)).dropna()))
     spec = Spec(tool, sources, fixed, [tuple(x) for x in labels], shown)
     text = caption_text(caption, sources, fixed, tool)
-    notes = [*footnotes, *_mark_footnotes(table, shown), *_failure_notes(rows, labels)]
+    notes = [
+        *footnotes,
+        *_mark_footnotes(table, shown),
+        *_failure_notes(rows, labels),
+        *_implausible_notes(rows, labels, shown),
+    ]
     return Table(slug(name or title), title, text, table, notes, spec=spec)
 
 
@@ -307,6 +317,8 @@ def cell_value(members: list[dict], value: Value, key: tuple) -> str:
         return ""
     if picked[0].get("status") != "ok" or below[0].get("status") != "ok":
         return ""
+    if any(value.field in plausibility.problems(r) for r in (picked[0], below[0])):
+        return NOT_MEASURABLE
     return ratio_text(_number(picked[0], value.field), _number(below[0], value.field))
 
 
@@ -335,6 +347,18 @@ def _failure_notes(rows: list[dict], labels: Sequence[tuple[str, str]]) -> list[
             label = ", ".join(t for t in (label_text(n, row) for _, n in labels[:2]) if t)
             reasons.setdefault(f"{row['status']}: {error.splitlines()[0][:200]}", []).append(label)
     return [f"{', '.join(dict.fromkeys(who))}: {why}." for why, who in reasons.items()]
+
+
+def _implausible_notes(rows: list[dict], labels: Sequence[tuple[str, str]], values: Sequence[Value]) -> list[str]:
+    """Why a cell shows NOT_MEASURABLE, once per reason, naming its rows."""
+    shown = {v.field for v in values}
+    reasons: dict[str, list[str]] = {}
+    for row in rows:
+        for name, why in plausibility.problems(row).items():
+            if name in shown:
+                label = ", ".join(t for t in (label_text(n, row) for _, n in labels[:2]) if t)
+                reasons.setdefault(why, []).append(label)
+    return [f"{NOT_MEASURABLE}: {', '.join(dict.fromkeys(who))}: {why}." for why, who in reasons.items()]
 
 
 MARK_WORDS = {

@@ -1,6 +1,8 @@
 """Small helpers for observations: sentences computed from measured rows (ratios, ranges, which is
 largest), never an interpretation. A helper that cannot find its rows returns None, and the
-observation is left out rather than guessed."""
+observation is left out rather than guessed. A sentence that ranks or sizes a difference between two
+rows goes through `versus` (stats.compare): it says the difference only where the noise of both rows
+cannot explain it, and "the same within the noise" otherwise."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import pandas as pd
 
+from ..stats import Comparison, compare, compare_spreads
 from .document import sig3
 from .fields import derive, label_text
 
@@ -76,3 +79,45 @@ def slope(points: Sequence[tuple[float, float]]) -> float | None:
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     den = sum((x - mx) ** 2 for x in xs)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else None
+
+
+# -- sentences that rank or size a difference: only where the noise of both rows allows -----------
+
+
+def versus(a: dict | None, b: dict | None, phase: str = "") -> Comparison | None:
+    """Row a's time against row b's (a / b, on medians): from their steps where the rows kept them (a
+    JSONL row), else from their medians and interquartile ranges (a CSV row). None without both."""
+    if a is None or b is None:
+        return None
+    samples = f"{phase}_samples_ms" if phase else "step_ms"
+    if isinstance(a.get(samples), list) and isinstance(b.get(samples), list):
+        return compare(a[samples], b[samples])
+    prefix = f"{phase}_" if phase else ""
+    return compare_spreads(
+        number(a, f"{prefix}median_ms"),
+        number(a, f"{prefix}iqr_ms"),
+        number(b, f"{prefix}median_ms"),
+        number(b, f"{prefix}iqr_ms"),
+    )
+
+
+def noise_text(comparison: Comparison) -> str:
+    width = comparison.half_width_pct
+    return "the same within the noise" + (f" (±{width:.0f}%)" if math.isfinite(width) else f" ({comparison.method})")
+
+
+def speed_text(comparison: Comparison) -> str:
+    """'1.9x as fast (interval 1.8x to 2.0x)', or the same within the noise: a time ratio a / b read as a's speed."""
+    if not comparison.resolved:
+        return noise_text(comparison)
+    return (
+        f"{times(1 / comparison.ratio)} as fast (interval {times(1 / comparison.high)} to {times(1 / comparison.low)})"
+    )
+
+
+def change_text(comparison: Comparison) -> str:
+    """'+12% (interval +8% to +15%)', or the same within the noise: a's time against b's."""
+    if not comparison.resolved:
+        return noise_text(comparison)
+    low, high = 100 * (comparison.low - 1), 100 * (comparison.high - 1)
+    return f"{100 * (comparison.ratio - 1):+.0f}% (interval {low:+.0f}% to {high:+.0f}%)"

@@ -19,6 +19,7 @@ from .. import identity
 from ..config import BenchmarkConfig, BenchmarkIdentity
 from ..profiling import StepProfile
 from ..stats import CONVENTIONS, Summary, summarize
+from . import plausibility
 from .environment import ENVIRONMENT_FIELDS, Environment, utc_timestamp
 from .markdown import (
     BENCHMARK_LABEL_COLUMNS,
@@ -137,12 +138,15 @@ class Record:
 
     def to_row(self) -> dict[str, object]:
         row = {f.name: getattr(self, f.name) for f in self._scalar_fields()}
+        row["notes"] = plausibility.with_note(row["notes"], {**row, **self._samples()})  # what cannot be a result
         env = dataclasses.asdict(self.environment) if self.environment else dict.fromkeys(ENVIRONMENT_FIELDS)
         return {**({TOOL: self.tool} if self.tool else {}), **row, **env}
 
+    def _samples(self) -> dict[str, list]:
+        return {f.name: list(getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata.get("samples")}
+
     def to_json(self) -> dict[str, object]:
-        samples = {f.name: list(getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata.get("samples")}
-        return {**self.to_row(), **samples}
+        return {**self.to_row(), **self._samples()}
 
     @classmethod
     def markdown(cls, rows: Sequence[dict]) -> str:

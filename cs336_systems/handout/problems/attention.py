@@ -9,7 +9,7 @@ import pandas as pd
 from ...report import attention, benchmark, plots
 from ...report.document import Bullets, Heading, Section, Text, sig3
 from ...report.fields import label_text
-from ...report.observe import number, ok, pick, records, slope, span, times
+from ...report.observe import number, ok, pick, records, slope, span, speed_text, versus
 from ...tools import module_name
 from ...units import MIB
 from ..parameters import Options
@@ -188,23 +188,36 @@ def write_torch_compile(problem: Results) -> Section:
 
 
 def versus_observations(rows: list[dict], base: str, other: str) -> list[str]:
+    """`other` against `base` per phase over the shapes both ran, each from the two rows' steps
+    (stats.compare): the resolved speedups' range, how many shapes the noise cannot tell apart, and
+    the largest only where its interval clears every other shape's."""
     lines = []
     for phase in ("forward", "backward", "end_to_end"):
-        ratios = []
+        found = []
         for row in ok(rows):
             if label_text("implementation", row) != base:
                 continue
             shape = {k: label_text(k, row) for k in ("head_dim", "context_length", "precision")}
             partner = pick(ok(rows), implementation=other, **shape)
-            a, b = number(row, f"{phase}_mean_ms"), number(partner, f"{phase}_mean_ms")
-            if a and b:
-                ratios.append((a / b, shape))
-        if ratios:
-            best = max(ratios, key=lambda r: r[0])
-            lines.append(
-                f"{phase.replace('_', '-')}: {other} runs {span([r for r, _ in ratios])} as fast as {base}; the largest "
-                f"gain at head dim {best[1]['head_dim']}, sequence {best[1]['context_length']} ({best[1]['precision']})."
+            if (comparison := versus(partner, row, phase)) is not None:
+                found.append((comparison, shape))
+        if not found:
+            continue
+        resolved = [(c, s) for c, s in found if c.resolved]
+        name = phase.replace("_", "-")
+        if not resolved:
+            lines.append(f"{name}: {other} and {base} are the same within the noise at all {len(found)} shapes.")
+            continue
+        text = f"{name}: {other} runs {span([1 / c.ratio for c, _ in resolved])} as fast as {base}"
+        text += f" at {len(resolved)} of {len(found)} shapes" if len(resolved) < len(found) else ""
+        text += "; the others are the same within the noise" if len(resolved) < len(found) else ""
+        best, shape = min(resolved, key=lambda r: r[0].ratio)  # the smallest time ratio: the largest gain
+        if all(best.high < c.low for c, _ in found if c is not best):
+            text += (
+                f"; the largest gain at head dim {shape['head_dim']}, sequence {shape['context_length']} "
+                f"({shape['precision']}), its interval clear of every other shape's"
             )
+        lines.append(text + ".")
     return lines
 
 
@@ -268,9 +281,9 @@ def compiled_model(problem: Results, out: Section) -> None:
         other = pick(
             ok(records(rows, "benchmark")), model=r["model"], pass_type=label_text("pass_type", r), compile="compiled"
         )
-        if r.get("status") == "ok" and number(other, "mean_ms"):
+        if r.get("status") == "ok" and (comparison := versus(other, r)) is not None:
             lines.append(
-                f"{r['model']}, {label_text('pass_type', r)}: compiled runs {times(number(r, 'mean_ms') / number(other, 'mean_ms'))} as fast as eager."
+                f"{r['model']}, {label_text('pass_type', r)}: compiled runs {speed_text(comparison)} against eager."
             )
     first = [number(r, "compile_s") for r in records(rows, "benchmark") if number(r, "compile_s")]
     if first:

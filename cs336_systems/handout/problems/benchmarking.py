@@ -4,10 +4,13 @@ too) and runs the warmup study; the section shows each phase's time and what the
 
 from __future__ import annotations
 
+import numpy as np
+
 from ...report import benchmark, plots
 from ...report.document import Bullets, Heading, Section, Text, sig3
 from ...report.fields import label_text
-from ...report.observe import change, number, ok, records, span, times
+from ...report.observe import change_text, noise_text, number, ok, records, span, times, versus
+from ...stats import compare
 from ...tools import module_name
 from ..parameters import Options
 from ..plan import Step
@@ -80,9 +83,13 @@ def timing_observations(rows: list[dict]) -> list[str]:
         (small, a), (large, b) = ordered[0], ordered[-1]
         text = f"A forward pass takes {sig3(number(a, 'mean_ms'))} ms ({small})"
         if small != large:
-            growth = number(b, "mean_ms") / number(a, "mean_ms")
             params = (number(b, "num_params") or 0) / (number(a, "num_params") or 1)
-            text += f" to {sig3(number(b, 'mean_ms'))} ms ({large}): {times(growth)} the time for {times(params)} the parameters"
+            text += f" to {sig3(number(b, 'mean_ms'))} ms ({large})"
+            growth = versus(b, a)  # the medians' ratio, where the two rows' noise resolves it
+            if growth is not None and growth.resolved:
+                text += f": {times(growth.ratio)} the time (medians) for {times(params)} the parameters"
+            elif growth is not None:
+                text += f": {noise_text(growth)}, for {times(params)} the parameters"
         lines.append(text + ".")
     full = _model_rows(rows, "train-step") or _model_rows(rows, "forward-backward")
     ratios = {
@@ -112,6 +119,8 @@ def timing_observations(rows: list[dict]) -> list[str]:
 
 
 def warmup_observations(rows: list[dict]) -> list[str]:
+    """Each warmup count's measured steps against the run with the most warmup steps; a difference
+    is stated only where the two runs' steps cannot explain it (stats.compare)."""
     runs: dict[str, list[float]] = {}
     for row in sorted(rows, key=lambda r: number(r, "step_index") or 0):
         if label_text("measured", row) == "measured" and number(row, "step_ms") is not None:
@@ -119,20 +128,24 @@ def warmup_observations(rows: list[dict]) -> list[str]:
     if not runs:
         return []
     steady_key = max(runs, key=lambda k: float(k))
-    steady = sum(runs[steady_key]) / len(runs[steady_key])
+    steady = runs[steady_key]
+    middle = float(np.median(steady))
     lines = []
     if "0" in runs and steady_key != "0":
-        first, mean = runs["0"][0], sum(runs["0"]) / len(runs["0"])
-        lines.append(
-            f"Without warmup the first measured step took {sig3(first)} ms, {times(first / steady)} the mean after "
-            f"{steady_key} warmup steps ({sig3(steady)} ms), and lifts the mean of the measured steps by {change(mean, steady)}."
+        first = runs["0"][0]
+        where = (
+            f"above every step after {steady_key} warmup steps ({sig3(min(steady))} to {sig3(max(steady))} ms)"
+            if first > max(steady)
+            else f"within the range of the steps after {steady_key} warmup steps"
         )
-    for key in ("1", "2"):
-        if key in runs and key != steady_key:
-            mean = sum(runs[key]) / len(runs[key])
-            lines.append(
-                f"After {key} warmup step{'s' * (key != '1')} the mean is {change(mean, steady)} off the {steady_key}-warmup mean."
-            )
+        lines.append(
+            f"Without warmup the first measured step took {sig3(first)} ms, {times(first / middle)} the median after "
+            f"{steady_key} warmup steps ({sig3(middle)} ms): {where}."
+        )
+    for key in ("0", "1", "2"):
+        if key in runs and key != steady_key and (comparison := compare(runs[key], steady)) is not None:
+            steps = f"{key} warmup step{'s' * (key != '1')}"
+            lines.append(f"After {steps} the measured steps' median is {change_text(comparison)} against {steady_key}.")
     return lines
 
 

@@ -8,7 +8,7 @@ import dataclasses
 from ...report.document import Bullets, Section, byte_unit
 from ...report.fields import label_text, sort_key
 from ...report.grid import Value, grid
-from ...report.observe import change, number, ok, pick, records
+from ...report.observe import change, change_text, number, ok, pick, records, versus
 from ..parameters import Options
 from ..plan import Step, refusal
 from ..target import Target
@@ -81,9 +81,10 @@ def checkpoint_observations(rows: list[dict]) -> list[str]:
     )
     if base is not None and best is not base:
         text += (
-            f": {change(number(best, 'peak_memory_bytes'), number(base, 'peak_memory_bytes'))} against no checkpointing, "
-            f"for {change(number(best, 'mean_ms'), number(base, 'mean_ms'))} step time"
+            f": {change(number(best, 'peak_memory_bytes'), number(base, 'peak_memory_bytes'))} against no checkpointing"
         )
+        if (time := versus(best, base)) is not None:  # the peak is one number; the step time has its noise
+            text += f", for a step time {change_text(time)}"
     lines = [text + "."]
     ordered = sorted(rows, key=lambda r: benchmark_sort(r))
     at = ordered.index(best)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ...report import distributed, plots
 from ...report.document import Bullets, Section, sig3
 from ...report.fields import label_text
-from ...report.observe import number, ok, records, times
+from ...report.observe import change_text, noise_text, number, ok, records, times, versus
 from ...tools import module_name
 from ..parameters import Options
 from ..plan import Step
@@ -71,26 +71,31 @@ def write(problem: Results) -> Section:
 
 
 def allreduce_observations(rows: list[dict]) -> list[str]:
+    """Bus bandwidth from the smallest to the largest size, and how the time grows with the data and
+    with the ranks, each time ratio from the two rows' steps (stats.compare)."""
     lines = []
     for (backend, world), group in _groups(ok(rows), ("backend", "world_size")).items():
         ordered = sorted(group, key=lambda r: number(r, "size_bytes") or 0)
         if len(ordered) < 2:
             continue
         small, large = ordered[0], ordered[-1]
-        lines.append(
+        text = (
             f"{backend}, {world} ranks: bus bandwidth {sig3(number(small, 'busbw_gbps'))} GB/s at "
-            f"{label_text('size', small)} and {sig3(number(large, 'busbw_gbps'))} GB/s at {label_text('size', large)}; "
-            f"{times(number(large, 'size_bytes') / number(small, 'size_bytes'))} the data takes "
-            f"{times(number(large, 'mean_ms') / number(small, 'mean_ms'))} the time."
+            f"{label_text('size', small)} and {sig3(number(large, 'busbw_gbps'))} GB/s at {label_text('size', large)}"
         )
-    worlds = _groups(ok(rows), ("backend", "size"))
-    for (backend, size), group in worlds.items():
+        if (growth := versus(large, small)) is not None:
+            data = times(number(large, "size_bytes") / number(small, "size_bytes"))
+            took = f"{times(growth.ratio)} the time" if growth.resolved else noise_text(growth) + " in time"
+            text += f"; {data} the data takes {took}"
+        lines.append(text + ".")
+    for (backend, size), group in _groups(ok(rows), ("backend", "size")).items():
         if len(group) > 1:
             ordered = sorted(group, key=lambda r: number(r, "world_size"))
-            lines.append(
-                f"{backend}, {size}: from {label_text('world_size', ordered[0])} to {label_text('world_size', ordered[-1])} "
-                f"ranks the time goes from {sig3(number(ordered[0], 'mean_ms'))} to {sig3(number(ordered[-1], 'mean_ms'))} ms."
-            )
+            if (c := versus(ordered[-1], ordered[0])) is not None:
+                lines.append(
+                    f"{backend}, {size}: from {label_text('world_size', ordered[0])} to "
+                    f"{label_text('world_size', ordered[-1])} ranks the median all-reduce time is {change_text(c)}."
+                )
     return lines
 
 

@@ -9,7 +9,9 @@ import functools
 from ...report import distributed
 from ...report.document import Bullets, Heading, Section, sig3
 from ...report.fields import label_text
-from ...report.observe import change, number, ok, pick, records, times
+from ...report.observe import change_text, number, ok, pick, records, times, versus
+from ...results import plausibility
+from ...stats import compare
 from ...tools import module_name
 from ...units import MIB
 from ..parameters import DDP_CPU_SHAPE, Options
@@ -114,6 +116,9 @@ def write_ddp(problem: Results) -> Section:
 
 
 def ddp_observations(rows: list[dict]) -> list[str]:
+    """Each strategy's median step and the communication it exposes (only where it is a result:
+    results/plausibility.py), against one process; the flat all-reduce against one per tensor from the
+    two rows' timed loops (stats.compare)."""
     lines = []
     single = _step(rows, "single")
     for row in ok(rows):
@@ -121,21 +126,22 @@ def ddp_observations(rows: list[dict]) -> list[str]:
         if strategy == "single":
             continue
         bucket = label_text("bucket_cap_mb", row)
-        text = f"{strategy}{f' ({bucket} MB buckets)' if bucket else ''} on {label_text('world_size', row)} ranks: step {sig3(number(row, 'mean_ms'))} ms"
-        if number(row, "comm_ms") is not None:
-            comm = number(row, "comm_ms")
-            text += f", of which {sig3(comm)} ms communicating ({sig3(number(row, 'comm_pct'))}% of the step)"
-            if comm < 0:
-                text += ": below zero, i.e. the step without synchronisation was the slower one; within noise"
-        if single is not None:
-            text += f"; one process: {sig3(number(single, 'mean_ms'))} ms"
+        text = f"{strategy}{f' ({bucket} MB buckets)' if bucket else ''} on {label_text('world_size', row)} ranks: "
+        text += f"median step {sig3(number(row, 'median_ms'))} ms"
+        unusable = plausibility.problems(row)
+        if "comm_ms" in unusable:
+            text += f"; {unusable['comm_ms']}: not measurable here"
+        elif number(row, "comm_ms") is not None:
+            text += (
+                f", of which {sig3(number(row, 'comm_ms'))} ms communicating ({sig3(number(row, 'comm_pct'))}% of it)"
+            )
+        if single is not None and (against := versus(row, single)) is not None:
+            text += f"; against one process: {change_text(against)}"
         lines.append(text + ".")
     naive, flat = _step(rows, "naive"), _step(rows, "flat")
-    if number(naive, "comm_ms") and number(flat, "comm_ms"):
-        lines.append(
-            f"One flat all-reduce takes {sig3(number(flat, 'comm_ms'))} ms against {sig3(number(naive, 'comm_ms'))} ms for "
-            f"one all-reduce per parameter tensor ({change(number(flat, 'comm_ms'), number(naive, 'comm_ms'))})."
-        )
+    loops = (naive or {}).get("comm_step_ms"), (flat or {}).get("comm_step_ms")
+    if all(isinstance(steps, list) and steps for steps in loops) and (c := compare(loops[1], loops[0])) is not None:
+        lines.append(f"One flat all-reduce against one all-reduce per parameter tensor: {change_text(c)}.")
     return lines
 
 
@@ -184,13 +190,14 @@ def held_observations(rows: list[dict], base: str) -> list[str]:
 
 
 def sharding_time(rows: list[dict]) -> list[str]:
+    """Each sharded strategy's step against ddp's, from their steps (stats.compare)."""
     base = _step(rows, "ddp")
     lines = []
     for row in ok(rows):
         strategy = label_text("strategy", row)
-        if base is not None and strategy not in ("ddp", "single") and number(row, "mean_ms"):
+        if strategy not in ("ddp", "single") and (against := versus(row, base)) is not None:
             lines.append(
-                f"{strategy}: step {sig3(number(row, 'mean_ms'))} ms, {change(number(row, 'mean_ms'), number(base, 'mean_ms'))} against ddp."
+                f"{strategy}: median step {sig3(number(row, 'median_ms'))} ms, {change_text(against)} against ddp."
             )
     return lines
 

@@ -9,7 +9,7 @@ import pandas as pd
 from ...report import benchmark
 from ...report.document import Bullets, Heading, Section
 from ...report.grid import Value, grid
-from ...report.observe import number, ok, pick, records, times
+from ...report.observe import number, ok, pick, records, speed_text, times, versus
 from ...tools import module_name
 from ..parameters import Options
 from ..plan import Step
@@ -158,28 +158,29 @@ def timing_rows(timing: Results | None) -> pd.DataFrame:
 
 
 def precision_observations(rows: list[dict]) -> list[str]:
+    """bf16 against fp32 per model and pass, each from the two rows' steps (stats.compare); the trend
+    with model size only where the smallest and the largest model's speedups are resolved apart."""
     rows = ok(rows)
-    speedups = []
+    found = []
     for model in dict.fromkeys(r["model"] for r in rows):
         for pass_type in ("forward", "forward-backward", "train-step"):
-            a = pick(rows, model=model, pass_type=pass_type, precision="fp32")
-            b = pick(rows, model=model, pass_type=pass_type, precision="bf16")
-            if number(a, "mean_ms") and number(b, "mean_ms"):
-                speedups.append(
-                    (number(a, "num_params") or 0, model, pass_type, number(a, "mean_ms") / number(b, "mean_ms"))
-                )
-    if not speedups:
+            fp32 = pick(rows, model=model, pass_type=pass_type, precision="fp32")
+            bf16 = pick(rows, model=model, pass_type=pass_type, precision="bf16")
+            if (comparison := versus(bf16, fp32)) is not None:
+                found.append((number(fp32, "num_params") or 0, model, pass_type, comparison))
+    if not found:
         return []
-    low, high = min(speedups, key=lambda s: s[3]), max(speedups, key=lambda s: s[3])
     lines = [
-        f"bf16 autocast runs {times(low[3])} ({low[1]}, {low[2]}) to {times(high[3])} ({high[1]}, {high[2]}) as fast as fp32."
+        f"{model}, {pass_type}: bf16 autocast runs {speed_text(c)} against fp32." for _, model, pass_type, c in found
     ]
-    ordered = sorted(speedups)
-    smallest, largest = ordered[0], ordered[-1]
-    if smallest[1] != largest[1]:
-        trend = "grows" if largest[3] > smallest[3] else "shrinks"
+    ordered = sorted(found, key=lambda f: f[0])
+    (_, small, _, a), (_, large, pass_type, b) = ordered[0], ordered[-1]
+    # the speedup is fp32 / bf16 = 1 / ratio: apart when one's interval lies wholly beyond the other's
+    if small != large and a.resolved and b.resolved and (b.high < a.low or b.low > a.high):
+        trend = "grows" if b.ratio < a.ratio else "shrinks"
         lines.append(
-            f"The speedup {trend} with model size: {times(smallest[3])} for {smallest[1]}, {times(largest[3])} for {largest[1]} ({largest[2]})."
+            f"The speedup {trend} with model size: {times(1 / a.ratio)} for {small}, {times(1 / b.ratio)} for {large} "
+            f"({pass_type}); their intervals do not overlap."
         )
     return lines
 
