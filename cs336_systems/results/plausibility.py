@@ -41,7 +41,7 @@ def _number(value: object) -> float | None:
 def _never_negative(field: str) -> bool:
     if field.endswith("_pct"):
         return False
-    return field.endswith(("_ms", "_s", "_bytes")) or field in NON_NEGATIVE
+    return field.endswith(("_ms", "_s", "_bytes", "_bytes_above_baseline")) or field in NON_NEGATIVE
 
 
 def _straddles_zero(samples: list[float]) -> bool:

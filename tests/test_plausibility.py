@@ -1,0 +1,94 @@
+"""What a value can be, declared once (results/plausibility.py): each rule with a row that breaks it,
+kept raw in the files, said in the row's notes, and shown as n/m with its reason in a report's table."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from cs336_systems.report.grid import Value, grid
+from cs336_systems.results import plausibility
+from cs336_systems.results.plausibility import NOT_MEASURABLE
+
+EXPOSED = "step - no_sync step (exposed)"
+
+
+@pytest.mark.parametrize(
+    "row, field, words",
+    [
+        ({"mfu": 2.0}, "mfu", "not a share of the peak"),
+        ({"mfu": -0.1}, "mfu", "not a share of the peak"),
+        ({"median_ms": -3.0}, "median_ms", "below zero"),
+        ({"peak_model_bytes_above_baseline": -139460.0}, "peak_model_bytes_above_baseline", "below zero"),
+        ({"comm_pct": 120.0}, "comm_pct", "not a share"),
+        ({"scaling_efficiency": 1.10}, "scaling_efficiency", "faster than one process alone"),
+        (
+            {"comm_ms": -13.2, "comm_method": EXPOSED, "comm_step_ms": [-31.2, -13.2, 75.9]},
+            "comm_ms",
+            "per-step differences -31.2..+75.9 ms straddle 0",
+        ),
+        ({"comm_ms": 8.0, "comm_method": EXPOSED, "comm_step_ms": [-2.0, 9.0, 8.0, 20.0]}, "comm_ms", "straddle 0"),
+    ],
+)
+def test_each_rule_names_the_field_and_why(row, field, words):
+    found = plausibility.problems(row)
+    assert field in found and words in found[field]
+
+
+def test_plausible_values_pass_and_a_share_depends_on_its_source():
+    assert plausibility.problems({"mfu": 0.53, "median_ms": 649.6, "comm_pct": 40.0, "scaling_efficiency": 0.95}) == {}
+    resolved = {"comm_ms": 10.0, "comm_method": EXPOSED, "comm_step_ms": [9.0, 10.0, 11.0, 10.5, 9.5]}
+    assert plausibility.problems(resolved) == {}
+    timed = {"comm_ms": 10.9, "comm_method": "all-gather + reduce-scatter time", "comm_step_ms": [10.9]}
+    assert plausibility.problems(timed) == {}  # one profiled step measured directly, not a difference
+    broken = {"comm_ms": -1.0, "comm_pct": -8.0, "comm_method": EXPOSED, "comm_step_ms": [-5.0, 1.0, 3.0]}
+    assert set(plausibility.problems(broken)) == {"comm_ms", "comm_pct"}
+
+
+def test_the_row_keeps_its_raw_value_and_says_why_in_its_notes(tmp_path):
+    from cs336_systems.results import read_results
+    from cs336_systems.results.files import ResultSink
+    from cs336_systems.results.records import BenchmarkRecord
+    from tests.conftest import tiny_benchmark_config
+
+    record = BenchmarkRecord.for_config(tiny_benchmark_config(), __import__("torch").device("cpu"), None, 10)
+    record.mfu, record.notes = 2.5, "a note of its own"
+    path = tmp_path / "rows.csv"
+    with ResultSink([path], BenchmarkRecord) as sink:
+        sink.write(record)
+    row = read_results(path).iloc[0]
+    assert row["mfu"] == 2.5  # raw in the file
+    assert row["notes"].startswith("a note of its own; not measurable: MFU 2.5 is not a share of the peak")
+
+
+def test_a_table_shows_n_m_and_the_reason_never_the_impossible_number():
+    frame = pd.DataFrame(
+        [
+            {
+                "tool": "ddp_bench",
+                "strategy": "ddp",
+                "world_size": 2,
+                "status": "ok",
+                "median_ms": 40.0,
+                "scaling_efficiency": 1.1,
+            },
+            {
+                "tool": "ddp_bench",
+                "strategy": "flat",
+                "world_size": 2,
+                "status": "ok",
+                "median_ms": 50.0,
+                "scaling_efficiency": 0.8,
+            },
+        ]
+    ).assign(source="rows.csv")
+    table = grid(
+        frame,
+        "ddp_bench",
+        title="t",
+        labels=[("strategy", "strategy")],
+        values=[Value("efficiency (%)", "scaling_efficiency", "x100")],
+    )
+    cells = table.frame["efficiency (%)"].tolist()
+    assert cells[0] == NOT_MEASURABLE and cells[1] != NOT_MEASURABLE
+    assert any(note.startswith(f"{NOT_MEASURABLE}: ddp: scaling efficiency 110%") for note in table.footnotes)
