@@ -228,10 +228,6 @@ def check_benchmark_config(config: BenchmarkConfig) -> None:
         raise ConfigError(reason)
     if config.model_factory and config.model.fused_projections:
         raise ConfigError("--fused-projections changes the built-in model's projections; not a --model-factory model's")
-    if config.model_factory and config.model.checkpoint_group_size:
-        raise ConfigError(
-            "--checkpoint-blocks wraps the built-in model's blocks; it cannot wrap a --model-factory model"
-        )
 
 
 def _names(cls: type) -> set[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .checkpointing import checkpoint_blocks
 from .models import ModelConfig, TransformerLM, count_parameters
 from .user_model import FACTORY_KEYWORDS, build_user_model
 from .usercode import UserCodeTimeout
@@ -22,11 +23,15 @@ def build_model(
     model_factory: str | None = None,
 ) -> nn.Module:
     """Build the model directly on `device` (initialising 3B parameters on a GPU is fast). A
-    --model-factory model with the built-in model's own options is refused by BenchmarkConfig."""
+    --model-factory model's repeated blocks are checkpointed in groups where `config` asks
+    (checkpointing.py); its other built-in options are refused by BenchmarkConfig."""
     if model_factory is None:
         with torch.device(device):
             return TransformerLM(config)
-    return build_user_model(model_factory, factory_kwargs(config), device)
+    model = build_user_model(model_factory, factory_kwargs(config), device)
+    if config.checkpoint_blocks is not None:  # the built-in model checkpoints its own blocks
+        checkpoint_blocks(model, config.checkpoint_blocks)
+    return model
 
 
 def count_parameters_for(config: ModelConfig, model_factory: str | None = None) -> int | None:

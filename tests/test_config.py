@@ -235,7 +235,5 @@ def test_a_configuration_refuses_itself_wherever_it_is_built():
         tiny_benchmark_config(grad_accum_steps=0)
     with pytest.raises(ConfigError, match="peak_tflops must be a positive number"):
         tiny_benchmark_config(peak_tflops=float("nan"))
-    with pytest.raises(ConfigError, match="cannot wrap a --model-factory model"):
-        tiny_benchmark_config(model=tiny_model_config(checkpoint_blocks=1), model_factory="m:f")
     with pytest.raises(ConfigError, match="d_model must be an integer"):
         tiny_model_config(d_model=32.0)

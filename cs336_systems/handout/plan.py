@@ -97,7 +97,10 @@ class Step:
         return [sys.executable, "-m", self.tool, *self.argv(output_dir)]
 
     def shell(self, output_dir: Path) -> str:
+        """The command as a student types it: `cs336-bench TOOL ...` for a tool, `python SCRIPT ...`."""
         command = self.command(output_dir)
+        if command[:2] == [sys.executable, "-m"]:
+            command = ["cs336-bench", command[2].split(".", 1)[1], *command[3:]]
         command[0] = "python" if command[0] == sys.executable else command[0]
         text = shlex.join(command)
         return f"{text} > {shlex.quote(str(output_dir / self.capture))}" if self.capture else text

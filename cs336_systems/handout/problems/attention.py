@@ -134,6 +134,7 @@ def plan_flash_benchmarking(options: Options, target: Target) -> list[Step]:
 def write_pytorch_attention(problem: Results) -> Section:
     out = section(problem)
     rows = problem.rows("attention_bench")
+    out.add(Heading("(a) Time and memory of naive attention per head size and sequence length"))
     if not rows.empty:
         out.add(attention.timing_table(rows, "Naive attention: time and memory per head dimension and sequence length"))
         out.add(*plots.attention_plot(rows, problem.out_dir, f"{problem.stem}_pytorch_attention"))
@@ -224,6 +225,7 @@ def versus_observations(rows: list[dict], base: str, other: str) -> list[str]:
 def write_flash_benchmarking(problem: Results) -> Section:
     out = section(problem)
     rows = problem.rows("attention_bench")
+    out.add(Heading("(a) Your FlashAttention-2 against PyTorch attention"))
     if not rows.empty:
         flash = [i for i in attention.implementations(rows) if i.startswith("flash")]
         out.add(attention.timing_table(rows, "Your FlashAttention-2 and PyTorch attention"))

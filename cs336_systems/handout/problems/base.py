@@ -9,17 +9,19 @@ not measured, why, and the command that measures it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from ...report.document import Bullets, Section
+from ...report.document import Bullets, Heading, Section, Text
 from ...report.load import read_file, tool_of
 from ..parameters import Options
 from ..plan import Step
 from ..target import Target
+from .parts import PARTS, Part
 
 # What a problem asks for: `measured` (the plan runs something for it), `implementation` (code the
 # official tests check: nothing to measure), `analytic` (the student derives it on paper).
@@ -46,6 +48,10 @@ class Problem:
 
     def title_in(self, edition: str) -> str:
         return self.titles.get(edition, self.title)
+
+    def parts_in(self, edition: str) -> tuple[Part, ...]:
+        """The handout's sub-questions of this problem in `edition` (parts.py)."""
+        return PARTS.get(edition, {}).get(self.label, ())
 
 
 @dataclass
@@ -123,10 +129,10 @@ def load_files(plan: pd.DataFrame, directory: Path) -> tuple[dict[str, pd.DataFr
 def not_measured(results: Results) -> list[str]:
     """One line per step that did not run or did not finish: why, and the command that measures it."""
     lines = []
+    # on a GPU node, from the repository's root, the handout's own shapes: the problem's full plan
+    to_measure = f" To measure it on a GPU: `cs336-bench handout --edition {results.edition} --problems {results.label}`."
     for step in results.steps:
         outcome = str(step.get("outcome"))
-        command = str(step.get("command") or "")
-        to_measure = f" To measure it: `{command}`." if command and command != "nan" else ""
         if outcome == "skipped":
             lines.append(f"{_part(step)}: not measured here: {_reason(step)}.{to_measure}")
         elif outcome not in ("ok", "failed rows"):
@@ -158,9 +164,50 @@ def section(results: Results) -> Section:
     return Section(f"{results.label}: {results.title}", results.label)
 
 
+_LEADING_LETTERS = re.compile(r"^\s*\(([a-z](?:\s*[-–,]\s*[a-z])*)\)\s*,?\s*")
+
+
+def letters_of(text: str) -> set[str]:
+    """The sub-question letters a heading or line starts with: '(a), (e) ...', '(a-c, e) ...', '(b) ...'."""
+    found: set[str] = set()
+    while match := _LEADING_LETTERS.match(text):
+        for piece in re.split(r"\s*,\s*", match.group(1)):
+            ends = re.split(r"\s*[-–]\s*", piece)
+            found |= {chr(c) for c in range(ord(ends[0]), ord(ends[-1]) + 1)}
+        text = text[match.end() :]
+    return found
+
+
+def answered(out: Section) -> set[str]:
+    """The letters a section's headings and lines name."""
+    texts = [b.text for b in out.blocks if isinstance(b, (Heading, Text))]
+    texts += [item for b in out.blocks if isinstance(b, Bullets) for item in b.items]
+    return set().union(*(letters_of(text) for text in texts)) if texts else set()
+
+
+def unanswered(results: Results, out: Section) -> list[str]:
+    """One line for each sub-question the section does not name yet: the student's (code, a derivation),
+    or not measured by this plan (a measurement), with the command that measures the problem."""
+    named = answered(out)
+    lines = []
+    for part in results.problem.parts_in(results.edition):
+        if not part.letter or part.letter in named:
+            continue
+        head = f"({part.letter}) {part.asks}:"
+        if part.answer == "code":
+            lines.append(f"{head} the student's own code; the official tests check it.")
+        elif part.answer == "derivation":
+            lines.append(f"{head} the student's own answer, on paper.")
+        else:
+            command = f"cs336-bench handout --edition {results.edition} --problems {results.label}"
+            lines.append(f"{head} not measured by this plan; on a GPU, `{command}` measures the problem.")
+    return lines
+
+
 def finish(results: Results, out: Section) -> Section:
-    """The lines every section ends with: what was reduced, what was not measured and why."""
-    lines = reductions(results) + not_measured(results)
+    """The lines every section ends with: each sub-question not named yet, what was reduced, and
+    what was not measured, why, and the command that measures it."""
+    lines = unanswered(results, out) + reductions(results) + not_measured(results)
     if lines:
         out.add(Bullets(lines))
     return out

@@ -1,19 +1,18 @@
 """gradient_checkpointing (2026): peak memory and step time of a training step per checkpointed group
-size (off, 1, 2, 4, sqrt, all blocks), each configuration in a process of its own."""
+size (off, 1, 2, 4, sqrt, all blocks), each configuration in a process of its own; a student's model
+(--model-factory) has its own repeated blocks checkpointed the same way (checkpointing.py)."""
 
 from __future__ import annotations
 
-import dataclasses
-
-from ...report.document import Bullets, Section, byte_unit
+from ...report.document import Bullets, Heading, Section, byte_unit
 from ...report.fields import label_text, sort_key
 from ...report.grid import Value, grid
 from ...report.observe import change, change_text, number, ok, pick, records, versus
 from ..parameters import Options
-from ..plan import Step, refusal
+from ..plan import Step
 from ..target import Target
 from .base import Problem, Results, finish, section
-from .model_steps import MEMORY_SWEEP, memory_options, sweep, sweep_flags
+from .model_steps import MEMORY_SWEEP, memory_options, sweep
 
 LABEL = "gradient_checkpointing"
 
@@ -28,13 +27,6 @@ def plan(options: Options, target: Target) -> list[Step]:
         "--precisions": ["fp32"],
         "--checkpoint-blocks": list(scale.checkpoint_blocks),
     }
-    if options.model_factory:  # refused by the configuration itself; the command kept is the built-in model's
-        name = LABEL
-        outputs = {"--output": [f"{name}.csv", f"{name}.jsonl", f"{name}.md"]}
-        builtin = sweep_flags(dataclasses.replace(options, model_factory=None), size, {**flags, **outputs})
-        step = Step(name, name, f"(b) {size} checkpoint block sizes", scale.sweep_tool, builtin)
-        step.skip(refusal(step.tool, {**builtin, "--model-factory": options.model_factory}) or "")
-        return [step]
     return sweep(
         options,
         target,
@@ -51,6 +43,7 @@ def plan(options: Options, target: Target) -> list[Step]:
 def write(problem: Results) -> Section:
     out = section(problem)
     rows = problem.rows("benchmark")
+    out.add(Heading("(b) Peak memory and step time per checkpointed group size"))
     if not rows.empty:
         unit = byte_unit(rows["peak_memory_bytes"])
         out.add(

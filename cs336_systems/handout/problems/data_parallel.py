@@ -109,6 +109,8 @@ def write_ddp(problem: Results) -> Section:
     """naive_ddp_benchmarking, minimal_ddp_flat_benchmarking, the overlapped and bucketed problems."""
     out = section(problem)
     rows = problem.rows("ddp_bench")
+    if any(part.letter == "a" for part in problem.problem.parts_in(problem.edition)):
+        out.add(Heading("(a) Time per training step, each strategy against one process and the others"))
     if not rows.empty:
         out.add(distributed.ddp_time_table(rows, "Time per training step"))
         out.add(Bullets(ddp_observations(records(rows, "ddp_bench"))))

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ...report.document import Bullets, Section, Text, sig3
+from ...report.document import Bullets, Heading, Section, Text, sig3
 from ...report.fields import derive, label_text
 from ...report.grid import Value, grid
-from ...report.observe import number, records
+from ...report.observe import number, records, times
 from ...tools import module_name
 from ..parameters import Options
 from ..plan import SWEEP, Step, fit_verdict, model_configs, predicted_peak
@@ -166,6 +166,14 @@ def write(problem: Results) -> Section:
                 "Label: torch profiler, not nsys."
             )
         )
+        out.add(
+            Text(
+                "(a) Nsight's total forward time against the Python timer: not measured here, since Nsight Systems "
+                "did not run (the timer's medians are in benchmarking_script's table; on a GPU with nsys the plan "
+                "profiles each configuration under it)."
+            )
+        )
+        out.add(Heading("(b-e) The longest operators of each profiled step (torch profiler)"))
         profiled = derive(profiled, "benchmark")
         for (model, context), group in profiled.groupby(["model", "context_length"], sort=False):
             out.add(kernel_table(kernel_rows(group), f"Longest operators: {model}, context {context}"))
@@ -230,9 +238,17 @@ def kernel_observations(rows: list[dict]) -> list[str]:
         mine = [r for r in rows if label_text("pass_type", r) == pass_type and label_text("kernel_rank", r) == "1"]
         for row in mine[:2]:
             lines.append(
-                f"{pass_type}, {row.get('model')} context {label_text('context_length', row)}: the longest is "
+                f"(b) {pass_type}, {row.get('model')} context {label_text('context_length', row)}: the longest is "
                 f"`{row['kernel']}` ({label_text('kernel_calls', row)} calls, {sig3(number(row, 'kernel_share_pct'))}% of the listed time)."
             )
+    others = {}
+    for row in rows:  # (c) what besides the matrix multiplies takes time in a forward pass
+        if label_text("pass_type", row) == "forward" and not _is_matmul(row["kernel"]):
+            others[str(row["kernel"])] = max(others.get(str(row["kernel"]), 0.0), number(row, "kernel_share_pct") or 0)
+    if others:
+        top = sorted(others.items(), key=lambda kv: -kv[1])[:3]
+        shown = ", ".join(f"`{name}` (up to {sig3(share)}%)" for name, share in top)
+        lines.append(f"(c) Besides matrix multiplies, the forward pass spends the most in {shown} of the listed time.")
     for context in dict.fromkeys(label_text("context_length", r) for r in rows):
         forward = [
             r for r in rows if label_text("pass_type", r) == "forward" and label_text("context_length", r) == context
@@ -240,23 +256,41 @@ def kernel_observations(rows: list[dict]) -> list[str]:
         softmax = sum(number(r, "kernel_ms") or 0 for r in forward if "softmax" in str(r["kernel"]))
         bmm = sum(number(r, "kernel_ms") or 0 for r in forward if "bmm" in str(r["kernel"]))
         if softmax and bmm:
+            head_dim = (number(forward[0], "d_model") or 0) / (number(forward[0], "num_heads") or 1)
+            flops = (
+                f"; the two matmuls do {4 * head_dim / 5:.0f}x the softmax's FLOPs (4 x head dim {head_dim:.0f} / 5, "
+                "counting about five operations per score)"
+                if head_dim
+                else ""
+            )
             lines.append(
                 f"(e) Context {context}, forward: softmax takes {sig3(softmax)} ms against {sig3(bmm)} ms for attention's "
-                "batched matrix multiplies."
+                f"batched matrix multiplies ({times(bmm / softmax)} its time){flops}."
+            )
+        elif forward:
+            lines.append(
+                f"(e) Context {context}, forward: "
+                + ("softmax" if not softmax else "attention's batched matrix multiply")
+                + " is not among the profiler's longest operators at this small shape, so the two cannot be compared "
+                "here; at the handout's sizes and contexts attention grows as the sequence squared."
             )
     by_pass: dict[str, list[float]] = {}
     for pass_type in ("forward", "train-step"):
         picked = [r for r in rows if label_text("pass_type", r) == pass_type]
         total = sum(number(r, "kernel_ms") or 0 for r in picked)
-        mm = sum(number(r, "kernel_ms") or 0 for r in picked if any(m in str(r["kernel"]).lower() for m in MATMUL))
+        mm = sum(number(r, "kernel_ms") or 0 for r in picked if _is_matmul(r["kernel"]))
         if total:
             by_pass[pass_type] = [100 * mm / total]
     if len(by_pass) == 2:
         lines.append(
-            f"Matrix multiplies are {by_pass['forward'][0]:.0f}% of the listed operator time in a forward pass and "
+            f"(d) Matrix multiplies are {by_pass['forward'][0]:.0f}% of the listed operator time in a forward pass and "
             f"{by_pass['train-step'][0]:.0f}% in a training step."
         )
     return lines
+
+
+def _is_matmul(kernel: object) -> bool:
+    return any(m in str(kernel).lower() for m in MATMUL)
 
 
 PROBLEM = Problem(LABEL, "Nsight Systems Profiling", plan=plan, write=write)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ...report.document import Section, Text, sig3
+from ...report.document import Bullets, Section, Text, sig3
 from ...report.fields import label_text
 from ...report.load import tool_of
 from ...report.observe import number, ok, records
-from .base import ANALYTIC, IMPLEMENTATION, Problem, Results
+from .base import ANALYTIC, IMPLEMENTATION, Problem, Results, unanswered
 
 # Each implementation and the official test it passes (`uv run pytest ...`, as the handout says).
 OFFICIAL_TESTS = {
@@ -38,12 +38,19 @@ DERIVATIONS = {
 
 def implementation_section(problem: Results) -> Section:
     tests = problem.problem.official_test
-    return Section(f"{problem.label}: {problem.title}", problem.label).add(
+    section = Section(f"{problem.label}: {problem.title}", problem.label).add(
         Text(
             f"Code, not a measurement: the official tests check it (`uv run pytest {tests}`). Its speed and "
             "memory are measured in the benchmarking problems that follow."
         )
     )
+    return _with_parts(problem, section)
+
+
+def _with_parts(problem: Results, section: Section) -> Section:
+    """Each lettered sub-question named, as the student's."""
+    lines = unanswered(problem, section)
+    return section.add(Bullets(lines)) if lines else section
 
 
 def analytic_section(problem: Results) -> Section:
@@ -52,7 +59,7 @@ def analytic_section(problem: Results) -> Section:
     measured = rates(problem.files)
     if measured:
         section.add(Text(f"Measured here, should the calculation want them: {'; '.join(measured)}."))
-    return section
+    return _with_parts(problem, section)
 
 
 def rates(frames: dict[str, pd.DataFrame]) -> list[str]:
