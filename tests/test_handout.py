@@ -43,7 +43,7 @@ def test_dry_run_for_an_assumed_h100_covers_every_problem_of_the_edition(edition
     not_measured = next(line for line in out.splitlines() if line.startswith("Not measured"))
     assert all(p.label in not_measured for p in of_edition(edition) if p.kind != "measured")
     commands = out.split("Commands:")[1]
-    assert "python -m cs336_systems.run_benchmarks" in commands and "--device cuda" in commands
+    assert "cs336-bench run_benchmarks" in commands and "--device cuda" in commands
     assert f"results/handout-{edition}-h100/" in commands
     assert ("gradient_checkpointing" in out) == (edition == "2026")
 
@@ -163,7 +163,7 @@ def test_a_small_run_writes_the_write_up_and_a_stopped_run_continues_without_rep
         assert heading in writeup
     nsys = writeup[writeup.index("## nsys_profile") :].split("\n## ")[0]
     assert "left it out (--problems)" in nsys and "|" not in nsys  # every problem named, only two measured
-    assert "Small scale" in writeup and "- pytorch_attention: `python -m cs336_systems.attention_bench" in writeup
+    assert "Small scale" in writeup and "- pytorch_attention: `cs336-bench attention_bench" in writeup
     assert (out / "writeup.tex").is_file() and (out / "writeup.typ").is_file()
     pdf = out / "writeup.pdf"
     assert not pdf.exists() or pdf.read_bytes().startswith(b"%PDF")

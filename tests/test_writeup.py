@@ -60,8 +60,7 @@ def test_a_part_not_measured_here_says_why_and_how_to_measure_it(text):
     lines = [line for line in memory.splitlines() if "not measured here" in line]
     assert lines and all(
         "needs a GPU" in line
-        and "To measure it: `python -m cs336_bench.benchmark" in line
-        or "To measure it: `python -m cs336_bench.memory.timeline" in line
+        and line.endswith("To measure it on a GPU: `cs336-bench handout --edition 2026 --problems memory_profiling`.")
         for line in lines
     ), lines
     nsys = _section(text, "nsys_profile")

@@ -130,7 +130,9 @@ def not_measured(results: Results) -> list[str]:
     """One line per step that did not run or did not finish: why, and the command that measures it."""
     lines = []
     # on a GPU node, from the repository's root, the handout's own shapes: the problem's full plan
-    to_measure = f" To measure it on a GPU: `cs336-bench handout --edition {results.edition} --problems {results.label}`."
+    to_measure = (
+        f" To measure it on a GPU: `cs336-bench handout --edition {results.edition} --problems {results.label}`."
+    )
     for step in results.steps:
         outcome = str(step.get("outcome"))
         if outcome == "skipped":
