@@ -123,7 +123,7 @@ def test_a_small_run_writes_the_write_up_and_a_stopped_run_continues_without_rep
     real_run_step = run.run_step
     ran: list[str] = []
 
-    def stop_at_the_second_step(step, output_dir):
+    def stop_at_the_second_step(step, output_dir, *progress):
         ran.append(step.id)
         if len(ran) == 2:
             raise KeyboardInterrupt  # as Ctrl-C while the second step runs
@@ -143,7 +143,7 @@ def test_a_small_run_writes_the_write_up_and_a_stopped_run_continues_without_rep
 
     ran.clear()
     monkeypatch.setattr(
-        run, "run_step", lambda step, output_dir: (ran.append(step.id), real_run_step(step, output_dir))[1]
+        run, "run_step", lambda step, output_dir, *progress: (ran.append(step.id), real_run_step(step, output_dir))[1]
     )
     assert cli.main(argv) == 0
     assert ran == ["pytorch_attention"]  # the finished step is not run again
@@ -218,7 +218,7 @@ def test_a_step_that_crashed_or_was_refused_runs_again_next_time(tmp_path, monke
 
     step = Step("s", "p", "x", "cs336_systems.attention_bench", {"--output": ["rows.csv"]})
 
-    def run_step(step, output_dir):
+    def run_step(step, output_dir, *progress):
         (output_dir / "rows.csv").write_text("a\n1\n")
         return status, 0.1
 
@@ -540,3 +540,37 @@ def test_a_tools_default_is_the_plans(monkeypatch, default, changed):
             assert after[step_id][0] > seconds and after[step_id][1] == peak, step_id  # 100 steps, not 10
         elif step_id.endswith("forward"):  # the estimator of a bf16 autocast forward, not fp32
             assert after[step_id][1] != peak, step_id
+
+
+def _sleeper(tmp_path, name: str, seconds: float, predicted_s: float):
+    from cs336_systems.handout.plan import Step
+
+    script = tmp_path / f"{name}.py"
+    script.write_text(
+        f"import sys, time\nprint('{name} working', file=sys.stderr, flush=True)\ntime.sleep({seconds})\n"
+    )
+    step = Step(name, "benchmarking_script", name, str(script), {"--output-dir": "."})
+    step.predicted_s = predicted_s
+    return step
+
+
+def test_the_budget_holds_while_the_plan_runs(tmp_path):
+    """A step predicted over what is left of --budget is not started; one still running at its end is
+    stopped; neither is done, so the same command takes them up again."""
+    out = tmp_path / "out"
+    (out / "logs").mkdir(parents=True)
+    steps = [_sleeper(tmp_path, "long", 60, 1), _sleeper(tmp_path, "later", 0, 600)]
+    outcomes = run.execute(steps, CPU, out, "2026", "small", budget_s=2.0)
+    assert outcomes["long"]["outcome"] == "stopped at --budget" and outcomes["long"]["elapsed_s"] < 30
+    assert outcomes["later"]["outcome"] == "over budget" and "predicted 600 s" in steps[1].reason
+    assert not list((out / outputs.MARKERS).glob("*.json"))  # nothing marked done: the same command resumes both
+
+
+def test_a_running_steps_progress_is_its_logs_last_line(tmp_path):
+    out = tmp_path / "out"
+    for folder in (".handout", "logs"):
+        (out / folder).mkdir(parents=True)
+    seen: list[str] = []
+    step = _sleeper(tmp_path, "busy", 2.5, 1)
+    status, _ = run.run_step(step, out, seen.append)
+    assert status == 0 and "busy working" in seen

@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from ..adapters import add_adapters_argument
@@ -137,8 +138,9 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     print(header, file=sys.stderr)
+    started = time.monotonic()
     try:
-        outcomes = execute(steps, target, output_dir, args.edition, args.scale)
+        outcomes = execute(steps, target, output_dir, args.edition, args.scale, budget_s)
     except KeyboardInterrupt:
         print(
             f"{PROG}: stopped; finished steps are kept in {output_dir}. Continue with the same command:\n"
@@ -146,6 +148,12 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         raise
+    ran = [s for s in steps if "elapsed_s" in outcomes.get(s.id, {}) and "command" in outcomes[s.id]]
+    print(
+        f"{PROG}: {len(ran)} steps took {format_seconds(time.monotonic() - started)}; the plan predicted "
+        f"{format_seconds(sum(s.predicted_s or 0 for s in ran))} for them",
+        file=sys.stderr,
+    )
     failed = [step for step in steps if outcomes.get(step.id, {}).get("outcome", "ok") != "ok"]
     for step in failed:
         print(f"{PROG}: {step.id}: {outcomes[step.id]['outcome']} (see {output_dir / log_name(step)})", file=sys.stderr)

@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -131,9 +132,29 @@ def log_name(step: Step) -> str:
     return f"{LOGS}/{step.id}.log"
 
 
-def run_step(step: Step, output_dir: Path) -> tuple[int, float]:
-    """Run one step's command to its end; (exit status, seconds). Ctrl-C asks the child to stop (a sweep
-    saves the configuration in progress), then kills its process group, and raises again."""
+BUDGET_STOP = -1  # run_step's status for a step stopped at the end of --budget (not done: resumed later)
+
+
+def last_line(path: Path) -> str:
+    """The last line a step's log shows now (its tool's progress), for the progress bar."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - 4096))
+            lines = [
+                line for line in handle.read().decode(errors="replace").replace("\r", "\n").splitlines() if line.strip()
+            ]
+    except OSError:
+        return ""
+    return lines[-1].strip() if lines else ""
+
+
+def run_step(
+    step: Step, output_dir: Path, show: Callable[[str], None] = lambda line: None, deadline: float | None = None
+) -> tuple[int, float]:
+    """Run one step's command to its end; (exit status, seconds). Its log's last line goes to `show`
+    every second. At `deadline` (time.monotonic) the step is stopped as Ctrl-C stops it (a sweep saves
+    the configuration in progress): BUDGET_STOP. Ctrl-C asks the child to stop, then kills its process
+    group, and raises again."""
     claim(output_dir, [*step.outputs(), log_name(step), f"{MARKERS}/{step.id}.json"])
     command = prepare(step, output_dir)
     log = output_dir / log_name(step)
@@ -150,7 +171,16 @@ def run_step(step: Step, output_dir: Path) -> tuple[int, float]:
             command, stdout=out, stderr=err, env=env, start_new_session=True, preexec_fn=child_preexec()
         )
         try:
-            status = process.wait()
+            while True:
+                try:
+                    status = process.wait(timeout=1.0)
+                    break
+                except subprocess.TimeoutExpired:
+                    show(last_line(log))
+                    if deadline is not None and time.monotonic() >= deadline:
+                        _stop(process)
+                        status = BUDGET_STOP
+                        break
         except BaseException:
             _stop(process)
             raise
@@ -168,9 +198,15 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def execute(steps: list[Step], target: Target, output_dir: Path, edition: str, scale: str) -> dict[str, dict]:
-    """Run every pending step in order under one progress bar; returns each step's outcome.
-    KeyboardInterrupt (Ctrl-C, SIGTERM) propagates after the plan file records what finished."""
+def execute(
+    steps: list[Step], target: Target, output_dir: Path, edition: str, scale: str, budget_s: float | None = None
+) -> dict[str, dict]:
+    """Run every pending step in order under one progress bar (the running step's own progress line
+    beside it); returns each step's outcome. Within `budget_s`, a step predicted to take longer than
+    what is left is not started, and one still running at the end is stopped (both resumed by the same
+    command later). KeyboardInterrupt (Ctrl-C, SIGTERM) propagates after the plan file records what
+    finished."""
+    started = time.monotonic()
     (output_dir / MARKERS).mkdir(parents=True, exist_ok=True)  # outputs.check_output_dir refused a link there
     claim(output_dir, [PLAN_FILE])
     plan_path = output_dir / PLAN_FILE
@@ -186,8 +222,20 @@ def execute(steps: list[Step], target: Target, output_dir: Path, edition: str, s
                 continue
             bar.set_description(step.problem)
             bar.set_postfix_str(step.id)
+            deadline = None if budget_s is None else started + budget_s
+            if deadline is not None and (step.predicted_s or 0) > deadline - time.monotonic():
+                left = max(0.0, deadline - time.monotonic())
+                step.reason = f"not started: predicted {step.predicted_s:.0f} s, {left:.0f} s of --budget left"
+                outcomes[step.id] = {"outcome": "over budget"}
+                write_plan(plan_path, plan_rows(steps, target, output_dir, outcomes, edition, scale))
+                bar.update(1)
+                continue
+
+            def show(line: str, step: Step = step) -> None:
+                bar.set_postfix_str(f"{step.id}: {line}"[:120])
+
             try:
-                status, elapsed = run_step(step, output_dir)
+                status, elapsed = run_step(step, output_dir, show, deadline)
             except KeyboardInterrupt:
                 outcomes[step.id] = {"outcome": "interrupted"}
                 write_plan(plan_path, plan_rows(steps, target, output_dir, outcomes, edition, scale))
@@ -198,7 +246,9 @@ def execute(steps: list[Step], target: Target, output_dir: Path, edition: str, s
                 "elapsed_s": round(elapsed, 1),
                 "outcome": outcome_of(status),
             }
-            if status in (130, 143):  # the child itself was interrupted: not done
+            if status == BUDGET_STOP:
+                outcome["outcome"] = "stopped at --budget"
+            elif status in (130, 143):  # the child itself was interrupted: not done
                 outcomes[step.id] = {"outcome": "interrupted"}
                 write_plan(plan_path, plan_rows(steps, target, output_dir, outcomes, edition, scale))
                 raise KeyboardInterrupt

@@ -33,6 +33,7 @@ class Target:
     nsys: bool  # Nsight Systems found on PATH
     triton: bool  # Triton importable and a GPU to run it
     cpu_peak_tflops: dict[str, float] | None = None  # measured on this CPU, per precision
+    emulated: tuple[str, ...] = ()  # precisions this CPU has no matmul instructions for (far slower)
 
     def peak_tflops(self, precision: str) -> float | None:
         if self.type == "cpu":
@@ -89,5 +90,8 @@ def present_target(device, measure_cpu_peak: bool = True) -> Target:
         memory = torch.cuda.get_device_properties(device).total_memory
         triton = importlib.util.find_spec("triton") is not None
         return Target(name, "cuda", memory, torch.cuda.device_count(), False, nsys, triton)
+    from ..precision import cpu_has_native
+
     peaks = {p: measure_peak_tflops(device, p) for p in ("fp32", "bf16")} if measure_cpu_peak else None
-    return Target(name, "cpu", available_memory_bytes(), 0, False, nsys, False, peaks)
+    emulated = tuple(p for p in ("bf16", "fp16") if not cpu_has_native(p))
+    return Target(name, "cpu", available_memory_bytes(), 0, False, nsys, False, peaks, emulated)

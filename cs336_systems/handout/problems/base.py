@@ -135,7 +135,7 @@ def not_measured(results: Results) -> list[str]:
     )
     for step in results.steps:
         outcome = str(step.get("outcome"))
-        if outcome == "skipped":
+        if outcome in ("skipped", "over budget"):
             lines.append(f"{_part(step)}: not measured here: {_reason(step)}.{to_measure}")
         elif outcome not in ("ok", "failed rows"):
             lines.append(f"{_part(step)}: {outcome} (log: logs/{step['step']}.log).{to_measure}")
