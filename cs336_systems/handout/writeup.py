@@ -16,7 +16,7 @@ from ..report.document import Bullets, Document, Section, Text
 from ..report.grid import Value, grid
 from ..report.summary import environment_frame, environment_table, rebuilt_table
 from .problems import EDITIONS, IMPLEMENTATION, MEASURED, PROBLEMS, of_edition
-from .problems.base import Results, load_files
+from .problems.base import Results, letters_of, load_files
 
 
 def build_writeup(
@@ -123,13 +123,41 @@ def problem_status(label: str, steps: list[dict]) -> tuple[str, str]:
     return status, "; ".join(w for w in why if w)
 
 
+def part_statuses(label: str, edition: str, steps: list[dict]) -> str:
+    """Each lettered sub-question's status: the student's (code, a derivation), or as the steps that
+    name its letter ran (measured, reduced, not measured); a letter no step names, in a measured
+    problem, is answered from the problem's other rows or said not measured in its section."""
+    words = []
+    for part in PROBLEMS[label].parts_in(edition):
+        if not part.letter:
+            continue
+        if part.answer in ("code", "derivation"):
+            words.append(f"{part.letter} student's")
+            continue
+        named = [s for s in steps if part.letter in letters_of(str(s.get("part") or ""))]
+        done = [s for s in named if str(s.get("outcome")) in ("ok", "failed rows")]
+        if not named:
+            status = "see section" if steps else "not measured"
+        elif not done:
+            status = "not measured"
+        elif any(isinstance(s.get("reductions"), str) and s["reductions"] for s in done):
+            status = "reduced"
+        else:
+            status = "measured"
+        words.append(f"{part.letter} {status}")
+    return "; ".join(words)
+
+
 def checklist_frame(plan: pd.DataFrame) -> pd.DataFrame:
     edition = str(plan["edition"].iloc[0]).split(".")[0]
     records = plan.astype(object).where(plan.notna(), None).to_dict("records")
     body = []
     for label in EDITIONS.get(edition, ()):
-        status, why = problem_status(label, [r for r in records if r["problem"] == label])
-        body.append({"problem": label, "status": status, "why": why})
+        steps = [r for r in records if r["problem"] == label]
+        status, why = problem_status(label, steps)
+        body.append(
+            {"problem": label, "status": status, "sub-questions": part_statuses(label, edition, steps), "why": why}
+        )
     return pd.DataFrame(body).set_index("problem")
 
 

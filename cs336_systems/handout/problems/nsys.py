@@ -130,7 +130,7 @@ def _torch_profiler_sweep(
     }
     if optimizer:
         flags["--optimizer"] = optimizer
-    part = f"(a-e) torch profiler, not Nsight Systems ({why}): forward, and a training step with {optimizer_name}"
+    part = f"(b-e) torch profiler, not Nsight Systems ({why}): forward, and a training step with {optimizer_name}"
     steps = sweep(options, target, LABEL, "torch_profiler", part, size, flags)
     for step in steps:
         if step.status == "run":
