@@ -234,7 +234,10 @@ def _handout_dir(tmp_path, monkeypatch, report_status: int = 0):
     from cs336_systems.report import cli as report_cli
 
     monkeypatch.setattr(cli, "execute", lambda steps, *args: {s.id: {"outcome": "ok"} for s in steps})
-    monkeypatch.setattr(report_cli, "main", lambda argv: report_status)
+    monkeypatch.setattr(
+        cli, "write_up", lambda *args: [] if report_status == 0 else ["writeup.pdf: could not be written"]
+    )
+    monkeypatch.setattr(report_cli, "main", lambda argv: 0)  # --verify
     out = tmp_path / "handout"
     return out, [*SMALL_RUN, "--problems", "pytorch_attention", "--output-dir", str(out)]
 
@@ -242,7 +245,7 @@ def _handout_dir(tmp_path, monkeypatch, report_status: int = 0):
 def test_a_write_up_that_failed_exits_1(tmp_path, monkeypatch, capsys):
     out, argv = _handout_dir(tmp_path, monkeypatch, report_status=1)
     assert cli.main(argv) == 1
-    assert "error: the write-up failed (exit 1)" in capsys.readouterr().err
+    assert "error: the write-up is incomplete" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("plant", ["theirs", "link", "logs_link", "markers_file", "marker_dir", "locked"])
@@ -345,16 +348,19 @@ def test_the_writeup_opens_with_a_checklist_of_every_problem_and_escapes_what_it
             dict(saved, rank=2, module="ln1", op="PowBackward0", tensors=1, bytes=2**19, share_pct=25.0),
         ]
     ).to_csv(tmp_path / "residuals.csv", index=False)
+    from cs336_systems.handout.writeup import write_up
+
+    assert write_up(tmp_path, ["Made by hand."], [".md", ".typ", ".tex"]) == []
     outputs = [tmp_path / f"writeup.{ext}" for ext in ("md", "typ", "tex")]
-    assert report_main([str(tmp_path / "handout_plan.csv"), *(x for o in outputs for x in ("--output", str(o)))]) == 0
     markdown, typst, latex = (o.read_text() for o in outputs)
     first = markdown.index("## What was measured, where")
     assert first < markdown.index("## nsys_profile") < markdown.index("## memory_profiling")
-    assert "- nsys: not measured here: nsys profiles CUDA kernels: needs a GPU." in markdown
+    assert "- nsys: not measured here: nsys profiles CUDA kernels: needs a GPU. To measure it on a GPU:" in markdown
     checklist = next(t for t in parse_tables(markdown) if t.title == "Every problem of the edition")
     status = {row[0]: row[1] for row in checklist.rows}
     assert status["nsys_profile"] == "not measured" and status["memory_profiling"] == "measured"
     assert status["flash_forward"] == "code" and status["tp_calcs"] == "derivation" and len(status) == 27
+    assert report_main([str(tmp_path / "handout_plan.csv"), "--output", str(tmp_path / "r.md")]) == 2  # the handout's
     residuals = next(t for t in parse_tables(markdown) if t.title.startswith("The five largest"))
     assert residuals.rows[0][:3] == ["1", "ffn #_*$|x", "MulBackward0"] and residuals.rows[0][4] == "2.00"
     assert '"ffn #_*$|x"' in typst and "ffn \\#\\_*\\$|x" in latex

@@ -20,9 +20,9 @@ from .plan import fit_budget, format_seconds, parse_duration, total_seconds
 from .problems import EDITIONS, KIND_MEANING, MEASURED, PROBLEMS, build_steps, of_edition
 from .run import PLAN_FILE, execute, log_name, not_measured_line, plan_table
 from .target import Target, assumed_target, present_target
+from .writeup import CHECKLIST_FILE, WRITEUP, write_up
 
 PROG = prog("handout")
-WRITEUP = "writeup"
 DESCRIPTION = """Plan, run and write up every measurable problem of the CS336 assignment 2 (systems) handout.
 
     python -m cs336_systems.handout --edition 2026 --dry-run --assume-device "H100 80GB"
@@ -62,6 +62,11 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--output-dir", type=Path, help="default results/handout-EDITION-DEVICE")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and its commands; run nothing")
     parser.add_argument("--no-report", action="store_true", help="run the steps but write no write-up")
+    parser.add_argument(
+        "--write-up",
+        action="store_true",
+        help="write the write-up again from --output-dir's plan and results (after a change to this tool); run nothing",
+    )
     return parser
 
 
@@ -91,7 +96,21 @@ def _check_loadable(args: argparse.Namespace) -> None:
         check_user_optimizer(args.optimizer)
 
 
+def rewrite(output_dir: Path | None) -> int:
+    """--write-up: the write-up of a finished (or partly finished) plan made again, its first note kept."""
+    if output_dir is None or not (output_dir / PLAN_FILE).is_file():
+        raise UsageError(f"--write-up needs --output-dir holding a {PLAN_FILE} (a directory handout wrote)")
+    lock(output_dir, PLAN_FILE)
+    (output_dir / MARKERS).mkdir(exist_ok=True)  # the ledger of what handout wrote there (a copied plan has none)
+    previous = output_dir / f"{WRITEUP}.md"
+    lines = previous.read_text(errors="replace").splitlines() if previous.is_file() else []
+    note = next((line for line in lines if line.startswith("Made by `cs336-bench handout")), None)
+    return EXIT_OK if write_report(output_dir, note or "Made by `cs336-bench handout`.") else EXIT_FAILED
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.write_up:
+        return rewrite(args.output_dir)
     measured = [problem.label for problem in of_edition(args.edition, MEASURED)]
     problems = args.problems or measured
     unknown = [p for p in problems if p not in EDITIONS[args.edition]]
@@ -157,14 +176,14 @@ def run(args: argparse.Namespace) -> int:
     failed = [step for step in steps if outcomes.get(step.id, {}).get("outcome", "ok") != "ok"]
     for step in failed:
         print(f"{PROG}: {step.id}: {outcomes[step.id]['outcome']} (see {output_dir / log_name(step)})", file=sys.stderr)
-    if not args.no_report and not write_report(steps, output_dir, args, notes):
+    if not args.no_report and not write_report(output_dir, made_by(args, notes)):
         return EXIT_FAILED
     return EXIT_FAILED if failed else EXIT_OK
 
 
 def written_names(steps, output_dir: Path) -> list[str]:
     """Every file this run may write in `output_dir` (outputs.check_output_dir checks them first)."""
-    names = [PLAN_FILE, *(f"{WRITEUP}{suffix}" for suffix in (".md", ".tex", ".typ", ".pdf"))]
+    names = [PLAN_FILE, CHECKLIST_FILE, *(f"{WRITEUP}{suffix}" for suffix in (".md", ".tex", ".typ", ".pdf"))]
     names += [path.name for path in output_dir.glob(f"{WRITEUP}_*.png")]  # the write-up's figures
     for step in steps:
         if step.status == "run":
@@ -172,12 +191,11 @@ def written_names(steps, output_dir: Path) -> list[str]:
     return names
 
 
-def write_report(steps, output_dir: Path, args: argparse.Namespace, budget_notes: list[str]) -> bool:
+def write_report(output_dir: Path, note: str) -> bool:
     """The write-up of the plan into OUTPUT_DIR/writeup.* (PDF when typst is installed), then
     `report --verify` on it. False (after one line) when it failed or does not verify."""
     from ..report.cli import main as report_main  # a command like any other: its status, one line on error
 
-    plan = str(output_dir / PLAN_FILE)
     formats = [".md", ".tex", ".typ"]
     if importlib.util.find_spec("typst") is not None:
         formats.append(".pdf")
@@ -186,20 +204,26 @@ def write_report(steps, output_dir: Path, args: argparse.Namespace, budget_notes
             f'{PROG}: no PDF: the typst package is not installed (pip install -e ".[pdf]"); writing .md, .tex, .typ',
             file=sys.stderr,
         )
-    note = f"Made by `cs336-bench handout {shlex.join(_argv_for_note(args))}`"
-    if budget_notes:
-        note += f"; to fit --budget {args.budget} the plan was shrunk ({', '.join(budget_notes)}): see the checklist"
-    claim(output_dir, [f"{WRITEUP}{suffix}" for suffix in formats])
-    outputs = [x for suffix in formats for x in ("--output", str(output_dir / f"{WRITEUP}{suffix}"))]
-    status = report_main([plan, *outputs, "--note", note + "."])
+    claim(output_dir, [CHECKLIST_FILE, *(f"{WRITEUP}{suffix}" for suffix in formats)])
+    problems = write_up(output_dir, [note], formats)
     claim(output_dir, [path.name for path in output_dir.glob(f"{WRITEUP}_*.png")])  # its figures
-    if status != 0:
-        print(f"{PROG}: error: the write-up failed (exit {status}); the results are in {output_dir}", file=sys.stderr)
+    for problem in problems:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+    if problems:
+        print(f"{PROG}: error: the write-up is incomplete; the results are in {output_dir}", file=sys.stderr)
         return False
-    status = report_main(["--verify", str(output_dir / f"{WRITEUP}.md"), plan])
+    print(f"wrote {', '.join(str(output_dir / f'{WRITEUP}{s}') for s in formats)}", file=sys.stderr)
+    status = report_main(["--verify", str(output_dir / f"{WRITEUP}.md"), str(output_dir / PLAN_FILE)])
     if status != 0:
         print(f"{PROG}: error: the write-up does not verify against its results (see above)", file=sys.stderr)
     return status == 0
+
+
+def made_by(args: argparse.Namespace, budget_notes: list[str]) -> str:
+    note = f"Made by `cs336-bench handout {shlex.join(_argv_for_note(args))}`"
+    if budget_notes:
+        note += f"; to fit --budget {args.budget} the plan was shrunk ({', '.join(budget_notes)}): see the checklist"
+    return note + "."
 
 
 def _argv_for_note(args: argparse.Namespace) -> list[str]:

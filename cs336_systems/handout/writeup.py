@@ -2,21 +2,24 @@
 a checklist of every problem, then one section per problem of the edition in the handout's order
 (each problem writes its own: problems/), then the plan itself with every step's command.
 
-The checklist is not one row per cell (a line per problem, from its steps' outcomes): its spec names
-the rebuilder here (REBUILD), which `report --verify` is handed for a handout plan."""
+The checklist is a result file of its own (handout_checklist.csv: a row per problem, from its steps'
+outcomes), written beside the plan before the document is made, so `report --verify` checks its table
+as any other."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
 from ..report.document import Bullets, Document, Section, Text
 from ..report.grid import Value, grid
-from ..report.summary import environment_frame, environment_table, rebuilt_table
+from ..report.load import index_files, read_file
+from ..report.summary import environment_frame, environment_table
+from ..results import write_whole
+from ..results.origin import named
 from .problems import EDITIONS, IMPLEMENTATION, MEASURED, PROBLEMS, of_edition
-from .problems.base import Results, letters_of, load_files
+from .problems.base import Results, letters_of
 
 
 def build_writeup(
@@ -26,8 +29,11 @@ def build_writeup(
     plan = plan.sort_values("order") if "order" in plan.columns else plan
     edition = str(plan["edition"].iloc[0]).split(".")[0]
     directory = plan_path.parent
-    files, missing = load_files(plan, directory)
+    files, missing = index_files(plan, directory)
     files[plan_path.name] = plan.assign(source=plan_path.name)
+    checklist = directory / CHECKLIST_FILE
+    if checklist.is_file():
+        files[CHECKLIST_FILE] = read_file(checklist).assign(source=CHECKLIST_FILE)
     results: dict[str, Results] = {}
     for problem in of_edition(edition) if edition in EDITIONS else []:
         steps = [s for s in plan.to_dict("records") if s["problem"] == problem.label]
@@ -161,14 +167,28 @@ def checklist_frame(plan: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(body).set_index("problem")
 
 
-def _plan_of(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    return next(f for f in frames.values() if "plan_status" in f.columns)
+CHECKLIST_FILE = "handout_checklist.csv"
 
 
-# the write-up's tables that are rebuilt whole from their sources (`report --verify` is handed these)
-REBUILD: dict[str, Callable[[dict[str, pd.DataFrame]], pd.DataFrame]] = {
-    "checklist": lambda frames: checklist_frame(_plan_of(frames)),
-}
+def write_checklist(plan: pd.DataFrame, directory: Path) -> Path:
+    """The checklist's rows, beside the plan: the write-up's first table is made from them."""
+    rows = checklist_frame(plan).reset_index().to_dict("records")
+    path = directory / CHECKLIST_FILE
+    write_whole(path, pd.DataFrame(named("handout_checklist", rows)).to_csv(index=False))
+    return path
+
+
+def checklist_table(frame: pd.DataFrame):
+    return grid(
+        frame,
+        "handout_checklist",
+        title="Every problem of the edition",
+        caption="measured / reduced (smaller or fewer than the handout asks) / partly or not measured, with the "
+        "reason; each sub-question: measured, reduced, not measured, or the student's (code, a derivation)",
+        labels=[("problem", "problem")],
+        values=[Value(header, header, "text") for header in ("status", "sub-questions", "why")],
+        keep_empty=True,
+    )
 
 
 def first_page(plan: pd.DataFrame, files: dict[str, pd.DataFrame], plan_name: str) -> Section:
@@ -198,14 +218,30 @@ def first_page(plan: pd.DataFrame, files: dict[str, pd.DataFrame], plan_name: st
             else f"The results come from {machines} machines, commits or torch versions: each table's caption names its file, and the table above says which file came from where."
         )
     )
-    section.add(
-        rebuilt_table(
-            "checklist",
-            "checklist",
-            "Every problem of the edition",
-            "measured / reduced (smaller or fewer than the handout asks) / partly or not measured, with the reason",
-            {plan_name: files[plan_name]},
-            REBUILD["checklist"],
-        )
-    )
+    if CHECKLIST_FILE in files:
+        section.add(checklist_table(files[CHECKLIST_FILE]))
     return section
+
+
+def write_up(directory: Path, paragraphs: list[str], formats: list[str]) -> list[str]:
+    """The write-up of the plan in `directory`: its checklist, then writeup.{formats} (.md first, the
+    smallest) beside the results. One line per problem: a result file the plan names and that is not
+    there, or an output that could not be written."""
+    from ..report import plots
+    from ..report.cli import write
+    from .run import PLAN_FILE
+
+    plan_path = directory / PLAN_FILE
+    plan = read_file(plan_path)
+    write_checklist(plan, directory)
+    plots.UNWRITTEN.clear()
+    document, problems = build_writeup(plan, plan_path, directory, WRITEUP, paragraphs)
+    for suffix in sorted(formats, key=lambda s: s != ".md"):
+        try:
+            write(document, directory / f"{WRITEUP}{suffix}", tables_only=False)
+        except OSError as exc:
+            problems.append(f"{directory / f'{WRITEUP}{suffix}'}: could not be written ({exc.strerror or exc})")
+    return problems + list(plots.UNWRITTEN)
+
+
+WRITEUP = "writeup"  # OUTPUT_DIR/writeup.{md,tex,typ,pdf} and its figures writeup_*.png

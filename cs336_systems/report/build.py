@@ -1,6 +1,5 @@
 """From result files to one Document: a report of the results as they are, a section per kind of
-row, every table one row per cell (grid.py). A handout plan among them is written up by the handout
-(`plan_writer`, given by the command)."""
+row, every table one row per cell (grid.py)."""
 
 from __future__ import annotations
 
@@ -20,21 +19,9 @@ def build_document(
     directory: Path,
     stem: str,
     paragraphs: list[str],
-    paths: dict[str, Path] | None = None,
-    plan_writer=None,
 ) -> Document:
     """`frames` maps a tool (its rows' `tool` column) to its rows, each with its file's name in `source`;
-    plots go to `directory` as `stem`_*.png. `paths` maps a file name to its path (a plan's results
-    are read from beside it); `plan_writer(plan, plan_path, directory, stem, paragraphs)` makes the
-    document of a handout plan."""
-    if "handout" in frames and plan_writer is not None:
-        plan = frames["handout"]
-        source = str(plan["source"].iloc[0])
-        plan_path = (paths or {}).get(source, directory / source)
-        document, _ = plan_writer(
-            plan[plan["source"] == source].drop(columns="source"), plan_path, directory, stem, paragraphs
-        )
-        return document
+    plots go to `directory` as `stem`_*.png."""
     sections: list[Section] = []
     by_file = {str(s): rows for tool, frame in frames.items() for s, rows in frame.groupby("source", sort=False)}
     used = {

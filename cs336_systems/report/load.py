@@ -91,3 +91,37 @@ def load(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
     if problems:
         raise ResultFileError(problems[0])
     return frames
+
+
+# -- index files: rows that name other result files (a handout plan's steps) -------------------
+
+
+def reads(step: dict) -> list[str]:
+    """The result files an index row names (a plan step's rows are in them): the plan's `reads`, else its CSV outputs; a JSONL beside
+    a CSV is read instead (it keeps each step's samples, so per-phase spreads can be shown)."""
+    names = _words(step.get("reads")) or [n for n in _words(step.get("outputs")) if n.endswith((".csv", ".json"))]
+    return list(dict.fromkeys(names))
+
+
+def _words(value: object) -> list[str]:
+    return value.split() if isinstance(value, str) else []  # an empty cell reads back as NaN
+
+
+def index_files(index: pd.DataFrame, directory: Path) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """The result files an index file names (a handout plan: each finished step's `reads`), by name, read
+    from `directory` (a JSONL instead of its CSV twin); and one line per named file that is not there."""
+    files, problems = {}, []
+    for step in index.to_dict("records"):
+        if step.get("outcome") not in ("ok", "failed rows"):
+            continue
+        for name in reads(step):
+            path = directory / name
+            twin = path.with_suffix(".jsonl")
+            if path.suffix == ".csv" and twin.is_file():
+                path = twin
+            if not path.is_file():
+                problems.append(f"{name}: named by step {step['step']} but not in {directory}")
+                continue
+            frame = read_file(path)
+            files[name] = frame.assign(source=path.name)
+    return files, problems

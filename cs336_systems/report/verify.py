@@ -70,7 +70,7 @@ def _numbers(table: ParsedTable) -> bool:
     return any(re.search(r"\d", cell) for row in table.rows for cell in row)
 
 
-def check_table(table: ParsedTable, frames: dict[str, pd.DataFrame], more: dict | None = None) -> list[str]:
+def check_table(table: ParsedTable, frames: dict[str, pd.DataFrame]) -> list[str]:
     """The failures of one parsed table, each naming the cell."""
     where = f"line {table.line} ({table.title or 'table'})"
     spec = table.spec
@@ -84,8 +84,7 @@ def check_table(table: ParsedTable, frames: dict[str, pd.DataFrame], more: dict 
     if not spec.sources:
         return [f"{where}: its spec names no source file"]
     if spec.tool.startswith("rebuild:"):
-        sources = {s: frames[s] for s in spec.sources}
-        return check_rebuilt(table, spec.tool.removeprefix("rebuild:"), sources, where, more)
+        return check_rebuilt(table, spec.tool.removeprefix("rebuild:"), {s: frames[s] for s in spec.sources}, where)
     rows = pd.concat([frames[s] for s in spec.sources], ignore_index=True)
     rows = derive(rows, spec.tool)
     records = rows.astype(object).where(rows.notna(), None).to_dict("records")
@@ -127,12 +126,10 @@ def rebuilders() -> dict:
     return {**REBUILD, "monitor": rebuild_monitor}
 
 
-def check_rebuilt(
-    table: ParsedTable, kind: str, frames: dict[str, pd.DataFrame], where: str, more: dict | None = None
-) -> list[str]:
-    """A table that is not one row per cell (a column per machine, a line per problem): made again
-    from its sources by the function its spec names (ours, or `more`: a maker's own), and compared."""
-    make = {**rebuilders(), **(more or {})}.get(kind)
+def check_rebuilt(table: ParsedTable, kind: str, frames: dict[str, pd.DataFrame], where: str) -> list[str]:
+    """A table that is not one row per cell (a column per machine): made again from its sources by
+    the function its spec names, and compared cell by cell."""
+    make = rebuilders().get(kind)
     if make is None:
         return [f"{where}: its spec names no known table ({kind})"]
     frame = make(frames)
@@ -151,11 +148,8 @@ def check_rebuilt(
     return problems
 
 
-def verify(
-    writeup: Path, frames_by_file: dict[str, pd.DataFrame], rebuild: dict | None = None
-) -> tuple[int, list[str]]:
-    """(tables checked, failures) for the Markdown write-up against the files' rows (by file name);
-    `rebuild`: the makers of rebuilt tables the write-up's maker adds (a handout's checklist)."""
+def verify(writeup: Path, frames_by_file: dict[str, pd.DataFrame]) -> tuple[int, list[str]]:
+    """(tables checked, failures) for the Markdown write-up against the files' rows (by file name)."""
     tables = parse_tables(writeup.read_text(errors="replace"))
-    problems = [p for table in tables for p in check_table(table, frames_by_file, rebuild)]
+    problems = [p for table in tables for p in check_table(table, frames_by_file)]
     return len(tables), problems

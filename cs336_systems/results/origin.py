@@ -20,6 +20,7 @@ ROW_IDENTITY: dict[str, tuple[str, ...]] = {
     "probe": ("source", "run", "window"),
     "warmup_study": ("model", "warmup_steps", "step_index", "measured", "device_name"),
     "handout": ("problem", "step"),
+    "handout_checklist": ("problem",),
     "find_max": ("source", "dimension"),
     "mixed_precision": ("table", "experiment", "tensor", "device", "device_name"),
     "nsys_kernels": ("Name",),
@@ -45,7 +46,7 @@ LEGACY: dict[str, tuple[str, ...]] = {
     "loader_bench": ("storage", "num_workers", "samples_per_s", "status"),
     "benchmark": ("model_size", "pass_type", "mean_ms", "status"),
 }
-TOOL_NAMES = tuple(LEGACY)
+TOOL_NAMES = (*LEGACY, "handout_checklist")  # and the tools that always named themselves
 
 
 def legacy_tool(columns: Iterable[str]) -> str | None:

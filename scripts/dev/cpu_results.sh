@@ -140,8 +140,8 @@ run_stage() {
       done
       ;;
     writeup_report)
-      stage writeup_report bash -c 'cd writeup/2026 && note=$(sed -n 3p writeup.md) && '"$py"' -m cs336_systems.report \
-        handout_plan.csv --output writeup.md --output writeup.pdf --note "$note"'
+      stage writeup_report $py -m cs336_bench handout --write-up --output-dir writeup/2026
+      rm -rf writeup/2026/.handout writeup/2026/*.tex writeup/2026/*.typ
       ;;
     h100)
       # the H100 sweep of an earlier commit, reported as it is beside the write-up

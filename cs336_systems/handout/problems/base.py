@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from ...report.document import Bullets, Heading, Section, Text
-from ...report.load import read_file, tool_of
+from ...report.load import reads, tool_of
 from ..parameters import Options
 from ..plan import Step
 from ..target import Target
@@ -93,37 +93,6 @@ class Results:
                 if frame is not None and not frame.empty and tool_of(frame) == tool:
                     frames.append(frame)
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-def reads(step: dict) -> list[str]:
-    """The result files a step's rows are in: the plan's `reads`, else its CSV outputs; a JSONL beside
-    a CSV is read instead (it keeps each step's samples, so per-phase spreads can be shown)."""
-    names = _words(step.get("reads")) or [n for n in _words(step.get("outputs")) if n.endswith((".csv", ".json"))]
-    return list(dict.fromkeys(names))
-
-
-def _words(value: object) -> list[str]:
-    return value.split() if isinstance(value, str) else []  # an empty cell reads back as NaN
-
-
-def load_files(plan: pd.DataFrame, directory: Path) -> tuple[dict[str, pd.DataFrame], list[str]]:
-    """Every step's result files, by name (a JSONL instead of its CSV twin); and one line per file that
-    a finished step should have written and did not."""
-    files, problems = {}, []
-    for step in plan.to_dict("records"):
-        if step.get("outcome") not in ("ok", "failed rows"):
-            continue
-        for name in reads(step):
-            path = directory / name
-            twin = path.with_suffix(".jsonl")
-            if path.suffix == ".csv" and twin.is_file():
-                path = twin
-            if not path.is_file():
-                problems.append(f"{name}: named by step {step['step']} but not in {directory}")
-                continue
-            frame = read_file(path)
-            files[name] = frame.assign(source=path.name)
-    return files, problems
 
 
 def not_measured(results: Results) -> list[str]:
