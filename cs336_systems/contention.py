@@ -1,0 +1,83 @@
+"""How busy other processes kept the machine while something was measured: a shared cluster node, a
+laptop with a browser open, another job on a CI runner. Times measured under contention are inflated
+and comparisons between them are loose, so every row records it and every run says it.
+
+On a CPU: the machine's busy CPU time (a hypervisor's steal included) less this process tree's own,
+over the wall time, in cores; and our own share of the cores we asked for (below about 0.8 our threads
+waited for a core, whoever held it). On a GPU: the other processes NVML sees on our device.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import psutil
+
+BUSY_CORES = 0.25  # other processes above this many cores: the row was measured on a busy machine
+OWN_SHARE_FLOOR = 0.8  # a compute-bound step that got less than this of its cores waited for them
+
+
+@dataclass(frozen=True)
+class Load:
+    other_cores: float  # cores other processes kept busy, on average over the measurement
+    cores: int  # this machine's logical cores
+    own_share: float | None  # our CPU time over wall time x our threads (compute-bound work: about 1)
+    gpu_other_processes: int | None  # other processes on our GPU (None: no GPU, or NVML unavailable)
+
+    @property
+    def busy(self) -> bool:
+        return self.other_cores > BUSY_CORES or bool(self.gpu_other_processes)
+
+    def words(self) -> str:
+        """'other processes kept 1.7 of 2 cores busy' or 'quiet (0.0 of 2 cores busy elsewhere)'."""
+        text = f"other processes kept {self.other_cores:.1f} of {self.cores} cores busy"
+        if self.gpu_other_processes:
+            text += f" and {self.gpu_other_processes} other process(es) used the GPU"
+        return text if self.busy else f"quiet ({self.other_cores:.1f} of {self.cores} cores busy elsewhere)"
+
+
+def _busy_seconds() -> float:
+    """The machine's busy CPU seconds since boot: all but idle and iowait (guest time is inside user)."""
+    times = psutil.cpu_times()
+    return sum(getattr(times, n) for n in times._fields if n not in ("idle", "iowait", "guest", "guest_nice"))
+
+
+def _own_seconds() -> float:
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def gpu_other_processes(device_index: int = 0) -> int | None:
+    """Processes other than ours with a context on the GPU (NVML); None without one."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        running = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except Exception:  # no NVML, no GPU, a driver that will not answer: unknown, not zero
+        return None
+    return sum(1 for process in running if process.pid != os.getpid())
+
+
+class LoadMeter:
+    """`with LoadMeter(threads) as meter: ...` then `meter.load`: how busy the machine was meanwhile."""
+
+    def __init__(self, threads: int | None = None, gpu_index: int | None = None):
+        self.threads, self.gpu_index = threads, gpu_index
+        self.load: Load | None = None
+
+    def __enter__(self) -> LoadMeter:
+        self._start = (time.monotonic(), _busy_seconds(), _own_seconds())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall = max(time.monotonic() - self._start[0], 1e-3)
+        busy = _busy_seconds() - self._start[1]
+        own = _own_seconds() - self._start[2]
+        share = own / (wall * self.threads) if self.threads else None
+        gpu = gpu_other_processes(self.gpu_index) if self.gpu_index is not None else None
+        cores = psutil.cpu_count() or 1
+        self.load = Load(max(0.0, busy - own) / wall, cores, share, gpu)
