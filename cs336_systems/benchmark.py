@@ -1,7 +1,7 @@
 """python -m cs336_systems.benchmark: time one configuration and print a Markdown table.
 
 Example:
-    python -m cs336_systems.benchmark --model-size xl --context-length 512 \
+    cs336-bench benchmark --model-size xl --context-length 512 \
         --pass-type forward-backward --precision bf16 --output results/xl.csv
 """
 

@@ -6,7 +6,7 @@ grid, then freed before the next. An out-of-memory is a row; memory is released 
 sweep goes on. For configurations that may crash or hang, use run_benchmarks.
 
 Example:
-    python -m cs336_systems.benchmark_direct --model-sizes small medium --context-lengths 128 256 \
+    cs336-bench benchmark_direct --model-sizes small medium --context-lengths 128 256 \
         --precisions fp32 bf16 --pass-types forward forward-backward --output results/sweep.csv
 """
 

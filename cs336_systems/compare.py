@@ -1,6 +1,6 @@
 """python -m cs336_systems.compare: is NEW slower than BASE?
 
-    python -m cs336_systems.compare results/base.csv results/new.csv --fail-above 10
+    cs336-bench compare results/base.csv results/new.csv --fail-above 10
 
 Rows are matched on the identity columns BenchmarkRecord marks (BenchmarkRecord.row_key, the same
 key as BenchmarkConfig.key()); each matched pair gets NEW/BASE of the median step time and a verdict. With --fail-above PCT the exit

@@ -14,7 +14,7 @@ out of memory, or a probe ended in 'error'/'timeout' (1: the search stops there 
 so). Ctrl-C stops after the probe in progress (130).
 
 Example:
-    python -m cs336_systems.find_max --dimension batch-size --model-size xl --context-length 512 \
+    cs336-bench find_max --dimension batch-size --model-size xl --context-length 512 \
         --pass-type train-step --precision bf16 --output results/find_max_xl.csv
 """
 

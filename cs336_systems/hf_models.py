@@ -1,6 +1,6 @@
 """HuggingFace transformers models as --model-factory callables (needs `transformers`).
 
-    python -m cs336_systems.benchmark --model-factory cs336_systems.hf_models:llama --model-size small
+    cs336-bench benchmark --model-factory cs336_systems.hf_models:llama --model-size small
 
 `llama` builds a LlamaForCausalLM with the shape of the built-in model: untied
 embedding and LM head, RMSNorm eps 1e-5, RoPE theta, SwiGLU d_ff, no biases, SDPA

@@ -6,7 +6,7 @@
    under fp16 and bf16 autocast; the dtype of its parameters, each layer's output, the
    loss and the gradients, with the rule that produced each.
 
-    python -m cs336_systems.mixed_precision --device auto --output mixed_precision.csv
+    cs336-bench mixed_precision --device auto --output mixed_precision.csv
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ block, with and without activation checkpointing, next to the numbers the memory
 estimator uses (cs336_systems.memory.estimate), so the two can be compared line by line.
 
 Example:
-    python -m cs336_systems.residuals --model-size small --context-length 512 --batch-size 4 --precision bf16
+    cs336-bench residuals --model-size small --context-length 512 --batch-size 4 --precision bf16
 """
 
 from __future__ import annotations

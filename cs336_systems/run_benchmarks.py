@@ -7,7 +7,7 @@ status 'error' with the last lines of its stderr. --memory-limit (CPU) emulates 
 smaller machine.
 
 Example:
-    python -m cs336_systems.run_benchmarks --model-sizes small medium large xl 2.7B \
+    cs336-bench run_benchmarks --model-sizes small medium large xl 2.7B \
         --context-lengths 128 256 512 1024 --precisions fp32 bf16 --timeout 600 \
         --output results/sweep.csv --output results/sweep.md
 """

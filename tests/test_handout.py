@@ -580,3 +580,22 @@ def test_a_running_steps_progress_is_its_logs_last_line(tmp_path):
     step = _sleeper(tmp_path, "busy", 2.5, 1)
     status, _ = run.run_step(step, out, seen.append)
     assert status == 0 and "busy working" in seen
+
+
+def test_the_plan_reads_the_repositorys_files_not_only_what_is_importable(tmp_path, monkeypatch):
+    """The official skeleton ships assignment 1's model and AdamW in cs336-basics/ (a uv workspace
+    member): found there, and put on the path the steps import from, even where it is not installed."""
+    import sys
+
+    from cs336_systems.handout.problems.model_steps import STUDENT_ADAMW, STUDENT_MODEL, defined_in_repository
+
+    package = tmp_path / "cs336-basics" / "cs336_basics"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "model.py").write_text("class BasicsTransformerLM:\n    pass\n")
+    (package / "optimizer.py").write_text("import torch\n\n\nclass AdamW(torch.optim.Optimizer):\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if "student_repo" not in p])
+    assert defined_in_repository(STUDENT_MODEL) and defined_in_repository(STUDENT_ADAMW)
+    assert not defined_in_repository("cs336_basics.model:SomethingElse")
+    assert str((tmp_path / "cs336-basics").resolve()) in sys.path

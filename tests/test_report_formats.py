@@ -276,7 +276,7 @@ def test_bad_input_is_one_line_and_exit_2(files, tmp_path, capsys, monkeypatch):
     ):
         _one_line_exit_2(capsys, argv, expected)
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "typst" else object())
-    _one_line_exit_2(capsys, [*files["ddp"], "--output", str(tmp_path / "r.pdf")], 'pip install -e ".[pdf]"')
+    _one_line_exit_2(capsys, [*files["ddp"], "--output", str(tmp_path / "r.pdf")], 'pip install "typst>=0.14"')
     assert not (tmp_path / "r.pdf").exists() and not (tmp_path / "r.csv").exists()
 
 

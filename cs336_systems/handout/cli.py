@@ -25,9 +25,9 @@ from .writeup import CHECKLIST_FILE, WRITEUP, write_up
 PROG = prog("handout")
 DESCRIPTION = """Plan, run and write up every measurable problem of the CS336 assignment 2 (systems) handout.
 
-    python -m cs336_systems.handout --edition 2026 --dry-run --assume-device "H100 80GB"
-    python -m cs336_systems.handout --edition 2026 --adapters tests/adapters.py --budget 45m
-    python -m cs336_systems.handout --edition 2026 --device cpu --scale small
+    cs336-bench handout --edition 2026 --dry-run --assume-device "H100 80GB"
+    cs336-bench handout --edition 2026 --adapters tests/adapters.py --budget 45m
+    cs336-bench handout --edition 2026 --device cpu --scale small
 
 Each step runs one of this project's tools in its own process and writes its results files into
 --output-dir; the same command again continues where a stopped run ended. At the end, the report
@@ -201,7 +201,7 @@ def write_report(output_dir: Path, note: str) -> bool:
         formats.append(".pdf")
     else:
         print(
-            f'{PROG}: no PDF: the typst package is not installed (pip install -e ".[pdf]"); writing .md, .tex, .typ',
+            f'{PROG}: no PDF: the typst package is not installed (pip install "typst>=0.14"); writing .md, .tex, .typ',
             file=sys.stderr,
         )
     claim(output_dir, [CHECKLIST_FILE, *(f"{WRITEUP}{suffix}" for suffix in formats)])

@@ -1,6 +1,6 @@
 """python -m cs336_systems.memory: predict the memory of one step of the built-in model.
 
-    python -m cs336_systems.memory --model-size xl --context-length 512 --batch-size 4 \\
+    cs336-bench memory --model-size xl --context-length 512 --batch-size 4 \\
         --precision fp32 --pass-type forward-backward --device-memory 16GiB
 """
 

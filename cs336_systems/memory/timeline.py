@@ -1,6 +1,6 @@
 """python -m cs336_systems.memory.timeline: a CUDA memory snapshot as an image and a table.
 
-    python -m cs336_systems.memory.timeline --snapshot snapshot.pickle --plot timeline.png --output largest.csv
+    cs336-bench memory.timeline --snapshot snapshot.pickle --plot timeline.png --output largest.csv
 
 The snapshot is what `benchmark --memory-snapshot` dumps (torch.cuda.memory._dump_snapshot), the
 file pytorch.org/memory_viz opens. This draws its "Active Memory Timeline" (bytes held by live

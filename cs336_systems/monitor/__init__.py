@@ -2,7 +2,7 @@
 
   sampling.py  Sample, GpuProbe, ResourceMonitor
   files.py     CSV, plot, the run's JSON record, `monitored`, the --monitor flags every command shares
-  cli.py       python -m cs336_systems.monitor
+  cli.py       cs336-bench monitor
 
 What each column is: docs/pipelines.md; the flags: --help.
 """

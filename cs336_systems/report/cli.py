@@ -33,7 +33,7 @@ USAGE = f"""{__doc__.splitlines()[0]}
     {PROG} --verify WRITEUP.md RESULTS...
 
 The format is the output's extension: {", ".join(FORMATS)} (PDF: the Typst document compiled by the
-typst package, pip install -e ".[pdf]"). RESULTS are .csv/.jsonl files of {", ".join(TOOL_NAMES)}
+typst package: pip install "typst>=0.14"). RESULTS are .csv/.jsonl files of {", ".join(TOOL_NAMES)}
 (find_max: its .json answer); each tool's rows are told apart by their columns. A handout plan
 (handout_plan.csv of `handout`) makes the write-up of that plan, its results read from beside it.
 A file of no tool is named in one line and left out; the others are reported, and the exit status

@@ -27,7 +27,7 @@ PREAMBLE = """#set document(date: none)
 #show figure: set block(breakable: true)
 #set table(stroke: none, inset: (x: 4pt, y: 2.5pt))
 """
-INSTALL_HINT = 'PDF output needs the typst package: pip install -e ".[pdf]"'
+INSTALL_HINT = 'PDF output needs the typst package: pip install "typst>=0.14"'
 PORTRAIT_MM = 180.0  # A4 less 1.5 cm margins
 CHAR_MM = 1.3  # one character of 7 pt text, about
 CELL_MM = 3.0  # a cell's inset

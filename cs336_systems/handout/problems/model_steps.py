@@ -9,6 +9,7 @@ import dataclasses
 import importlib.util
 from pathlib import Path
 
+from ...loading import put_first_on_path
 from ...models import SIZE_TABLES
 from ...tools import module_name
 from ..parameters import Options
@@ -20,16 +21,30 @@ STUDENT_MODEL = "cs336_basics.model:BasicsTransformerLM"  # the handout's model,
 STUDENT_ADAMW = "cs336_basics.optimizer:AdamW"  # assignment 1's AdamW, where the student's repository has it
 
 
-def defined_in_repository(spec: str) -> bool:
-    """Whether `package.module:Name` is defined where Python would import it from, read without
-    importing anything: the module's file (found from its top-level package) defines Name at top level."""
-    module, _, name = spec.partition(":")
-    top, *rest = module.split(".")
+# where a repository keeps packages besides its root: the handout's own layout puts assignment 1's
+# solution (the cs336_basics package) in cs336-basics/, installed by uv as a workspace member
+REPOSITORY_FOLDERS = (".", "cs336-basics")
+
+
+def _folders_of(top: str) -> list[Path]:
+    """Where the package `top` is: as Python would import it, else in the repository's own folders."""
     try:
         found = importlib.util.find_spec(top)  # a top-level name: nothing is imported
     except (ImportError, ValueError):
-        return False
-    for folder in (found.submodule_search_locations or []) if found else []:
+        found = None
+    if found is not None and found.submodule_search_locations:
+        return [Path(folder) for folder in found.submodule_search_locations]
+    return [Path(base, top) for base in REPOSITORY_FOLDERS if Path(base, top, "__init__.py").is_file()]
+
+
+def defined_in_repository(spec: str) -> bool:
+    """Whether `package.module:Name` is defined in the repository, read without importing anything:
+    the module's file (found from its top-level package, importable or in the repository's folders)
+    defines Name at top level. One found in a folder Python does not import from yet (cs336-basics/
+    not installed) is put on the path, so the plan's steps import it as the student's tests would."""
+    module, _, name = spec.partition(":")
+    top, *rest = module.split(".")
+    for folder in _folders_of(top):
         path = Path(folder, *rest).with_suffix(".py")
         try:
             tree = ast.parse(path.read_text(), str(path))
@@ -40,6 +55,8 @@ def defined_in_repository(spec: str) -> bool:
             if isinstance(node, ast.Assign):
                 names = [target.id for target in node.targets if isinstance(target, ast.Name)]
             if name in names:
+                if importlib.util.find_spec(top) is None:
+                    put_first_on_path(folder.parent.resolve())  # the steps inherit the path
                 return True
     return False
 
