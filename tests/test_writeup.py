@@ -255,3 +255,21 @@ def test_versus_observations_rank_only_what_the_noise_resolves():
     (line,) = versus_observations(rows, "naive", "compiled")
     assert line.startswith("forward: compiled runs 2.00x as fast as naive at 1 of 2 shapes; the others are the same")
     assert "the largest gain at head dim 16, sequence 128" in line
+
+
+def test_a_check_against_a_tolerance_reads_as_the_rows_verdict():
+    from cs336_systems.handout.problems.attention import correctness
+
+    def row(status, out, grad):
+        return {"implementation": "flash-pytorch", "status": status, "max_abs_err_out": out}, grad
+
+    rows = [
+        {**row("ok", 1e-3, None)[0], "max_abs_err_grad": 3.5e-2, "check_tolerance": 3e-2},
+        {**row("ok", 2e-3, None)[0], "max_abs_err_grad": 1e-2, "check_tolerance": 3e-2},
+    ]
+    (line,) = correctness(rows, "flash-pytorch")
+    assert line.startswith(
+        "Checked against fp32 attention: passed (largest output error 2.0e-03, gradient error 3.5e-02"
+    )
+    rows[1]["status"] = "wrong"
+    assert correctness(rows, "flash-pytorch")[0].startswith("Checked against fp32 attention: failed at 1 of 2 shapes")
