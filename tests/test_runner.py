@@ -148,8 +148,9 @@ def test_compile_measures_compile_time_apart():
     record = run_benchmark(tiny_benchmark_config(compile=True, pass_type="forward", warmup_steps=1, measure_steps=2))
     assert record.status == "ok", record.error
     assert record.compile_s > 0
-    # the compile call is not among the measured steps
-    assert record.compile_s * 1e3 > 5 * record.max_ms
+    # the compile call is a step of its own: neither a warmup nor a measured one (a busy machine's slow
+    # step may take as long as compiling: counted, not timed)
+    assert len(record.warmup_step_ms) == 1 and len(record.step_ms) == 2
 
 
 @pytest.mark.slow
