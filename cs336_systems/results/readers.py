@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..placement import PLACEMENT_FIELDS
 from ..stats import summarize
 from . import validate
 from .errors import ResultFileError
@@ -87,7 +88,16 @@ SAMPLES_OF_TIMING = (
 def as_todays_rows(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of a file written before a column was renamed or added, as today's rows."""
     renames = {old: new for marker, old, new in RENAMED_COLUMNS if marker in frame.columns and old in frame.columns}
-    return _with_spread_from_samples(_with_added_config_columns(frame.rename(columns=renames)))
+    return _with_placement(_with_spread_from_samples(_with_added_config_columns(frame.rename(columns=renames))))
+
+
+def _with_placement(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows written before the placement columns (executor, Slurm job, GPU) existed: they are empty."""
+    if "hostname" in frame.columns:
+        for name in PLACEMENT_FIELDS:
+            if name not in frame.columns:
+                frame[name] = None
+    return frame
 
 
 def _with_spread_from_samples(frame: pd.DataFrame) -> pd.DataFrame:
