@@ -23,7 +23,8 @@ EXIT_TERMINATED = 143  # SIGTERM (128 + SIGTERM), handled as Ctrl-C
 # Rows that ran or are an expected result of the configuration (an OOM is a measurement).
 # not-sharded: a student's FSDP or sharded optimizer ran, right, but divided nothing (ddp_bench)
 EXPECTED_STATUSES = ("ok", "oom", "unsupported", "skipped", "not-sharded")
-FAILED_STATUSES = ("error", "timeout", "wrong")
+# cancelled, preempted: a Slurm job ended by a person or the scheduler (--executor slurm); the same command redoes it
+FAILED_STATUSES = ("error", "timeout", "wrong", "cancelled", "preempted")
 
 DEVICE_HELP = "auto (cuda when available), cpu, cuda or cuda:N"
 
