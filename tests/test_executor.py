@@ -249,3 +249,17 @@ def test_attempts_are_numbered_per_job_and_settled_once(tmp_path):
     (second.directory / "exit.json").write_text('{"returncode": 0}')  # run by hand: an attempt too
     attempts, _ = job_dir.attempts()
     assert ("a", "2") in {a.key for a in attempts}
+
+
+def test_find_max_runs_as_one_slurm_job_or_here_never_on_local_workers(tmp_path, capsys):
+    pytest.importorskip("submitit")
+    from cs336_systems import find_max
+
+    base = [*TINY_SWEEP, "--context-length", "16", "--dimension", "batch-size", "--output", tmp_path / "p.csv"]
+    code, _, err = run_main(find_max.main, capsys, *base, "--executor", "local")
+    assert code == 2 and "invalid choice: 'local'" in err
+    code, out, err = run_main(find_max.main, capsys, *base, "--executor", "slurm", "--dry-run", "--slurm-qos", "low")
+    assert code == 0, err
+    assert "#SBATCH --qos=low" in out and "#SBATCH --array" not in out  # one job, not an array
+    assert "cs336_systems.find_max --d-model 32" in out and "--executor" not in out.split("case", 1)[1]
+    assert '--output "$dir"/rows.jsonl --summary "$dir"/summary.json' in out

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from cs336_systems import benchmark_direct, run_benchmarks
+from cs336_systems import benchmark_direct, find_max, run_benchmarks
 from cs336_systems.executor.evidence import SLURM_TIME_LIMIT
 from cs336_systems.results import read_results
 from tests.conftest import FIXTURES, PYTHON, TINY_SWEEP, child_env, run_main
@@ -209,6 +209,21 @@ def test_sbatch_refusing_the_jobs_is_one_line(tmp_path, capsys):
     code, _, err = run_main(benchmark_direct.main, capsys, *args, "--slurm-partition", "nosuch", "--output", output)
     assert code == 2 and "sbatch refused the jobs" in err and "nosuch" in err.splitlines()[-1], err
     assert "Traceback" not in err and not output.exists()
+
+
+def test_find_max_runs_its_whole_search_as_one_job(tmp_path, capsys):
+    output = tmp_path / "probes.csv"
+    args = [*TINY_SWEEP, "--context-length", "16", "--dimension", "batch-size", "--start", "2", "--max", "4"]
+    args += ["--executor", "slurm", "--slurm-time", "5", "--output", output]
+    code, out, err = run_main(find_max.main, capsys, *args)
+    assert code == 0 and "largest batch-size that runs: 4" in out, err
+    rows = read_results(output)
+    assert list(rows["batch_size"]) == [2, 4] and set(rows["executor"]) == {"slurm"}
+    assert rows["slurm_job_id"].nunique() == 1  # every probe on the one job's node
+    assert json.loads((tmp_path / "probes.json").read_text())["largest_ok"] == 4
+    code, out, err = run_main(find_max.main, capsys, *args)
+    assert code == 0 and "answered before" in err and "largest batch-size that runs: 4" in out
+    assert len(read_results(output)) == 2
 
 
 def test_a_job_at_its_time_limit_leaves_a_timeout_row_that_the_same_command_redoes(time_limit_sweep, capsys):

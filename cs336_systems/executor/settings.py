@@ -107,15 +107,8 @@ def add_executor_arguments(parser: argparse.ArgumentParser, kinds: tuple[str, ..
         action="store_true",
         help="slurm: print the sbatch script of the jobs (to submit by hand) and run nothing; local: the commands",
     )
-    local = parser.add_argument_group("local executor")
-    local.add_argument(
-        "--workers",
-        type=positive_int,
-        help="jobs at once (default: one per --gpus GPU on CUDA, 1 on a CPU, where the workers split the cores)",
-    )
-    local.add_argument(
-        "--gpus", type=gpu_list, metavar="0,1,...", help="CUDA: the GPUs the workers take, one each (default: all)"
-    )
+    if "local" in kinds:
+        _add_local_arguments(parser)
     slurm = parser.add_argument_group("slurm executor (sbatch's flags of these names)")
     slurm.add_argument("--slurm-partition", type=slurm_word, metavar="NAME")
     slurm.add_argument(
@@ -148,6 +141,18 @@ def add_executor_arguments(parser: argparse.ArgumentParser, kinds: tuple[str, ..
     )
 
 
+def _add_local_arguments(parser: argparse.ArgumentParser) -> None:
+    local = parser.add_argument_group("local executor")
+    local.add_argument(
+        "--workers",
+        type=positive_int,
+        help="jobs at once (default: one per --gpus GPU on CUDA, 1 on a CPU, where the workers split the cores)",
+    )
+    local.add_argument(
+        "--gpus", type=gpu_list, metavar="0,1,...", help="CUDA: the GPUs the workers take, one each (default: all)"
+    )
+
+
 SLURM_FLAGS = (
     "slurm_partition",
     "slurm_time",
@@ -159,6 +164,10 @@ SLURM_FLAGS = (
     "slurm_constraint",
     "slurm_array_parallelism",
 )
+
+
+# every destination of the flags above: what a job's own command line leaves out (find_max_job.py)
+EXECUTOR_DESTS = frozenset(("executor", "job_dir", "wait", "dry_run", "workers", "gpus", *SLURM_FLAGS, "slurm_setup"))
 
 
 def settings_from_args(args: argparse.Namespace, cuda_count: int = 0) -> ExecutorSettings:

@@ -73,7 +73,7 @@ class SlurmRunner:
             *([f"{r.cpus_per_task} CPU(s)"] if r.cpus_per_task else []),
             *([f"mem {r.mem}"] if r.mem else []),
         ]
-        return f"slurm: one job per configuration ({', '.join(asked)} each), logs in {self.job_dir.slurm_folder}"
+        return f"slurm: each job asks for {', '.join(asked)}; logs in {self.job_dir.slurm_folder}"
 
     def parameters(self) -> dict:
         """submitit's SlurmExecutor parameters (sbatch's names); --mem goes as text, past submitit's GB float."""
