@@ -169,6 +169,10 @@ def run(args: argparse.Namespace, prog: str, child_processes: bool) -> int:
     benchmark_flags.check_runnable(configs[0], device)
     outputs = check_output_paths(args.output)
     check_monitor_arguments(args)
+    if settings.kind == "slurm" and args.monitor:
+        raise UsageError(
+            "--monitor samples this machine; the Slurm jobs run on others (watch them with their node's tools)"
+        )
     limits = child_limits_from_args(args, device) if child_processes else ChildLimits()
     jobs = {job_name(config): config_job(config, limits) for config in configs}
     path = settings.job_dir or default_job_dir(outputs)

@@ -122,6 +122,7 @@ def _alive(pid: int) -> bool:
         (["--executor", "slurm"], "--executor slurm needs --output FILE.csv"),
         (["--executor", "slurm", "--device", "cuda:1", "--output", "x.csv"], "give --device cuda"),
         (["--executor", "slurm", "--slurm-mem", "12 GB"], "expected sbatch's --mem form"),
+        (["--executor", "slurm", "--monitor", "m.csv", "--output", "x.csv"], "--monitor samples this machine"),
         (["--executor", "slurm", "--slurm-partition", "a b"], "expected one word without spaces"),
         (["--executor", "local", "--workers", "0"], "must be a positive integer"),
         (["--executor", "cluster"], "invalid choice"),
