@@ -35,7 +35,14 @@ from .executor import ATTEMPT_DIR, Job, JobDir, Outcome, Poll, collect, open_run
 from .factory import count_parameters_for
 from .lifetime import temporary_directory
 from .monitor import check_monitor_arguments, monitored
-from .results import BenchmarkRecord, ResultSink, ResultWriteError, check_output_paths, collect_environment
+from .results import (
+    BenchmarkRecord,
+    Environment,
+    ResultSink,
+    ResultWriteError,
+    check_output_paths,
+    collect_environment,
+)
 from .step import describe_measurement
 from .sweep import (
     StopRequest,
@@ -82,7 +89,7 @@ def default_job_dir(outputs: Sequence[Path]) -> Path | None:
 
 
 @functools.cache
-def _submitter_environment() -> object:
+def _submitter_environment() -> Environment:
     return collect_environment(torch.device("cpu"))
 
 
@@ -96,13 +103,14 @@ def environment_of(outcome: Outcome):
     )
 
 
-def records_of(outcome: Outcome) -> list[BenchmarkRecord]:
-    """The rows the attempt's command wrote (its rows.jsonl), annotated with the memory cap it ran under."""
+def records_of(outcome: Outcome, payload: dict | None = None) -> list[BenchmarkRecord]:
+    """The rows the attempt's command wrote (its rows.jsonl), annotated with the memory cap it ran under
+    (`payload`: its job's, when the attempt keeps none)."""
     try:
         text = (outcome.attempt.directory / ROWS).read_text()
     except OSError:
         return []
-    limits = ChildLimits(memory_limit_bytes=outcome.attempt.payload.get("memory_limit_bytes"))
+    limits = ChildLimits(memory_limit_bytes=(payload or outcome.attempt.payload).get("memory_limit_bytes"))
     records = []
     for line in text.splitlines():
         try:
@@ -112,11 +120,12 @@ def records_of(outcome: Outcome) -> list[BenchmarkRecord]:
     return records
 
 
-def failure_record(outcome: Outcome) -> BenchmarkRecord:
-    config = BenchmarkConfig.from_dict(outcome.attempt.payload["config"])
+def failure_record(outcome: Outcome, payload: dict) -> BenchmarkRecord:
+    """The row of a configuration (`payload`, its job's) whose attempt ended without writing one."""
+    config = BenchmarkConfig.from_dict(payload["config"])
     num_params = None if config.model_factory else count_parameters_for(config.model)
     error = outcome.error or "the job ended without writing a row (exit status 0)"
-    limits = ChildLimits(memory_limit_bytes=outcome.attempt.payload.get("memory_limit_bytes"))
+    limits = ChildLimits(memory_limit_bytes=payload.get("memory_limit_bytes"))
     return limits.annotate(failed_record(config, environment_of(outcome), STATUS_OF[outcome.kind], error, num_params))
 
 
@@ -124,8 +133,9 @@ class Merger:
     """Writes outcomes into the outputs, each under their lock (taken per merge, so that two submitting
     processes share one output), and settles each in the job directory under the same lock."""
 
-    def __init__(self, outputs: list[Path], job_dir: JobDir, stop: StopRequest, wait_lock: bool):
+    def __init__(self, outputs: list[Path], job_dir: JobDir, stop: StopRequest, wait_lock: bool, jobs: dict):
         self.outputs, self.job_dir, self.stop, self.wait_lock = outputs, job_dir, stop, wait_lock
+        self.payloads = {name: job.payload for name, job in jobs.items()}  # for attempts submitted by hand
         self.statuses: dict[tuple[str, str], str | None] = {}  # what each attempt merged this run left
 
     def open(self) -> ResultSink:
@@ -141,9 +151,13 @@ class Merger:
         for outcome in outcomes:
             if outcome.attempt.key in settled:
                 continue
-            records = records_of(outcome)
+            payload = outcome.attempt.payload or self.payloads.get(outcome.attempt.name, {})
+            records = records_of(outcome, payload)
             if not records and outcome.kind != "abandoned":
-                records = [failure_record(outcome)]
+                if "config" in payload:
+                    records = [failure_record(outcome, payload)]
+                else:  # submitted by hand, of another grid: no configuration to write a row of; it runs again
+                    print(f"{outcome.attempt.directory}: no row ({outcome.error or outcome.kind})", file=sys.stderr)
             with self.stop.writing():
                 for record in records:
                     sink.write(record)
@@ -199,7 +213,7 @@ def _run(args, prog, configs, jobs, outputs, job_dir: JobDir, runner, settings) 
     names = set(jobs)
     continuing = job_dir.exists()
     stop = StopRequest()
-    merger = Merger(outputs, job_dir, stop, args.wait_lock)
+    merger = Merger(outputs, job_dir, stop, args.wait_lock, jobs)
     benchmark_flags.announce_size_table(args)
     threads = (
         settings.threads_per_worker or settings.slurm.cpus_per_task or ("the job's" if runner.kind == "slurm" else None)

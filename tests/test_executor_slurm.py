@@ -6,6 +6,7 @@ CS336_REQUIRE_SLURM=1 (CI) they fail instead."""
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -132,11 +133,11 @@ def test_a_job_cancelled_mid_measurement_leaves_a_cancelled_row_and_only_it_is_r
 
     code, _, err = run_main(benchmark_direct.main, capsys, *args)
     assert code == 0, err
-    assert "2 configurations: 1 already done, 0 in flight, 1 submitted" in err
+    # context 8 is done, or still in flight on a busy machine; context 16 is submitted again
+    assert re.search(r"2 configurations: (1 already done, 0|0 already done, 1) in flight, 1 submitted", err), err
     rows = read_results(output)
-    assert [(r.context_length, r.status) for r in rows.itertuples()] == [(8, "ok"), (16, "cancelled"), (16, "ok")] or [
-        (r.context_length, r.status) for r in rows.itertuples()
-    ] == [(16, "cancelled"), (8, "ok"), (16, "ok")]
+    assert sorted((r.context_length, r.status) for r in rows.itertuples()) == [(8, "ok"), (16, "cancelled"), (16, "ok")]
+    assert list(rows[rows["context_length"] == 16]["status"]) == ["cancelled", "ok"]
     row = rows[rows["status"] == "cancelled"].iloc[0]
     assert str(row["slurm_job_id"]) == cancelled and "cancelled (scancel)" in row["error"]
     assert row["hostname"] == socket.gethostname() and row["executor"] == "slurm"
