@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cs336_systems import benchmark_direct
+from cs336_systems import benchmark_direct, run_benchmarks
 from cs336_systems.executor import Job, JobDir, Outcome
 from cs336_systems.executor.evidence import ended_outcome, exit_outcome, from_log
 from cs336_systems.placement import placement
@@ -264,3 +264,28 @@ def test_find_max_runs_as_one_slurm_job_or_here_never_on_local_workers(tmp_path,
     assert "#SBATCH --qos=low" in out and "#SBATCH --array" not in out  # one job, not an array
     assert "cs336_systems.find_max --d-model 32" in out and "--executor" not in out.split("case", 1)[1]
     assert '--output "$dir"/rows.jsonl --summary "$dir"/summary.json' in out
+
+
+def test_run_benchmarks_timeout_ends_a_local_job_as_a_timeout_row_that_stays(
+    tmp_path, capsys, fixtures_on_path, monkeypatch
+):
+    hang, output = tmp_path / "hang", tmp_path / "out.csv"
+    hang.touch()
+    monkeypatch.setenv("CS336_TEST_HANG", str(hang))
+    args = [*TINY_SWEEP, "--batch-sizes", "2", "--context-lengths", "16", "--pass-types", "forward-backward"]
+    args += [
+        "--model-factory",
+        "user_models:hangs_while_asked",
+        "--executor",
+        "local",
+        "--timeout",
+        "5",
+        "--output",
+        output,
+    ]
+    code, _, err = run_main(run_benchmarks.main, capsys, *args)
+    assert code == 1, err
+    (row,) = read_results(output).to_dict("records")
+    assert (row["status"], row["error"], row["executor"]) == ("timeout", "no result within --timeout 5 s", "local")
+    code, _, err = run_main(run_benchmarks.main, capsys, *args)  # the configuration's own answer: not run again
+    assert code == 1 and "1 already done, 0 in flight, 0 submitted" in err

@@ -128,15 +128,15 @@ class StepFunction:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m cs336_systems.executor.step", description=__doc__.split("\n")[0])
     parser.add_argument("directory", type=Path)
     parser.add_argument("--timeout", type=float, metavar="SECONDS")
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
         parser.error("give the command after --")
-    return run_step(args.directory, command, args.timeout)
+    split = argv.index("--")  # the command's own words are never ours, whatever they look like
+    args = parser.parse_args(argv[:split])
+    return run_step(args.directory, argv[split + 1 :], args.timeout)
 
 
 if __name__ == "__main__":
