@@ -23,7 +23,8 @@ EXIT_TERMINATED = 143  # SIGTERM (128 + SIGTERM), handled as Ctrl-C
 # Rows that ran or are an expected result of the configuration (an OOM is a measurement).
 # not-sharded: a student's FSDP or sharded optimizer ran, right, but divided nothing (ddp_bench)
 EXPECTED_STATUSES = ("ok", "oom", "unsupported", "skipped", "not-sharded")
-FAILED_STATUSES = ("error", "timeout", "wrong")
+# cancelled, preempted: a Slurm job ended by a person or the scheduler (--executor slurm); the same command redoes it
+FAILED_STATUSES = ("error", "timeout", "wrong", "cancelled", "preempted")
 
 DEVICE_HELP = "auto (cuda when available), cpu, cuda or cuda:N"
 
@@ -156,6 +157,38 @@ def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> list[argpar
         if len(found) == 1 and found[0] not in given:
             given.append(found[0])
     return given
+
+
+def argv_without(parser: argparse.ArgumentParser, argv: list[str], dests: Iterable[str]) -> list[str]:
+    """`argv` less the flags whose destinations are `dests`, with their values: the same command line for
+    another process that must not repeat them (a job's, given its own --output)."""
+    drop = set(dests)
+    spellings = {option: action for action in parser._actions for option in action.option_strings}
+    kept: list[str] = []
+    words = iter(range(len(argv)))
+    for index in words:
+        word = argv[index]
+        if word == "--":
+            kept += argv[index:]
+            break
+        name, eq, _ = word.partition("=")
+        action = spellings.get(name)
+        if action is None and name.startswith("--"):  # argparse takes a unique prefix of a long flag too
+            found = {id(a): a for option, a in spellings.items() if option.startswith(name)}
+            action = next(iter(found.values())) if len(found) == 1 else None
+        if action is None or action.dest not in drop:
+            kept.append(word)
+            continue
+        if eq or action.nargs == 0:
+            continue
+        count = action.nargs if isinstance(action.nargs, int) else None
+        taken = 0
+        while index + 1 < len(argv) and not argv[index + 1].startswith("-") and (count is None or taken < count):
+            next(words)
+            index, taken = index + 1, taken + 1
+            if action.nargs in (None, "?"):
+                break
+    return kept
 
 
 def _parse(kind, text: str):

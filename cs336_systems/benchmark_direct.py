@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 
+from . import sweep_jobs
 from .child import failed_record
 from .command import Command
 from .device import failure_status, release_memory, resolve_device
@@ -62,7 +63,7 @@ def execute(pending, args, env, writer) -> None:
             return
 
 
-build_parser, run = sweep_command(PROG, __doc__.split("\n")[0], execute, child_processes=False)
+build_parser, run = sweep_command(PROG, __doc__.split("\n")[0], execute, child_processes=False, run_jobs=sweep_jobs.run)
 main = Command(build_parser, run)
 
 if __name__ == "__main__":

@@ -142,7 +142,7 @@ def run_in_child(config: BenchmarkConfig, limits: ChildLimits, env: Environment 
             stderr_file.seek(0)
             stderr = stderr_file.read()
         if output.exists() and output.stat().st_size:
-            return limits.annotate(_record_from_row(json.loads(output.read_text().splitlines()[-1])))
+            return limits.annotate(record_from_row(json.loads(output.read_text().splitlines()[-1])))
         tail = " | ".join(stderr.strip().splitlines()[-STDERR_TAIL_LINES:])
         code = process.returncode
         how = f"killed by signal {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
@@ -166,7 +166,7 @@ def _kill_group(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def _record_from_row(row: dict) -> BenchmarkRecord:
+def record_from_row(row: dict) -> BenchmarkRecord:
     """The child's JSONL line back into a record, environment and raw samples included."""
     names = {f.name for f in dataclasses.fields(BenchmarkRecord)} - {"environment"}
     record = BenchmarkRecord(**{name: row[name] for name in names if name in row})

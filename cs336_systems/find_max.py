@@ -11,7 +11,8 @@ suffix .json).
 Outcomes (exit status): boundary found, or --max reached without running out of memory
 (0: the answer is the largest value that ran; with --max, no smallest OOM); even 1 runs
 out of memory, or a probe ended in 'error'/'timeout' (1: the search stops there and says
-so). Ctrl-C stops after the probe in progress (130).
+so). Ctrl-C stops after the probe in progress (130). With --executor slurm the whole search is one
+Slurm job (find_max_job.py).
 
 Example:
     cs336-bench find_max --dimension batch-size --model-size xl --context-length 512 \
@@ -26,6 +27,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from . import find_max_job
 from .argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser, output_path, positive_int
 from .benchmark import config_from_args, configuration_parser
 from .benchmark_flags import announce_size_table, check_runnable
@@ -34,6 +36,7 @@ from .command import Command
 from .config import BenchmarkConfig
 from .device import resolve_device
 from .errors import UsageError
+from .executor import add_executor_arguments, settings_from_args
 from .monitor import check_monitor_arguments, monitored
 from .results import (
     ResultSink,
@@ -70,11 +73,16 @@ def build_parser() -> ArgumentParser:
         "--summary", type=output_path, help="write the answer as JSON here (default: first --output, .json)"
     )
     add_child_arguments(parser)
+    # the search as one Slurm job (find_max_job.py); its probes are not spread: each depends on the last
+    add_executor_arguments(parser, kinds=("inline", "slurm"))
     parser.set_defaults(warmup_steps=1, measure_steps=1)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.executor == "slurm":
+        return find_max_job.run(args, build_parser(), PROG)
+    settings_from_args(args)  # inline: the executor's flags are refused
     device = resolve_device(args.device)
     start = args.start or (1 if args.dimension == "batch-size" else 128)
     if start > args.max:

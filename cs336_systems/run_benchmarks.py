@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+from . import sweep_jobs
 from .child import benchmark_command, run_in_child
 from .command import Command
 from .sweep import sweep_command
@@ -33,7 +34,7 @@ def execute(pending, args, env, writer) -> None:
             writer.log(f"{record.status}: run it alone with\n  {benchmark_command(config, args.child_limits)}")
 
 
-build_parser, run = sweep_command(PROG, __doc__.split("\n")[0], execute, child_processes=True)
+build_parser, run = sweep_command(PROG, __doc__.split("\n")[0], execute, child_processes=True, run_jobs=sweep_jobs.run)
 main = Command(build_parser, run)
 
 if __name__ == "__main__":

@@ -143,12 +143,12 @@ def describe_step(config: BenchmarkConfig) -> str:
     return f"{work} + one optimizer step ({optimizer}{masters})"
 
 
-def describe_measurement(configs: Sequence[BenchmarkConfig]) -> list[str]:
-    """A run's first lines after its size table: where it measures (threads on a CPU), how many warmup
-    and measured steps, what one step covers, and what MFU divides by. `configs` share all but their
-    shape, precision and pass type (a sweep's grid)."""
+def describe_measurement(configs: Sequence[BenchmarkConfig], threads: int | str | None = None) -> list[str]:
+    """A run's first lines after its size table: where it measures (threads on a CPU: this process's, or
+    `threads` where other processes measure), how many warmup and measured steps, what one step covers,
+    and what MFU divides by. `configs` share all but their shape, precision and pass type (a sweep's grid)."""
     first = configs[0]
-    threads = f" ({torch.get_num_threads()} threads)" if first.device.startswith("cpu") else ""
+    threads = f" ({threads or torch.get_num_threads()} threads)" if first.device.startswith("cpu") else ""
     warmup, measured = first.warmup_steps, first.measure_steps
     samples = ("do_bench sample" if first.timer == "do-bench" else "step") + "s" * (measured != 1)
     peak = (

@@ -1,4 +1,5 @@
-"""What both sweep commands share: the grid, its flags, resume, Ctrl-C, children, progress.
+"""What both sweep commands share: the grid, its flags, resume, Ctrl-C, children, progress, and the
+executor that runs the grid (--executor inline here; local and slurm through sweep_jobs.py).
 
 Grid order (the order of rows in the output file): model size, attention, checkpointing, precision,
 compile, context length, batch size, pass type. A model depends only on (size, shape,
@@ -25,6 +26,9 @@ from .argtypes import EXIT_FAILED, EXIT_INTERRUPTED, ArgumentParser, exit_status
 from .child import add_child_arguments, child_limits_from_args
 from .config import COMPILE_CHOICES, COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
 from .device import resolve_device
+from .executor import add_executor_arguments, settings_from_args
+from .executor.evidence import SLURM_TIME_LIMIT
+from .flagfile import add_config_file_argument, apply_config_file
 from .lifetime import OurInterrupt
 from .models import ATTENTION_KINDS
 from .monitor import add_monitor_arguments, check_monitor_arguments, monitored
@@ -109,12 +113,40 @@ def rows_by_output(outputs: Iterable[Path]) -> dict[Path, list[dict]]:
     }
 
 
+# Rows a later run replaces: the job was ended by the scheduler or a person, not by the configuration.
+REDONE_STATUSES = ("cancelled", "preempted")
+
+
+def is_redone(row: dict) -> bool:
+    """A row the same command runs again: a Slurm job cancelled, preempted, or ended at its time limit
+    (--slurm-time; raise it first). run_benchmarks' own --timeout row is the configuration's answer and stays."""
+    status = row.get("status")
+    return status in REDONE_STATUSES or (
+        status == "timeout" and str(row.get("error") or "").startswith(SLURM_TIME_LIMIT)
+    )
+
+
+def latest_rows(rows: Iterable[dict]) -> dict[tuple, dict]:
+    """Each configuration's last row (a redone configuration's row follows the one it replaces)."""
+    latest: dict[tuple, dict] = {}
+    for row in rows:
+        key = BenchmarkRecord.row_key(row)
+        latest.pop(key, None)
+        latest[key] = row
+    return latest
+
+
+def final_keys(rows: Iterable[dict]) -> set[tuple]:
+    """The configurations whose last row is final (not one a later run replaces)."""
+    return {key for key, row in latest_rows(rows).items() if not is_redone(row)}
+
+
 def existing_rows(outputs: Iterable[Path]) -> list[dict]:
-    """Every configuration's row already written, once (from the first output holding it)."""
+    """Every configuration's row already written, once: its last row, from the first output holding it."""
     rows: dict[tuple, dict] = {}
     for held in rows_by_output(outputs).values():
-        for row in held:
-            rows.setdefault(BenchmarkRecord.row_key(row), row)
+        for key, row in latest_rows(held).items():
+            rows.setdefault(key, row)
     return list(rows.values())
 
 
@@ -127,17 +159,22 @@ def pending_configs(
     configs: Sequence[BenchmarkConfig], held: dict[Path, list[dict]], resume: bool
 ) -> list[BenchmarkConfig]:
     """The configurations not yet in every output. A configuration counts as done only when
-    each .csv / .jsonl output holds its row (a run killed between two writes re-runs it; the
-    sink then writes it only where it is missing). Without --resume, an output that already
-    holds rows is refused: a configuration is never run twice by accident."""
+    each .csv / .jsonl output holds a final row of it (a run killed between two writes re-runs it;
+    the sink then writes it only where it is missing; a cancelled job's row is redone). Without
+    --resume, an output that already holds rows is refused: a configuration is never run twice by accident."""
     for path, rows in held.items():
         if rows and not resume:
             raise ResultFileError(
                 f"{path} already has {len(rows)} rows: pass --resume to continue it, or use a new file"
             )
-    keys = [{BenchmarkRecord.row_key(row) for row in rows} for rows in held.values()]
+    keys = [final_keys(rows) for rows in held.values()]
     done = set.intersection(*keys) if keys else set()
     return [config for config in configs if config.key() not in done]
+
+
+def holds(held: dict[Path, list[dict]]) -> dict[Path, set]:
+    """What each output already holds for the sink (ResultSink.holds): its final rows' keys."""
+    return {path: final_keys(rows) for path, rows in held.items() if rows}
 
 
 # -- Ctrl-C -----------------------------------------------------------------------------
@@ -254,21 +291,27 @@ def _short_time(record: BenchmarkRecord) -> str:
 def build_sweep_parser(prog: str, description: str, child_processes: bool) -> ArgumentParser:
     """A sweep command's flags: the grid, the benchmark flags, (run_benchmarks) the children's limits."""
     parser = ArgumentParser(prog=prog, description=description)
+    add_config_file_argument(parser)
     add_grid_arguments(parser)
     if child_processes:
         add_child_arguments(parser)
+    add_executor_arguments(parser)
     add_monitor_arguments(parser)
     return parser
 
 
-def sweep_command(prog: str, description: str, execute, child_processes: bool):
+def sweep_command(prog: str, description: str, execute, child_processes: bool, run_jobs):
     """A sweep tool's (build_parser, run): the sweep's flags, then `execute(pending, args, env,
-    writer)` over the grid. The tool module declares `main = Command(build_parser, run)` with them."""
+    writer)` over the grid, or with --executor local or slurm `run_jobs(args, prog, child_processes)`
+    (sweep_jobs.run). The tool module declares `main = Command(build_parser, run)` with them."""
 
     def build_parser() -> argparse.ArgumentParser:
         return build_sweep_parser(prog, description, child_processes)
 
     def run(args: argparse.Namespace) -> int:
+        apply_config_file(build_parser(), args)
+        if args.executor != "inline":
+            return run_jobs(args, prog, child_processes)
         return run_sweep(args, prog, execute, child_processes)
 
     return build_parser, run
@@ -276,6 +319,7 @@ def sweep_command(prog: str, description: str, execute, child_processes: bool):
 
 def run_sweep(args: argparse.Namespace, prog: str, execute, child_processes: bool) -> int:
     """Run the grid's pending configurations through `execute`, then print a table."""
+    settings_from_args(args)  # inline: the executors' flags are refused
     device = resolve_device(args.device)
     configs = grid_from_args(args, device)
     benchmark_flags.check_runnable(configs[0], device)  # one timer, device and user code for the whole grid
@@ -292,7 +336,7 @@ def run_sweep(args: argparse.Namespace, prog: str, execute, child_processes: boo
         raise
     previous = existing_rows(outputs)
     sink.set_previous_rows(previous)
-    sink.holds = {path: {BenchmarkRecord.row_key(row) for row in rows} for path, rows in held.items() if rows}
+    sink.holds = holds(held)
 
     # Children record their own environment; the parent of CUDA children stays off the GPU.
     env = None if child_processes else collect_environment(device)

@@ -367,3 +367,26 @@ def test_a_file_with_rows_is_refused_without_resume_and_left_unlocked(tmp_path, 
     err = capsys.readouterr().err
     assert "pass --resume" in err and _one_line_error(err)
     assert out.read_text() == before and not list(tmp_path.glob(".*.lock"))
+
+
+def test_a_file_written_before_the_placement_columns_gains_them_empty(tmp_path, records):
+    """Rows of an older harness (no executor, Slurm job or GPU columns) stay, read back as they were, and the
+    next row is appended with those columns: a sweep resumes its old file."""
+    from cs336_systems.placement import PLACEMENT_FIELDS
+
+    old_csv, old_jsonl = tmp_path / "old.csv", tmp_path / "old.jsonl"
+    with ResultSink([old_csv, old_jsonl]) as sink:
+        sink.write(records[0])
+    frame = pd.read_csv(old_csv).drop(columns=list(PLACEMENT_FIELDS))
+    frame.to_csv(old_csv, index=False)  # as an older harness wrote it
+    old_jsonl.write_text(
+        json.dumps({k: v for k, v in json.loads(old_jsonl.read_text()).items() if k not in PLACEMENT_FIELDS}) + "\n"
+    )
+    assert read_results(old_csv)["executor"].isna().all()
+    with ResultSink([old_csv, old_jsonl]) as sink:
+        sink.write(records[1])
+    for path in (old_csv, old_jsonl):
+        rows = read_results(path)
+        assert len(rows) == 2 and list(rows["context_length"]) == [8, 16]
+        assert pd.isna(rows["executor"][0]) and rows["executor"][1] == "inline"
+    assert pd.read_csv(old_csv).columns[-len(PLACEMENT_FIELDS) :].tolist() == list(PLACEMENT_FIELDS)

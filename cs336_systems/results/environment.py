@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..placement import placement
+
 if TYPE_CHECKING:
     import torch
 
@@ -41,6 +43,13 @@ class Environment:
     hostname: str
     git_commit: str
     git_dirty: bool | None
+    # Which process ran the row (placement): the executor, the Slurm job (array job_task, as squeue names
+    # it) and the physical GPU of the node the device is (placement.py). Added last, so files written before
+    # them gain empty cells at the end (PLACEMENT_FIELDS).
+    executor: str | None = None
+    slurm_job_id: str | None = None
+    slurm_array_task_id: int | None = None
+    gpu_id: str | None = None
 
 
 ENVIRONMENT_FIELDS = tuple(f.name for f in dataclasses.fields(Environment))
@@ -116,6 +125,7 @@ def collect_environment(device: torch.device) -> Environment:
         hostname=socket.gethostname(),
         git_commit=commit,
         git_dirty=dirty,
+        **placement(device.type, device.index),
     )
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..lifetime import at_exit
+from ..placement import PLACEMENT_FIELDS
 from . import validate
 from .errors import OutputLockedError, ResultFileError
 from .origin import TOOL
@@ -119,13 +120,17 @@ def _release_all() -> None:
 class CsvWriter:
     """Appends rows; writes the header only to a new file (in the same write as the first row);
     refuses a file with other columns. A file with the same columns in another order (written
-    before a column moved), or without the `tool` column (written before it), keeps its columns."""
+    before a column moved) keeps its order; one without the `tool` column (written before it) keeps
+    its columns; one written before the placement columns existed (environment.PLACEMENT_FIELDS)
+    gains them, empty, at the end of each row (the file is rewritten whole once, under the sink's lock)."""
 
     def __init__(self, path: Path, fields: Sequence[str]):
         self.path, self.fields = path, list(fields)
         existing = _read_csv_header(path)
         if existing is not None and TOOL not in existing and TOOL in self.fields:
             self.fields.remove(TOOL)  # a file written before rows named their tool keeps its columns
+        if existing is not None:
+            existing = _add_placement_columns(path, existing, self.fields)
         if existing is not None and sorted(existing) != sorted(self.fields):
             raise ResultFileError(
                 f"{path} already holds results with different columns (another tool's, or an older schema); "
@@ -146,6 +151,19 @@ class CsvWriter:
         self._needs_header = False
 
 
+def _add_placement_columns(path: Path, header: list[str], fields: Sequence[str]) -> list[str]:
+    """`header` with the placement columns it lacks appended, and the file rewritten so (empty cells);
+    any other difference is left for the caller to refuse."""
+    missing = [name for name in fields if name not in header]
+    if not missing or not set(missing) <= set(PLACEMENT_FIELDS) or not set(header) <= set(fields):
+        return header
+    with path.open(newline="") as handle:
+        rows = list(csv.reader(handle))
+    text = csv_line([*header, *missing]) + "".join(csv_line(row + [None] * len(missing)) for row in rows[1:])
+    write_whole(path, text)
+    return [*header, *missing]
+
+
 def _read_csv_header(path: Path) -> list[str] | None:
     if not path.exists() or path.stat().st_size == 0:
         return None
@@ -159,7 +177,8 @@ class JsonlWriter:
     def __init__(self, path: Path, fields: Sequence[str] = ()):
         self.path = path
         first = _first_jsonl_keys(path)
-        if first is not None and fields and not set(fields) - {TOOL} <= first:  # older rows: no tool column
+        # rows written before the tool or the placement columns existed lack them; a JSON line names its keys
+        if first is not None and fields and not set(fields) - {TOOL, *PLACEMENT_FIELDS} <= first:
             raise ResultFileError(
                 f"{path} already holds results with different keys (another tool's, or an older schema); "
                 "write to a new file"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..placement import PLACEMENT_FIELDS
 from ..stats import summarize
 from . import validate
 from .errors import ResultFileError
@@ -92,7 +93,8 @@ def as_todays_rows(frame: pd.DataFrame) -> pd.DataFrame:
     renames = {
         old: new for marker, old, new in RENAMED_COLUMNS if marker in columns and old in columns and new not in columns
     }
-    return _with_tool(_with_spread_from_samples(_with_added_config_columns(frame.rename(columns=renames))))
+    frame = _with_spread_from_samples(_with_added_config_columns(frame.rename(columns=renames)))
+    return _with_tool(_with_placement(frame))
 
 
 def _with_tool(frame: pd.DataFrame) -> pd.DataFrame:
@@ -101,6 +103,15 @@ def _with_tool(frame: pd.DataFrame) -> pd.DataFrame:
         return frame
     tool = legacy_tool(frame.columns)
     return frame if tool is None else frame.assign(**{TOOL: tool})[[TOOL, *frame.columns]]
+
+
+def _with_placement(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows written before the placement columns (executor, Slurm job, GPU) existed: they are empty."""
+    if "hostname" in frame.columns:
+        for name in PLACEMENT_FIELDS:
+            if name not in frame.columns:
+                frame[name] = None
+    return frame
 
 
 def _with_spread_from_samples(frame: pd.DataFrame) -> pd.DataFrame:

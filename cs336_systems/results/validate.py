@@ -13,6 +13,7 @@ import json
 import stat
 from pathlib import Path
 
+from ..placement import PLACEMENT_FIELDS
 from .errors import ResultFileError
 
 # Columns that hold numbers in every tool's records: by suffix, or by name.
@@ -34,6 +35,7 @@ NUMERIC_NAMES = frozenset(
         "num_params",
         "num_threads",
         "num_workers",
+        "slurm_array_task_id",
     )
 )
 
@@ -131,7 +133,8 @@ def jsonl_row(path: Path, number: int, line: str) -> dict:
 
 
 def check_jsonl(path: Path, text: str) -> None:
-    """Every line is a JSON object with line 1's keys, numbers are numbers."""
+    """Every line is a JSON object with line 1's keys (the placement columns may start mid-file: rows
+    appended after they existed), numbers are numbers."""
     keys: set[str] | None = None
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -139,7 +142,7 @@ def check_jsonl(path: Path, text: str) -> None:
         value = jsonl_row(path, number, line)
         if keys is None:
             keys = set(value)
-        elif set(value) != keys:
+        elif set(value) - set(PLACEMENT_FIELDS) != keys - set(PLACEMENT_FIELDS):
             missing, extra = sorted(keys - set(value)), sorted(set(value) - keys)
             what = "; ".join(
                 part

@@ -44,7 +44,13 @@ HUGE = str(2**62)
 LONG_NAME = "n" * 250 + ".csv"  # fits NAME_MAX (255) alone, not as its lock file .NAME.lock
 
 
-FAILED_STATUSES = ("error", "timeout", "wrong")  # the exit rule: a row of these makes the exit status 1
+FAILED_STATUSES = (
+    "error",
+    "timeout",
+    "wrong",
+    "cancelled",
+    "preempted",
+)  # the exit rule: a row of these makes the exit status 1
 
 
 @dataclass

@@ -1,0 +1,210 @@
+"""A job, its attempts, how an attempt ended, and the job directory that remembers them. torch-free.
+
+The job directory (on a filesystem every node sees):
+
+    ledger.jsonl            one line per attempt submitted and per attempt settled (its outcome merged)
+    jobs/NAME/N/            attempt N of job NAME: what its command wrote ({attempt_dir}), step.log (the
+                            command's stdout and stderr), started.json and exit.json (step.py's markers)
+    slurm/                  submitit's files: ARRAYJOB_TASK_0_log.out / .err (Slurm's own lines too), pickles
+
+The ledger is appended by the submitting process only, under the lock of the caller's outputs, so two
+submitting processes never settle one attempt twice. An attempt directory that is in no ledger line but
+holds an exit marker (a job submitted by hand from the --dry-run script) is an attempt too.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import socket
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ATTEMPT_DIR = "{attempt_dir}"  # in a Job's command: replaced by the attempt's own directory
+LEDGER, JOBS, SLURM = "ledger.jsonl", "jobs", "slurm"
+STARTED, EXITED, STEP_LOG = "started.json", "exit.json", "step.log"
+# How an attempt ended, as an Outcome's `kind`: the command ran to its end (any exit status); a limit
+# ended it (the job's --timeout, or Slurm's time limit); Slurm cancelled or preempted it; it ended
+# without a trace of why (error); its submitting process was stopped before it ran (abandoned: nothing
+# to merge, the job runs again).
+OUTCOMES = ("exited", "timeout", "cancelled", "preempted", "error", "abandoned")
+
+
+def utc_timestamp() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One unit of work: a command that writes its results into its attempt's directory.
+
+    `name` is the job's identity across runs (a configuration's key, hashed): the same work has the same
+    name, so a finished job is never run again. `payload` is JSON kept in the ledger for the caller (the
+    configuration), handed back with each outcome, even to a later process."""
+
+    name: str
+    command: tuple[str, ...]
+    label: str = ""
+    timeout_s: float | None = None  # wall clock, enforced around the command (outcome 'timeout')
+    payload: dict = field(default_factory=dict, compare=False)
+
+    def command_in(self, directory: Path) -> list[str]:
+        return [part.replace(ATTEMPT_DIR, str(directory)) for part in self.command]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One run of a job: its directory, and where it was sent (a Slurm job id, or the local submitter's pid)."""
+
+    name: str
+    number: str  # "1", "2", ...; "hand-JOBID" for a job submitted by hand
+    directory: Path
+    executor: str
+    label: str = ""
+    payload: dict = field(default_factory=dict, compare=False)
+    job_id: str | None = None  # Slurm: ARRAYJOB_TASK
+    submitter: tuple[str, int] | None = None  # local: (host, pid) of the process running it
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.name, self.number
+
+    def marker(self, name: str) -> dict | None:
+        """started.json or exit.json, once whole (written by rename), else None."""
+        try:
+            value = json.loads((self.directory / name).read_text())
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    def log_tail(self, lines: int = 1) -> str:
+        """The last non-empty lines of what the command printed (step.log), joined by ' | '."""
+        try:
+            with open(self.directory / STEP_LOG, "rb") as handle:
+                handle.seek(max(0, os.fstat(handle.fileno()).st_size - 16384))
+                text = handle.read().decode(errors="replace")
+        except OSError:
+            return ""
+        kept = [line.strip() for line in text.splitlines() if line.strip()]
+        return " | ".join(kept[-lines:])
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended (`kind`, one of OUTCOMES), why, and where it ran (placement columns)."""
+
+    attempt: Attempt
+    kind: str
+    exit_code: int | None = None
+    error: str | None = None
+    placement: dict = field(default_factory=dict)
+
+
+class JobDir:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    @property
+    def ledger(self) -> Path:
+        return self.path / LEDGER
+
+    @property
+    def slurm_folder(self) -> Path:
+        return self.path / SLURM
+
+    def exists(self) -> bool:
+        return self.ledger.exists()
+
+    def attempt_directory(self, name: str, number: str) -> Path:
+        return self.path / JOBS / name / number
+
+    def _lines(self) -> list[dict]:
+        try:
+            text = self.ledger.read_text()
+        except FileNotFoundError:
+            return []
+        lines = []
+        for line in text.splitlines():
+            try:
+                value = json.loads(line)
+            except ValueError:  # a line cut by a killed writer: the attempt is found again by its directory
+                continue
+            if isinstance(value, dict) and isinstance(value.get("job"), str):
+                lines.append(value)
+        return lines
+
+    def _append(self, entries: Iterable[dict]) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        text = "".join(json.dumps(entry, default=str) + "\n" for entry in entries)
+        if text:
+            with open(self.ledger, "a") as handle:
+                handle.write(text)
+
+    def attempts(self) -> tuple[list[Attempt], set[tuple[str, str]]]:
+        """Every attempt (the ledger's, then directories with an exit marker that no ledger line names),
+        and the keys of those settled."""
+        found: dict[tuple[str, str], Attempt] = {}
+        settled: set[tuple[str, str]] = set()
+        for entry in self._lines():
+            key = (entry["job"], str(entry.get("attempt")))
+            if entry.get("event") == "settled":
+                settled.add(key)
+            elif entry.get("event") == "submitted":
+                submitter = entry.get("submitter")
+                found[key] = Attempt(
+                    name=key[0],
+                    number=key[1],
+                    directory=self.attempt_directory(*key),
+                    executor=str(entry.get("executor")),
+                    label=str(entry.get("label") or ""),
+                    payload=entry.get("payload") or {},
+                    job_id=entry.get("job_id"),
+                    submitter=tuple(submitter) if isinstance(submitter, list) and len(submitter) == 2 else None,
+                )
+        for marker in sorted(self.path.glob(f"{JOBS}/*/*/{EXITED}")):
+            key = (marker.parent.parent.name, marker.parent.name)
+            if key not in found:
+                found[key] = Attempt(name=key[0], number=key[1], directory=marker.parent, executor="slurm")
+        return list(found.values()), settled
+
+    def new_attempts(self, jobs: Sequence[Job], executor: str) -> list[Attempt]:
+        """A fresh attempt (numbered after the job's last) of each job, its directory made empty."""
+        attempts, _ = self.attempts()
+        used: dict[str, int] = {}
+        for attempt in attempts:
+            if attempt.number.isdigit():
+                used[attempt.name] = max(used.get(attempt.name, 0), int(attempt.number))
+        fresh = []
+        for job in jobs:
+            number = used.get(job.name, 0) + 1
+            while self.attempt_directory(job.name, str(number)).exists():  # made by a submission that failed
+                number += 1
+            directory = self.attempt_directory(job.name, str(number))
+            directory.mkdir(parents=True)
+            submitter = (socket.gethostname(), os.getpid()) if executor == "local" else None
+            fresh.append(Attempt(job.name, str(number), directory, executor, job.label, job.payload, None, submitter))
+        return fresh
+
+    def record_submitted(self, attempts: Sequence[Attempt]) -> None:
+        self._append(
+            {
+                "event": "submitted",
+                "job": a.name,
+                "attempt": a.number,
+                "executor": a.executor,
+                "job_id": a.job_id,
+                "submitter": list(a.submitter) if a.submitter else None,
+                "label": a.label,
+                "payload": a.payload,
+                "time": utc_timestamp(),
+            }
+            for a in attempts
+        )
+
+    def record_settled(self, outcome: Outcome, status: str | None) -> None:
+        """The attempt's outcome was merged (`status`: the row's, or None when nothing was written)."""
+        a = outcome.attempt
+        entry = {"event": "settled", "job": a.name, "attempt": a.number, "outcome": outcome.kind, "status": status}
+        self._append([{**entry, "time": utc_timestamp()}])
