@@ -39,6 +39,7 @@ from .benchmark_flags import (
 )
 from .command import Command
 from .config import COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
+from .contention import describe_rows
 from .device import DeviceError, resolve_device
 from .factory import count_parameters_for
 from .models import ATTENTION_KINDS, SIZE_TABLES, ConfigError, ModelConfig
@@ -250,6 +251,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         sink.close()
     show(BenchmarkRecord.console([record.to_row()]))
+    if record.to_row().get("other_load_cores") is not None:  # measured: how busy the machine was meanwhile
+        show(describe_rows([record.to_row()]), sys.stderr)
     for path in [*args.output, *([args.memory_snapshot] if args.memory_snapshot else [])]:
         show(f"wrote {path}", sys.stderr)
     if exit_status([record.status]):

@@ -9,6 +9,7 @@ waited for a core, whoever held it). On a GPU: the other processes NVML sees on 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -81,3 +82,57 @@ class LoadMeter:
         gpu = gpu_other_processes(self.gpu_index) if self.gpu_index is not None else None
         cores = psutil.cpu_count() or 1
         self.load = Load(max(0.0, busy - own) / wall, cores, share, gpu)
+
+
+def machine_load(device) -> LoadMeter:
+    """A meter for measuring on `device` (a torch.device): our threads on a CPU, the GPU's other processes."""
+    import torch
+
+    if device.type == "cuda":
+        return LoadMeter(threads=None, gpu_index=device.index or 0)
+    return LoadMeter(threads=torch.get_num_threads())
+
+
+def with_load(environment, load: Load | None):
+    """The row's environment with how busy the machine was while it was measured (its LOAD_FIELDS)."""
+    if environment is None or load is None:
+        return environment
+    share = None if load.own_share is None else round(load.own_share, 2)
+    return dataclasses.replace(
+        environment,
+        other_load_cores=round(load.other_cores, 2),
+        own_cpu_share=share,
+        gpu_other_processes=load.gpu_other_processes,
+    )
+
+
+def _number(value: object) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if number != number else number  # NaN: not recorded
+
+
+def describe_rows(rows: list[dict]) -> str:
+    """One line on how busy the machine was over rows that recorded it (their LOAD_FIELDS)."""
+    loads = [(_number(r.get("other_load_cores")), _number(r.get("gpu_other_processes"))) for r in rows]
+    recorded = [(cores, gpu) for cores, gpu in loads if cores is not None]
+    if not recorded:
+        return "How busy the machine was is not in these rows (they were measured before it was recorded)."
+    busy = [(cores, gpu) for cores, gpu in recorded if cores > BUSY_CORES or (gpu or 0) > 0]
+    most = max(cores for cores, _ in recorded)
+    threads = sorted({int(t) for r in rows if (t := _number(r.get("num_threads"))) is not None})
+    used = f" (the rows' torch used {'/'.join(map(str, threads))} threads)" if threads else ""
+    if not busy:
+        return (
+            f"The machine was quiet while the {len(recorded)} rows were measured: other processes kept at most "
+            f"{most:.1f} cores busy{used}."
+        )
+    gpus = sum(1 for _, gpu in busy if gpu)
+    return (
+        f"Other processes kept up to {most:.1f} cores busy{used}"
+        + (f", and shared the GPU during {gpus} rows" if gpus else "")
+        + f", during {len(busy)} of {len(recorded)} rows: those times are inflated, and a comparison between "
+        "them is stated only where its interval resolves it."
+    )

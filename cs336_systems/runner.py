@@ -16,6 +16,7 @@ from torch import nn
 
 from . import cuda_graphs, nvtx
 from .config import BenchmarkConfig
+from .contention import machine_load, with_load
 from .device import (
     compile_unsupported_reason,
     failure_status,
@@ -158,6 +159,7 @@ def _measure(
         during = contextlib.ExitStack()
         during.enter_context(memory.whole())
         during.enter_context(cuda_memory_history(memory_snapshot, device))
+        load = during.enter_context(machine_load(device))  # how busy other processes kept the machine
         times = time_steps(
             step,
             warmup_steps=config.warmup_steps,
@@ -166,6 +168,7 @@ def _measure(
             during_measurement=during,
             phases=phases,
         )
+        record.environment = with_load(record.environment, load.load)
         memory.new_step()  # the steady state: one more step, traced
         if traced is not None:
             before = _parameter_sample(model) if config.pass_type == "train-step" else None

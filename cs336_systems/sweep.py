@@ -25,6 +25,7 @@ from . import benchmark_flags
 from .argtypes import EXIT_FAILED, EXIT_INTERRUPTED, ArgumentParser, exit_status, positive_int
 from .child import add_child_arguments, child_limits_from_args
 from .config import COMPILE_CHOICES, COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
+from .contention import describe_rows
 from .device import resolve_device
 from .executor import add_executor_arguments, settings_from_args
 from .executor.evidence import SLURM_TIME_LIMIT
@@ -367,6 +368,9 @@ def run_sweep(args: argparse.Namespace, prog: str, execute, child_processes: boo
     rows = [*previous, *(record.to_row() for record in writer.written if record.key() not in shown)]
     if rows:
         show(BenchmarkRecord.markdown(rows))
+        fresh = [row for row in (r.to_row() for r in writer.written) if row.get("other_load_cores") is not None]
+        if fresh:  # how busy the machine was while this run measured (contention.py)
+            show(describe_rows(fresh), sys.stderr)
     if stop.requested and len(writer.written) < len(pending):
         done = f"stopped: {len(writer.written)} of {len(pending)} configurations done"
         if resumable(outputs):

@@ -13,6 +13,7 @@ import torch
 import torch._functorch.config  # donated_buffer, patched around each row (run_attention)
 
 from ..adapters import Adapters, NotImplementedAdapter
+from ..contention import machine_load, with_load
 from ..device import compile_unsupported_reason, failure_status, release_memory, resolve_device
 from ..memory import PhaseMemory, current_memory_bytes, rss_high_water_mark_available
 from ..precision import cpu_has_native, precision_mode, unsupported_reason
@@ -345,8 +346,9 @@ def run_attention(
     with precision_mode(config.precision, device) as state, torch._functorch.config.patch(donated_buffer=False):
         record.matmul_precision, record.cuda_matmul_allow_tf32 = state.matmul_precision, state.cuda_matmul_allow_tf32
         try:
-            with guarded(config.implementation, timeout_s) as rearm:
+            with guarded(config.implementation, timeout_s) as rearm, machine_load(device) as load:
                 _measure(config, device, record, phase, clock, adapters, rearm)
+            record.environment = with_load(record.environment, load.load)
         except NotImplementedAdapter as exc:
             record.status, record.error = "skipped", str(exc)
         except NotHere as exc:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..contention import describe_rows
 from ..report.document import Bullets, Document, Section, Text
 from ..report.grid import Value, grid
 from ..report.load import index_files, read_file
@@ -209,6 +210,8 @@ def first_page(plan: pd.DataFrame, files: dict[str, pd.DataFrame], plan_name: st
         )
     section.add(Text(text))
     used = {name: frame for name, frame in files.items() if "device_name" in frame.columns}
+    rows = [row for frame in used.values() for row in frame.to_dict("records")]
+    section.add(Text(describe_rows(rows)))
     section.add(environment_table(used))
     machines = environment_frame(used).shape[1] if used else 0
     section.add(

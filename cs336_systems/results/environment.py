@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..placement import placement
+from ..placement import PLACEMENT_FIELDS, placement
 
 if TYPE_CHECKING:
     import torch
@@ -45,14 +45,22 @@ class Environment:
     git_dirty: bool | None
     # Which process ran the row (placement): the executor, the Slurm job (array job_task, as squeue names
     # it) and the physical GPU of the node the device is (placement.py). Added last, so files written before
-    # them gain empty cells at the end (PLACEMENT_FIELDS).
+    # them gain empty cells at the end (ADDED_FIELDS).
     executor: str | None = None
     slurm_job_id: str | None = None
     slurm_array_task_id: int | None = None
     gpu_id: str | None = None
+    # How busy other processes kept the machine while the row was measured (contention.py): cores busy
+    # elsewhere, our own share of the cores we asked for, other processes on our GPU. Added last too.
+    other_load_cores: float | None = None
+    own_cpu_share: float | None = None
+    gpu_other_processes: int | None = None
 
 
 ENVIRONMENT_FIELDS = tuple(f.name for f in dataclasses.fields(Environment))
+LOAD_FIELDS = ("other_load_cores", "own_cpu_share", "gpu_other_processes")
+# columns added at the end of every row after files were written: such a file gains them, empty
+ADDED_FIELDS = (*PLACEMENT_FIELDS, *LOAD_FIELDS)
 
 
 def _cpu_name() -> str:

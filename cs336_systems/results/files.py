@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Protocol
 
 from ..lifetime import at_exit
-from ..placement import PLACEMENT_FIELDS
 from . import validate
+from .environment import ADDED_FIELDS
 from .errors import OutputLockedError, ResultFileError
 from .origin import TOOL
 from .paths import check_output_paths, lock_path
@@ -121,7 +121,7 @@ class CsvWriter:
     """Appends rows; writes the header only to a new file (in the same write as the first row);
     refuses a file with other columns. A file with the same columns in another order (written
     before a column moved) keeps its order; one without the `tool` column (written before it) keeps
-    its columns; one written before the placement columns existed (environment.PLACEMENT_FIELDS)
+    its columns; one written before the placement columns existed (environment.ADDED_FIELDS)
     gains them, empty, at the end of each row (the file is rewritten whole once, under the sink's lock)."""
 
     def __init__(self, path: Path, fields: Sequence[str]):
@@ -155,7 +155,7 @@ def _add_placement_columns(path: Path, header: list[str], fields: Sequence[str])
     """`header` with the placement columns it lacks appended, and the file rewritten so (empty cells);
     any other difference is left for the caller to refuse."""
     missing = [name for name in fields if name not in header]
-    if not missing or not set(missing) <= set(PLACEMENT_FIELDS) or not set(header) <= set(fields):
+    if not missing or not set(missing) <= set(ADDED_FIELDS) or not set(header) <= set(fields):
         return header
     with path.open(newline="") as handle:
         rows = list(csv.reader(handle))
@@ -178,7 +178,7 @@ class JsonlWriter:
         self.path = path
         first = _first_jsonl_keys(path)
         # rows written before the tool or the placement columns existed lack them; a JSON line names its keys
-        if first is not None and fields and not set(fields) - {TOOL, *PLACEMENT_FIELDS} <= first:
+        if first is not None and fields and not set(fields) - {TOOL, *ADDED_FIELDS} <= first:
             raise ResultFileError(
                 f"{path} already holds results with different keys (another tool's, or an older schema); "
                 "write to a new file"

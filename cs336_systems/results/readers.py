@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..placement import PLACEMENT_FIELDS
 from ..stats import summarize
 from . import validate
+from .environment import ADDED_FIELDS
 from .errors import ResultFileError
 from .origin import TOOL, legacy_tool
 from .paths import OUTPUT_SUFFIXES
@@ -108,7 +108,7 @@ def _with_tool(frame: pd.DataFrame) -> pd.DataFrame:
 def _with_placement(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows written before the placement columns (executor, Slurm job, GPU) existed: they are empty."""
     if "hostname" in frame.columns:
-        for name in PLACEMENT_FIELDS:
+        for name in ADDED_FIELDS:
             if name not in frame.columns:
                 frame[name] = None
     return frame

@@ -13,7 +13,7 @@ import json
 import stat
 from pathlib import Path
 
-from ..placement import PLACEMENT_FIELDS
+from .environment import ADDED_FIELDS
 from .errors import ResultFileError
 
 # Columns that hold numbers in every tool's records: by suffix, or by name.
@@ -142,7 +142,7 @@ def check_jsonl(path: Path, text: str) -> None:
         value = jsonl_row(path, number, line)
         if keys is None:
             keys = set(value)
-        elif set(value) - set(PLACEMENT_FIELDS) != keys - set(PLACEMENT_FIELDS):
+        elif set(value) - set(ADDED_FIELDS) != keys - set(ADDED_FIELDS):
             missing, extra = sorted(keys - set(value)), sorted(set(value) - keys)
             what = "; ".join(
                 part
