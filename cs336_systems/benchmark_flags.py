@@ -102,6 +102,22 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_argument(group)
     group.add_argument("--warmup-steps", type=non_negative_int, default=5)
     group.add_argument("--measure-steps", type=positive_int, default=10)
+    group.add_argument(
+        "--target-iqr",
+        dest="target_iqr_pct",
+        type=positive_float,
+        metavar="PCT",
+        help="measure until resolved: after --measure-steps, one more step at a time until IQR/median is at most "
+        "PCT or --max-measure-seconds of steps ran (the row's iqr_target_reached says which)",
+    )
+    group.add_argument(
+        "--max-measure-seconds",
+        dest="max_measure_s",
+        type=positive_float,
+        default=60.0,
+        metavar="S",
+        help="with --target-iqr: the most time the measured steps may take (60)",
+    )
     add_timer_argument(
         group,
         help="host: synchronise + host clock around each step; cuda-event: CUDA event pair per step; do-bench: "

@@ -73,12 +73,13 @@ class BenchmarkIdentity(ModelShape):
     grad_accum_steps: int | None = identity_field()  # micro-batches per step; None: 1
     param_dtype: str | None = identity_field()  # bf16 parameters and gradients; None: fp32
     fused_projections: bool | None = identity_field()  # one QKV and one w1/w3 matmul; None: off
+    target_iqr_pct: float | None = identity_field()  # measured until IQR/median <= this; None: measure_steps
 
 
 IDENTITY_FIELDS = tuple(f.name for f in dataclasses.fields(BenchmarkIdentity))
 MODEL_SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelShape))
 # Settings that change how a result is computed or reported, not what is measured.
-NOT_IDENTITY = ("model", "peak", "peak_tflops", "profile_step")
+NOT_IDENTITY = ("model", "peak", "peak_tflops", "profile_step", "max_measure_s")
 PARAM_DTYPES = ("fp32", "bf16")  # --param-dtype: what the model's parameters and gradients are stored in
 
 
@@ -105,6 +106,8 @@ class BenchmarkConfig:
     profile_step: bool = True  # one extra step under torch.profiler after the measured ones
     grad_accum_steps: int = 1  # forward-backward micro-batches (of batch_size each) per step
     param_dtype: str = "fp32"  # PARAM_DTYPES; bf16: parameters and gradients in bf16, fp32 master weights
+    target_iqr_pct: float | None = None  # measure until IQR/median is at most this (at least measure_steps)
+    max_measure_s: float = 60.0  # ...and stop there, resolved or not (timing.time_steps)
 
     def __post_init__(self) -> None:
         check_benchmark_config(self)
@@ -205,6 +208,12 @@ def check_benchmark_config(config: BenchmarkConfig) -> None:
     for name in SWITCHES:
         if not isinstance(getattr(config, name), bool):
             raise ConfigError(f"{name} must be true or false, got {getattr(config, name)!r}")
+    for name in ("target_iqr_pct", "max_measure_s"):
+        value = getattr(config, name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf
+        ):
+            raise ConfigError(f"{name} must be a positive number, got {value!r}")
     if config.peak_tflops is not None and (
         isinstance(config.peak_tflops, bool)
         or not isinstance(config.peak_tflops, int | float)

@@ -167,8 +167,11 @@ def _measure(
             timer=make_timer(config.timer, device, clock),
             during_measurement=during,
             phases=phases,
+            target_iqr_pct=config.target_iqr_pct,
+            max_measure_s=config.max_measure_s,
         )
         record.environment = with_load(record.environment, load.load)
+        record.iqr_target_reached = times.target_reached
         memory.new_step()  # the steady state: one more step, traced
         if traced is not None:
             before = _parameter_sample(model) if config.pass_type == "train-step" else None

@@ -27,6 +27,7 @@ from typing import Protocol
 import torch
 
 from . import nvtx
+from .stats import summarize
 
 TIMERS = ("host", "cuda-event", "do-bench")
 
@@ -276,6 +277,8 @@ class StepTimes:
     measured_ms: tuple[float, ...]
     # {phase name: one duration per measured step}, in the order the phases first ran
     phase_ms: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # measured until resolved (target_iqr_pct): whether IQR/median fell to the target before the cap
+    target_reached: bool | None = None
 
 
 def time_steps(
@@ -288,6 +291,9 @@ def time_steps(
     budget_s: float | None = None,
     min_measure_steps: int = 3,
     phases: PhaseRecorder | None = None,
+    target_iqr_pct: float | None = None,
+    max_measure_s: float = 60.0,
+    max_measure_steps: int = 1000,
 ) -> StepTimes:
     """Warmup steps, then measured steps, each timed on its own.
 
@@ -301,6 +307,11 @@ def time_steps(
 
     `phases` (a recorder whose `phase` callback the step uses) records the phases of the
     measured steps; they are resolved after the last one.
+
+    `target_iqr_pct` measures until resolved, in the spirit of torch.utils.benchmark's adaptive
+    autorange: after `measure_steps`, one more step at a time while IQR/median is above the target,
+    the measured steps have taken under `max_measure_s` and fewer than `max_measure_steps` ran; the
+    result says whether the target was reached.
     """
     if warmup_steps < 0 or measure_steps < 1:
         raise ValueError(f"need warmup_steps >= 0 and measure_steps >= 1, got {warmup_steps}, {measure_steps}")
@@ -315,17 +326,29 @@ def time_steps(
             if over_budget(warmup, 1):
                 break
     measured: list[float] = []
+
+    def one_step() -> None:
+        with nvtx.range("step"):
+            if phases is not None:
+                phases.start_step()
+            measured.append(timer.time_ms(step))
+            if phases is not None:
+                phases.end_step()
+
+    def unresolved() -> bool:
+        return len(measured) < 2 or summarize(measured).iqr_pct > target_iqr_pct
+
     with during_measurement or contextlib.nullcontext(), nvtx.capture("measured"):
         for _ in range(measure_steps):
-            with nvtx.range("step"):
-                if phases is not None:
-                    phases.start_step()
-                measured.append(timer.time_ms(step))
-                if phases is not None:
-                    phases.end_step()
+            one_step()
             if over_budget(measured, min(min_measure_steps, measure_steps)):
                 break
-    return StepTimes(warmup_ms=tuple(warmup), measured_ms=tuple(measured), phase_ms=phase_samples(phases))
+        reached = None
+        if target_iqr_pct is not None:
+            while unresolved() and sum(measured) < max_measure_s * 1e3 and len(measured) < max_measure_steps:
+                one_step()
+            reached = not unresolved()
+    return StepTimes(tuple(warmup), tuple(measured), phase_samples(phases), reached)
 
 
 def phase_samples(phases: PhaseRecorder | None) -> dict[str, tuple[float, ...]]:

@@ -203,7 +203,7 @@ def test_fill_timing_fills_prefixed_columns_from_one_summary():
 
 def test_identity_is_marked_and_survives_every_file(tmp_path, records):
     identity = BenchmarkRecord.identity_fields()
-    assert identity[0] == "model_size" and identity[-1] == "fused_projections" and "num_params" not in identity
+    assert identity[0] == "model_size" and identity[-1] == "target_iqr_pct" and "num_params" not in identity
     assert records[0].key() != records[1].key()  # forward fp32 vs tf32
     paths = [tmp_path / "r.csv", tmp_path / "r.jsonl"]
     sink = ResultSink(paths)

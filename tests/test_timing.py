@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from cs336_systems import benchmark
+from cs336_systems.stats import summarize
 from cs336_systems.timing import (
     CudaEventTimer,
     DoBenchTimer,
@@ -273,3 +274,29 @@ def test_phases_of_a_real_cpu_train_step_add_up_to_the_step():
     phase_total = sum(sum(samples) for samples in times.phase_ms.values())
     assert phase_total <= sum(times.measured_ms)
     assert phase_total == pytest.approx(sum(times.measured_ms), rel=0.05)
+
+
+def test_measuring_until_resolved_stops_at_the_target_or_the_cap():
+    clock = FakeClock()
+    # five noisy steps, then steady ones: IQR/median falls under 5% once enough steady steps are in
+    durations = iter([0.010, 0.030, 0.012, 0.025, 0.015] + [0.010] * 100)
+
+    def step():
+        clock.now += next(durations)
+
+    times = time_steps(step, warmup_steps=0, measure_steps=5, timer=HostTimer(clock), target_iqr_pct=5.0)
+    assert times.target_reached and 5 < len(times.measured_ms) < 105
+    assert summarize(times.measured_ms).iqr_pct <= 5.0
+    # a step that never settles: stopped by the time cap, and said so
+    noisy = iter([0.010, 0.030] * 1000)
+    alternating = time_steps(
+        lambda: setattr(clock, "now", clock.now + next(noisy)),
+        warmup_steps=0,
+        measure_steps=5,
+        timer=HostTimer(clock),
+        target_iqr_pct=5.0,
+        max_measure_s=1.0,
+    )
+    assert alternating.target_reached is False and 1000 <= sum(alternating.measured_ms) < 1100
+    plain = time_steps(lambda: None, warmup_steps=0, measure_steps=4, timer=HostTimer(clock))
+    assert plain.target_reached is None and len(plain.measured_ms) == 4  # no target: exactly as asked

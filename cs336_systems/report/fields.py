@@ -266,6 +266,7 @@ _PHRASES = {
     "attention": "attention {}",
     "compute_dtype": "compute dtype {}",
     "optimizer": "optimizer {}",
+    "target_iqr_pct": "measured until IQR/median <= {}%",
 }
 
 

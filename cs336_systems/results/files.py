@@ -24,6 +24,7 @@ from .environment import ADDED_FIELDS
 from .errors import OutputLockedError, ResultFileError
 from .origin import TOOL
 from .paths import check_output_paths, lock_path
+from .readers import ADDED_BENCHMARK_COLUMNS
 from .records import BenchmarkRecord
 from .writing import append_line, csv_line, repair_cut_line, write_whole
 
@@ -155,7 +156,7 @@ def _add_placement_columns(path: Path, header: list[str], fields: Sequence[str])
     """`header` with the placement columns it lacks appended, and the file rewritten so (empty cells);
     any other difference is left for the caller to refuse."""
     missing = [name for name in fields if name not in header]
-    if not missing or not set(missing) <= set(ADDED_FIELDS) or not set(header) <= set(fields):
+    if not missing or not set(missing) <= {*ADDED_FIELDS, *ADDED_BENCHMARK_COLUMNS} or not set(header) <= set(fields):
         return header
     with path.open(newline="") as handle:
         rows = list(csv.reader(handle))
@@ -178,7 +179,7 @@ class JsonlWriter:
         self.path = path
         first = _first_jsonl_keys(path)
         # rows written before the tool or the placement columns existed lack them; a JSON line names its keys
-        if first is not None and fields and not set(fields) - {TOOL, *ADDED_FIELDS} <= first:
+        if first is not None and fields and not set(fields) - {TOOL, *ADDED_FIELDS, *ADDED_BENCHMARK_COLUMNS} <= first:
             raise ResultFileError(
                 f"{path} already holds results with different keys (another tool's, or an older schema); "
                 "write to a new file"

@@ -63,6 +63,10 @@ def read_results(path: str | Path, dtype: dict | None = None) -> pd.DataFrame:
     return as_todays_rows(frame)
 
 
+# Benchmark columns added since files were written: such a row measured a fixed number of steps (empty);
+# a file appended to gains them (files.CsvWriter), as it gains the environment's ADDED_FIELDS.
+ADDED_BENCHMARK_COLUMNS = ("target_iqr_pct", "iqr_target_reached")
+
 # Columns renamed since, for rows only one tool writes: (a column that marks that tool's rows, old, new).
 RENAMED_COLUMNS = (
     ("plan_status", "tool", "runs"),  # a handout plan: the tool each step runs (`tool` names the plan's own)
@@ -137,4 +141,7 @@ def _with_added_config_columns(frame: pd.DataFrame) -> pd.DataFrame:
         frame["compile_mode"] = compiled.map({True: "default", False: None}).astype(object)
     if "cuda_graphs" not in frame.columns:
         frame["cuda_graphs"] = False
+    for name in ADDED_BENCHMARK_COLUMNS:  # measured a fixed number of steps
+        if name not in frame.columns:
+            frame[name] = None
     return frame

@@ -173,6 +173,7 @@ class BenchmarkRecord(OptimizerTiming, BackwardTiming, ForwardTiming, Timing, Re
     size_table: str | None = None  # the handout edition whose table named model_size (2025, 2026)
     checkpoint_group_size: int = 0  # blocks per checkpointed group (0: off)
     optimizer: str | None = None  # train-step: the optimizer class that really ran
+    iqr_target_reached: bool | None = None  # with a target_iqr_pct: whether the steps got there before the cap
     tokens_per_s: float | None = None  # on the median step, as every rate (stats.per_second)
     compile_s: float | None = None
     # the profiled step after the measured ones (profiling.py); None with --no-profile-step
