@@ -57,6 +57,9 @@ class Scale:
     ddp_context: int = 512
     buckets: tuple[str, ...] = ("1", "10", "100", "1000")
     sweep_tool: str = module_name("run_benchmarks")  # one child process per configuration
+    # the timed sweeps measure until IQR/median is at most this, or max_measure_s of steps (None: a fixed count)
+    target_iqr_pct: float | None = None
+    max_measure_s: float = 60.0
 
 
 FULL = Scale("full", sizes=None)
@@ -87,6 +90,8 @@ SMALL = Scale(
     ddp_context=32,
     buckets=("1", "10"),
     sweep_tool=module_name("benchmark_direct"),
+    target_iqr_pct=10.0,  # a CPU's small steps are noisy: the comparisons need their spread resolved
+    max_measure_s=8.0,
 )
 SCALES = {"full": FULL, "small": SMALL}
 

@@ -234,7 +234,10 @@ def _model_configs(step: Step) -> list[BenchmarkConfig]:
 def _steps_seconds(target: Target, config: BenchmarkConfig) -> float:
     """A configuration's warmup and measured steps (do_bench runs each sample's step several times)."""
     calls = DO_BENCH_CALLS if config.timer == "do-bench" else 1
-    return (config.warmup_steps + config.measure_steps) * calls * step_seconds(target, config)
+    seconds = (config.warmup_steps + config.measure_steps) * calls * step_seconds(target, config)
+    if config.target_iqr_pct:  # more steps until resolved: a quiet machine gets there well before the cap
+        seconds += 0.25 * config.max_measure_s
+    return seconds
 
 
 def predict_sweep(step: Step, target: Target, user_model: bool) -> tuple[float, int | None]:

@@ -109,6 +109,8 @@ def sweep_flags(options: Options, size: str, flags: dict, tool: str | None = Non
     }
     if tool.endswith("run_benchmarks"):
         base["--timeout"] = 900
+    elif scale.target_iqr_pct:  # timed rows that sections compare: measured until resolved, within a cap
+        base["--target-iqr"], base["--max-measure-seconds"] = scale.target_iqr_pct, scale.max_measure_s
     if options.optimizer and "train-step" in base.get("--pass-types", []):
         base["--optimizer"] = options.optimizer
     return base
