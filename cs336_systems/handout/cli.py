@@ -345,7 +345,7 @@ def _run_jobs(args, settings: ExecutorSettings, steps, target: Target, output_di
         ran = run_jobs(plan, runner, settings.wait)
     except KeyboardInterrupt:
         runner.close()  # local: its workers stop (their steps run again); slurm: the jobs live on
-        plan.merge(runner.poll().outcomes if runner.kind == "slurm" else [])
+        plan.merge(runner.poll().outcomes)  # local: each stopped step 'interrupted' in the plan file
         where = "stay in Slurm's queue" if runner.kind == "slurm" else "were stopped; their steps run again"
         print(
             f"{PROG}: stopped; finished steps are in {output_dir}, the running jobs {where}. Continue with:\n{again}",
