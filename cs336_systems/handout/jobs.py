@@ -317,7 +317,7 @@ def run_jobs(plan: PlanJobs, runner, wait: bool) -> JobsRun:
     started = time.monotonic()
     tried: set[str] = set()
     rounds = 0
-    done, failed = plan.counts()
+    done = plan.counts()[0]
     if done:
         print(f"{done} of {len(plan.runnable)} steps already done in {plan.output_dir}", file=sys.stderr)
     bar = tqdm(total=len(plan.runnable), initial=done, unit="step", file=sys.stderr, dynamic_ncols=True)
