@@ -303,10 +303,10 @@ def _slurm_placement(args, settings: ExecutorSettings, output_dir: Path, found) 
     """--slurm-same-node: every job pinned to the node the first job ran on (sbatch --nodelist); and what the
     plan's header says of where the jobs run."""
     record = found[1] if found else (known_target(output_dir, settings.device) or (None, None))[1]
-    if record is None:  # --dry-run before any job ran
-        return settings, "; on Slurm" + (
-            " (--slurm-same-node: the node of the first job, once it ran)" * bool(args.slurm_same_node)
-        )
+    if record is None and args.slurm_same_node:  # --dry-run before any job ran
+        return settings, "; on Slurm (--slurm-same-node: the node of the first job, once it ran)"
+    if record is None:
+        return settings, "; on Slurm"
     node = node_of(record)
     if not args.slurm_same_node:
         return settings, f"; its device as a first Slurm job found it on node {node}"
@@ -316,10 +316,7 @@ def _slurm_placement(args, settings: ExecutorSettings, output_dir: Path, found) 
 
 def _jobs_dry_run(steps, target: Target, output_dir: Path, args, settings: ExecutorSettings) -> str:
     """The jobs of the steps not done that can start now (the sbatch script, or local's commands)."""
-    from ..executor import JobDir
-
-    given = settings.job_dir
-    job_dir = JobDir(given) if given else JobDir(output_dir / JOBS)
+    job_dir = job_dir_of(output_dir, settings.job_dir)
     plan = PlanJobs(steps, target, output_dir, args.edition, args.scale, job_dir)
     pending = [s for s in plan.runnable if s.id not in plan.done]
     first = [s for s in pending if not plan.waits_for(s)]
@@ -362,11 +359,8 @@ def _run_jobs(args, settings: ExecutorSettings, steps, target: Target, output_di
             f"{format_seconds(sum(s.predicted_s or 0 for s in took))} for them",
             file=sys.stderr,
         )
-    failed = [
-        s
-        for s in plan.runnable
-        if s not in ran.in_flight + ran.waiting and ran.outcomes.get(s.id, {}).get("outcome", "ok") != "ok"
-    ]
+    pending = {s.id for s in ran.in_flight + ran.waiting}
+    failed = [s for s in plan.runnable if s.id not in pending and ran.outcomes.get(s.id, {}).get("outcome") != "ok"]
     for step in failed:
         print(
             f"{PROG}: {step.id}: {ran.outcomes[step.id]['outcome']} (see {output_dir / log_name(step)})",

@@ -238,8 +238,8 @@ def _move(source: Path, target: Path) -> None:
 
 @dataclass
 class JobsRun:
-    """What a run of the plan's jobs left: each step's outcome, the steps still in flight (--no-wait, or a
-    stop) and those waiting for an earlier step's output."""
+    """What a run of the plan's jobs left: each step's outcome, the steps still in flight (--no-wait) and
+    those waiting for the output of one in flight."""
 
     outcomes: dict[str, dict]
     in_flight: list[Step] = field(default_factory=list)
@@ -362,9 +362,10 @@ def run_jobs(plan: PlanJobs, runner, wait: bool) -> JobsRun:
         bar.close()
     in_flight = [s for s in plan.runnable if plan.outcomes.get(s.id, {}).get("outcome") in IN_FLIGHT]
     waiting = [s for s in plan.runnable if s.id not in plan.done and s.id not in tried and plan.waits_for(s)]
-    if not in_flight:
-        for step in waiting:  # its input's step ended not done: nothing to draw
+    if not in_flight:  # what still waits, waits for a step that ended not done: nothing to draw, a failure
+        for step in waiting:
             plan.outcomes[step.id] = {"outcome": f"not run: {', '.join(plan.waits_for(step))} was not made"}
+        waiting = []
         plan.write_plan()
     return JobsRun(plan.outcomes, in_flight, waiting, time.monotonic() - started)
 
