@@ -1,7 +1,7 @@
 """Where a tool's units of work run: here one after another (inline), as processes on this machine
 (local: --workers at once, one GPU each), or as Slurm jobs through submitit (slurm: one job array per
-submission). The sweeps hand it one job per configuration (sweep_jobs.py); the handout will hand it its
-steps the same way.
+submission). The sweeps hand it one job per configuration (sweep_jobs.py); the handout hands it its steps
+the same way (handout/jobs.py).
 
 A job is a command that writes its results into its own attempt directory; the executor runs it, keeps
 its log and two markers beside them, and says how each attempt ended. Merging results into the outputs
@@ -28,13 +28,12 @@ An Outcome's kind: exited (the command ran to its end; its exit status and last 
 job's own timeout_s, or Slurm's time limit: evidence.SLURM_TIME_LIMIT), cancelled, preempted, error (it
 ended without a trace of why), abandoned (local: its submitting process stopped first; nothing to merge).
 
-The handout, later: each plan step is one Job (name: the step's id and its exact command, hashed, as its
-done marker records it; command: the step's tool with its outputs under {attempt_dir}); when its outcome
-is `exited` with status 0 or 1 (rows written), the handout moves the attempt's files into OUTPUT_DIR and
-writes the step's done marker under its own lock, then settles the attempt; `cancelled`, `preempted` and a
-Slurm `timeout` leave the step to run again, as a crashed step does today. The executor needs nothing
-else from it; `--slurm-same-node` would be one more SlurmRequest field (sbatch --nodelist of the first
-job's node).
+The handout (handout/jobs.py): each plan step is one Job (name: the step's id and its exact command, hashed,
+as its done marker records it; command: the step's tool with its outputs under {attempt_dir}); when its
+outcome is `exited` with status 0 or 1 (rows written), the handout moves the attempt's files into OUTPUT_DIR
+and writes the step's done marker, then settles the attempt; any other end leaves the step to run again, as
+a crashed step does inline. --slurm-same-node is SlurmRequest.nodelist (sbatch --nodelist) of the node its
+first job (the one that finds the nodes' device) ran on.
 
 Modules: settings (flags), jobs (Job, Attempt, Outcome, JobDir: the ledger and attempt directories),
 step (what runs around a command, in a job or a worker), evidence (how an attempt ended, from its

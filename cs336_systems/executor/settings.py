@@ -35,6 +35,7 @@ class SlurmRequest:
     constraint: str | None = None
     setup: tuple[str, ...] = ()
     array_parallelism: int | None = None
+    nodelist: str | None = None  # every job on this node (the handout's --slurm-same-node)
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,13 @@ def setup_line(text: str) -> str:
     return text
 
 
-def add_executor_arguments(parser: argparse.ArgumentParser, kinds: tuple[str, ...] = EXECUTORS) -> None:
+def add_executor_arguments(
+    parser: argparse.ArgumentParser,
+    kinds: tuple[str, ...] = EXECUTORS,
+    job_dir_default: str = "OUTPUT.jobs beside the first .csv/.jsonl --output",
+    dry_run: bool = True,
+) -> None:
+    """The executor's flags; `dry_run` False for a tool whose own --dry-run shows its jobs too (the handout)."""
     group = parser.add_argument_group("executor (where the configurations run: docs/cluster.md)")
     group.add_argument(
         "--executor",
@@ -93,7 +100,7 @@ def add_executor_arguments(parser: argparse.ArgumentParser, kinds: tuple[str, ..
         type=Path,
         metavar="DIR",
         help="local, slurm: each job's files (its rows, log, exit marker) and the ledger of jobs; on a filesystem the "
-        "nodes share (default: OUTPUT.jobs beside the first .csv/.jsonl --output)",
+        f"nodes share (default: {job_dir_default})",
     )
     group.add_argument(
         "--no-wait",
@@ -102,11 +109,12 @@ def add_executor_arguments(parser: argparse.ArgumentParser, kinds: tuple[str, ..
         help="slurm: submit and return; the same command again merges what finished, redoes what was cancelled, "
         "preempted or timed out, and submits nothing twice",
     )
-    group.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="slurm: print the sbatch script of the jobs (to submit by hand) and run nothing; local: the commands",
-    )
+    if dry_run:
+        group.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="slurm: print the sbatch script of the jobs (to submit by hand) and run nothing; local: the commands",
+        )
     if "local" in kinds:
         _add_local_arguments(parser)
     slurm = parser.add_argument_group("slurm executor (sbatch's flags of these names)")

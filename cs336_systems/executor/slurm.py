@@ -72,6 +72,7 @@ class SlurmRunner:
             f"{r.gpus_per_job} GPU(s)",
             *([f"{r.cpus_per_task} CPU(s)"] if r.cpus_per_task else []),
             *([f"mem {r.mem}"] if r.mem else []),
+            *([f"node {r.nodelist}"] if r.nodelist else []),
         ]
         return f"slurm: each job asks for {', '.join(asked)}; logs in {self.job_dir.slurm_folder}"
 
@@ -87,6 +88,7 @@ class SlurmRunner:
             "qos": r.qos,
             "constraint": r.constraint,
             "array_parallelism": r.array_parallelism,
+            "nodelist": r.nodelist,
         }
         params.update({k: v for k, v in optional.items() if v is not None})
         if r.setup:

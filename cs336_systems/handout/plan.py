@@ -80,21 +80,27 @@ class Step:
         for flag in PATH_FLAGS:
             if flag == "--output-dir":  # a folder: the tool's own file names are in _writes
                 continue
-            value = self.flags.get(flag)
-            names += [value] if isinstance(value, str) else list(value or [])
+            names += _listed(self.flags.get(flag))
         names += list(self.writes)
         return names + ([self.capture] if self.capture else [])
 
-    def argv(self, output_dir: Path) -> list[str]:
-        """The tool's flags, output paths inside `output_dir`."""
-        return argv_of(self.flags, output_dir)
+    def inputs(self) -> list[str]:
+        """The files it reads that an earlier step writes (INPUT_FLAGS), relative to the output directory."""
+        return [v for flag in INPUT_FLAGS for v in _listed(self.flags.get(flag))]
 
-    def command(self, output_dir: Path) -> list[str]:
+    def argv(self, output_dir: Path, inputs_dir: Path | None = None) -> list[str]:
+        """The tool's flags, output paths inside `output_dir`, inputs inside `inputs_dir` (default: the same)."""
+        return argv_of(self.flags, output_dir, inputs_dir)
+
+    def command(self, output_dir: Path, inputs_dir: Path | None = None) -> list[str]:
+        """The command line; a job writes its outputs into a directory of its own (`output_dir`) and reads
+        an earlier step's from the plan's (`inputs_dir`)."""
+        argv = self.argv(output_dir, inputs_dir)
         if self.tool.endswith(".sh"):  # a wrapper script: OUTPUT_STEM [benchmark flags]
-            return ["bash", self.tool, str(output_dir / self.stem), *self.argv(output_dir)]
+            return ["bash", self.tool, str(output_dir / self.stem), *argv]
         if self.tool.endswith(".py"):
-            return [sys.executable, self.tool, *self.argv(output_dir)]
-        return [sys.executable, "-m", self.tool, *self.argv(output_dir)]
+            return [sys.executable, self.tool, *argv]
+        return [sys.executable, "-m", self.tool, *argv]
 
     def shell(self, output_dir: Path) -> str:
         """The command as a student types it: `cs336-bench TOOL ...` for a tool, `python SCRIPT ...`."""
@@ -113,15 +119,22 @@ class Step:
         return tool_args(self.flags_of or self.tool, self.flags, script=self.flags_of is not None)
 
 
-def argv_of(flags: dict, output_dir: Path = Path(".")) -> list[str]:
-    """A step's flags as a command line, output paths inside `output_dir`."""
+def _listed(value) -> list[str]:
+    return [value] if isinstance(value, str) else list(value or [])
+
+
+def argv_of(flags: dict, output_dir: Path = Path("."), inputs_dir: Path | None = None) -> list[str]:
+    """A step's flags as a command line, output paths inside `output_dir`, inputs inside `inputs_dir`
+    (default: `output_dir`)."""
     out = []
     for flag, value in flags.items():
         if value is None or value is False:
             continue
         values = value if isinstance(value, (list, tuple)) else [value]
-        if flag in PATH_FLAGS or flag in INPUT_FLAGS:
+        if flag in PATH_FLAGS:
             values = [str(output_dir / v) for v in values]
+        elif flag in INPUT_FLAGS:
+            values = [str((output_dir if inputs_dir is None else inputs_dir) / v) for v in values]
         if flag == "--output":  # repeatable, one path each
             out += [x for v in values for x in (flag, v)]
         elif value is True:

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -65,6 +66,12 @@ def _sizes(output_dir: Path, step: Step) -> dict[str, int]:
     return {name: (output_dir / name).stat().st_size for name in step.outputs() if (output_dir / name).is_file()}
 
 
+def mark_done(output_dir: Path, step: Step, outcome: dict) -> None:
+    """The step's done marker: `outcome` (its command, exit status, time, where it ran) and the size of each
+    output now in `output_dir`, which read_marker checks before trusting it."""
+    write_whole(marker_path(output_dir, step), json.dumps({**outcome, "outputs": _sizes(output_dir, step)}))
+
+
 def plan_rows(
     steps: list[Step], target: Target, output_dir: Path, outcomes: dict[str, dict], edition: str, scale: str
 ) -> list[dict]:
@@ -98,6 +105,10 @@ def plan_rows(
                 text_output=step.capture or "",
                 device_name=target.name,
                 device_assumed=target.assumed,
+                # where it ran: inline here, or the executor's job (handout/jobs.py)
+                executor=done.get("executor"),
+                hostname=done.get("hostname"),
+                slurm_job_id=done.get("slurm_job_id"),
             )
         )
     return rows
@@ -245,6 +256,8 @@ def execute(
                 "exit_status": status,
                 "elapsed_s": round(elapsed, 1),
                 "outcome": outcome_of(status),
+                "executor": "inline",
+                "hostname": socket.gethostname(),
             }
             if status == BUDGET_STOP:
                 outcome["outcome"] = "stopped at --budget"
@@ -253,7 +266,7 @@ def execute(
                 write_plan(plan_path, plan_rows(steps, target, output_dir, outcomes, edition, scale))
                 raise KeyboardInterrupt
             if status in DONE_STATUSES:
-                write_whole(marker_path(output_dir, step), json.dumps({**outcome, "outputs": _sizes(output_dir, step)}))
+                mark_done(output_dir, step, outcome)
             outcomes[step.id] = outcome
             write_plan(plan_path, plan_rows(steps, target, output_dir, outcomes, edition, scale))
             bar.update(1)

@@ -2,14 +2,26 @@
 
 Planning needs four facts: the device type, its memory, its peak FLOP/s per precision (the spec
 table of flops.py for a GPU, a short matmul probe for this CPU) and how many GPUs there are.
+
+Under --executor slurm the steps run on nodes this process is not on: a first job reports the device
+there, as this file's command (handout/jobs.py submits it):
+
+    python -m cs336_systems.handout.target --device cuda:0 OUTPUT.json
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import importlib.util
+import json
+import os
 import re
 import shutil
+import socket
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..argtypes import available_memory_bytes
 from ..errors import UsageError
@@ -95,3 +107,39 @@ def present_target(device, measure_cpu_peak: bool = True) -> Target:
     peaks = {p: measure_peak_tflops(device, p) for p in ("fp32", "bf16")} if measure_cpu_peak else None
     emulated = tuple(p for p in ("bf16", "fp16") if not cpu_has_native(p))
     return Target(name, "cpu", available_memory_bytes(), 0, False, nsys, False, peaks, emulated)
+
+
+def target_record(target: Target, environ=os.environ) -> dict:
+    """The target as JSON, with where it was found: the host, and Slurm's name of the node (--nodelist's)."""
+    return {
+        **dataclasses.asdict(target),
+        "hostname": socket.gethostname(),
+        "slurm_node": environ.get("SLURMD_NODENAME"),
+    }
+
+
+def target_from_record(record: dict) -> Target | None:
+    """The Target of a record target_record wrote; None when it is not one (a file cut short, another version)."""
+    names = {f.name for f in dataclasses.fields(Target)}
+    values = {k: v for k, v in record.items() if k in names}
+    try:
+        return Target(**{**values, "emulated": tuple(values.get("emulated") or ())})
+    except TypeError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cs336_systems.handout.target", description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("output", type=Path)
+    args = parser.parse_args(argv)
+    from ..device import resolve_device
+
+    record = target_record(present_target(resolve_device(args.device)))
+    args.output.write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
