@@ -16,6 +16,7 @@ from cs336_systems.executor import Job, JobDir, Outcome
 from cs336_systems.executor.evidence import ended_outcome, exit_outcome, from_log
 from cs336_systems.placement import placement
 from cs336_systems.results import BenchmarkRecord, read_results
+from cs336_systems.results.environment import LOAD_FIELDS
 from tests.conftest import PYTHON, TINY_SWEEP, child_env, run_main
 
 GRID = [
@@ -30,7 +31,13 @@ GRID = [
     "forward-backward",
 ]
 # what a row holds that depends on the run, not on the configuration: timings, when, where, how many threads
-RUN_COLUMNS = ("timestamp", "executor", "num_threads", "hostname", "slurm_job_id", "slurm_array_task_id", "gpu_id")
+# what differs between two runs of one configuration: where and when it ran, how busy the machine was,
+# and the notes about its noise (measured, not configured)
+RUN_COLUMNS = (
+    *("timestamp", "executor", "num_threads", "hostname", "slurm_job_id", "slurm_array_task_id", "gpu_id"),
+    *LOAD_FIELDS,
+    "notes",
+)
 
 
 def _same_measurement(row: dict, other: dict) -> bool:

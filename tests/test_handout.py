@@ -596,6 +596,8 @@ def test_the_plan_reads_the_repositorys_files_not_only_what_is_importable(tmp_pa
     (package / "optimizer.py").write_text("import torch\n\n\nclass AdamW(torch.optim.Optimizer):\n    pass\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if "student_repo" not in p])
+    for name in [m for m in sys.modules if m == "cs336_basics" or m.startswith("cs336_basics.")]:
+        monkeypatch.delitem(sys.modules, name)  # an earlier test imported the fixture's
     assert defined_in_repository(STUDENT_MODEL) and defined_in_repository(STUDENT_ADAMW)
     assert not defined_in_repository("cs336_basics.model:SomethingElse")
     assert str((tmp_path / "cs336-basics").resolve()) in sys.path
