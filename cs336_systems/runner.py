@@ -27,7 +27,7 @@ from .flops import flops_per_step, mfu
 from .memory import PhaseMemory, baseline_memory_bytes, current_memory_bytes, estimate_config, step_peak
 from .models import count_parameters
 from .optimizer import OptimizerFactoryError, make_optimizer, optimizer_name
-from .peak_flops import resolve_peak
+from .peak_flops import Peak, resolve_peak
 from .precision import (
     cpu_has_native,
     parameters_in,
@@ -218,6 +218,15 @@ def _record_memory(record: BenchmarkRecord, memory: PhaseMemory, baseline: int) 
         record.peak_memory_bytes = memory.measured_peak[0] - offset
 
 
+def _peak_or_note(device: torch.device, device_name: str, config: BenchmarkConfig) -> Peak:
+    """The MFU denominator; finding it never costs the measured row (a probe that fails, an
+    unusable cache): no MFU, and a note saying why."""
+    try:
+        return resolve_peak(device, device_name, config.precision, config.peak, config.peak_tflops)
+    except Exception as exc:  # the measured times stand without an MFU
+        return Peak(None, "unknown", notes=(f"no MFU: finding the peak failed ({type(exc).__name__}: {exc})",))
+
+
 def run_benchmark(
     config: BenchmarkConfig,
     *,
@@ -337,7 +346,7 @@ def run_benchmark(
             record.add_profile(profile)
         # Throughput and MFU on the median step, the statistic every table leads with.
         record.tokens_per_s = per_second(config.tokens_per_step, record.median_ms)
-        peak = resolve_peak(device, env.device_name, config.precision, config.peak, config.peak_tflops)
+        peak = _peak_or_note(device, env.device_name, config)
         record.peak_tflops, record.peak_source, record.peak_measured_at = peak.tflops, peak.source, peak.measured_at
         record.achieved_tflops, record.mfu = mfu(model_flops, record.median_ms, peak.tflops)
         notes += peak.notes
