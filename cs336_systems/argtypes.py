@@ -70,6 +70,36 @@ def _at_most(value: int, text: str) -> int:
     return value
 
 
+# Steps of one measurement: no statistic needs more, and 100,000 steps of even a millisecond are
+# minutes (of a real training step, days); 2**40 of them would run for ever.
+MAX_STEPS = 100_000
+MAX_PORT = 65535
+
+
+def step_count(text: str) -> int:
+    """--measure-steps: a positive number of steps, at most MAX_STEPS."""
+    return _steps(positive_int(text), text)
+
+
+def warmup_count(text: str) -> int:
+    """--warmup-steps: zero or more steps, at most MAX_STEPS."""
+    return _steps(non_negative_int(text), text)
+
+
+def _steps(value: int, text: str) -> int:
+    if value > MAX_STEPS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_STEPS:,} steps, got {text}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """A TCP port: 0 (any free one) to 65535."""
+    value = non_negative_int(text)
+    if value > MAX_PORT:
+        raise argparse.ArgumentTypeError(f"must be a port from 0 to {MAX_PORT}, got {text}")
+    return value
+
+
 def positive_float(text: str) -> float:
     value = _parse(float, text)
     if not value > 0:

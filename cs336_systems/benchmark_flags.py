@@ -10,7 +10,14 @@ import dataclasses
 import sys
 
 from . import cuda_graphs
-from .argtypes import add_device_argument, add_output_argument, non_negative_int, positive_float, positive_int
+from .argtypes import (
+    add_device_argument,
+    add_output_argument,
+    positive_float,
+    positive_int,
+    step_count,
+    warmup_count,
+)
 from .config import COMPILE_MODES, PARAM_DTYPES, PEAK_CHOICES, BenchmarkConfig
 from .device import DeviceError
 from .models import CHECKPOINT_WORDS, ConfigError, ModelConfig
@@ -100,8 +107,8 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
 def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("execution")
     add_device_argument(group)
-    group.add_argument("--warmup-steps", type=non_negative_int, default=5)
-    group.add_argument("--measure-steps", type=positive_int, default=10)
+    group.add_argument("--warmup-steps", type=warmup_count, default=5)
+    group.add_argument("--measure-steps", type=step_count, default=10)
     add_timer_argument(
         group,
         help="host: synchronise + host clock around each step; cuda-event: CUDA event pair per step; do-bench: "

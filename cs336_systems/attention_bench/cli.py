@@ -18,10 +18,11 @@ from ..argtypes import (
     add_output_argument,
     exit_status,
     non_negative_float,
-    non_negative_int,
     output_path,
     positive_int,
     resolve_memory_limit,
+    step_count,
+    warmup_count,
 )
 from ..command import Command, add_argument_with_aliases
 from ..device import DeviceError, resolve_device
@@ -104,9 +105,9 @@ def build_parser() -> ArgumentParser:
         default=["fp32"],
         help="dtype of q, k, v: fp32, tf32 (fp32 tensors, TF32 matmuls), bf16 or fp16 (no autocast) (fp32)",
     )
-    parser.add_argument("--warmup-steps", type=non_negative_int, default=5)
+    parser.add_argument("--warmup-steps", type=warmup_count, default=5)
     add_argument_with_aliases(
-        parser, "--measure-steps", "--steps", type=positive_int, default=100, help="measured steps per pass (100)"
+        parser, "--measure-steps", "--steps", type=step_count, default=100, help="measured steps per pass (100)"
     )
     add_timeout_argument(parser, "per step and per import of your implementation or adapters")
     parser.add_argument(

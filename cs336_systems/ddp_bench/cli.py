@@ -9,9 +9,10 @@ from ..adapters import AdapterError, Adapters, add_adapters_argument, load_adapt
 from ..argtypes import (
     ArgumentParser,
     exit_status,
-    non_negative_int,
     positive_float,
     positive_int,
+    step_count,
+    warmup_count,
 )
 from ..benchmark_flags import add_shape_arguments, announce_size_table, model_config_from_args
 from ..command import Command, add_argument_with_aliases
@@ -90,8 +91,8 @@ def build_parser() -> ArgumentParser:
     group.add_argument(
         "--base-batch-size", type=positive_int, help="batch --base-lr was tuned at (default: per-device)"
     )
-    group.add_argument("--warmup-steps", type=non_negative_int, default=5)
-    group.add_argument("--measure-steps", type=positive_int, default=10)
+    group.add_argument("--warmup-steps", type=warmup_count, default=5)
+    group.add_argument("--measure-steps", type=step_count, default=10)
     group.add_argument("--seed", type=int, default=0)
     return parser
 
