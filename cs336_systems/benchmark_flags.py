@@ -25,7 +25,6 @@ from .optimizer import check_user_optimizer
 from .size_tables import AUTO, SIZE_TABLE_CHOICES, SizeTableChoice, choose_size_table
 from .timing import add_timer_argument, timer_unsupported_reason
 from .user_model import FACTORY_KEYWORDS, load_model_factory
-from .usercode import DEFAULT_IMPORT_TIMEOUT_S
 
 
 def checkpoint_blocks(text: str) -> int | str | None:
@@ -215,7 +214,7 @@ def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **r
     return BenchmarkConfig(model=model, **{**settings, **run})
 
 
-def check_runnable(config: BenchmarkConfig, device, import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S) -> None:
+def check_runnable(config: BenchmarkConfig, device, import_timeout_s: float | None = None) -> None:
     """What a configuration cannot know of itself, checked before any work (the configuration checks
     the rest on construction): its timer and --cuda-graphs on `device`, and that the user's code loads
     (--model-factory, --optimizer). A UsageError (one line) otherwise; the runner's other refusals that

@@ -11,7 +11,7 @@ from torch import nn
 
 from .errors import UsageError
 from .loading import fit_keywords, load_callable
-from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeError, UserCodeTimeout, guarded
+from .usercode import UserCodeError, UserCodeTimeout, guarded, import_limit_s
 
 # The hyperparameters a user's optimizer is given where its signature takes them (torch's AdamW
 # defaults, our lr): an assignment-1 AdamW often requires all four.
@@ -48,7 +48,7 @@ class UserOptimizer:
         return optimizer
 
 
-def load_user_optimizer(spec: str, import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S) -> UserOptimizer:
+def load_user_optimizer(spec: str, import_timeout_s: float | None = None) -> UserOptimizer:
     """The user's callable and the hyperparameters it takes; a parameter none of them fills (besides
     the parameters, its first argument) is an OptimizerFactoryError naming it."""
     make = load_callable(spec, "--optimizer", OptimizerFactoryError, import_timeout_s)
@@ -61,12 +61,12 @@ def load_user_optimizer(spec: str, import_timeout_s: float = DEFAULT_IMPORT_TIME
     return UserOptimizer(spec, make, keywords)
 
 
-def check_user_optimizer(spec: str, import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S) -> UserOptimizer:
+def check_user_optimizer(spec: str, import_timeout_s: float | None = None) -> UserOptimizer:
     """Load the user's optimizer and build it once on a dummy parameter, before any model, rank or
     worker exists: one that cannot be built is an OptimizerFactoryError (one line) now, not in every row."""
     optimizer = load_user_optimizer(spec, import_timeout_s)
     try:
-        with guarded(f"--optimizer {spec}", import_timeout_s):
+        with guarded(f"--optimizer {spec}", import_limit_s() if import_timeout_s is None else import_timeout_s):
             optimizer([nn.Parameter(torch.zeros(2))])
     except (UserCodeError, UserCodeTimeout) as exc:
         raise OptimizerFactoryError(f"--optimizer {spec}: building it on one parameter failed: {exc}") from None

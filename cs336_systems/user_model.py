@@ -11,7 +11,7 @@ from torch import nn
 
 from .errors import UsageError
 from .loading import fit_keywords, load_callable
-from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeTimeout
+from .usercode import UserCodeTimeout
 
 
 class TokenShape(Protocol):
@@ -49,7 +49,7 @@ def factory_keywords(factory: Callable, keywords: dict, spec: str) -> dict:
     return given
 
 
-def load_model_factory(spec: str, import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S) -> Callable[..., nn.Module]:
+def load_model_factory(spec: str, import_timeout_s: float | None = None) -> Callable[..., nn.Module]:
     """Resolve 'package.module:callable' (the callable may be a dotted attribute path); a parameter
     it has that no keyword fills is an error now, before any model is built."""
     factory = load_callable(spec, "--model-factory", ModelFactoryError, import_timeout_s)

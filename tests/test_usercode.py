@@ -255,12 +255,12 @@ def test_attention_flash_getter_that_exits_is_an_error_row():
 
 
 def test_a_getter_or_an_import_that_hangs_ends_within_the_default_limit_not_the_steps(monkeypatch):
-    from cs336_systems import adapters, loading
+    from cs336_systems import loading, usercode
     from cs336_systems.attention_bench import AttentionConfig, run_attention
     from cs336_systems.usercode import DEFAULT_IMPORT_TIMEOUT_S, DefaultLimit
 
     assert DEFAULT_IMPORT_TIMEOUT_S <= 60  # "within a minute by default"
-    monkeypatch.setattr(adapters, "DEFAULT_IMPORT_TIMEOUT_S", DefaultLimit(0.5))
+    monkeypatch.setattr(usercode, "DEFAULT_IMPORT_TIMEOUT_S", DefaultLimit(0.5))
     started = time.monotonic()
     hanging = str(REPO / "tests/fixtures/hostile/adapters_hang.py")
     record = run_attention(AttentionConfig("flash-pytorch", head_dim=8, context_length=16, adapters=hanging))
@@ -272,6 +272,39 @@ def test_a_getter_or_an_import_that_hangs_ends_within_the_default_limit_not_the_
         loading.load_callable(
             "tests.fixtures.hostile.hang_at_import:build", "--model-factory", timeout_s=DefaultLimit(0.5)
         )
+
+
+HANG_AT_IMPORT = "tests/fixtures/hostile/hang_at_import.py"
+
+
+@pytest.mark.parametrize(
+    ("tool", "flags"),
+    [
+        ("attention_bench", ["--adapters", HANG_AT_IMPORT, "--context-lengths", "16", "--head-dims", "8"]),
+        ("ddp_bench", ["--adapters", HANG_AT_IMPORT]),
+        ("ddp_bench", ["--optimizer", "tests.fixtures.hostile.hang_at_import:make"]),
+    ],
+)
+def test_an_import_that_hangs_is_cut_at_the_tools_timeout(tool, flags, capsys):
+    """--timeout limits importing --adapters and --optimizer in every tool (it was 60 s whatever it said)."""
+    import importlib
+
+    code = importlib.import_module(f"cs336_systems.{tool}").main([*flags, "--device", "cpu", "--timeout", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "did not return within --timeout 1 s" in err and err.count("\n") == 1
+
+
+def test_the_import_limit_is_inherited_by_the_processes_a_command_starts(monkeypatch):
+    from cs336_systems.usercode import IMPORT_TIMEOUT_ENV, StepLimits, import_limit, import_limit_s
+
+    monkeypatch.delenv(IMPORT_TIMEOUT_ENV, raising=False)
+    read = [PYTHON, "-c", "from cs336_systems.usercode import import_limit_s; print(import_limit_s())"]
+    with import_limit(2.5):
+        assert import_limit_s() == 2.5
+        assert subprocess.run(read, capture_output=True, text=True, env=child_env()).stdout.strip() == "2.5"
+        with import_limit(StepLimits()):  # a child's own default keeps its parent's limit
+            assert import_limit_s() == 2.5
+    assert import_limit_s() == 60.0 and IMPORT_TIMEOUT_ENV not in os.environ
 
 
 @pytest.mark.parametrize(
