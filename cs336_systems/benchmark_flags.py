@@ -20,11 +20,12 @@ from .argtypes import (
 )
 from .config import COMPILE_MODES, PARAM_DTYPES, PEAK_CHOICES, BenchmarkConfig
 from .device import DeviceError
+from .factory import check_user_model
 from .models import CHECKPOINT_WORDS, ConfigError, ModelConfig
 from .optimizer import check_user_optimizer
 from .size_tables import AUTO, SIZE_TABLE_CHOICES, SizeTableChoice, choose_size_table
 from .timing import add_timer_argument, timer_unsupported_reason
-from .user_model import FACTORY_KEYWORDS, load_model_factory
+from .user_model import FACTORY_KEYWORDS
 
 
 def checkpoint_blocks(text: str) -> int | str | None:
@@ -214,16 +215,20 @@ def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **r
     return BenchmarkConfig(model=model, **{**settings, **run})
 
 
-def check_runnable(config: BenchmarkConfig, device, import_timeout_s: float | None = None) -> None:
+def check_runnable(
+    config: BenchmarkConfig, device, import_timeout_s: float | None = None, model_on_device: bool = True
+) -> None:
     """What a configuration cannot know of itself, checked before any work (the configuration checks
-    the rest on construction): its timer and --cuda-graphs on `device`, and that the user's code loads
-    (--model-factory, --optimizer). A UsageError (one line) otherwise; the runner's other refusals that
-    depend on the device (a precision, torch.compile) are 'unsupported' rows, as in a sweep."""
+    the rest on construction): its timer and --cuda-graphs on `device`, and the user's code: a
+    --model-factory model dry-built and its logits checked (factory.check_user_model; on the meta device
+    only where `model_on_device` is off), an --optimizer built and holding what it is given. A
+    UsageError (one line) otherwise; the runner's other refusals that depend on the device (a
+    precision, torch.compile) are 'unsupported' rows, as in a sweep."""
     if reason := timer_unsupported_reason(config.timer, device):
         raise DeviceError(reason)
     if config.cuda_graphs and (reason := cuda_graphs.unsupported_reason(device)):
         raise DeviceError(reason)
     if config.model_factory:
-        load_model_factory(config.model_factory, import_timeout_s)
+        check_user_model(config.model, config.model_factory, device, import_timeout_s, model_on_device)
     if config.optimizer_factory:
         check_user_optimizer(config.optimizer_factory, import_timeout_s)

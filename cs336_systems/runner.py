@@ -186,6 +186,16 @@ def _measure(
 
 
 PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # config.PARAM_DTYPES -> the cast (None: as built)
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+
+
+def _built_dtype(model: nn.Module) -> str | None:
+    """The parameters' dtype where a model uncast by --param-dtype was built in another than fp32 (a
+    user's fp16 model): the row's param_dtype says what it trained, as --param-dtype bf16's does."""
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if not dtypes - {torch.float32}:
+        return None
+    return "+".join(sorted(DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")) for dtype in dtypes))
 
 
 def _record_memory(record: BenchmarkRecord, memory: PhaseMemory, baseline: int) -> None:
@@ -323,6 +333,7 @@ def run_benchmark(
                     if config.model_factory:
                         check_model_output(model, config.model, device, f"--model-factory {config.model_factory}")
                 record.num_params = count_parameters(model)
+                record.param_dtype = record.param_dtype or _built_dtype(model)
                 times, profile = _measure(config, model, device, clock, record, notes, memory, memory_snapshot, rearm)
         except (ModelFactoryError, OptimizerFactoryError) as exc:
             failure = ("error", str(exc))

@@ -193,16 +193,16 @@ def test_a_crashing_child_is_an_error_row_with_its_stderr(tmp_path, fixtures_on_
 def test_a_child_that_fails_cleanly_keeps_its_own_error_row(tmp_path, fixtures_on_path, capsys):
     out = tmp_path / "wrong.csv"
     code = run_benchmarks.main(
-        [*TINY_SWEEP, "--model-factory", "user_models:wrong_shape", "--context-lengths", "8", "--output", str(out)]
+        [*TINY_SWEEP, "--model-factory", "user_models:fails_in_step", "--context-lengths", "8", "--output", str(out)]
     )
     row = pd.read_csv(out).iloc[0]
-    assert code == 1 and row["status"] == "error" and "expected floating (B, T, V)" in row["error"]
+    assert code == 1 and row["status"] == "error" and "my step is broken" in row["error"]
     # the log says how to run the failed configuration alone; pasted, it fails the same way
     err = capsys.readouterr().err
     command = shlex.split(err.split("run it alone with\n", 1)[1].splitlines()[0])
     assert command[:4] == ["python", "-m", "cs336_systems.benchmark", "--config"]
     alone = subprocess.run([PYTHON, *command[1:]], capture_output=True, text=True, env=child_env(), timeout=120)
-    assert alone.returncode == 1 and "expected floating (B, T, V)" in alone.stderr
+    assert alone.returncode == 1 and "my step is broken" in alone.stderr
 
 
 def _lines(path) -> int:
@@ -294,7 +294,7 @@ def test_direct_sweep_of_error_rows_exits_1_and_aliases_work(tmp_path, fixtures_
         [
             *TINY_SWEEP,
             "--model-factory",
-            "user_models:wrong_shape",
+            "user_models:fails_in_step",
             "--context-length",
             "8",
             "--batch-size",

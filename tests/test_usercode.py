@@ -188,13 +188,19 @@ def run_benchmark_cli(*args: str, timeout: float = 120) -> subprocess.CompletedP
 @pytest.mark.parametrize(
     "flags, status, message",
     [
-        ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:exits"], 1, r"models:exits called sys.exit\(0\)"),
+        # a factory that ends the process while it is built is refused before any row, as a bad flag is
+        ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:exits"], 2, r"models:exits called sys.exit\(0\)"),
         (
             [*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:os_exits_in_forward"],
             1,
             r"called os._exit\(0\)",
         ),
-        ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:interrupts"], 1, "KeyboardInterrupt itself"),
+        ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:interrupts"], 2, "KeyboardInterrupt itself"),
+        (
+            [*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:interrupts_in_forward"],
+            1,
+            "KeyboardInterrupt itself",
+        ),
         ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:hangs_in_forward"], 1, "within --timeout 6 s"),
         ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.exit3_at_import:make"], 2, r"called sys.exit\(3\)"),
     ],
@@ -308,7 +314,8 @@ def test_the_import_limit_is_inherited_by_the_processes_a_command_starts(monkeyp
 
 
 @pytest.mark.parametrize(
-    "factory, message", [("exits", r"called sys.exit\(0\)"), ("interrupts", "KeyboardInterrupt itself")]
+    "factory, message",
+    [("exits_in_forward", r"called sys.exit\(0\)"), ("interrupts_in_forward", "KeyboardInterrupt itself")],
 )
 def test_benchmark_direct_sweep_gets_an_error_row_not_our_exit(tmp_path, factory, message):
     from cs336_systems import benchmark_direct

@@ -18,12 +18,12 @@ from ..benchmark_flags import add_shape_arguments, announce_size_table, model_co
 from ..command import Command, add_argument_with_aliases
 from ..config import BenchmarkConfig
 from ..distributed.driver import launch_from_args, launch_parser, run_rows
+from ..factory import check_user_model
 from ..models import ATTENTION_KINDS, ConfigError
 from ..optimizer import check_user_optimizer
 from ..precision import PRECISIONS, unsupported_reason
 from ..results import ResultSink, check_output_paths
 from ..tools import prog
-from ..user_model import load_model_factory
 from .record import (
     DdpRecord,
     attach_baseline,
@@ -179,8 +179,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--precision {args.precision}: {reason}")
     check_flags_apply(args)
     config = config_from_args(args, device.type)
-    if args.model_factory:
-        load_model_factory(args.model_factory)
+    if args.model_factory:  # before any rank starts: a model every rank would fail on is one line
+        check_user_model(config.model, args.model_factory, device)
     args.loaded_adapters = check_adapters(args)
     if ":" in args.optimizer:
         check_user_optimizer(args.optimizer)
