@@ -26,6 +26,10 @@ EXPECTED_STATUSES = ("ok", "oom", "unsupported", "skipped", "not-sharded")
 FAILED_STATUSES = ("error", "timeout", "wrong")
 
 DEVICE_HELP = "auto (cuda when available), cpu, cuda or cuda:N"
+# Names a flag chooses from, here so that a tool reads its flags before torch is imported (seconds on a
+# busy machine): the rows of precision.PRECISION_TABLE (checked there) and timing's timers.
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+TIMERS = ("host", "cuda-event", "do-bench")
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -38,6 +42,11 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def add_timer_argument(parser, help: str) -> None:
+    """`--timer host|cuda-event|do-bench` (host by default); `help` says what the tool does with each."""
+    parser.add_argument("--timer", choices=TIMERS, default="host", help=help)
 
 
 def exit_status(statuses: Iterable[str | None]) -> int:

@@ -67,9 +67,9 @@ class Command:
             if not outermost:
                 raise
             terminated = isinstance(exc, Terminated)
+            kept = "printed above (no --output)" if getattr(args, "output", None) == [] else "in the outputs"
             print(
-                f"{parser.prog}: {'terminated' if terminated else 'interrupted'}; "
-                "the rows finished so far are in the outputs",
+                f"{parser.prog}: {'terminated' if terminated else 'interrupted'}; the rows finished so far are {kept}",
                 file=sys.stderr,
             )
             return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
