@@ -278,8 +278,8 @@ def run_sweep(args: argparse.Namespace, prog: str, execute, child_processes: boo
     """Run the grid's pending configurations through `execute`, then print a table."""
     device = resolve_device(args.device)
     configs = grid_from_args(args, device)
-    # one timer, device and user code for the whole grid; the parent of CUDA children stays off the GPU
-    benchmark_flags.check_runnable(configs[0], device, model_on_device=not (child_processes and device.type == "cuda"))
+    # one timer, device and user code for the whole grid; a user's model is built only in children there
+    benchmark_flags.check_runnable(configs[0], device, model_in_child=child_processes)
     outputs = check_output_paths(args.output)
     check_monitor_arguments(args)
     args.child_limits = child_limits_from_args(args, device) if child_processes else None
