@@ -116,7 +116,7 @@ def test_http_server_serves_real_bytes_with_latency_and_bandwidth(tmp_path):
         assert cold >= model.item_s(2, 0, 200_000) - 0.005  # 150 ms + 50 ms: it cannot be faster
         start = time.perf_counter()
         assert store.fetch(2, 1) == data  # the item's second request is epoch 1: a cache hit
-        assert time.perf_counter() - start < 0.15  # no latency, no pacing
+        assert time.perf_counter() - start < cold  # no latency, no pacing: less than the cold fetch, however busy
         with pytest.raises(urllib.error.HTTPError, match="404"):
             urllib.request.urlopen(f"{url}/items/99")
     with pytest.raises(urllib.error.URLError):  # the server is gone with the context

@@ -85,12 +85,10 @@ def test_with_no_room_for_the_watchdog_thread_the_alarm_still_guards(monkeypatch
 
 
 def test_a_swallowed_timeout_is_raised_again():
-    started = time.monotonic()
     with pytest.raises(UserCodeTimeout), guarded("my step", timeout_s=0.2):
         with contextlib.suppress(Exception):  # the user's code catches everything
             time.sleep(5)
-        time.sleep(5)
-    assert time.monotonic() - started < 3
+        time.sleep(60)  # it returns, and the block with it, unless the timeout is raised again
 
 
 def test_an_outer_alarm_still_goes_off_and_is_set_again():
@@ -177,7 +175,7 @@ def test_absurd_timeouts_are_refused(value):
 
 
 BENCH = [PYTHON, "-m", "cs336_systems.benchmark", *TINY]
-# the hang's own budget; an honest tiny build and step take milliseconds
+# the hang's own budget (only the hang is given one: a busy machine may take seconds over an honest step)
 TIMEOUT = ["--timeout", "6"]
 
 
@@ -189,20 +187,20 @@ def run_benchmark_cli(*args: str, timeout: float = 120) -> subprocess.CompletedP
     "flags, status, message",
     [
         # a factory that ends the process while it is built is refused before any row, as a bad flag is
-        ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:exits"], 2, r"models:exits called sys.exit\(0\)"),
+        (["--model-factory", "tests.fixtures.hostile.models:exits"], 2, r"models:exits called sys.exit\(0\)"),
         (
-            [*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:os_exits_in_forward"],
+            ["--model-factory", "tests.fixtures.hostile.models:os_exits_in_forward"],
             1,
             r"called os._exit\(0\)",
         ),
-        ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:interrupts"], 2, "KeyboardInterrupt itself"),
+        (["--model-factory", "tests.fixtures.hostile.models:interrupts"], 2, "KeyboardInterrupt itself"),
         (
-            [*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:interrupts_in_forward"],
+            ["--model-factory", "tests.fixtures.hostile.models:interrupts_in_forward"],
             1,
             "KeyboardInterrupt itself",
         ),
         ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:hangs_in_forward"], 1, "within --timeout 6 s"),
-        ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.exit3_at_import:make"], 2, r"called sys.exit\(3\)"),
+        (["--model-factory", "tests.fixtures.hostile.exit3_at_import:make"], 2, r"called sys.exit\(3\)"),
     ],
 )
 def test_benchmark_rows_for_user_code_that_exits_or_hangs(tmp_path, flags, status, message):
@@ -267,10 +265,9 @@ def test_a_getter_or_an_import_that_hangs_ends_within_the_default_limit_not_the_
 
     assert DEFAULT_IMPORT_TIMEOUT_S <= 60  # "within a minute by default"
     monkeypatch.setattr(usercode, "DEFAULT_IMPORT_TIMEOUT_S", DefaultLimit(0.5))
-    started = time.monotonic()
     hanging = str(REPO / "tests/fixtures/hostile/adapters_hang.py")
     record = run_attention(AttentionConfig("flash-pytorch", head_dim=8, context_length=16, adapters=hanging))
-    assert record.status == "timeout" and time.monotonic() - started < 10  # not the steps' 30 min
+    assert record.status == "timeout"  # its error names the 0.5 s limit, not the steps' 30 min
     assert "get_flashattention_autograd_function_pytorch() did not return within 0.5 s (the default limit" in (
         record.error
     )
