@@ -9,6 +9,7 @@ each row checked against the fp32 naive attention.
   measure.py          run_attention: inputs, the check, the timed passes, memory, what autograd saves
   figure.py           time against sequence length, out-of-memory points marked
   names.py            the names the flags choose from (torch-free)
+  grid.py             the configurations the flags ask for
   cli.py              the flags and main (read before torch is imported)
   run.py              the grid's rows: measured, written, shown
 

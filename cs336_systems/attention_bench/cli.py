@@ -4,7 +4,6 @@ imported (a mistyped one is told at once); the work is run.py's."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from ..adapters import add_adapters_argument
 from ..argtypes import (
@@ -23,7 +22,8 @@ from ..argtypes import (
 from ..command import Command, add_argument_with_aliases
 from ..tools import prog
 from ..usercode import add_timeout_argument
-from .names import BUILTIN_IMPLEMENTATIONS, FLASH_IMPLEMENTATIONS, IMPLEMENTATIONS, LAYOUTS, is_custom
+from .grid import configs_from_args, default_implementations  # noqa: F401  (the handout's planner reads them here)
+from .names import IMPLEMENTATIONS, LAYOUTS, is_custom
 
 PROG = prog("attention_bench")
 
@@ -110,39 +110,6 @@ def implementation_name(text: str) -> str:
     raise argparse.ArgumentTypeError(
         f"invalid choice: {text!r} (choose from {', '.join(IMPLEMENTATIONS)} or package.module:callable)"
     )
-
-
-def default_implementations(adapters: str | None) -> list[str]:
-    return list(BUILTIN_IMPLEMENTATIONS) + (list(FLASH_IMPLEMENTATIONS) if adapters else [])
-
-
-def configs_from_args(args, device) -> list:
-    """Every configuration of the grid (AttentionConfig). A flag whose destination is a field's name sets
-    that field (as benchmark's do); the grid's values, the resolved device and the flash-only adapters are
-    set per configuration."""
-    from .config import AttentionConfig
-
-    implementations = args.implementations or default_implementations(args.adapters)
-    flags = {
-        field.name: getattr(args, field.name) for field in dataclasses.fields(AttentionConfig) if field.name in args
-    }
-    return [
-        AttentionConfig(
-            **{
-                **flags,
-                "implementation": implementation,
-                "head_dim": head_dim,
-                "context_length": context_length,
-                "precision": precision,
-                "device": str(device),
-                "adapters": args.adapters if implementation in FLASH_IMPLEMENTATIONS else None,
-            }
-        )
-        for precision in args.precisions
-        for head_dim in args.head_dims
-        for context_length in args.context_lengths
-        for implementation in implementations
-    ]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,11 +19,12 @@ from ..results import (
     check_output_paths,
     collect_environment,
 )
+from ..tools import prog
 from ..units import format_bytes
 from ..usercode import import_timeout
-from .cli import PROG, configs_from_args, default_implementations
 from .config import FLASH_IMPLEMENTATIONS, is_custom
 from .figure import plot
+from .grid import configs_from_args, default_implementations
 from .measure import run_attention
 from .record import AttentionRecord
 
@@ -73,7 +74,7 @@ def run_grid(args: argparse.Namespace) -> int:
     env = collect_environment(device)
     if device.type == "cpu" and max(args.context_lengths) >= 4096:
         print(
-            f"{PROG}: note: sequence lengths up to {max(args.context_lengths)} take hours on a CPU (the defaults are "
+            f"{prog('attention_bench')}: note: sequence lengths up to {max(args.context_lengths)} take hours on a CPU (the defaults are "
             "sized for a GPU); for a quick look: --context-lengths 256 1024 --measure-steps 10",
             file=sys.stderr,
         )
