@@ -371,13 +371,15 @@ def test_bad_inputs_cover_every_command_at_least_ten_times_but_the_small_ones():
         "residuals",
         "handout",
     }
-    # beside the tools: benchmark's --config alone, and the cs336-bench dispatcher
-    also = {"benchmark_config": "benchmark", "cs336-bench": None}
+    # beside the tools: benchmark's --config alone and its peak cache, the cs336-bench dispatcher, and
+    # storage serve (an internal tool, run by name)
+    also = {"benchmark_config": "benchmark", "benchmark_peak": "benchmark", "cs336-bench": None, "storage": None}
     assert tools <= commands and set(table) == tools | set(also)
     assert all(module is None or module in tools for module in also.values())
-    few_flags = ("mixed_precision", "residuals", "handout", "benchmark_config", "cs336-bench")  # a handful each
-    assert all(len(cases) >= 10 for name, cases in table.items() if name not in few_flags)
-    assert all(len(table[name]) >= 5 for name in few_flags[:-1]) and len(table["cs336-bench"]) >= 2
+    few_flags = ("mixed_precision", "residuals", "handout", "benchmark_config")  # a handful each
+    fewer = ("benchmark_peak", "cs336-bench", "storage")
+    assert all(len(cases) >= 10 for name, cases in table.items() if name not in few_flags + fewer)
+    assert all(len(table[name]) >= 5 for name in few_flags) and all(len(table[name]) >= 2 for name in fewer)
 
 
 # -- the reaper and exit_with: what the user's code leaves behind ends with us ---------------------
