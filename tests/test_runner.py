@@ -148,8 +148,9 @@ def test_compile_measures_compile_time_apart():
     record = run_benchmark(tiny_benchmark_config(compile=True, pass_type="forward", warmup_steps=1, measure_steps=2))
     assert record.status == "ok", record.error
     assert record.compile_s > 0
-    # the compile call is not among the measured steps
-    assert record.compile_s * 1e3 > 5 * record.max_ms
+    # the compile call is not among the measured steps (there it would be their max, and compile_s a
+    # compiled step's); no margin beyond that: a busy machine may stall one step for a while
+    assert record.max_ms < record.compile_s * 1e3
 
 
 @pytest.mark.slow
