@@ -28,7 +28,7 @@ from .editions import (
 )
 from .errors import UsageError
 from .loading import UserImportError, import_user_module, put_first_on_path, repo_paths
-from .usercode import DEFAULT_IMPORT_TIMEOUT_S, guarded
+from .usercode import guarded, import_limit_s
 
 FLASH_ADAPTERS = {
     "pytorch": "get_flashattention_autograd_function_pytorch",
@@ -94,11 +94,12 @@ class Adapters:
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Call adapter `name`; NotImplementedAdapter if it raises NotImplementedError,
         MissingAdapter if the module lacks it. Other exceptions are the student's and propagate; a getter
-        (get_*) that exits or takes longer than DEFAULT_IMPORT_TIMEOUT_S raises UserCodeError / UserCodeTimeout."""
+        (get_*) that exits or takes longer than an import may (usercode.import_limit_s) raises UserCodeError /
+        UserCodeTimeout."""
         if name not in self.functions:
             raise MissingAdapter(f"{self.spec} defines no {name}")
         # a getter only builds or returns something: it gets an import's limit, not a step's
-        limit = DEFAULT_IMPORT_TIMEOUT_S if name.startswith("get_") else None
+        limit = import_limit_s() if name.startswith("get_") else None
         try:
             with guarded(f"{name}()", limit) if limit else contextlib.nullcontext():
                 return self.functions[name](*args, **kwargs)

@@ -27,6 +27,10 @@ EXPECTED_STATUSES = ("ok", "oom", "unsupported", "skipped", "not-sharded")
 FAILED_STATUSES = ("error", "timeout", "wrong", "cancelled", "preempted")
 
 DEVICE_HELP = "auto (cuda when available), cpu, cuda or cuda:N"
+# Names a flag chooses from, here so that a tool reads its flags before torch is imported (seconds on a
+# busy machine): the rows of precision.PRECISION_TABLE (checked there) and timing's timers.
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+TIMERS = ("host", "cuda-event", "do-bench")
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -39,6 +43,11 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def add_timer_argument(parser, help: str) -> None:
+    """`--timer host|cuda-event|do-bench` (host by default); `help` says what the tool does with each."""
+    parser.add_argument("--timer", choices=TIMERS, default="host", help=help)
 
 
 def exit_status(statuses: Iterable[str | None]) -> int:
@@ -68,6 +77,36 @@ def non_negative_int(text: str) -> int:
 def _at_most(value: int, text: str) -> int:
     if value > MAX_INT:
         raise argparse.ArgumentTypeError(f"must be at most 2**40 ({MAX_INT}), got {text}")
+    return value
+
+
+# Steps of one measurement: no statistic needs more, and 100,000 steps of even a millisecond are
+# minutes (of a real training step, days); 2**40 of them would run for ever.
+MAX_STEPS = 100_000
+MAX_PORT = 65535
+
+
+def step_count(text: str) -> int:
+    """--measure-steps: a positive number of steps, at most MAX_STEPS."""
+    return _steps(positive_int(text), text)
+
+
+def warmup_count(text: str) -> int:
+    """--warmup-steps: zero or more steps, at most MAX_STEPS."""
+    return _steps(non_negative_int(text), text)
+
+
+def _steps(value: int, text: str) -> int:
+    if value > MAX_STEPS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_STEPS:,} steps, got {text}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """A TCP port: 0 (any free one) to 65535."""
+    value = non_negative_int(text)
+    if value > MAX_PORT:
+        raise argparse.ArgumentTypeError(f"must be a port from 0 to {MAX_PORT}, got {text}")
     return value
 
 

@@ -10,15 +10,23 @@ import dataclasses
 import sys
 
 from . import cuda_graphs
-from .argtypes import add_device_argument, add_output_argument, non_negative_int, positive_float, positive_int
+from .argtypes import (
+    add_device_argument,
+    add_output_argument,
+    positive_float,
+    positive_int,
+    step_count,
+    warmup_count,
+)
+from .child import check_user_model_in_child
 from .config import COMPILE_MODES, PARAM_DTYPES, PEAK_CHOICES, BenchmarkConfig
 from .device import DeviceError
+from .factory import check_user_model
 from .models import CHECKPOINT_WORDS, ConfigError, ModelConfig
 from .optimizer import check_user_optimizer
 from .size_tables import AUTO, SIZE_TABLE_CHOICES, SizeTableChoice, choose_size_table
 from .timing import add_timer_argument, timer_unsupported_reason
-from .user_model import FACTORY_KEYWORDS, load_model_factory
-from .usercode import DEFAULT_IMPORT_TIMEOUT_S
+from .user_model import FACTORY_KEYWORDS
 
 
 def checkpoint_blocks(text: str) -> int | str | None:
@@ -100,8 +108,8 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
 def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("execution")
     add_device_argument(group)
-    group.add_argument("--warmup-steps", type=non_negative_int, default=5)
-    group.add_argument("--measure-steps", type=positive_int, default=10)
+    group.add_argument("--warmup-steps", type=warmup_count, default=5)
+    group.add_argument("--measure-steps", type=step_count, default=10)
     group.add_argument(
         "--target-iqr",
         dest="target_iqr_pct",
@@ -224,16 +232,23 @@ def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **r
     return BenchmarkConfig(model=model, **{**settings, **run})
 
 
-def check_runnable(config: BenchmarkConfig, device, import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S) -> None:
+def check_runnable(
+    config: BenchmarkConfig, device, import_timeout_s: float | None = None, model_in_child: bool = False
+) -> None:
     """What a configuration cannot know of itself, checked before any work (the configuration checks
-    the rest on construction): its timer and --cuda-graphs on `device`, and that the user's code loads
-    (--model-factory, --optimizer). A UsageError (one line) otherwise; the runner's other refusals that
-    depend on the device (a precision, torch.compile) are 'unsupported' rows, as in a sweep."""
+    the rest on construction): its timer and --cuda-graphs on `device`, and the user's code: a
+    --model-factory model dry-built and its logits checked (factory.check_user_model; in a child
+    process with `model_in_child`, for a sweep that keeps the user's code out of its own), an
+    --optimizer built and holding what it is given. A UsageError (one line) otherwise; the runner's
+    other refusals that depend on the device (a precision, torch.compile) are 'unsupported' rows, as in
+    a sweep."""
     if reason := timer_unsupported_reason(config.timer, device):
         raise DeviceError(reason)
     if config.cuda_graphs and (reason := cuda_graphs.unsupported_reason(device)):
         raise DeviceError(reason)
-    if config.model_factory:
-        load_model_factory(config.model_factory, import_timeout_s)
+    if config.model_factory and model_in_child:
+        check_user_model_in_child(config)
+    elif config.model_factory:
+        check_user_model(config.model, config.model_factory, device, import_timeout_s)
     if config.optimizer_factory:
         check_user_optimizer(config.optimizer_factory, import_timeout_s)

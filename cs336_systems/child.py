@@ -22,16 +22,19 @@ from pathlib import Path
 import torch
 
 from .argtypes import (
+    EXIT_USAGE,
     add_memory_limit_argument,
     describe_memory_limit,
     resolve_memory_limit,
 )
 from .config import BenchmarkConfig
+from .device import resolve_device
 from .errors import UsageError
-from .factory import count_parameters_for
-from .lifetime import child_preexec, temporary_directory
+from .factory import check_user_model, count_parameters_for
+from .lifetime import child_preexec, exit_with, temporary_directory
 from .results import ENVIRONMENT_FIELDS, BenchmarkRecord, Environment, collect_environment
 from .tools import module_name
+from .user_model import ModelFactoryError
 from .usercode import timeout_seconds
 
 
@@ -151,6 +154,42 @@ def run_in_child(config: BenchmarkConfig, limits: ChildLimits, env: Environment 
         env = env or collect_environment(torch.device(config.device))
         error = f"child {how}: {tail or '(nothing on stderr)'}"
         return limits.annotate(failed_record(config, env, "error", error, num_params))
+
+
+def check_user_model_in_child(config: BenchmarkConfig) -> None:
+    """factory.check_user_model of `config`'s --model-factory in a child process (a sweep keeps the
+    user's code out of its own process, where a crash would end the sweep): the child's one line as a
+    ModelFactoryError, or nothing where the child could not say (it crashed: each row will)."""
+    code = f"from {module_name('child')} import check_model_main; check_model_main()"
+    variables = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    with temporary_directory("child") as tmp, open(Path(tmp) / "stderr.txt", "w+") as stderr_file:
+        process = subprocess.Popen(  # stderr to a file: a helper process the model starts keeps a pipe open
+            [sys.executable, "-c", code, json.dumps(config.to_dict())],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr_file,
+            env=variables,
+            start_new_session=True,
+            preexec_fn=child_preexec(),
+        )
+        try:
+            process.wait()
+        finally:
+            _kill_group(process)
+        stderr_file.seek(0)
+        lines = stderr_file.read().strip().splitlines()
+    if process.returncode == EXIT_USAGE and lines:
+        raise ModelFactoryError(lines[-1])
+
+
+def check_model_main() -> None:
+    """The child of check_user_model_in_child: exit status 2 and the one line, or 0."""
+    config = BenchmarkConfig.from_dict(json.loads(sys.argv[1]))
+    try:
+        check_user_model(config.model, config.model_factory, resolve_device(config.device))
+    except UsageError as exc:
+        print(exc, file=sys.stderr, flush=True)
+        exit_with(lambda: EXIT_USAGE)
+    exit_with(lambda: 0)  # whatever the model left running (a thread, an exit hook)
 
 
 def _signal_name(number: int) -> str:

@@ -30,6 +30,7 @@ from typing import NoReturn
 from .argtypes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE
 from .errors import ResultWriteError, UsageError
 from .lifetime import Terminated, check_interrupted, exit_with, signals_interrupt
+from .usercode import import_limit
 
 
 class Command:
@@ -51,7 +52,11 @@ class Command:
         outermost = not Command._running
         Command._running += 1
         try:
-            with signals_interrupt() if outermost else contextlib.nullcontext():
+            # --timeout limits importing the user's code too, here and in the processes the tool starts
+            with (
+                signals_interrupt() if outermost else contextlib.nullcontext(),
+                import_limit(getattr(args, "timeout", None)),
+            ):
                 status = self.run(args)
                 check_interrupted()  # one Python swallowed (e.g. raised in an at-fork hook) still counts
                 return status
@@ -62,9 +67,9 @@ class Command:
             if not outermost:
                 raise
             terminated = isinstance(exc, Terminated)
+            kept = "printed above (no --output)" if getattr(args, "output", None) == [] else "in the outputs"
             print(
-                f"{parser.prog}: {'terminated' if terminated else 'interrupted'}; "
-                "the rows finished so far are in the outputs",
+                f"{parser.prog}: {'terminated' if terminated else 'interrupted'}; the rows finished so far are {kept}",
                 file=sys.stderr,
             )
             return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED

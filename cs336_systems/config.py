@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .anomalies import fast_path_flags
-from .argtypes import MAX_INT
+from .argtypes import MAX_INT, MAX_STEPS
 from .identity import identity_field, row_key
 from .models import ConfigError, ModelConfig
 from .precision import PRECISIONS
@@ -205,6 +205,8 @@ def check_benchmark_config(config: BenchmarkConfig) -> None:
             raise ConfigError(f"{name} must be an integer of at most 2**40, got {value!r}")
         if value < (1 if name in POSITIVE else 0 if name in NON_NEGATIVE else -MAX_INT):
             raise ConfigError(f"{name} must be {'positive' if name in POSITIVE else 'zero or more'}, got {value}")
+        if name in ("warmup_steps", "measure_steps") and value > MAX_STEPS:  # the bound of their flags (argtypes)
+            raise ConfigError(f"{name} must be at most {MAX_STEPS:,}, got {value}")
     for name in SWITCHES:
         if not isinstance(getattr(config, name), bool):
             raise ConfigError(f"{name} must be true or false, got {getattr(config, name)!r}")

@@ -7,9 +7,17 @@ import torch
 from torch import nn
 
 from .checkpointing import checkpoint_blocks
+from .device import release_memory
 from .models import ModelConfig, TransformerLM, count_parameters
-from .user_model import FACTORY_KEYWORDS, build_user_model
-from .usercode import UserCodeTimeout
+from .user_model import (
+    FACTORY_KEYWORDS,
+    ModelContractError,
+    ModelFactoryError,
+    build_user_model,
+    check_model_output,
+    load_model_factory,
+)
+from .usercode import UserCodeError, UserCodeTimeout, guarded, import_limit_s
 
 
 def factory_kwargs(config: ModelConfig) -> dict:
@@ -47,3 +55,33 @@ def count_parameters_for(config: ModelConfig, model_factory: str | None = None) 
         raise
     except Exception:  # a user's model need not support the meta device
         return None
+
+
+def check_user_model(
+    config: ModelConfig, spec: str, device: torch.device, import_timeout_s: float | None = None
+) -> None:
+    """A --model-factory model dry-built before any measurement or rank starts, as every tool checks it:
+    one layer of it on `device` (the factory raising, exiting or hanging past the import limit, returning
+    no Module, building on the meta device), then its logits (floating (B, T, V), not a tuple). A
+    ModelFactoryError (one line) otherwise. A sweep of child processes runs it in a child of its own
+    (child.check_user_model_in_child)."""
+    label = f"--model-factory {spec}"
+    limit = import_limit_s() if import_timeout_s is None else import_timeout_s
+    load_model_factory(spec, limit)
+    probe = {**factory_kwargs(config), "num_layers": 1}  # what a step needs of it, in a fraction of the memory
+    try:
+        with guarded(label, limit):
+            try:
+                model = build_user_model(spec, probe, device)
+            except ModelContractError:
+                raise
+            except ModelFactoryError:  # a model whose layers come in groups: as the run builds it
+                model = build_user_model(spec, factory_kwargs(config), device)
+            check_model_output(model, config, device, label)
+    except (UserCodeError, UserCodeTimeout) as exc:
+        raise ModelFactoryError(f"{exc} (building it to check its logits, before any step)") from None
+    except (torch.OutOfMemoryError, MemoryError):  # too large to try here: the rows will say so
+        pass
+    finally:
+        model = None
+        release_memory(device)

@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--start {start} is above --max {args.max}")
     args.context_length = start if args.dimension == "context-length" else args.context_length
     base = config_from_args(args).replace(device=str(device))
-    check_runnable(base, device)
+    check_runnable(base, device, model_in_child=True)  # its children build the model, never this process
     limits = child_limits_from_args(args, device)
     outputs = check_output_paths(args.output)
     sink = ResultSink(outputs)

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 from .errors import UsageError
-from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeError, UserCodeTimeout, guarded
+from .usercode import UserCodeError, UserCodeTimeout, guarded, import_limit_s
 
 # what pytest takes for the root of a repository (its rootdir's usual markers)
 ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", "pytest.ini", "tox.ini", ".git")
@@ -69,14 +69,15 @@ class UserImportError(Exception):
     """A user's module that could not be imported; the message is one line saying why."""
 
 
-def import_user_module(name: str, timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S, file: Path | None = None) -> ModuleType:
+def import_user_module(name: str, timeout_s: float | None = None, file: Path | None = None) -> ModuleType:
     """The user's module `name` (the file `file`, imported under that name, when given), imported under
     usercode.guarded: whatever the import does (raises, exits, interrupts itself, hangs past `timeout_s`)
     is a UserImportError of one line; a real Ctrl-C stays a KeyboardInterrupt. The one place a user's
-    module is imported; each caller puts its flag in front of the line."""
+    module is imported; each caller puts its flag in front of the line. `timeout_s` None: the command's
+    limit (usercode.import_limit_s)."""
     shown = repr(str(file) if file is not None else name)
     try:
-        with guarded(f"importing {shown}", timeout_s):
+        with guarded(f"importing {shown}", import_limit_s() if timeout_s is None else timeout_s):
             return importlib.import_module(name) if file is None else _import_file(name, file)
     except (UserCodeError, UserCodeTimeout) as exc:
         raise UserImportError(str(exc)) from None
@@ -103,9 +104,7 @@ def _import_file(name: str, file: Path) -> ModuleType:
     return module
 
 
-def load_callable(
-    spec: str, flag: str, error: type[Exception] = LoadError, timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S
-) -> Callable:
+def load_callable(spec: str, flag: str, error: type[Exception] = LoadError, timeout_s: float | None = None) -> Callable:
     """The callable `spec` names; any failure raises `error` with one line naming `flag`, an import that
     exits, interrupts itself or takes longer than `timeout_s` too (usercode.guarded)."""
     module_name, sep, attribute = spec.partition(":")

@@ -11,7 +11,7 @@ from torch import nn
 
 from .errors import UsageError
 from .loading import fit_keywords, load_callable
-from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeError, UserCodeTimeout, guarded
+from .usercode import UserCodeError, UserCodeTimeout, guarded, import_limit_s
 
 # The hyperparameters a user's optimizer is given where its signature takes them (torch's AdamW
 # defaults, our lr): an assignment-1 AdamW often requires all four.
@@ -48,7 +48,7 @@ class UserOptimizer:
         return optimizer
 
 
-def load_user_optimizer(spec: str, import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S) -> UserOptimizer:
+def load_user_optimizer(spec: str, import_timeout_s: float | None = None) -> UserOptimizer:
     """The user's callable and the hyperparameters it takes; a parameter none of them fills (besides
     the parameters, its first argument) is an OptimizerFactoryError naming it."""
     make = load_callable(spec, "--optimizer", OptimizerFactoryError, import_timeout_s)
@@ -61,16 +61,47 @@ def load_user_optimizer(spec: str, import_timeout_s: float = DEFAULT_IMPORT_TIME
     return UserOptimizer(spec, make, keywords)
 
 
-def check_user_optimizer(spec: str, import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S) -> UserOptimizer:
+def check_user_optimizer(spec: str, import_timeout_s: float | None = None) -> UserOptimizer:
     """Load the user's optimizer and build it once on a dummy parameter, before any model, rank or
     worker exists: one that cannot be built is an OptimizerFactoryError (one line) now, not in every row."""
     optimizer = load_user_optimizer(spec, import_timeout_s)
+    given = nn.Parameter(torch.zeros(2))
     try:
-        with guarded(f"--optimizer {spec}", import_timeout_s):
-            optimizer([nn.Parameter(torch.zeros(2))])
+        with guarded(f"--optimizer {spec}", import_limit_s() if import_timeout_s is None else import_timeout_s):
+            built = optimizer([given])
     except (UserCodeError, UserCodeTimeout) as exc:
         raise OptimizerFactoryError(f"--optimizer {spec}: building it on one parameter failed: {exc}") from None
+    held = held_parameters(built)
+    if held is not None and id(given) not in held:  # its steps would train nothing of the model's
+        raise OptimizerFactoryError(
+            f"--optimizer {spec}: built on one parameter, its param_groups hold {len(held)} others and not that "
+            "one; it must optimize the parameters it is called with"
+        )
     return optimizer
+
+
+def held_parameters(optimizer: object) -> set[int] | None:
+    """ids of the tensors in the param_groups of `optimizer` and of optimizers it keeps as attributes
+    (a sharded optimizer's local one); None where none has param_groups to read."""
+    found, seen = None, set()
+
+    def walk(candidate: object) -> None:
+        nonlocal found
+        if id(candidate) in seen:
+            return
+        seen.add(id(candidate))
+        groups = vars(candidate).get("param_groups") if hasattr(candidate, "__dict__") else None
+        if isinstance(groups, list):
+            found = found or set()
+            for group in groups:
+                params = group.get("params", ()) if isinstance(group, dict) else ()
+                found |= {id(p) for p in params if isinstance(p, torch.Tensor)}
+        for attribute in getattr(candidate, "__dict__", {}).values():
+            if hasattr(attribute, "step") and hasattr(attribute, "zero_grad"):
+                walk(attribute)
+
+    walk(optimizer)
+    return found
 
 
 class MasterWeights:

@@ -10,14 +10,20 @@
     unknown     `--peak table` on a device the table does not know
 
 The kept peaks are one JSON file, $CS336_BENCH_CACHE/peak_tflops.json (default
-~/.cache/cs336-bench/), a key per host, device, precision, CPU threads and torch version.
+~/.cache/cs336-bench/), a key per host, device, precision, CPU threads and torch version. The file is
+a convenience: one that cannot be read is "not cached" (calibrate again), one that cannot be written
+is a note on the row; writers take turns (flock) and each writes its own temporary file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import math
 import os
 import socket
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,12 +35,26 @@ import torch
 
 from . import flops
 from .results import write_whole
+from .results.errors import ResultWriteError
 
 PEAK_CACHE_ENV = "CS336_BENCH_CACHE"  # the directory of the calibrated peaks; default ~/.cache/cs336-bench
 # A calibration is kept only when other processes (and a hypervisor's steal) kept at most this many
 # cores busy while the probe ran: a probe sharing the cores with another job reads low, and MFU high.
 # Not the load average: it counts this run's own steps of the last minute.
 QUIET_CORES = 0.25
+MAX_CACHE_BYTES = 1 << 20  # a few hundred entries fit in a few KiB: a larger file is not ours
+LOCK_WAIT_S = 10.0  # a writer that holds the cache's lock longer is stuck: this run keeps its peak to itself
+
+
+# An exaflop: a thousand times any one chip's spec-sheet peak; a kept value past it is damage (MFU ~0).
+MAX_PEAK_TFLOPS = 1e6
+
+
+def usable_peak(value: object) -> bool:
+    """A peak an MFU can be divided by: a positive number below MAX_PEAK_TFLOPS (JSON's `true`, NaN and
+    Infinity are none)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and math.isfinite(value) and 0 < value < MAX_PEAK_TFLOPS
 
 
 @dataclass(frozen=True)
@@ -85,19 +105,55 @@ class PeakCache:
         return f"{socket.gethostname()} {device_name} {precision}{threads} torch={torch.__version__}"
 
     def entries(self) -> dict[str, dict]:
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):  # none yet, or unreadable: calibrate again
+        """The kept entries; {} for a file that is missing, unreadable, too large or not a JSON object."""
+        try:  # never blocking on a FIFO planted at its name
+            with open(os.open(self.path, os.O_RDONLY | os.O_NONBLOCK), "rb") as handle:
+                data = handle.read(MAX_CACHE_BYTES + 1) if stat.S_ISREG(os.fstat(handle.fileno()).st_mode) else b""
+            if not data or len(data) > MAX_CACHE_BYTES:
+                return {}
+            entries = json.loads(data)
+        except (OSError, ValueError, RecursionError):  # none yet, or damaged: calibrate again
             return {}
-        return data if isinstance(data, dict) else {}
+        return entries if isinstance(entries, dict) else {}
 
     def get(self, key: str) -> dict | None:
         entry = self.entries().get(key)
-        return entry if isinstance(entry, dict) and isinstance(entry.get("tflops"), (int, float)) else None
+        return entry if isinstance(entry, dict) and usable_peak(entry.get("tflops")) else None
 
-    def put(self, key: str, entry: dict) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_whole(self.path, json.dumps({**self.entries(), key: entry}, indent=1, sort_keys=True) + "\n")
+    def put(self, key: str, entry: dict) -> str | None:
+        """Keep `entry` under `key`; None when kept, else why not (a note for the row: the peak still
+        serves this run)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self._locked():
+                write_whole(
+                    self.path, json.dumps({**self.entries(), key: entry}, indent=1, sort_keys=True) + "\n", unique=True
+                )
+        except OSError as exc:  # a read-only $HOME, a cache path through a file, a full disk
+            cause = exc.__cause__ if isinstance(exc, ResultWriteError) and exc.__cause__ else exc
+            why = getattr(cause, "strerror", None) or str(cause)
+            return f"the calibrated MFU peak was not kept in {self.path} ({why}); it serves this run only"
+        return None
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """An exclusive flock on a sidecar beside the file, held while one writer reads, merges and replaces it."""
+        fd = os.open(
+            self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644
+        )
+        try:
+            deadline = time.monotonic() + LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise OSError(f"another process held its lock for {LOCK_WAIT_S:g} s") from None
+                    time.sleep(0.01)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
 
 
 def resolve_peak(
@@ -120,7 +176,7 @@ def resolve_peak(
         return Peak(None, "unknown")
     now = lambda: datetime.now(timezone.utc).isoformat(timespec="seconds")  # noqa: E731
     if peak == "measure":
-        return Peak(flops.measure_peak_tflops(device, precision), "measured", now())
+        return _measured(flops.measure_peak_tflops(device, precision), "measured", now())
     cache = cache or PeakCache()
     key = cache.key(device, device_name, precision)
     kept = cache.get(key)
@@ -129,6 +185,8 @@ def resolve_peak(
     measured_at, cores = now(), os.cpu_count() or 1
     value, others = busy_elsewhere(lambda: flops.measure_peak_tflops(device, precision))
     busy = f"other processes kept {others:.1f} of {cores} cores busy while the MFU peak was measured"
+    if not usable_peak(value):
+        return _measured(value, "measured", measured_at)
     if others > QUIET_CORES and peak == "auto":
         note = f"{busy}: kept for this run only (a busy machine reads a low peak); `--peak calibrate` keeps one"
         return Peak(value, "measured", measured_at, (note,))
@@ -139,6 +197,13 @@ def resolve_peak(
         "other_processes_cores": round(others, 2),
         "cores": cores,
     }
-    cache.put(key, entry)
-    notes = (f"{busy}: it may read low",) if others > QUIET_CORES else ()
+    not_kept = cache.put(key, entry)
+    notes = ((f"{busy}: it may read low",) if others > QUIET_CORES else ()) + ((not_kept,) if not_kept else ())
     return Peak(value, "calibrated", measured_at, notes)
+
+
+def _measured(value: float, source: str, measured_at: str) -> Peak:
+    """A probe's peak, or none with a note when the probe timed nothing (a zero or non-finite rate)."""
+    if usable_peak(value):
+        return Peak(value, source, measured_at)
+    return Peak(None, "unknown", measured_at, (f"no MFU: the peak probe measured {value!r} TFLOP/s",))

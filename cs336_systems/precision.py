@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .argtypes import PRECISIONS
+
 
 @dataclass(frozen=True)
 class Precision:
@@ -42,7 +44,7 @@ PRECISION_TABLE = {
         Precision("fp16", torch.float16, torch.float16, "highest", False, True, "bf16", False, True),
     )
 }
-PRECISIONS = tuple(PRECISION_TABLE)
+assert tuple(PRECISION_TABLE) == PRECISIONS, "argtypes.PRECISIONS names the table's rows"
 AUTOCAST_DTYPES = {name: p.autocast_dtype for name, p in PRECISION_TABLE.items() if p.autocast_dtype is not None}
 
 

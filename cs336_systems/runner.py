@@ -28,7 +28,7 @@ from .flops import flops_per_step, mfu
 from .memory import PhaseMemory, baseline_memory_bytes, current_memory_bytes, estimate_config, step_peak
 from .models import count_parameters
 from .optimizer import OptimizerFactoryError, make_optimizer, optimizer_name
-from .peak_flops import resolve_peak
+from .peak_flops import Peak, resolve_peak
 from .precision import (
     cpu_has_native,
     parameters_in,
@@ -192,6 +192,16 @@ def _measure(
 
 
 PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # config.PARAM_DTYPES -> the cast (None: as built)
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+
+
+def _built_dtype(model: nn.Module) -> str | None:
+    """The parameters' dtype where a model uncast by --param-dtype was built in another than fp32 (a
+    user's fp16 model): the row's param_dtype says what it trained, as --param-dtype bf16's does."""
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if not dtypes - {torch.float32}:
+        return None
+    return "+".join(sorted(DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")) for dtype in dtypes))
 
 
 def _record_memory(record: BenchmarkRecord, memory: PhaseMemory, baseline: int) -> None:
@@ -222,6 +232,15 @@ def _record_memory(record: BenchmarkRecord, memory: PhaseMemory, baseline: int) 
         record.peak_memory_bytes, record.peak_reserved_bytes = capture if capture is not None else step_peak(steady)
     else:
         record.peak_memory_bytes = memory.measured_peak[0] - offset
+
+
+def _peak_or_note(device: torch.device, device_name: str, config: BenchmarkConfig) -> Peak:
+    """The MFU denominator; finding it never costs the measured row (a probe that fails, an
+    unusable cache): no MFU, and a note saying why."""
+    try:
+        return resolve_peak(device, device_name, config.precision, config.peak, config.peak_tflops)
+    except Exception as exc:  # the measured times stand without an MFU
+        return Peak(None, "unknown", notes=(f"no MFU: finding the peak failed ({type(exc).__name__}: {exc})",))
 
 
 def run_benchmark(
@@ -320,6 +339,7 @@ def run_benchmark(
                     if config.model_factory:
                         check_model_output(model, config.model, device, f"--model-factory {config.model_factory}")
                 record.num_params = count_parameters(model)
+                record.param_dtype = record.param_dtype or _built_dtype(model)
                 times, profile = _measure(config, model, device, clock, record, notes, memory, memory_snapshot, rearm)
         except (ModelFactoryError, OptimizerFactoryError) as exc:
             failure = ("error", str(exc))
@@ -343,7 +363,7 @@ def run_benchmark(
             record.add_profile(profile)
         # Throughput and MFU on the median step, the statistic every table leads with.
         record.tokens_per_s = per_second(config.tokens_per_step, record.median_ms)
-        peak = resolve_peak(device, env.device_name, config.precision, config.peak, config.peak_tflops)
+        peak = _peak_or_note(device, env.device_name, config)
         record.peak_tflops, record.peak_source, record.peak_measured_at = peak.tflops, peak.source, peak.measured_at
         record.achieved_tflops, record.mfu = mfu(model_flops, record.median_ms, peak.tflops)
         notes += peak.notes

@@ -37,7 +37,15 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from .argtypes import ArgumentParser, byte_size, non_negative_float, non_negative_int
+from .argtypes import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TERMINATED,
+    ArgumentParser,
+    byte_size,
+    non_negative_float,
+    port_number,
+)
 from .command import Command
 from .errors import UsageError
 from .latency_model import LatencyModel
@@ -313,7 +321,7 @@ def build_parser() -> ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     serve = sub.add_parser("serve", help="serve root/item_NNNNNNN.bin as GET /items/N on 127.0.0.1")
     serve.add_argument("--root", type=Path, required=True)
-    serve.add_argument("--port", type=non_negative_int, default=0, help="0: any free port (the URL is printed)")
+    serve.add_argument("--port", type=port_number, default=0, help="0: any free port (the URL is printed)")
     serve.add_argument(
         "--host", default=HOST, help=f"the interface to listen on ({HOST}: this machine only; 0.0.0.0: every one)"
     )
@@ -334,18 +342,29 @@ def build_parser() -> ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """python -m cs336_systems.storage serve --root DIR [model flags]: serve until SIGTERM / Ctrl-C."""
+    """python -m cs336_systems.storage serve --root DIR [model flags]: serve until SIGTERM (exit 143) or
+    Ctrl-C (130), as every tool ends on them (docs/exit-rule.md)."""
     model = model_from_args(args)
     try:
         server = ItemServer(args.root, model, args.port, args.host)
     except OSError as exc:  # a port taken or below 1024, an address not this machine's
         raise StorageError(f"--port {args.port} --host {args.host}: cannot listen there ({exc.strerror})") from None
-    for stop in (signal.SIGTERM, signal.SIGINT):  # the way a server ends: exit 0
-        signal.signal(stop, lambda *_: threading.Thread(target=server.shutdown).start())
+    stopped_by: list[int] = []
+
+    def stop(signum, frame) -> None:
+        stopped_by.append(signum)
+        threading.Thread(target=server.shutdown).start()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):  # the way a server ends, by the exit rule: 143 or 130
+        signal.signal(signum, stop)
     print(server.url, flush=True)
     server.serve_forever()
     server.server_close()
-    return 0
+    if not stopped_by:
+        return EXIT_OK
+    terminated = stopped_by[0] == signal.SIGTERM
+    print(f"{prog('storage')}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+    return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
 main = Command(build_parser, run)

@@ -323,7 +323,8 @@ def run_sweep(args: argparse.Namespace, prog: str, execute, child_processes: boo
     settings_from_args(args)  # inline: the executors' flags are refused
     device = resolve_device(args.device)
     configs = grid_from_args(args, device)
-    benchmark_flags.check_runnable(configs[0], device)  # one timer, device and user code for the whole grid
+    # one timer, device and user code for the whole grid; a user's model is built only in children there
+    benchmark_flags.check_runnable(configs[0], device, model_in_child=child_processes)
     outputs = check_output_paths(args.output)
     check_monitor_arguments(args)
     args.child_limits = child_limits_from_args(args, device) if child_processes else None

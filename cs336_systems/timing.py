@@ -27,15 +27,8 @@ from typing import Protocol
 import torch
 
 from . import nvtx
+from .argtypes import TIMERS, add_timer_argument  # noqa: F401  (timing's names, read by the flags torch-free)
 from .stats import summarize
-
-TIMERS = ("host", "cuda-event", "do-bench")
-
-
-def add_timer_argument(parser, help: str) -> None:
-    """`--timer host|cuda-event|do-bench` (host by default); `help` says what the tool does with each."""
-    parser.add_argument("--timer", choices=TIMERS, default="host", help=help)
-
 
 Step = Callable[[], object]
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from .errors import UsageError
 from .loading import fit_keywords, load_callable
-from .usercode import DEFAULT_IMPORT_TIMEOUT_S, UserCodeTimeout
+from .usercode import UserCodeTimeout
 
 
 class TokenShape(Protocol):
@@ -23,6 +23,11 @@ class TokenShape(Protocol):
 
 class ModelFactoryError(UsageError):
     """A user's --model-factory that cannot be imported, called or used."""
+
+
+class ModelContractError(ModelFactoryError):
+    """What the model is on any device: not a Module, built on the meta device, or logits that are
+    not floating (B, T, V)."""
 
 
 # what ModelConfig.factory_kwargs gives a factory
@@ -49,7 +54,7 @@ def factory_keywords(factory: Callable, keywords: dict, spec: str) -> dict:
     return given
 
 
-def load_model_factory(spec: str, import_timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S) -> Callable[..., nn.Module]:
+def load_model_factory(spec: str, import_timeout_s: float | None = None) -> Callable[..., nn.Module]:
     """Resolve 'package.module:callable' (the callable may be a dotted attribute path); a parameter
     it has that no keyword fills is an error now, before any model is built."""
     factory = load_callable(spec, "--model-factory", ModelFactoryError, import_timeout_s)
@@ -70,7 +75,13 @@ def build_user_model(spec: str, keywords: dict, device: torch.device | str) -> n
         except Exception as exc:
             raise ModelFactoryError(f"--model-factory {spec} raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, nn.Module):
-        raise ModelFactoryError(f"--model-factory {spec} returned {type(model).__name__}, expected a torch.nn.Module")
+        what = f"the class {model.__name__} itself" if isinstance(model, type) else type(model).__name__
+        raise ModelContractError(f"--model-factory {spec} returned {what}, expected a torch.nn.Module")
+    if torch.device(device).type != "meta" and any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        raise ModelContractError(
+            f"--model-factory {spec} built its parameters on the meta device, not on the device it is given "
+            f"({device}): they hold no values to train"
+        )
     return model.to(device)
 
 
@@ -87,8 +98,12 @@ def check_model_output(model: nn.Module, config: TokenShape, device: torch.devic
         raise ModelFactoryError(f"{label} failed on int64 tokens of shape (2, {seq_len}): {exc}") from exc
     expected = (2, seq_len, config.vocab_size)
     if not isinstance(out, torch.Tensor):
-        raise ModelFactoryError(f"{label} returned {type(out).__name__}, expected a logits tensor of shape {expected}")
+        what = f"a {type(out).__name__} of {len(out)}" if isinstance(out, tuple | list) else type(out).__name__
+        raise ModelContractError(
+            f"{label} returned {what}, expected a logits tensor of shape {expected}; "
+            "wrap it to return the logits alone (e.g. the first of (logits, aux_losses))"
+        )
     if tuple(out.shape) != expected or not out.is_floating_point():
-        raise ModelFactoryError(
+        raise ModelContractError(
             f"{label} returned {out.dtype} logits of shape {tuple(out.shape)}, expected floating (B, T, V) = {expected}"
         )

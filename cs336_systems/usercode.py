@@ -21,7 +21,8 @@ Inside the block:
 - no return within the time limit raises UserCodeTimeout (SIGALRM, main thread only). The limit is
   `timeout_s` seconds (a user's --timeout), or by default StepLimits: FIRST_STEP_TIMEOUT_S up to the end
   of the first step (torch.compile can take minutes), then LATER_STEP_FACTOR times the step before
-  (at least LATER_STEP_FLOOR_S). Imports and adapter getters get DEFAULT_IMPORT_TIMEOUT_S. Code stuck
+  (at least LATER_STEP_FLOOR_S). Imports and adapter getters get import_limit_s(): the command's --timeout,
+  inherited by the processes it starts, else DEFAULT_IMPORT_TIMEOUT_S. Code stuck
   where Python cannot raise (inside one C call) is ended WATCHDOG_GRACE_S later: one line on stderr,
   then the process exits with status 1 (a watchdog thread), or, under an address-space cap where no
   thread fits, is killed by the reaper (reaper.py), which also ends every helper process the code left.
@@ -85,9 +86,44 @@ class StepLimits:
 DEFAULT_TIMEOUT = StepLimits()
 
 
+# The command's limit on importing the user's code where the user set one (--timeout), for every
+# process it starts too (spawned ranks, a sweep's children read it from their environment).
+IMPORT_TIMEOUT_ENV = "CS336_BENCH_IMPORT_TIMEOUT"
+
+
 def import_timeout(timeout: float | StepLimits | None) -> float:
-    """The limit of importing the user's code under a tool's --timeout: the user's own number, else the default."""
-    return timeout if isinstance(timeout, float | int) else DEFAULT_IMPORT_TIMEOUT_S
+    """The limit of importing the user's code under a tool's --timeout: the user's own number, else the
+    command's (import_limit_s)."""
+    if isinstance(timeout, float | int) and not isinstance(timeout, DefaultLimit):
+        return timeout
+    return import_limit_s()
+
+
+def import_limit_s() -> float:
+    """The limit in force on importing the user's code (and on an adapter's getter): the --timeout of this
+    command or of the one that started it (IMPORT_TIMEOUT_ENV), else DEFAULT_IMPORT_TIMEOUT_S."""
+    try:
+        value = float(os.environ.get(IMPORT_TIMEOUT_ENV, "nan"))
+    except ValueError:
+        value = math.nan
+    return value if 0 < value <= MAX_TIMEOUT_S else DEFAULT_IMPORT_TIMEOUT_S
+
+
+@contextlib.contextmanager
+def import_limit(timeout: float | StepLimits | None) -> Iterator[None]:
+    """Inside, import_limit_s() is `timeout`'s import limit where the user gave a number, in this process
+    and in every process started inside; the limit before is put back on leaving."""
+    saved = os.environ.get(IMPORT_TIMEOUT_ENV)
+    limit = import_timeout(timeout)
+    if not isinstance(limit, DefaultLimit):
+        os.environ[IMPORT_TIMEOUT_ENV] = repr(float(limit))
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(IMPORT_TIMEOUT_ENV, None)
+        else:
+            os.environ[IMPORT_TIMEOUT_ENV] = saved
 
 
 class UserCodeError(Exception):

@@ -29,7 +29,7 @@ from tabulate import tabulate  # noqa: E402
 from cs336_bench.argtypes import ArgumentParser, non_negative_int  # noqa: E402
 from cs336_bench.benchmark import config_from_args, configuration_parser  # noqa: E402
 from cs336_bench.benchmark_flags import announce_size_table  # noqa: E402
-from cs336_bench.child import ChildLimits, run_in_child  # noqa: E402
+from cs336_bench.child import ChildLimits, check_user_model_in_child, run_in_child  # noqa: E402
 from cs336_bench.command import Command  # noqa: E402
 from cs336_bench.device import resolve_device  # noqa: E402
 from cs336_bench.models import ConfigError  # noqa: E402
@@ -42,7 +42,6 @@ from cs336_bench.results.markdown import write_page  # noqa: E402
 from cs336_bench.results.origin import named  # noqa: E402
 from cs336_bench.stats import summarize  # noqa: E402
 from cs336_bench.sweep import describe  # noqa: E402
-from cs336_bench.user_model import load_model_factory  # noqa: E402
 
 PROG = "python scripts/warmup_study.py"
 RUN_COLUMNS = (
@@ -72,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--warmup-steps is what this study varies: use --warmups N [N ...]")
     device = resolve_device(args.device)
     base = config_from_args(args).replace(device=str(device), warmup_steps=0)
-    if args.model_factory:
-        load_model_factory(args.model_factory)
+    if args.model_factory:  # dry-built and its logits checked, in a child as the study's runs are
+        check_user_model_in_child(base)
     sink = ResultSink(check_output_paths(args.output))
     announce_size_table(args)
 

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -117,6 +120,24 @@ def child_env() -> dict[str, str]:
 
 
 PYTHON = sys.executable
+# A test's guard against a hang, for a child process: far beyond any honest run on a loaded machine,
+# far below the hangs tested (an hour). A test checks what ended a run (a status, a message), never
+# how fast the machine ended it.
+HANG_GUARD_S = 900
+
+
+@functools.cache
+def child_startup_s() -> float:
+    """How long a child takes to start a tool here, now (python, torch, the harness): the unit a test
+    scales a child's time limit by, so that a busy machine stretches the limit with the work."""
+    start = time.monotonic()
+    subprocess.run([PYTHON, "-c", "import cs336_systems.benchmark"], env=child_env(), check=True, timeout=HANG_GUARD_S)
+    return time.monotonic() - start
+
+
+def scaled_timeout(seconds: float) -> str:
+    """A child's --timeout of at least `seconds`, and of ten startups where starting alone takes longer."""
+    return f"{max(seconds, 10 * child_startup_s()):.0f}"
 
 
 def run_main(main, capsys, *args) -> tuple[int, str, str]:

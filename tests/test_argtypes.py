@@ -59,3 +59,23 @@ def test_resolve_memory_limit():
     assert auto is None or auto > 0
     with pytest.raises(ValueError, match="cannot be used with CUDA"):
         resolve_memory_limit(2048, "cuda")
+
+
+@pytest.mark.parametrize(
+    "tool", ["benchmark", "benchmark_direct", "run_benchmarks", "find_max", "attention_bench", "ddp_bench"]
+)
+def test_a_step_count_past_any_measurement_is_refused_in_one_line(tool, capsys):
+    """--measure-steps 2**40 passed the integer bound and ran for ever: steps have their own."""
+    import importlib
+
+    from cs336_systems.config import BenchmarkConfig
+    from cs336_systems.models import ConfigError, ModelConfig
+
+    main = importlib.import_module(f"cs336_systems.{tool}").main
+    for flag in ("--measure-steps", "--warmup-steps"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([flag, "1099511627776"])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and "must be at most 100,000 steps" in err and err.count("\n") == 1
+    with pytest.raises(ConfigError, match="measure_steps must be at most 100,000"):
+        BenchmarkConfig(model=ModelConfig(d_model=8, d_ff=8, num_layers=1, num_heads=1), measure_steps=2**40)

@@ -10,6 +10,7 @@ import torch
 
 from cs336_systems import attention_bench
 from cs336_systems.attention_bench import AttentionConfig, run_attention, saved_tensor_bytes
+from cs336_systems.attention_bench import run as attention_run
 from cs336_systems.device import compile_unsupported_reason
 from cs336_systems.layers import naive_causal_attention, sdpa_causal_attention
 from cs336_systems.memory_cap import soft_address_space_cap
@@ -246,7 +247,7 @@ def test_old_and_singular_spellings_are_aliases():
 
 
 def test_ctrl_c_keeps_the_finished_rows_and_exits_130(tmp_path, capsys, monkeypatch):
-    real, calls = attention_bench.cli.run_attention, []
+    real, calls = attention_run.run_attention, []
 
     def interrupted_second(config, **kwargs):
         calls.append(config)
@@ -254,7 +255,7 @@ def test_ctrl_c_keeps_the_finished_rows_and_exits_130(tmp_path, capsys, monkeypa
             raise KeyboardInterrupt
         return real(config, **kwargs)
 
-    monkeypatch.setattr(attention_bench.cli, "run_attention", interrupted_second)
+    monkeypatch.setattr(attention_run, "run_attention", interrupted_second)
     csv = tmp_path / "a.csv"
     code = attention_bench.main(
         [
@@ -278,6 +279,24 @@ def test_ctrl_c_keeps_the_finished_rows_and_exits_130(tmp_path, capsys, monkeypa
     assert list(pd.read_csv(csv)["context_length"]) == [16]
 
 
+def test_ctrl_c_without_an_output_prints_the_finished_rows(capsys, monkeypatch):
+    real, calls = attention_run.run_attention, []
+
+    def interrupted_second(config, **kwargs):
+        calls.append(config)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(config, **kwargs)
+
+    monkeypatch.setattr(attention_run, "run_attention", interrupted_second)
+    flags = ["--device", "cpu", "--head-dims", "8", "--context-lengths", "16", "32", "--measure-steps", "2"]
+    code = attention_bench.main([*flags, "--implementations", "naive"])
+    out, err = capsys.readouterr()
+    table = [line for line in out.splitlines() if line.startswith("| naive")]
+    assert code == 130 and len(table) == 1 and "| 16 " in table[0]
+    assert err.strip().splitlines()[-1].endswith("the rows finished so far are printed above (no --output)")
+
+
 @pytest.mark.parametrize(("status", "code"), [("oom", 0), ("unsupported", 0), ("error", 1)])
 def test_exit_status_follows_the_rows(status, code, tmp_path, capsys, monkeypatch):
     def fixed(config, **kwargs):
@@ -285,7 +304,7 @@ def test_exit_status_follows_the_rows(status, code, tmp_path, capsys, monkeypatc
         record.status = status
         return record
 
-    monkeypatch.setattr(attention_bench.cli, "run_attention", fixed)
+    monkeypatch.setattr(attention_run, "run_attention", fixed)
     assert attention_bench.main(["--device", "cpu", "--head-dims", "8", "--context-lengths", "16"]) == code
 
 
@@ -299,3 +318,17 @@ def test_every_attention_setting_is_an_identity_column_of_its_record():
     config = tiny("sdpa", context_length=64)
     row = new_record(config, torch.device("cpu"), None).to_row()
     assert {name: row[name] for name in AttentionRecord.identity_fields()} == dataclasses.asdict(config)
+
+
+def test_a_mistyped_flag_is_told_before_torch_is_imported():
+    """Importing torch takes seconds (tens on a busy machine): the flags are read first."""
+    code = (
+        "import sys\n"
+        "from cs336_systems.attention_bench import cli\n"
+        "try:\n"
+        "    cli.main(['--contxt-lengths', '8'])\n"
+        "except SystemExit as exc:\n"
+        "    sys.exit(exc.code + (10 if 'torch' not in sys.modules else 0))\n"
+    )
+    result = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, env=child_env(), timeout=120)
+    assert result.returncode == 12 and "unrecognized arguments: --contxt-lengths" in result.stderr

@@ -222,3 +222,64 @@ def test_two_torchrun_nodes_on_one_machine(tmp_path):
     assert list(rows.index) == ["single", "ddp", "fsdp2"] and set(rows["status"]) == {"ok"}
     assert set(rows["launcher"]) == {"torchrun"} and rows.loc["fsdp2", "world_size"] == 2
     assert not outputs[1].exists()
+
+
+NO_INIT = str(REPO / "tests" / "fixtures" / "adapters_sharded_no_init.py")
+
+
+def test_a_sharded_optimizer_without_state_is_counted_and_a_failing_strategy_costs_only_its_rows(tmp_path, capsys):
+    """A real student's ShardedOptimizer never calls Optimizer.__init__ (no `.state`, an inner optimizer);
+    the same module's get_ddp raises: that row is an error, every other row stands."""
+    csv = tmp_path / "rows.csv"
+    strategies = ["adapter-ddp", "adapter-sharded-optimizer", "ddp"]
+    code, _, err = run_main(
+        ddp_bench.main,
+        capsys,
+        "--world-size",
+        "2",
+        "--strategies",
+        *strategies,
+        "--adapters",
+        NO_INIT,
+        *TINY_DDP,
+        "--output",
+        csv,
+    )
+    rows = read_results(csv).set_index("strategy")
+    assert code == 1 and list(rows.index) == ["single", *strategies], err
+    assert rows.loc["adapter-ddp", "status"] == "error" and "my DDP is broken" in rows.loc["adapter-ddp", "error"]
+    for strategy in ("single", "adapter-sharded-optimizer", "ddp"):
+        assert rows.loc[strategy, "status"] == "ok", rows.loc[strategy, "error"]
+    sharded, single = rows.loc["adapter-sharded-optimizer"], rows.loc["single"]
+    assert 0 < sharded["optimizer_state_bytes_per_rank"] < single["optimizer_state_bytes_per_rank"]
+
+
+def test_a_model_returning_logits_and_aux_is_one_line_before_any_rank(capsys):
+    code, _, err = run_main(
+        ddp_bench.main,
+        capsys,
+        "--world-size",
+        "2",
+        *TINY_DDP,
+        "--model-factory",
+        "tests.fixtures.hostile.models:logits_and_aux",
+    )
+    assert code == 2 and err.count("\n") == 1 and "returned a tuple of 2, expected a logits tensor" in err
+
+
+@pytest.mark.parametrize(
+    ("defined", "named"),
+    [
+        ("class BasicsTransformerLM: pass\nclass TransformerLM: pass\n", "cs336_basics.model:BasicsTransformerLM"),
+        ("class TransformerLM: pass\n", "cs336_basics.model:TransformerLM"),
+        ("class GPT: pass\n", None),
+    ],
+)
+def test_the_not_sharded_hint_names_only_a_model_the_repository_has(tmp_path, monkeypatch, defined, named):
+    from cs336_systems.ddp_bench.record import handout_model_spec
+
+    (tmp_path / "cs336_basics").mkdir()
+    (tmp_path / "cs336_basics" / "__init__.py").write_text("raise RuntimeError('never imported by a hint')\n")
+    (tmp_path / "cs336_basics" / "model.py").write_text(defined)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert handout_model_spec() == named

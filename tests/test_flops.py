@@ -1,5 +1,6 @@
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -197,3 +198,86 @@ def test_the_peak_probe_grows_past_the_first_products_set_up(monkeypatch):
     probe = flops.measure_peak_tflops.__wrapped__  # uncached: the real probe is measured once per process
     assert probe(torch.device("cpu"), "fp32") == pytest.approx(0.994, abs=0.01)
     assert max(calls) == 2048  # the CPU probe's largest size
+
+
+@pytest.mark.parametrize("kept", [True, -5, 0, 1e308, float("inf"), float("nan"), "3.0", None])
+def test_a_damaged_kept_peak_is_not_trusted_but_measured_again(monkeypatch, tmp_path, kept):
+    calls = _fake_probe(monkeypatch, values=(2.0,))
+    cpu, cache = torch.device("cpu"), PeakCache(tmp_path / "peaks.json")
+    key = PeakCache.key(cpu, "AMD EPYC", "fp32")
+    cache.path.write_text(json.dumps({key: {"tflops": kept, "measured_at": "2026-01-01T00:00:00+00:00"}}))
+    found = resolve_peak(cpu, "AMD EPYC", "fp32", cache=cache)
+    assert (found.tflops, found.source, len(calls)) == (2.0, "calibrated", 1)
+    assert json.loads(cache.path.read_text())[key]["tflops"] == 2.0  # the damaged entry is replaced
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["directory is a file", "nested 200000 deep", "not JSON", "a list", "a directory", "a FIFO", "under /proc"],
+)
+def test_a_cache_that_cannot_be_read_or_written_is_a_note_never_a_lost_row(monkeypatch, tmp_path, damage):
+    _fake_probe(monkeypatch, values=(2.0,))
+    cache = PeakCache(tmp_path / "peaks.json")
+    if damage == "directory is a file":
+        (tmp_path / "file").write_text("x")
+        cache = PeakCache(tmp_path / "file" / "peaks.json")
+    elif damage == "nested 200000 deep":
+        cache.path.write_text(_nested(200_000))
+    elif damage == "not JSON":
+        cache.path.write_bytes(b"\xff\x00{")
+    elif damage == "a list":
+        cache.path.write_text("[1, 2]")
+    elif damage == "a directory":
+        cache.path.mkdir()
+    elif damage == "a FIFO":
+        os.mkfifo(cache.path)
+    else:
+        cache = PeakCache(Path("/proc/self/peaks.json"))
+    found = resolve_peak(torch.device("cpu"), "AMD EPYC", "fp32", cache=cache)
+    assert (found.tflops, found.source) == (2.0, "calibrated")
+    unwritable = damage in ("directory is a file", "a directory", "under /proc")  # a FIFO is read as empty, replaced
+    assert bool(found.notes) == unwritable
+    if unwritable:
+        assert "not kept" in found.notes[0] and "serves this run only" in found.notes[0]
+
+
+def test_concurrent_writers_keep_every_entry(tmp_path):
+    import threading
+
+    cache, errors = PeakCache(tmp_path / "peaks.json"), []
+
+    def writer(index: int) -> None:
+        for n in range(10):
+            note = cache.put(f"key {index} {n}", {"tflops": 1.0 + n})
+            if note:
+                errors.append(note)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and len(cache.entries()) == 80
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_failing_peak_costs_no_measured_row(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the probe ran out of memory")
+
+    monkeypatch.setattr("cs336_systems.runner.resolve_peak", broken)
+    record = run_benchmark(tiny_benchmark_config(profile_step=False))
+    assert record.status == "ok" and record.median_ms > 0 and record.mfu is None
+    assert "no MFU: finding the peak failed (RuntimeError: the probe ran out of memory)" in record.notes
+
+
+def test_a_probe_that_measures_nothing_keeps_nothing(monkeypatch, tmp_path):
+    _fake_probe(monkeypatch, values=(float("inf"),))
+    cache = PeakCache(tmp_path / "peaks.json")
+    found = resolve_peak(torch.device("cpu"), "AMD EPYC", "fp32", cache=cache)
+    assert (found.tflops, found.source) == (None, "unknown") and "no MFU" in found.notes[0]
+    assert not cache.path.exists()

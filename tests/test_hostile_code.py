@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import CELL, PYTHON, REPO, TINY, TINY_CPU, TINY_SHAPE, child_env
+from tests.conftest import CELL, HANG_GUARD_S, PYTHON, REPO, TINY, TINY_CPU, TINY_SHAPE, child_env
 
 ONE = [*TINY, "--pass-type", "forward"]
 GRID = [*TINY_SHAPE, *TINY_CPU, "--no-profile-step", *CELL]  # each test gives its steps
@@ -36,18 +36,16 @@ def _helpers(pidfile) -> list[int]:
 
 def test_a_factory_that_leaves_a_mess_loses_no_row_and_leaves_nothing_running(tmp_path):
     pidfile = tmp_path / "helpers.txt"
-    started = time.monotonic()
-    result = subprocess.run(
+    result = subprocess.run(  # a wait for its thread or its exit hook would be an hour
         [PYTHON, "-m", "cs336_systems.benchmark", *ONE]
         + ["--model-factory", "tests.fixtures.hostile.models:leaves_a_mess", "--output", "rows.csv"],
         cwd=tmp_path,
         env={**child_env(), "HOSTILE_HELPER_PIDFILE": str(pidfile)},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )
     assert result.returncode == 0, result.stderr
-    assert time.monotonic() - started < 60  # no wait for its thread or its exit hook
     lines = (tmp_path / "rows.csv").read_text().splitlines()  # where the user said, not where it chdir'd
     assert len(lines) == 2 and lines[0].startswith("tool,model_size,") and ",ok," in lines[1]  # one header, one row
     assert not list(tmp_path.glob(".*.lock"))  # our exit cleanup ran before its hanging hook

@@ -290,6 +290,26 @@ def test_a_lock_left_by_a_killed_writer_does_not_block(tmp_path, records):
     assert len(pd.read_csv(out)) == 1 and not (tmp_path / ".r.csv.lock").exists()
 
 
+@pytest.mark.parametrize("existed", [True, False])
+def test_two_names_of_one_file_are_one_lock(tmp_path, records, existed):
+    """Two sweeps on one CSV through a hard link: the second is refused, however the file came to be."""
+    first, second = tmp_path / "a.csv", tmp_path / "elsewhere" / "b.csv"
+    second.parent.mkdir()
+    if existed:
+        with ResultSink([first]) as sink:
+            sink.write(records[0])
+    with ResultSink([first]) as sink:
+        sink.write(records[1])  # the row that creates the file, where it did not exist
+        os.link(first, second)
+        with pytest.raises(ResultFileError, match="under another name of the same file"):
+            ResultSink([second])
+        sink.write(records[2])
+    with ResultSink([second]) as sink:  # the first writer is gone: the other name is free
+        sink.write(records[0])
+    text = first.read_text()
+    assert text.count("model_size") == 1 and len(pd.read_csv(first)) == (4 if existed else 3)
+
+
 # -- 7. numbers that pass validation but make no sense -------------------------------------
 
 

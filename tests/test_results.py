@@ -94,6 +94,27 @@ def test_markdown_round_trip(tmp_path, records):
     assert frame.loc[1, "status"] == "unsupported" and pd.isna(frame.loc[1, "mean_ms"])
 
 
+def test_markdown_carries_a_results_html_as_text(tmp_path, records):
+    """A device name, a size or an error holding HTML is shown, never rendered; it reads back as written."""
+    import dataclasses
+
+    hostile = dataclasses.replace(
+        records[0],
+        model_size="<i>small</i>",
+        status="error",
+        error="<script>alert(1)</script> & more",
+        environment=dataclasses.replace(records[0].environment, device_name="<img src=x onerror=alert(1)>"),
+    )
+    path = tmp_path / "r.md"
+    with ResultSink([path]) as sink:
+        sink.write(hostile)
+    text = path.read_text()
+    assert "<script>" not in text and "<img" not in text and "<i>" not in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; more" in text and "&lt;img src=x onerror=alert(1)&gt;" in text
+    assert read_results(path).loc[0, "model_size"] == "<i>small</i>"
+    assert "<script>" not in BenchmarkRecord.console([hostile.to_row()])
+
+
 def test_markdown_warns_about_noise():
     row = {
         "model_size": "small",

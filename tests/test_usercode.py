@@ -85,12 +85,10 @@ def test_with_no_room_for_the_watchdog_thread_the_alarm_still_guards(monkeypatch
 
 
 def test_a_swallowed_timeout_is_raised_again():
-    started = time.monotonic()
     with pytest.raises(UserCodeTimeout), guarded("my step", timeout_s=0.2):
         with contextlib.suppress(Exception):  # the user's code catches everything
             time.sleep(5)
-        time.sleep(5)
-    assert time.monotonic() - started < 3
+        time.sleep(60)  # it returns, and the block with it, unless the timeout is raised again
 
 
 def test_an_outer_alarm_still_goes_off_and_is_set_again():
@@ -177,7 +175,7 @@ def test_absurd_timeouts_are_refused(value):
 
 
 BENCH = [PYTHON, "-m", "cs336_systems.benchmark", *TINY]
-# the hang's own budget; an honest tiny build and step take milliseconds
+# the hang's own budget (only the hang is given one: a busy machine may take seconds over an honest step)
 TIMEOUT = ["--timeout", "6"]
 
 
@@ -188,15 +186,21 @@ def run_benchmark_cli(*args: str, timeout: float = 120) -> subprocess.CompletedP
 @pytest.mark.parametrize(
     "flags, status, message",
     [
-        ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:exits"], 1, r"models:exits called sys.exit\(0\)"),
+        # a factory that ends the process while it is built is refused before any row, as a bad flag is
+        (["--model-factory", "tests.fixtures.hostile.models:exits"], 2, r"models:exits called sys.exit\(0\)"),
         (
-            [*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:os_exits_in_forward"],
+            ["--model-factory", "tests.fixtures.hostile.models:os_exits_in_forward"],
             1,
             r"called os._exit\(0\)",
         ),
-        ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:interrupts"], 1, "KeyboardInterrupt itself"),
+        (["--model-factory", "tests.fixtures.hostile.models:interrupts"], 2, "KeyboardInterrupt itself"),
+        (
+            ["--model-factory", "tests.fixtures.hostile.models:interrupts_in_forward"],
+            1,
+            "KeyboardInterrupt itself",
+        ),
         ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.models:hangs_in_forward"], 1, "within --timeout 6 s"),
-        ([*TIMEOUT, "--model-factory", "tests.fixtures.hostile.exit3_at_import:make"], 2, r"called sys.exit\(3\)"),
+        (["--model-factory", "tests.fixtures.hostile.exit3_at_import:make"], 2, r"called sys.exit\(3\)"),
     ],
 )
 def test_benchmark_rows_for_user_code_that_exits_or_hangs(tmp_path, flags, status, message):
@@ -255,16 +259,15 @@ def test_attention_flash_getter_that_exits_is_an_error_row():
 
 
 def test_a_getter_or_an_import_that_hangs_ends_within_the_default_limit_not_the_steps(monkeypatch):
-    from cs336_systems import adapters, loading
+    from cs336_systems import loading, usercode
     from cs336_systems.attention_bench import AttentionConfig, run_attention
     from cs336_systems.usercode import DEFAULT_IMPORT_TIMEOUT_S, DefaultLimit
 
     assert DEFAULT_IMPORT_TIMEOUT_S <= 60  # "within a minute by default"
-    monkeypatch.setattr(adapters, "DEFAULT_IMPORT_TIMEOUT_S", DefaultLimit(0.5))
-    started = time.monotonic()
+    monkeypatch.setattr(usercode, "DEFAULT_IMPORT_TIMEOUT_S", DefaultLimit(0.5))
     hanging = str(REPO / "tests/fixtures/hostile/adapters_hang.py")
     record = run_attention(AttentionConfig("flash-pytorch", head_dim=8, context_length=16, adapters=hanging))
-    assert record.status == "timeout" and time.monotonic() - started < 10  # not the steps' 30 min
+    assert record.status == "timeout"  # its error names the 0.5 s limit, not the steps' 30 min
     assert "get_flashattention_autograd_function_pytorch() did not return within 0.5 s (the default limit" in (
         record.error
     )
@@ -274,8 +277,42 @@ def test_a_getter_or_an_import_that_hangs_ends_within_the_default_limit_not_the_
         )
 
 
+HANG_AT_IMPORT = "tests/fixtures/hostile/hang_at_import.py"
+
+
 @pytest.mark.parametrize(
-    "factory, message", [("exits", r"called sys.exit\(0\)"), ("interrupts", "KeyboardInterrupt itself")]
+    ("tool", "flags"),
+    [
+        ("attention_bench", ["--adapters", HANG_AT_IMPORT, "--context-lengths", "16", "--head-dims", "8"]),
+        ("ddp_bench", ["--adapters", HANG_AT_IMPORT]),
+        ("ddp_bench", ["--optimizer", "tests.fixtures.hostile.hang_at_import:make"]),
+    ],
+)
+def test_an_import_that_hangs_is_cut_at_the_tools_timeout(tool, flags, capsys):
+    """--timeout limits importing --adapters and --optimizer in every tool (it was 60 s whatever it said)."""
+    import importlib
+
+    code = importlib.import_module(f"cs336_systems.{tool}").main([*flags, "--device", "cpu", "--timeout", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "did not return within --timeout 1 s" in err and err.count("\n") == 1
+
+
+def test_the_import_limit_is_inherited_by_the_processes_a_command_starts(monkeypatch):
+    from cs336_systems.usercode import IMPORT_TIMEOUT_ENV, StepLimits, import_limit, import_limit_s
+
+    monkeypatch.delenv(IMPORT_TIMEOUT_ENV, raising=False)
+    read = [PYTHON, "-c", "from cs336_systems.usercode import import_limit_s; print(import_limit_s())"]
+    with import_limit(2.5):
+        assert import_limit_s() == 2.5
+        assert subprocess.run(read, capture_output=True, text=True, env=child_env()).stdout.strip() == "2.5"
+        with import_limit(StepLimits()):  # a child's own default keeps its parent's limit
+            assert import_limit_s() == 2.5
+    assert import_limit_s() == 60.0 and IMPORT_TIMEOUT_ENV not in os.environ
+
+
+@pytest.mark.parametrize(
+    "factory, message",
+    [("exits_in_forward", r"called sys.exit\(0\)"), ("interrupts_in_forward", "KeyboardInterrupt itself")],
 )
 def test_benchmark_direct_sweep_gets_an_error_row_not_our_exit(tmp_path, factory, message):
     from cs336_systems import benchmark_direct

@@ -9,8 +9,8 @@ from ..argtypes import (
     ArgumentParser,
     add_memory_limit_argument,
     exit_status,
-    non_negative_int,
-    positive_int,
+    step_count,
+    warmup_count,
 )
 from ..command import Command, add_argument_with_aliases
 from ..distributed import LaunchError
@@ -37,8 +37,8 @@ def build_parser() -> ArgumentParser:
         metavar="SIZE",
         help=f"bytes per rank: 1MB = 1e6 bytes, 1MiB = 2^20 (default {' '.join(DEFAULT_SIZES)})",
     )
-    parser.add_argument("--warmup-steps", type=non_negative_int, default=5, help="untimed-for-statistics all-reduces")
-    parser.add_argument("--measure-steps", type=positive_int, default=20, help="measured all-reduces")
+    parser.add_argument("--warmup-steps", type=warmup_count, default=5, help="untimed-for-statistics all-reduces")
+    parser.add_argument("--measure-steps", type=step_count, default=20, help="measured all-reduces")
     add_memory_limit_argument(
         parser,
         help="CPU only: address space each rank may still map after joining the group "

@@ -8,42 +8,44 @@ each row checked against the fp32 naive attention.
   record.py           the row: AttentionRecord and its Markdown view
   measure.py          run_attention: inputs, the check, the timed passes, memory, what autograd saves
   figure.py           time against sequence length, out-of-memory points marked
-  cli.py              the flags and main
+  names.py            the names the flags choose from (torch-free)
+  grid.py             the configurations the flags ask for
+  cli.py              the flags and main (read before torch is imported)
+  run.py              the grid's rows: measured, written, shown
 
 What each row holds and how it is checked: docs/attention.md; the flags: --help.
 """
 
-from .cli import build_parser, configs_from_args, main
-from .config import (
-    IMPLEMENTATIONS,
-    PASSES,
-    TENSOR_DTYPES,
-    TOLERANCES,
-    AttentionConfig,
-)
-from .correctness import check, reference
-from .figure import draw, plot
-from .implementations import attention_for, attention_function
-from .measure import run_attention, saved_tensor_bytes
-from .record import ATTENTION_FIELDS, AttentionRecord
+import importlib
 
-__all__ = [
-    "ATTENTION_FIELDS",
-    "IMPLEMENTATIONS",
-    "PASSES",
-    "TENSOR_DTYPES",
-    "TOLERANCES",
-    "AttentionConfig",
-    "AttentionRecord",
-    "attention_for",
-    "attention_function",
-    "build_parser",
-    "check",
-    "configs_from_args",
-    "main",
-    "draw",
-    "plot",
-    "reference",
-    "run_attention",
-    "saved_tensor_bytes",
-]
+# Each name from the module that defines it, imported on first use: `python -m ...attention_bench` reads
+# its flags before torch is imported.
+_HOMES = {
+    "build_parser": "cli",
+    "configs_from_args": "cli",
+    "main": "cli",
+    "IMPLEMENTATIONS": "config",
+    "PASSES": "config",
+    "TENSOR_DTYPES": "config",
+    "TOLERANCES": "config",
+    "AttentionConfig": "config",
+    "check": "correctness",
+    "reference": "correctness",
+    "draw": "figure",
+    "plot": "figure",
+    "attention_for": "implementations",
+    "attention_function": "implementations",
+    "run_attention": "measure",
+    "saved_tensor_bytes": "measure",
+    "ATTENTION_FIELDS": "record",
+    "AttentionRecord": "record",
+}
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+
+
+__all__ = sorted(_HOMES)

@@ -7,14 +7,16 @@ from dataclasses import dataclass
 from ..models import ConfigError
 from ..precision import PRECISION_TABLE
 from ..timing import TIMERS  # noqa: F401 (the same three; do-bench falls back here where benchmark refuses it)
+from .names import (  # noqa: F401  (the flags' names, torch-free)
+    BUILTIN_IMPLEMENTATIONS,
+    FLASH_IMPLEMENTATIONS,
+    IMPLEMENTATIONS,
+    LAYOUTS,
+    PASSES,
+    is_custom,
+)
 
-BUILTIN_IMPLEMENTATIONS = ("naive", "sdpa", "compiled")
-# the student's FlashAttention-2 from --adapters: implementation name -> Adapters.flash_function kind
-FLASH_IMPLEMENTATIONS = {"flash-pytorch": "pytorch", "flash-triton": "triton"}
-IMPLEMENTATIONS = BUILTIN_IMPLEMENTATIONS + tuple(FLASH_IMPLEMENTATIONS)  # and any package.module:callable
 TENSOR_DTYPES = {name: mode.compute_dtype for name, mode in PRECISION_TABLE.items()}  # q, k, v (no autocast)
-PASSES = ("forward", "backward", "end_to_end")
-LAYOUTS = ("bhsd", "bsd")  # (batch, heads, seq, d) as SDPA wants; (batch, seq, d) as the official tests call
 
 # Largest allowed |implementation - fp32 naive reference|, per dtype of q, k, v, as a fraction of
 # max(1, max |reference|) of the compared tensor (output, dq, dk or dv). fp32 leaves room for a
@@ -22,11 +24,6 @@ LAYOUTS = ("bhsd", "bsd")  # (batch, heads, seq, d) as SDPA wants; (batch, seq, 
 # bf16 has 7 (eps ~8e-3), so a few roundings of O(1) values reach 1e-2. The official tests'
 # FlashAttention tolerance is 1e-2 (absolute and relative).
 TOLERANCES = {"fp32": 1e-4, "tf32": 5e-3, "fp16": 5e-3, "bf16": 3e-2}
-
-
-def is_custom(implementation: str) -> bool:
-    """A `package.module:callable` implementation, called as f(q, k, v, is_causal)."""
-    return ":" in implementation
 
 
 @dataclass(frozen=True)

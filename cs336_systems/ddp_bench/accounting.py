@@ -19,28 +19,45 @@ def local_bytes(tensor: torch.Tensor) -> int:
     return local.numel() * local.element_size()
 
 
+def _state(optimizer: object) -> dict:
+    """The optimizer's per-parameter state; {} for one that keeps none of its own (a student's sharded
+    optimizer that never calls Optimizer.__init__ and holds a local optimizer instead)."""
+    state = vars(optimizer).get("state") if hasattr(optimizer, "__dict__") else None
+    return state if isinstance(state, dict) else {}
+
+
+def _wrapped(optimizer: object) -> list:
+    """Optimizers `optimizer` keeps as attributes (ZeRO's `optim`, a student's local one)."""
+    return [
+        attribute
+        for attribute in getattr(optimizer, "__dict__", {}).values()
+        if isinstance(attribute, torch.optim.Optimizer) and attribute is not optimizer
+    ]
+
+
 def _optimizer_tensors(optimizer: torch.optim.Optimizer, seen: set[int]) -> list[torch.Tensor]:
     """The state tensors of `optimizer`, and of optimizers it wraps (ZeRO's `optim`, a student's
     sharded optimizer holding a local one), each counted once."""
+    seen.add(id(optimizer))
     found = []
-    for state in optimizer.state.values():
-        for value in state.values():
+    for state in _state(optimizer).values():
+        for value in state.values() if isinstance(state, dict) else ():
             if isinstance(value, torch.Tensor) and id(value) not in seen and value.dim() > 0:
                 seen.add(id(value))  # a 0-dim `step` counter is not state worth counting
                 found.append(value)
-    for attribute in vars(optimizer).values():
-        if isinstance(attribute, torch.optim.Optimizer) and attribute is not optimizer:
-            found += _optimizer_tensors(attribute, seen)
+    for inner in _wrapped(optimizer):
+        if id(inner) not in seen:
+            found += _optimizer_tensors(inner, seen)
     return found
 
 
 def _state_keys(optimizer: torch.optim.Optimizer, seen: set[int]) -> set[int]:
     """ids of the tensors (parameters) `optimizer` and the optimizers it wraps keep state for."""
     seen.add(id(optimizer))
-    keys = {id(key) for key, state in optimizer.state.items() if state}
-    for attribute in vars(optimizer).values():
-        if isinstance(attribute, torch.optim.Optimizer) and id(attribute) not in seen:
-            keys |= _state_keys(attribute, seen)
+    keys = {id(key) for key, state in _state(optimizer).items() if state}
+    for inner in _wrapped(optimizer):
+        if id(inner) not in seen:
+            keys |= _state_keys(inner, seen)
     return keys
 
 

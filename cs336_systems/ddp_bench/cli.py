@@ -9,20 +9,21 @@ from ..adapters import AdapterError, Adapters, add_adapters_argument, load_adapt
 from ..argtypes import (
     ArgumentParser,
     exit_status,
-    non_negative_int,
     positive_float,
     positive_int,
+    step_count,
+    warmup_count,
 )
 from ..benchmark_flags import add_shape_arguments, announce_size_table, model_config_from_args
 from ..command import Command, add_argument_with_aliases
 from ..config import BenchmarkConfig
 from ..distributed.driver import launch_from_args, launch_parser, run_rows
+from ..factory import check_user_model
 from ..models import ATTENTION_KINDS, ConfigError
 from ..optimizer import check_user_optimizer
 from ..precision import PRECISIONS, unsupported_reason
 from ..results import ResultSink, check_output_paths
 from ..tools import prog
-from ..user_model import load_model_factory
 from .record import (
     DdpRecord,
     attach_baseline,
@@ -90,8 +91,8 @@ def build_parser() -> ArgumentParser:
     group.add_argument(
         "--base-batch-size", type=positive_int, help="batch --base-lr was tuned at (default: per-device)"
     )
-    group.add_argument("--warmup-steps", type=non_negative_int, default=5)
-    group.add_argument("--measure-steps", type=positive_int, default=10)
+    group.add_argument("--warmup-steps", type=warmup_count, default=5)
+    group.add_argument("--measure-steps", type=step_count, default=10)
     group.add_argument("--seed", type=int, default=0)
     return parser
 
@@ -178,8 +179,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--precision {args.precision}: {reason}")
     check_flags_apply(args)
     config = config_from_args(args, device.type)
-    if args.model_factory:
-        load_model_factory(args.model_factory)
+    if args.model_factory:  # before any rank starts: a model every rank would fail on is one line
+        check_user_model(config.model, args.model_factory, device)
     args.loaded_adapters = check_adapters(args)
     if ":" in args.optimizer:
         check_user_optimizer(args.optimizer)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.machinery
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from ..config import ModelShape
@@ -236,7 +239,24 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
 
 
 NOTHING_SHARDED_STATUS = "not-sharded"
-HANDOUT_MODEL = "cs336_basics.model:BasicsTransformerLM"
+# The handout's model, then a student's own of the same module, by the names they are known by.
+HANDOUT_MODEL_MODULE, HANDOUT_MODEL_NAMES = "cs336_basics.model", ("BasicsTransformerLM", "TransformerLM")
+
+
+def handout_model_spec() -> str | None:
+    """`cs336_basics.model:NAME` where the cs336_basics first on the path defines one of
+    HANDOUT_MODEL_NAMES at its top level (read, not imported: a hint never runs the student's code)."""
+    package, _, module = HANDOUT_MODEL_MODULE.partition(".")
+    try:
+        spec = importlib.machinery.PathFinder.find_spec(package)
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        source = next((Path(d) / f"{module}.py" for d in locations if (Path(d) / f"{module}.py").is_file()), None)
+        tree = ast.parse(source.read_bytes()) if source else None
+    except (OSError, SyntaxError, ValueError, ImportError):
+        return None
+    defined = {node.name for node in getattr(tree, "body", []) if isinstance(node, ast.ClassDef | ast.FunctionDef)}
+    name = next((name for name in HANDOUT_MODEL_NAMES if name in defined), None)
+    return f"{HANDOUT_MODEL_MODULE}:{name}" if name else None
 
 
 def _check_sharding(record: DdpRecord, unit: DdpUnit, messages: list[dict], world_size: int) -> None:
@@ -260,13 +280,12 @@ def _check_sharding(record: DdpRecord, unit: DdpUnit, messages: list[dict], worl
         what = "every rank keeps optimizer state for every parameter"
     else:
         return
-    hint = (
-        ""
-        if unit.config.model_factory
-        else (
-            f"; an FSDP that shards the handout's own layer classes needs the handout's model: --model-factory {HANDOUT_MODEL}"
+    hint = ""
+    if not unit.config.model_factory:
+        model = handout_model_spec()
+        hint = "; an FSDP that shards the handout's own layer classes needs a model built of them: " + (
+            f"--model-factory {model}" if model else "--model-factory package.module:callable"
         )
-    )
     record.status = NOTHING_SHARDED_STATUS
     record.notes = "; ".join(filter(None, [record.notes, f"nothing sharded: {what}{hint}"]))
 

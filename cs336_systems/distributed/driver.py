@@ -18,7 +18,7 @@ import torch
 from ..argtypes import ArgumentParser, add_device_argument, add_output_argument, positive_int
 from ..command import add_argument_with_aliases
 from ..results import Environment, collect_environment
-from ..usercode import timeout_seconds
+from ..usercode import DefaultLimit, timeout_seconds
 from .group import (
     BACKENDS,
     DEFAULT_INIT_TIMEOUT_S,
@@ -69,9 +69,10 @@ def launch_parser(prog: str, description: str, *, default_timeout_s: float) -> A
     parser.add_argument(
         "--timeout",
         type=timeout_seconds,
-        default=default_timeout_s,
+        default=DefaultLimit(default_timeout_s),  # not the user's: an import of their code keeps its own default
         metavar="SECONDS",
-        help=f"per unit: status 'timeout' after this long ({default_timeout_s:g})",
+        help=f"per unit: status 'timeout' after this long ({default_timeout_s:g}); given, it limits importing "
+        "your code too",
     )
     parser.add_argument(
         "--init-timeout",

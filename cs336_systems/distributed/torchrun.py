@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..argtypes import MAX_PORT
 from ..results import collect_environment
 from .group import (
     GroupResult,
@@ -29,7 +30,6 @@ TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER
 
 
 STALE_HINT = "left over from another launch? unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT"
-MAX_PORT = 65535
 
 
 def under_torchrun() -> bool:

@@ -8,6 +8,7 @@ line or a whole file is written by writing.py.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import fcntl
 import json
@@ -45,17 +46,28 @@ class ResultRecord(Protocol):
 class OutputLock:
     """An exclusive `flock` on a sidecar `.NAME.lock` holding the writer's pid (the sidecar,
     not the file, because a Markdown file is replaced by rename on every row). Other processes
-    are kept out; sinks of one process share the lock (counted), so a tool may open a file twice."""
+    are kept out; sinks of one process share the lock (counted), so a tool may open a file twice.
 
-    held: dict[Path, list] = {}  # sidecar -> [fd, users]
+    `appended` (a .csv or .jsonl output, written in place): the file itself is locked too, so
+    two names of one file (hard links, whose sidecars differ) are one lock, keyed by its device
+    and inode: now if it exists, else as soon as the first row creates it (`hold_file`)."""
 
-    def __init__(self, path: Path, wait: bool = False, wait_flag: str | None = None):
+    held: dict[Path, list] = {}  # sidecar -> [fd, users, the file's own locked fd or None]
+
+    def __init__(self, path: Path, wait: bool = False, wait_flag: str | None = None, appended: bool = False):
         # a tool without a waiting flag is told only to wait: name only flags that exist
         self.wait_hint = f", or pass {wait_flag}" if wait_flag else ""
         self.path = lock_path(path)
         entry = self.held.get(self.path)
         if entry is None:
-            entry = self.held[self.path] = [self._acquire(path, wait), 0]
+            fd = self._acquire(path, wait)
+            try:
+                file_fd = self._acquire_file(path, wait) if appended and path.exists() else None
+            except BaseException:
+                self.path.unlink(missing_ok=True)
+                os.close(fd)
+                raise
+            entry = self.held[self.path] = [fd, 0, file_fd]
         entry[1] += 1
         self.active = True
 
@@ -93,6 +105,34 @@ class OutputLock:
                 return fd
             os.close(fd)
 
+    def _acquire_file(self, output: Path, wait: bool) -> int | None:
+        """The output file itself, flocked: its fd (None if it cannot be opened; its sidecar still guards it)."""
+        try:
+            fd = os.open(output, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                os.close(fd)
+                raise OutputLockedError(
+                    f"{output} is being written by another process under another name of the same file (a hard "
+                    f"link); wait for it to finish{self.wait_hint}"
+                ) from None
+            print(f"waiting for another process to finish writing {output}", file=sys.stderr, flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
+
+    def hold_file(self, output: Path) -> None:
+        """The first row created `output`: lock it too (a hard link made to it from now on is kept out)."""
+        entry = self.held.get(self.path)
+        if entry is not None and entry[2] is None and self.active:
+            with contextlib.suppress(
+                OutputLockedError
+            ):  # a writer there within the microseconds since: none to wait for
+                entry[2] = self._acquire_file(output, wait=False)
+
     def release(self) -> None:
         if not self.active:
             return
@@ -103,15 +143,21 @@ class OutputLock:
         entry[1] -= 1
         if entry[1] == 0:
             del self.held[self.path]
-            self.path.unlink(missing_ok=True)
-            os.close(entry[0])
+            _release(self.path, entry)
+
+
+def _release(sidecar: Path, entry: list) -> None:
+    fd, _, file_fd = entry
+    if file_fd is not None:
+        os.close(file_fd)
+    sidecar.unlink(missing_ok=True)
+    os.close(fd)
 
 
 @at_exit
 def _release_all() -> None:
-    for path, (fd, _) in list(OutputLock.held.items()):
-        path.unlink(missing_ok=True)
-        os.close(fd)
+    for path, entry in list(OutputLock.held.items()):
+        _release(path, entry)
     OutputLock.held.clear()
 
 
@@ -237,7 +283,7 @@ class ResultSink:
         self.holds: dict[Path, set] = {}
         try:
             for path in self.paths:
-                self.locks.append(OutputLock(path, wait_lock, wait_flag))
+                self.locks.append(OutputLock(path, wait_lock, wait_flag, appended=path.suffix != ".md"))
             for path in self.paths:
                 if path.suffix == ".csv":
                     self._repair(path)
@@ -271,6 +317,9 @@ class ResultSink:
             if key is not None and key in self.holds.get(writer.path, ()):
                 continue
             writer.write(record)
+        for lock, path in zip(self.locks, self.paths, strict=True):
+            if path.suffix != ".md":
+                lock.hold_file(path)
 
     def close(self) -> None:
         for lock in self.locks:

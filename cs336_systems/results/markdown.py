@@ -7,6 +7,7 @@ only knows how to draw rows.
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,6 +54,17 @@ def is_missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
 
 
+def escape(text: str) -> str:
+    """A result's text in Markdown, shown as written: `<`, `>` and `&` as entities, so a device name
+    or an error holding `<script>` is text, not HTML (files.read_markdown reads them back)."""
+    return html.escape(text, quote=False)
+
+
+def escaped_fields(row: dict) -> dict:
+    """`row` with its text escaped (escape), for lines that mix its fields with our own words."""
+    return {name: escape(value) if isinstance(value, str) else value for name, value in row.items()}
+
+
 def format_cell(name: str, value: object) -> str:
     if is_missing(value):
         return ""
@@ -75,7 +87,7 @@ def cell_value(row: dict, column: str) -> object:
 
 
 def markdown_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
-    body = [[format_cell(c, cell_value(row, c)) for c in columns] for row in rows]
+    body = [[escape(format_cell(c, cell_value(row, c))) for c in columns] for row in rows]
     return tabulate(body, headers=list(columns), tablefmt="github", disable_numparse=True)
 
 
@@ -112,7 +124,7 @@ def environment_lines(rows: Sequence[dict], names: Sequence[str] = MARKDOWN_ENVI
     for name in names:
         values = sorted({format_cell(name, row.get(name)) for row in rows} - {""})
         if values:
-            lines.append(f"- {name}: {', '.join(values)}")
+            lines.append(f"- {name}: {escape(', '.join(values))}")
     return lines
 
 
@@ -120,7 +132,7 @@ def write_page(path: Path, *, title: str, command: str, body: Sequence[str], env
     """A study's or self-check's page: title, the command that wrote it, its body lines, the
     environment. Written to `path` and returned (the scripts print it too)."""
     lines = [
-        f"# {title}",
+        f"# {escape(title)}",
         "",
         f"Command: `{command}`",
         "",
@@ -144,8 +156,8 @@ def render_document(
     conventions: str = CONVENTIONS,
 ) -> str:
     """Title, table, per-row notes (failures, noise, caveats), environment, conventions."""
-    parts = [f"# {title}", "", markdown_table(rows, columns), ""]
-    notes = note_lines(rows, label_columns)
+    parts = [f"# {escape(title)}", "", markdown_table(rows, columns), ""]
+    notes = note_lines([escaped_fields(row) for row in rows], label_columns)
     if notes:
         parts += ["Notes:", "", *(f"- {line}" for line in notes), ""]
     env = environment_lines(rows)
@@ -157,5 +169,6 @@ def render_document(
 
 def console_table(rows: Sequence[dict], *, title: str, columns: Sequence[str], label_columns: Sequence[str]) -> str:
     """A narrow Markdown document for a terminal: title, table and the notes a reader must see."""
-    notes = note_lines(rows, label_columns)
-    return "\n".join([f"# {title}", "", markdown_table(rows, columns), *(f"- {line}" for line in notes)]) + "\n"
+    notes = note_lines([escaped_fields(row) for row in rows], label_columns)
+    lines = [f"# {escape(title)}", "", markdown_table(rows, columns), *(f"- {line}" for line in notes)]
+    return "\n".join(lines) + "\n"

@@ -4,6 +4,7 @@ DataFrame. Files written before a column was added or renamed read as today's ro
 
 from __future__ import annotations
 
+import html
 import io
 from pathlib import Path
 
@@ -18,7 +19,8 @@ from .paths import OUTPUT_SUFFIXES
 
 
 def read_markdown(path: str | Path) -> pd.DataFrame:
-    """The first pipe table of a Markdown file, with numbers parsed back."""
+    """The first pipe table of a Markdown file, with numbers parsed back and `&lt;`, `&gt;`, `&amp;` as
+    the text they stand for (markdown.escape)."""
     lines = [line.strip() for line in validate.read_text(Path(path)).splitlines()]
     table = []
     for line in lines:
@@ -28,7 +30,7 @@ def read_markdown(path: str | Path) -> pd.DataFrame:
             break
     if len(table) < 2:
         return pd.DataFrame()
-    split = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
+    split = [[html.unescape(cell.strip()) for cell in line.strip("|").split("|")] for line in table]
     header, body = split[0], split[2:]
     for number, cells in enumerate(body, 3):
         if len(cells) != len(header):

@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import stat
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -131,15 +132,21 @@ def open_to_write(path: Path):
     return os.fdopen(fd, "w")
 
 
-def write_whole(path: Path, text: str | bytes) -> None:
+def write_whole(path: Path, text: str | bytes, *, unique: bool = False) -> None:
     """Replace `path` with `text` atomically: a temp file beside it (created fresh, never
     through a link planted at its name), then a rename. A failure (a full disk) leaves the
-    previous file and no temp file, and raises ResultWriteError naming the file."""
-    temporary = path.with_name(path.name + TEMP_SUFFIX)
+    previous file and no temp file, and raises ResultWriteError naming the file. `unique`: a
+    temp name of this writer's own, for a file that writers outside the output locks share."""
     data = text.encode() if isinstance(text, str) else text
+    temporary = None
     try:
-        temporary.unlink(missing_ok=True)  # a stale one, or a planted link (unlink never follows)
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        if unique:
+            fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+            temporary = Path(name)
+        else:
+            temporary = path.with_name(path.name + TEMP_SUFFIX)
+            temporary.unlink(missing_ok=True)  # a stale one, or a planted link (unlink never follows)
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
             _full_disk(path)
             view = memoryview(data)
@@ -147,9 +154,12 @@ def write_whole(path: Path, text: str | bytes) -> None:
                 view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
+        if unique:
+            os.chmod(temporary, 0o644)  # mkstemp's 0o600 would hide the file from its other users
         os.replace(temporary, path)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            temporary.unlink(missing_ok=True)
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)
         kept = "kept as it was" if path.exists() else "not written"
         raise ResultWriteError(exc.errno, f"{path}: could not write ({exc.strerror}); {kept}") from exc

@@ -108,6 +108,7 @@ BENCHMARK_LIKE = [
     ["--warmup-steps", "-1"],
     ["--measure-steps", "0"],
     ["--seed", "abc"],
+    ["--measure-steps", str(2**40)],  # passed the integer bound and ran for ever
 ]
 SWEEP_ONLY = [
     ["--context-lengths", "0"],
@@ -140,6 +141,8 @@ PATHS = [
     ["--output", "{tmp}/hard_a.csv", "--output", "{tmp}/hard_b.csv"],  # hard links to one file
 ]
 PATHS_SHORT = [PATHS[0], PATHS[3], PATHS[4], PATHS[7]]
+# Fourth round: a CSV another process writes under another name (a hard link to the file it holds).
+HARD_LINKED = ["--output", "{tmp}/held_link.csv"]
 # Result files that are not what they claim: repeated header, text in a number, other keys, a rendering.
 DAMAGED = [
     "header_twice.csv",
@@ -184,6 +187,16 @@ MODEL_CODE_3 = [
     Row(["--optimizer", "hostile.optimizers:needs_momentum", "--pass-type", "train-step"], ("error",)),
     Row(["--optimizer", "hostile.optimizers:exits", "--pass-type", "train-step"], ("error",)),  # at construction
 ]
+# Fourth round: a model or optimizer wrong before any step is refused up front, in every tool alike.
+MODEL_CONTRACT = [
+    ["--model-factory", "hostile.models:raises_in_init"],
+    ["--model-factory", "hostile.models:returns_its_class"],
+    ["--model-factory", "hostile.models:builds_on_meta"],
+    ["--model-factory", "hostile.models:wrong_vocabulary"],
+    ["--model-factory", "hostile.models:integer_logits"],
+    ["--model-factory", "hostile.models:logits_and_aux"],
+]
+OPTIMIZER_ELSEWHERE = ["--optimizer", "hostile.optimizers:its_own_parameters", "--pass-type", "train-step"]
 FAST_PATH = [
     ["--grad-accum-steps", "0"],
     ["--param-dtype", "fp16"],
@@ -227,6 +240,16 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         *MODEL_CODE,
         *MODEL_CODE_3,
         *FAST_PATH,
+        HARD_LINKED,
+        *MODEL_CONTRACT,
+        OPTIMIZER_ELSEWHERE,
+        Row(["--model-factory", "hostile.models:half_precision", "--pass-type", "forward"], ("ok",)),
+    ],
+    # --peak calibrate with a cache it cannot read or write: the row stands, with a note
+    "benchmark_peak": [
+        Row(["--peak", "calibrate"], ("ok",), env={"CS336_BENCH_CACHE": "{tmp}/victim.txt"}),
+        Row(["--peak", "calibrate"], ("ok",), env={"CS336_BENCH_CACHE": "/proc/self"}),
+        Row(["--peak", "calibrate"], ("ok",), env={"CS336_BENCH_CACHE": "{tmp}/deep_cache"}),
     ],
     "benchmark_config": CONFIG,
     "benchmark_direct": [
@@ -241,6 +264,8 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         MODEL_CODE[13],
         MODEL_CODE_3[0],
         MODEL_CODE_3[2],
+        HARD_LINKED,
+        *MODEL_CONTRACT,
     ],
     "run_benchmarks": [
         *BENCHMARK_LIKE,
@@ -256,6 +281,7 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         MODEL_CODE[9],
         MODEL_CODE_3[1],
         MODEL_CODE_3[6],
+        *MODEL_CONTRACT[:3],
     ],
     "find_max": [
         *(["--dimension", "batch-size", *case] for case in BENCHMARK_LIKE[:12]),
@@ -273,6 +299,7 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         ["--dimension", "batch-size", "--summary", "{tmp}/sum.json", "--output", "{tmp}/sum.json"],
         ["--dimension", "batch-size", "--max", HUGE],
         ["--dimension", "batch-size", "--timeout", "1e20"],
+        ["--dimension", "batch-size", *MODEL_CONTRACT[5]],
     ],
     "memory": [
         ["--model-size", "huge"],
@@ -350,6 +377,9 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         ["--head-dims", HUGE],
         ["--context-lengths", HUGE],
         ["--timeout", "1e20"],
+        ["--measure-steps", str(2**40)],
+        ["--contxt-lengths", "8"],  # a mistyped flag, told before torch is imported
+        ["--adapters", "hostile.hang_at_import", "--timeout", "3"],  # the import cut at --timeout
         Row(["--implementations", "hostile.attention:returns_float64"], ("wrong",)),
         Row(["--implementations", "hostile.attention:returns_nan"], ("wrong",)),
         Row(["--implementations", "hostile.attention:exits"], ("error",)),
@@ -386,6 +416,7 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         ["--timeout", "1e20"],
         ["--init-timeout", "1e20"],
         ["--sizes", "1e30"],
+        ["--measure-steps", str(2**40)],
         ["--output", "{tmp}/fifo.csv"],
         ["--output", "{tmp}/link.csv"],
         Env(
@@ -434,6 +465,25 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         Row(["--strategies", "adapter-ddp-overlap-individual", "--adapters", "hostile.adapters_exit"], ("error",)),
         Row(["--optimizer", "hostile.optimizers:RequiredAdamW"], ("ok",)),  # the same hyperparameters as benchmark
         Row(["--optimizer", "hostile.optimizers:needs_momentum"], ("error",)),
+        ["--measure-steps", str(2**40)],
+        ["--adapters", "hostile.hang_at_import", "--timeout", "3"],
+        ["--optimizer", "hostile.hang_at_import:make", "--timeout", "3"],
+        ["--optimizer", "hostile.optimizers:its_own_parameters"],
+        MODEL_CONTRACT[5],  # (logits, aux_losses): one line before any rank starts
+        MODEL_CONTRACT[0],
+        # a real student's ShardedOptimizer without Optimizer.__init__ (no .state); its get_ddp raises:
+        # that strategy's row is an error, every other row stands
+        Row(
+            [
+                "--strategies",
+                "adapter-ddp",
+                "adapter-sharded-optimizer",
+                "ddp",
+                "--adapters",
+                "adapters_sharded_no_init",
+            ],
+            ("ok", "error"),
+        ),
     ],
     "loader_bench": [
         ["--storage", "s3"],
@@ -505,6 +555,10 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         [],
         ["no_such_tool"],
     ],
+    "storage": [
+        ["serve", "--root", "{tmp}", "--port", "99999"],
+        ["serve", "--root", "{tmp}", "--port", "-1"],
+    ],
     "mixed_precision": [
         ["--device", "tpu"],
         ["--device", "cuda:99"],
@@ -517,6 +571,7 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
 # flags every case of a command carries (the tiny model on the CPU), before the bad ones
 BASE: dict[str, list[str]] = {
     "benchmark": [*BENCH, "--context-length", "8", "--batch-size", "2"],
+    "benchmark_peak": [*TINY, *RUN, "--context-length", "8", "--batch-size", "2", "--pass-type", "forward"],
     "benchmark_direct": [*BENCH, "--context-lengths", "8", "--batch-sizes", "2"],
     "run_benchmarks": [*BENCH, "--context-lengths", "8", "--batch-sizes", "2"],
     "find_max": [*BENCH, "--context-length", "8", "--max", "4"],
@@ -555,11 +610,16 @@ BASE: dict[str, list[str]] = {
     ],
     "cs336-bench": [],
     "mixed_precision": [],
+    "storage": [],
 }
 
 
 # The module a command of the table runs (the command's own name when it is not here).
-MODULES = {"benchmark_config": "cs336_systems.benchmark", "cs336-bench": "cs336_bench"}
+MODULES = {
+    "benchmark_config": "cs336_systems.benchmark",
+    "benchmark_peak": "cs336_systems.benchmark",
+    "cs336-bench": "cs336_bench",
+}
 
 
 @dataclass
@@ -665,6 +725,10 @@ def make_files(tmp: Path) -> None:
     (tmp / ".locklink.csv.lock").symlink_to(tmp / "victim.txt")
     (tmp / "hard_a.csv").write_text("")
     os.link(tmp / "hard_a.csv", tmp / "hard_b.csv")
+    (tmp / "held_file.csv").write_text("")  # hold_lock holds the file itself; held_link.csv is its other name
+    os.link(tmp / "held_file.csv", tmp / "held_link.csv")
+    (tmp / "deep_cache").mkdir()  # a peak cache nested 200,000 deep
+    (tmp / "deep_cache" / "peak_tflops.json").write_text("[" * 200_000 + "]" * 200_000)
     make_config_files(tmp)
     (tmp / "data_link").mkdir()
     (tmp / "data_link" / "item_0000000.bin").symlink_to(tmp / "victim.txt")
@@ -718,15 +782,17 @@ def make_damaged_files(tmp: Path) -> None:
 
 
 def hold_lock(tmp: Path) -> list[int]:
-    """held.csv is being written by another process, and handout_locked/ is another handout's (this
-    script holds their locks for the whole run)."""
+    """held.csv is being written by another process, held_file.csv too (its file locked, as a sweep's),
+    and handout_locked/ is another handout's (this script holds their locks for the whole run)."""
     fds = []
     for lock in (tmp / ".held.csv.lock", tmp / "handout_locked" / ".handout_plan.csv.lock"):
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, f"{os.getpid()}\n".encode())
         fds.append(fd)
-    return fds
+    fd = os.open(tmp / "held_file.csv", os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return [*fds, fd]
 
 
 def run_case(command: str, case: list[str] | Row | Env, tmp: Path, number: int) -> Outcome:
@@ -742,7 +808,7 @@ def run_case(command: str, case: list[str] | Row | Env, tmp: Path, number: int) 
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join([str(REPO), str(FIXTURES), os.environ.get("PYTHONPATH", "")]),
     }
-    env.update(getattr(case, "env", {}))
+    env.update({name: value.replace("{tmp}", str(tmp)) for name, value in getattr(case, "env", {}).items()})
     start = time.monotonic()
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=CASE_TIMEOUT_S, cwd=tmp, env=env)
