@@ -53,12 +53,17 @@ def test_the_row_keeps_its_raw_value_and_says_why_in_its_notes(tmp_path):
 
     record = BenchmarkRecord.for_config(tiny_benchmark_config(), __import__("torch").device("cpu"), None, 10)
     record.mfu, record.notes = 2.5, "a note of its own"
-    path = tmp_path / "rows.csv"
-    with ResultSink([path], BenchmarkRecord) as sink:
+    path, page = tmp_path / "rows.csv", tmp_path / "rows.md"
+    with ResultSink([path, page], BenchmarkRecord) as sink:
         sink.write(record)
     row = read_results(path).iloc[0]
     assert row["mfu"] == 2.5  # raw in the file
     assert row["notes"].startswith("a note of its own; not measurable: MFU 2.5 is not a share of the peak")
+    text = page.read_text()
+    assert "2.500" not in text and f"| {NOT_MEASURABLE} " in text  # the tool's own table
+    assert "not measurable: MFU 2.5" in text  # the reason under it
+    shown = read_results(page).iloc[0]
+    assert pd.isna(shown["mfu"]) and shown["batch_size"] == row["batch_size"]  # n/m reads back as missing
 
 
 def test_a_table_shows_n_m_and_the_reason_never_the_impossible_number():

@@ -17,6 +17,7 @@ from tabulate import tabulate
 
 from ..anomalies import fast_path_flags, flag_anomalies
 from ..stats import CONVENTIONS, NOISE
+from . import plausibility
 from .writing import write_whole
 
 MARKDOWN_ENVIRONMENT = (
@@ -75,19 +76,38 @@ def format_cell(name: str, value: object) -> str:
     return str(value)
 
 
+def source_field(row: dict, column: str) -> str:
+    """The row's field a shown column comes from (`x_gib` shows `x_bytes`)."""
+    if column in row:
+        return column
+    for suffix in _BYTE_UNITS:
+        if column.endswith(suffix):
+            return column.removesuffix(suffix) + "_bytes"
+    return column
+
+
 def cell_value(row: dict, column: str) -> object:
     """The row's value for a shown column; byte counts shown in GiB/MiB are computed here."""
-    if column in row:
-        return row.get(column)
-    for suffix, scale in _BYTE_UNITS.items():
-        if column.endswith(suffix):
-            value = row.get(column.removesuffix(suffix) + "_bytes")
-            return None if is_missing(value) else float(value) / scale
-    return None
+    field = source_field(row, column)
+    value = row.get(field)
+    if field == column or is_missing(value):
+        return value
+    return float(value) / _BYTE_UNITS[column[-4:]]
 
 
 def markdown_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
-    body = [[escape(format_cell(c, cell_value(row, c))) for c in columns] for row in rows]
+    """Rows as a pipe table; a value that cannot be a result shows as NOT_MEASURABLE (its reason is in
+    the row's notes, results/plausibility.py)."""
+    body = []
+    for row in rows:
+        unusable = plausibility.problems(row)
+        cells = [format_cell(c, cell_value(row, c)) for c in columns]
+        body.append(
+            [
+                plausibility.NOT_MEASURABLE if source_field(row, c) in unusable else escape(cell)
+                for c, cell in zip(columns, cells, strict=True)
+            ]
+        )
     return tabulate(body, headers=list(columns), tablefmt="github", disable_numparse=True)
 
 

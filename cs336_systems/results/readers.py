@@ -16,6 +16,7 @@ from .environment import ADDED_FIELDS
 from .errors import ResultFileError
 from .origin import TOOL, legacy_tool
 from .paths import OUTPUT_SUFFIXES
+from .plausibility import NOT_MEASURABLE
 
 
 def read_markdown(path: str | Path) -> pd.DataFrame:
@@ -35,7 +36,7 @@ def read_markdown(path: str | Path) -> pd.DataFrame:
     for number, cells in enumerate(body, 3):
         if len(cells) != len(header):
             raise ResultFileError(f"{path}: table row {number}: {len(cells)} cells, the header has {len(header)}")
-    frame = pd.DataFrame(body, columns=header).replace("", None)
+    frame = pd.DataFrame(body, columns=header).replace({"": None, NOT_MEASURABLE: None})
     for column in frame.columns:
         converted = pd.to_numeric(frame[column], errors="coerce")
         if converted.notna().sum() == frame[column].notna().sum():
@@ -100,7 +101,7 @@ def as_todays_rows(frame: pd.DataFrame) -> pd.DataFrame:
         old: new for marker, old, new in RENAMED_COLUMNS if marker in columns and old in columns and new not in columns
     }
     frame = _with_spread_from_samples(_with_added_config_columns(frame.rename(columns=renames)))
-    return _with_tool(_with_placement(frame))
+    return _with_tool(_with_placement(frame)).copy()  # one block per dtype again after the added columns
 
 
 def _with_tool(frame: pd.DataFrame) -> pd.DataFrame:
