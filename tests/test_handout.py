@@ -601,3 +601,14 @@ def test_the_plan_reads_the_repositorys_files_not_only_what_is_importable(tmp_pa
     assert defined_in_repository(STUDENT_MODEL) and defined_in_repository(STUDENT_ADAMW)
     assert not defined_in_repository("cs336_basics.model:SomethingElse")
     assert str((tmp_path / "cs336-basics").resolve()) in sys.path
+
+
+def test_a_model_that_cannot_run_here_is_one_line_before_any_step(tmp_path, capsys):
+    """--model-factory's model is built on the plan's device and its logits checked before the first step:
+    a model returning (logits, aux) is refused in seconds, and no step ran."""
+    output_dir = tmp_path / "out"
+    argv = ["--device", "cpu", "--scale", "small", "--problems", "benchmarking_script", "--output-dir", str(output_dir)]
+    assert cli.main([*argv, "--model-factory", "tests.fixtures.hostile.models:logits_and_aux"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "tests.fixtures.hostile.models:logits_and_aux" in err[-1] and "tuple" in err[-1]
+    assert not list(output_dir.glob("*.csv")) and not (output_dir / "writeup.md").exists()

@@ -268,6 +268,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     print(header, file=sys.stderr)
+    if settings.kind != "slurm":  # a Slurm job's node is not this one: its first step says
+        _probe_user_model(steps)
     if settings.kind != "inline":
         return _run_jobs(args, settings, steps, target, output_dir, notes)
     started = time.monotonic()
@@ -292,6 +294,22 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_report and not write_report(output_dir, made_by(args, notes)):
         return EXIT_FAILED
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _probe_user_model(steps: list) -> None:
+    """--model-factory's model built (one layer) on the plan's device and its logits checked, in a child
+    process, before the first step: a model that cannot run there (a CUDA-only call, the wrong logits)
+    is one line now, not a failed row after minutes of other steps."""
+    from ..child import check_user_model_in_child
+    from .plan import benchmark_configs
+
+    for step in steps:
+        if step.status != "run" or "--model-factory" not in step.flags or step.kind != "benchmark":
+            continue
+        configs = [c for c in benchmark_configs(step) if c.model_factory]
+        if configs:
+            check_user_model_in_child(min(configs, key=lambda c: c.batch_size * c.context_length))
+            return
 
 
 def _refuse_file(output_dir: Path) -> None:
