@@ -126,12 +126,16 @@ run_stage() {
       stage precision bash -o pipefail -c "$py -m cs336_systems.mixed_precision --device cpu | tee $r/mixed_precision_cpu.txt"
       ;;
     writeup)
-      # the write-up a student hands in, as `handout` writes it at the small scale on this CPU, run from
-      # the student-shaped repository in tests/fixtures/ (its logs and done markers are not committed).
-      # tests/test_committed_results.py checks it verifies and is what `report` makes from its plan.
+      # the write-up a student hands in, as `handout` writes it at the small scale on this CPU, run as a
+      # student would: from a copy of the student-shaped repository in tests/fixtures/, into its default
+      # output directory (so the commands it shows are the student's); its logs and done markers are not
+      # committed. tests/test_committed_results.py checks it verifies and is what `report` makes from its plan.
       rm -rf writeup/2026 && mkdir -p writeup
-      stage writeup bash -c "cd tests/fixtures/student_repo && $py -m cs336_bench handout --edition 2026 --scale small \
-        --device cpu --adapters tests/adapters.py --output-dir ../../../writeup/2026"
+      student=$(mktemp -d)
+      cp -r tests/fixtures/student_repo/. "$student"
+      stage writeup bash -c "cd '$student' && $py -m cs336_bench handout --edition 2026 --scale small \
+        --device cpu --adapters tests/adapters.py"
+      cp -r "$student"/results/handout-2026-* writeup/2026 && rm -rf "$student"  # named after the CPU
       rm -rf writeup/2026/logs writeup/2026/.handout writeup/2026/*.tex writeup/2026/*.typ
       # the tools' own pages and plots are not the write-up's: only what writeup.md shows, and the rows
       for f in writeup/2026/*.md writeup/2026/*.png; do
