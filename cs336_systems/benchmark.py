@@ -47,6 +47,7 @@ from .monitor import add_monitor_arguments, check_monitor_arguments, monitored
 from .precision import PRECISIONS
 from .results import BenchmarkRecord, ResultSink, ResultWriteError, check_output_paths
 from .runner import run_benchmark
+from .size_tables import SizeTableChoice
 from .step import describe_measurement
 from .terminal import show
 from .tools import prog
@@ -106,12 +107,13 @@ def configuration_parser() -> ArgumentParser:
 
 def size_table(args) -> str:
     rows = []
-    for name in SIZE_TABLES[size_table_of(args).edition]:
-        config = model_config_from_args(args, name, args.context_length, args.attention)
+    table = size_table_of(args, [args.model_size])
+    for name in SIZE_TABLES[table.edition]:
+        config = model_config_from_args(args, table, name, args.context_length, args.attention, args.checkpoint_blocks)
         params = count_parameters_for(config)
         rows.append(
             [
-                args.size_table,
+                table.edition,
                 name,
                 config.d_model,
                 config.d_ff,
@@ -195,14 +197,23 @@ def check_beside_config(parser: argparse.ArgumentParser, argv: list[str]) -> Non
         )
 
 
-def config_from_args(args, parser: argparse.ArgumentParser | None = None) -> BenchmarkConfig:
+def config_from_args(
+    args,
+    parser: argparse.ArgumentParser | None = None,
+    table: SizeTableChoice | None = None,
+    context_length: int | None = None,
+) -> BenchmarkConfig:
+    """The configuration the flags describe, or --config's. `table`: the run's size table, where it chose
+    one already (size_table_of); `context_length`: instead of --context-length (find_max's first probe)."""
     if args.config:
         return read_config(args.config, parser or configuration_parser())
-    model = model_config_from_args(args, args.model_size, args.context_length, args.attention)
+    table = table or size_table_of(args, [args.model_size])
+    context_length = context_length or args.context_length
+    model = model_config_from_args(args, table, args.model_size, context_length, args.attention, args.checkpoint_blocks)
     return benchmark_config_from_args(
         args,
         model,
-        context_length=args.context_length,
+        context_length=context_length,
         batch_size=args.batch_size,
         pass_type=args.pass_type,
         precision=args.precision,
@@ -226,7 +237,8 @@ def run(args: argparse.Namespace) -> int:
     parser = build_parser()
     if args.config:
         check_beside_config(parser, args.argv)
-    config = config_from_args(args, parser)
+    table = None if args.config else size_table_of(args, [args.model_size])  # a --config carries its own
+    config = config_from_args(args, parser, table)
     device = resolve_device(config.device)
     check_runnable(config, device, import_timeout(args.timeout))
     if args.memory_snapshot and device.type != "cuda":
@@ -234,8 +246,8 @@ def run(args: argparse.Namespace) -> int:
     sink = ResultSink(check_output_paths(args.output))
     check_monitor_arguments(args)
 
-    if not args.config:  # a configuration file carries its own table (run_benchmarks' children)
-        announce_size_table(args)
+    if table is not None:  # a configuration file carries its own table (run_benchmarks' children)
+        announce_size_table(table)
     if args.nvtx and not nvtx.enable(blocks=args.nvtx == "blocks"):
         print(f"{PROG}: note: --nvtx does nothing on {device.type} (NVTX ranges need CUDA)", file=sys.stderr)
     config = config.replace(device=str(device))

@@ -30,7 +30,8 @@ from .usercode import UserCodeError, UserCodeTimeout, guarded
 PROG = prog("benchmark_direct")
 
 
-def execute(pending, args, env, writer) -> None:
+def execute(pending, args, env, writer, limits=None) -> None:
+    """Each model once for its group of configurations, in this process (no children: `limits` is None)."""
     for model_config, group in itertools.groupby(pending, key=lambda config: config.model):
         group = list(group)
         device = resolve_device(group[0].device)

@@ -6,8 +6,8 @@ before a run (check_runnable). The argparse types themselves live in argtypes.py
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
+from collections.abc import Sequence
 
 from . import cuda_graphs
 from .argtypes import (
@@ -26,7 +26,6 @@ from .models import CHECKPOINT_WORDS, ConfigError, ModelConfig
 from .optimizer import check_user_optimizer
 from .size_tables import AUTO, SIZE_TABLE_CHOICES, SizeTableChoice, choose_size_table
 from .timing import add_timer_argument, timer_unsupported_reason
-from .user_model import FACTORY_KEYWORDS
 
 
 def checkpoint_blocks(text: str) -> int | str | None:
@@ -176,41 +175,50 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_argument(group, help="write results to PATH (.csv, .md or .jsonl; repeatable)")
 
 
-def size_table_of(args: argparse.Namespace) -> SizeTableChoice:
-    """--size-table as an edition, chosen once per run (size_tables.choose_size_table) from the flag,
-    the student's adapters and the sizes asked for; `args.size_table` then holds the edition."""
-    choice = getattr(args, "size_table_choice", None)
-    if choice is None:
-        sizes = getattr(args, "model_sizes", None) or [getattr(args, "model_size", None) or ""]
-        choice = choose_size_table(getattr(args, "size_table", None), sizes, getattr(args, "adapters", None))
-        args.size_table_choice, args.size_table = choice, choice.edition
-    return choice
+def size_table_of(args: argparse.Namespace, sizes: Sequence[str], adapters: str | None = None) -> SizeTableChoice:
+    """--size-table as an edition (size_tables.choose_size_table), from the flag, the student's adapters
+    (a tool's --adapters) and the `sizes` asked for. It may read the student's repository: a run chooses
+    it once and hands it to model_config_from_args and announce_size_table."""
+    return choose_size_table(args.size_table, sizes, adapters)
 
 
-def announce_size_table(args: argparse.Namespace) -> None:
+def announce_size_table(table: SizeTableChoice) -> None:
     """The run's first line on stderr: which table the size names mean, and why (once the flags are checked)."""
-    if getattr(args, "size_table", None) is not None:
-        print(size_table_of(args).line(), file=sys.stderr, flush=True)
+    print(table.line(), file=sys.stderr, flush=True)
+
+
+def shape_overrides(args: argparse.Namespace) -> dict[str, int | float | None]:
+    """The shape flags (add_shape_arguments) by their ModelConfig names; None where not given. The context
+    length's flag is --max-context-length: model_config_from_args reads it beside the benchmarked one."""
+    return dict(
+        d_model=args.d_model,
+        d_ff=args.d_ff,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        vocab_size=args.vocab_size,
+        rope_theta=args.rope_theta,
+    )
 
 
 def model_config_from_args(
-    args: argparse.Namespace, size: str, context_length: int, attention: str, checkpoint: int | str | None = None
+    args: argparse.Namespace,
+    table: SizeTableChoice,
+    size: str,
+    context_length: int,
+    attention: str,
+    checkpoint: int | str | None = None,
 ) -> ModelConfig:
-    """The model for one (size, context, attention, checkpointing) with the shape overrides applied."""
-    if checkpoint is None and not isinstance(getattr(args, "checkpoint_blocks", None), list):
-        checkpoint = getattr(args, "checkpoint_blocks", None)
-    table = size_table_of(args)
-    # a flag of its own name for each shape keyword, but the context length's is --max-context-length
-    shape = {name: getattr(args, name) for name in FACTORY_KEYWORDS if name != "context_length"}
+    """The model for one (size, context, attention, checkpointing) in `table` (size_table_of), with the
+    shape overrides applied."""
     try:
         return ModelConfig.from_size(
             size,
             table.edition,
             checkpoint_blocks=checkpoint,
-            **shape,
+            **shape_overrides(args),
             context_length=args.max_context_length or context_length,
             attention=attention,
-            fused_projections=getattr(args, "fused_projections", False),
+            fused_projections=args.fused_projections,
         )
     except ConfigError as exc:
         if not str(exc).startswith("unknown model size") or table.why.startswith("--size-table"):
@@ -220,16 +228,28 @@ def model_config_from_args(
 
 def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **run) -> BenchmarkConfig:
     """One configuration: `model` and this run's values (context_length, batch_size, pass_type,
-    precision, compile, device) with the flags every benchmark command shares. A flag whose
-    destination is a BenchmarkConfig field's name sets that field (unset flags keep its default).
+    precision, compile, device) with the flags every benchmark command shares (add_execution_arguments,
+    --compile-scope, --model-factory, --optimizer); a flag left unset (None) keeps the field's default.
     The configuration checks itself (ConfigError): the flags' contradictions are refused there."""
-    settings = {
-        field.name: getattr(args, field.name)
-        for field in dataclasses.fields(BenchmarkConfig)
-        if field.name != "model" and getattr(args, field.name, None) is not None
-    }
-    settings["optimizer_factory"] = getattr(args, "optimizer", None)  # the flag is --optimizer
-    return BenchmarkConfig(model=model, **{**settings, **run})
+    shared = dict(
+        compile_scope=args.compile_scope,
+        compile_mode=args.compile_mode,
+        cuda_graphs=args.cuda_graphs,
+        timer=args.timer,
+        warmup_steps=args.warmup_steps,
+        measure_steps=args.measure_steps,
+        seed=args.seed,
+        model_factory=args.model_factory,
+        peak=args.peak,
+        peak_tflops=args.peak_tflops,
+        profile_step=args.profile_step,
+        grad_accum_steps=args.grad_accum_steps,
+        param_dtype=args.param_dtype,
+        target_iqr_pct=args.target_iqr_pct,
+        max_measure_s=args.max_measure_s,
+    )
+    settings = {name: value for name, value in shared.items() if value is not None}
+    return BenchmarkConfig(model=model, optimizer_factory=args.optimizer, **{**settings, **run})
 
 
 def check_runnable(

@@ -35,9 +35,11 @@ from .usercode import import_limit
 
 class Command:
     """A tool: its parser builder and its run. Calling it runs the command line `argv` (sys.argv's
-    by default) and returns the exit status; `args.argv` holds that command line as given (a sweep
-    prints it again to resume, --config looks for flags given beside it). A command called inside
-    another's run (handout writes its report so) answers its status and leaves Ctrl-C to the outer one."""
+    by default) and returns the exit status; `args.argv` holds that command line as given, a tuple put
+    in the namespace before parsing (a sweep prints it again to resume, --config looks for flags given
+    beside it). The parsed namespace is read-only from then on: what a tool derives from it is a
+    value its run computes and passes on. A command called inside another's run (handout writes its
+    report so) answers its status and leaves Ctrl-C to the outer one."""
 
     _running = 0  # commands running in this process, the outermost first
 
@@ -47,12 +49,12 @@ class Command:
     def __call__(self, argv: list[str] | None = None) -> int:
         parser = self.build_parser()
         argv = list(sys.argv[1:] if argv is None else argv)
-        args = parser.parse_args(argv)
-        args.argv = argv
+        args = parser.parse_args(argv, namespace=argparse.Namespace(argv=tuple(argv)))
         outermost = not Command._running
         Command._running += 1
         try:
-            # --timeout limits importing the user's code too, here and in the processes the tool starts
+            # --timeout limits importing the user's code too, here and in the processes the tool starts.
+            # The spine serves every tool, and --timeout (like --output below) is a flag only some declare.
             with (
                 signals_interrupt() if outermost else contextlib.nullcontext(),
                 import_limit(getattr(args, "timeout", None)),

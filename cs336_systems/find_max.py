@@ -30,7 +30,7 @@ from pathlib import Path
 from . import find_max_job
 from .argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser, output_path, positive_int
 from .benchmark import config_from_args, configuration_parser
-from .benchmark_flags import announce_size_table, check_runnable
+from .benchmark_flags import announce_size_table, check_runnable, size_table_of
 from .child import add_child_arguments, child_limits_from_args, run_in_child
 from .command import Command
 from .config import BenchmarkConfig
@@ -87,8 +87,9 @@ def run(args: argparse.Namespace) -> int:
     start = args.start or (1 if args.dimension == "batch-size" else 128)
     if start > args.max:
         raise UsageError(f"--start {start} is above --max {args.max}")
-    args.context_length = start if args.dimension == "context-length" else args.context_length
-    base = config_from_args(args).replace(device=str(device))
+    table = size_table_of(args, [args.model_size])
+    first_context = start if args.dimension == "context-length" else None  # the first probe's context
+    base = config_from_args(args, table=table, context_length=first_context).replace(device=str(device))
     check_runnable(base, device, model_in_child=True)  # its children build the model, never this process
     limits = child_limits_from_args(args, device)
     outputs = check_output_paths(args.output)
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {args.dimension} {value}: {record.status}{error}", file=sys.stderr, flush=True)
         return record.status
 
-    announce_size_table(args)
+    announce_size_table(table)
     print("\n".join(describe_measurement([base])), file=sys.stderr)
     print(f"{PROG}: largest {args.dimension} of {searched}, from {start}", file=sys.stderr, flush=True)
     with stop.installed(), monitored(args.monitor, args.monitor_interval):

@@ -56,14 +56,16 @@ def _read(path: str) -> dict:
     return value
 
 
-def apply_config_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Fill `args` from `args.config` for every flag not given on the command line (`args.argv`)."""
-    if not getattr(args, "config", None):
-        return
+def with_config_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with every flag not given on the command line (`args.argv`) taken from `args.config`: a new
+    namespace (the parsed one is left as parsed)."""
+    if not args.config:
+        return args
     path = args.config
     spellings = {option: action for action in parser._actions for option in action.option_strings}
     by_dest = {action.dest: action for action in parser._actions if action.option_strings}
-    given = {action.dest for action in given_flags(parser, getattr(args, "argv", []))}
+    given = {action.dest for action in given_flags(parser, args.argv)}
+    from_file = {}
     for key, value in _read(path).items():
         flag = "--" + str(key).replace("_", "-")
         action = spellings.get(flag) or by_dest.get(str(key).replace("-", "_"))
@@ -82,4 +84,5 @@ def apply_config_file(parser: argparse.ArgumentParser, args: argparse.Namespace)
         except argparse.ArgumentTypeError as exc:
             raise ConfigFileError(f"--config {path}: {key} (as {flag}): {exc}") from None
         if dest not in given:
-            setattr(args, dest, checked)
+            from_file[dest] = checked
+    return argparse.Namespace(**{**vars(args), **from_file})

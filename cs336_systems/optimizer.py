@@ -177,3 +177,19 @@ def optimizer_name(optimizer: object) -> str:
     name = f"{cls.__module__}.{cls.__qualname__}"
     fused = getattr(optimizer, "defaults", {}).get("fused") if isinstance(optimizer, torch.optim.Optimizer) else None
     return f"{name} (fused)" if fused else name
+
+
+OPTIMIZER_UNCHANGED_NOTE = (
+    "the optimizer's step() left every parameter unchanged (checked on an untimed step): the optimizer part of "
+    "these times updated nothing (an fp16 GradScaler skips steps whose gradients overflow)"
+)
+PARAMETER_SAMPLE = 64  # elements per parameter compared before and after a step: any real update changes them
+
+
+def parameter_sample(model: nn.Module) -> list[torch.Tensor]:
+    """A strided sample of every parameter, copied: enough to see whether a step changed it."""
+    samples = []
+    for parameter in model.parameters():
+        flat = parameter.detach().reshape(-1)
+        samples.append(flat[:: max(1, flat.numel() // PARAMETER_SAMPLE)].clone())
+    return samples

@@ -188,3 +188,16 @@ def parameters_in(model: nn.Module, dtype: torch.dtype | None) -> Iterator[nn.Mo
             for p in params:
                 p.grad = None
                 p.data = p.data.float()
+
+
+PARAM_CASTS = {"fp32": None, "bf16": torch.bfloat16}  # config.PARAM_DTYPES -> the cast (None: as built)
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+
+
+def built_dtype(model: nn.Module) -> str | None:
+    """The parameters' dtype where a model uncast by --param-dtype was built in another than fp32 (a
+    user's fp16 model): the row's param_dtype says what it trained, as --param-dtype bf16's does."""
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if not dtypes - {torch.float32}:
+        return None
+    return "+".join(sorted(DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")) for dtype in dtypes))

@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .argtypes import ArgumentParser, add_device_argument, add_output_argument, exit_status, positive_int
-from .benchmark_flags import add_shape_arguments, announce_size_table, model_config_from_args
+from .benchmark_flags import add_shape_arguments, announce_size_table, model_config_from_args, size_table_of
 from .command import Command
 from .device import DeviceError, compile_unsupported_reason, failure_status, resolve_device
 from .layers import TransformerBlock
@@ -293,17 +293,18 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.model_factory:
         raise ConfigError("residuals reads the built-in model's blocks; drop --model-factory")
-    config = model_config_from_args(args, args.model_size, args.context_length, args.attention)
+    table = size_table_of(args, [args.model_size])
+    config = model_config_from_args(args, table, args.model_size, args.context_length, args.attention)
     config.check_context(args.context_length)
     if reason := unsupported_reason(args.precision, device):
         raise DeviceError(reason)
     wrong = [path for path in args.output if Path(path).suffix not in (".csv", ".jsonl")]
     if wrong:
         raise ConfigError(f"--output {wrong[0]}: residuals writes .csv or .jsonl")
-    args.output = check_output_paths(args.output)
-    announce_size_table(args)
+    outputs = check_output_paths(args.output)
+    announce_size_table(table)
     try:
-        return _report(args, config, device)
+        return _report(args, config, device, outputs)
     except (RuntimeError, MemoryError) as exc:  # a size that cannot be allocated: a result, in one line
         status, error = failure_status(exc)
         if status != "oom":
@@ -316,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
         return exit_status([status])
 
 
-def _report(args, config: ModelConfig, device: torch.device) -> int:
+def _report(args, config: ModelConfig, device: torch.device, outputs: list[Path]) -> int:
     batch, seq = args.batch_size, args.context_length
     rows = block_residuals(config, batch, seq, args.precision, device)
     estimate = block_saved_bytes(config, batch, seq, args.precision, device.type)
@@ -325,8 +326,8 @@ def _report(args, config: ModelConfig, device: torch.device) -> int:
         f"batch {batch}, context {seq}, {args.precision}, {args.attention}, {device}\n"
     )
     print(block_table(rows), "\n")
-    if args.output:
-        write_contributions(args, config, device, rows)
+    if outputs:
+        write_contributions(args, config, device, rows, outputs)
 
     variants = [("eager", False, False), ("eager, checkpointed", False, True)]
     compile_reason = compile_unsupported_reason(device)
@@ -363,7 +364,7 @@ def _report(args, config: ModelConfig, device: torch.device) -> int:
     return 0
 
 
-def write_contributions(args, config: ModelConfig, device: torch.device, rows: list[SavedTensor]) -> None:
+def write_contributions(args, config: ModelConfig, device: torch.device, rows: list[SavedTensor], outputs) -> None:
     """contributions() as rows, each with the configuration and the environment it was measured in."""
     import dataclasses
 
@@ -386,7 +387,7 @@ def write_contributions(args, config: ModelConfig, device: torch.device, rows: l
         "device": str(device),
     }
     table = [{**setting, **row, **environment} for row in contributions(rows)]
-    for path in args.output:
+    for path in outputs:
         write_rows(table, path, "residuals")
 
 

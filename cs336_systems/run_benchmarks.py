@@ -23,15 +23,15 @@ from .tools import prog
 PROG = prog("run_benchmarks")
 
 
-def execute(pending, args, env, writer) -> None:
+def execute(pending, args, env, writer, limits) -> None:
     for config in pending:
         if not writer.start(config):
             return
-        record = run_in_child(config, args.child_limits, env)
+        record = run_in_child(config, limits, env)
         env = record.environment or env  # for the rows of children that write none
         writer.write(record)
         if record.status != "ok":
-            writer.log(f"{record.status}: run it alone with\n  {benchmark_command(config, args.child_limits)}")
+            writer.log(f"{record.status}: run it alone with\n  {benchmark_command(config, limits)}")
 
 
 build_parser, run = sweep_command(PROG, __doc__.split("\n")[0], execute, child_processes=True, run_jobs=sweep_jobs.run)

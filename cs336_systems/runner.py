@@ -1,7 +1,8 @@
 """Run one benchmark configuration: build, step, time, record.
 
 Flow: BenchmarkConfig -> model -> step function (step.py) -> time_steps -> BenchmarkRecord.
-Out-of-memory anywhere (building, first step, measured steps) is a result with
+Each phase of a run returns what it saw into one `Measured`, which `_fill` puts into the record in
+one place. Out-of-memory anywhere (building, first step, measured steps) is a result with
 status 'oom', never a crash; the memory is released so a sweep can go on.
 """
 
@@ -9,14 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from . import cuda_graphs, nvtx
 from .config import BenchmarkConfig
-from .contention import machine_load, with_load
+from .contention import Load, machine_load, with_load
 from .device import (
     compile_unsupported_reason,
     failure_status,
@@ -25,11 +27,28 @@ from .device import (
 )
 from .factory import build_model, count_parameters_for
 from .flops import flops_per_step, mfu
-from .memory import PhaseMemory, baseline_memory_bytes, current_memory_bytes, estimate_config, step_peak
+from .memory import (
+    PhaseMemory,
+    baseline_memory_bytes,
+    cuda_memory_history,
+    current_memory_bytes,
+    estimate_config,
+    memory_columns,
+    tensor_bytes,
+)
 from .models import count_parameters
-from .optimizer import OptimizerFactoryError, make_optimizer, optimizer_name
+from .optimizer import (
+    OPTIMIZER_UNCHANGED_NOTE,
+    OptimizerFactoryError,
+    make_optimizer,
+    optimizer_name,
+    parameter_sample,
+)
 from .peak_flops import Peak, resolve_peak
 from .precision import (
+    PARAM_CASTS,
+    PrecisionState,
+    built_dtype,
     cpu_has_native,
     parameters_in,
     precision_mode,
@@ -42,6 +61,7 @@ from .stats import per_second, summarize
 from .step import CUDA_GRAPH_NOTE, captured_step, combine_phases, compiled, make_step
 from .timing import (
     HostTimer,
+    PhaseRecorder,
     StepTimes,
     device_synchronizer,
     make_phase_recorder,
@@ -54,184 +74,157 @@ from .usercode import DEFAULT_TIMEOUT, StepLimits, UserCodeError, UserCodeTimeou
 OPTIMIZER_STATE_NOTE = "first measured step includes creating the AdamW state (no warmup step ran before it)"
 
 
-OPTIMIZER_UNCHANGED_NOTE = (
-    "the optimizer's step() left every parameter unchanged (checked on an untimed step): the optimizer part of "
-    "these times updated nothing (an fp16 GradScaler skips steps whose gradients overflow)"
-)
-PARAMETER_SAMPLE = 64  # elements per parameter compared before and after a step: any real update changes them
+@dataclass(frozen=True)
+class Run:
+    """What every phase of one configuration's run reads."""
+
+    config: BenchmarkConfig
+    device: torch.device
+    clock: Callable[[], float]
+    memory_snapshot: str | None  # CUDA: the allocator's history over the measured steps, dumped here
+    user_code: str  # what a failure inside usercode.guarded is blamed on
+    timeout_s: float | StepLimits | None
 
 
-def _parameter_sample(model: nn.Module) -> list[torch.Tensor]:
-    """A strided sample of every parameter, copied: enough to see whether a step changed it."""
-    samples = []
-    for parameter in model.parameters():
-        flat = parameter.detach().reshape(-1)
-        samples.append(flat[:: max(1, flat.numel() // PARAMETER_SAMPLE)].clone())
-    return samples
+@dataclass
+class Measured:
+    """What a run saw, kept as each phase returns it: a run that fails part-way keeps what came before
+    (the optimizer it made, its compile time, its notes). _fill puts it into the record."""
+
+    memory: PhaseMemory  # peaks per phase of the first and the steady-state step
+    baseline_bytes: int  # memory in use before the model was built
+    notes: list[str]
+    precision: PrecisionState | None = None
+    num_params: int | None = None  # counted on the built model
+    built_dtype: str | None = None  # precision.built_dtype
+    optimizer: str | None = None
+    compile_s: float | None = None
+    times: StepTimes | None = None
+    load: Load | None = None  # how busy other processes kept the machine over the measured steps
+    nonfinite_loss: bool = False
+    profile: StepProfile | None = None
+    failure: tuple[str, str] | None = None  # (status, error)
 
 
-def _tensor_bytes(model: nn.Module) -> int:
-    tensors = [*model.parameters(), *model.buffers()]
-    return sum(t.numel() * t.element_size() for t in tensors)
+@dataclass
+class Steps:
+    """The step the timer calls and, for memory, the same step traced (None for a CUDA graph: its
+    replay is traced whole); `losses`: the traced steps' (untimed), first and last."""
+
+    step: Callable[[], None]
+    traced: Callable[[], None] | None = None
+    phases: PhaseRecorder | None = None
+    losses: list[torch.Tensor] = field(default_factory=list)
 
 
-@contextlib.contextmanager
-def cuda_memory_history(path: str | None, device: torch.device) -> Iterator[None]:
-    """Record the CUDA allocator's history (for pytorch.org/memory_viz) and dump it to `path`."""
-    if path is None:
-        yield
-        return
-    torch.cuda.memory._record_memory_history(max_entries=1_000_000, device=device)
-    try:
-        yield
-    finally:
-        torch.cuda.memory._dump_snapshot(path)
-        torch.cuda.memory._record_memory_history(enabled=None, device=device)
+def _eager_steps(run: Run, runnable: nn.Module, optimizer, memory: PhaseMemory, rearm: Callable[[], None]) -> Steps:
+    """The eager step: its first call traced for memory, the others plain; each call rearms --timeout."""
+    config, device = run.config, run.device
+    # do_bench calls the step many times per sample: its phases would add up over those calls
+    phases = make_phase_recorder(device, run.clock) if config.timer != "do-bench" else None
+    # phases.phase innermost: memory instrumentation stays outside the phase times
+    timed_phases = [phases.phase] if phases is not None else []
+    losses: list[torch.Tensor] = []
+    plain = make_step(config, runnable, device, optimizer, phase=combine_phases(nvtx.range, *timed_phases))
+    traced = make_step(
+        config,
+        runnable,
+        device,
+        optimizer,
+        phase=combine_phases(memory.phase, nvtx.range, *timed_phases),
+        losses=losses,
+    )
+    steps_run = []
+
+    def step() -> None:
+        rearm()  # each step gets the whole --timeout (one setitimer call)
+        if not steps_run:
+            memory.new_step()
+        (traced if not steps_run else plain)()
+        steps_run.append(1)
+
+    return Steps(step, traced, phases, losses)
 
 
-def _measure(
-    config: BenchmarkConfig,
-    model: nn.Module,
-    device: torch.device,
-    clock: Callable[[], float],
-    record: BenchmarkRecord,
-    notes: list[str],
-    memory: PhaseMemory,
-    memory_snapshot: str | None,
-    rearm: Callable[[], None] = lambda: None,
-) -> tuple[StepTimes, StepProfile | None]:
+def _time(run: Run, steps: Steps, memory: PhaseMemory) -> tuple[StepTimes, Load | None]:
+    """The warmup and measured steps; memory, the allocator's history and the machine's load over them."""
+    config, device = run.config, run.device
+    during = contextlib.ExitStack()
+    during.enter_context(memory.whole())
+    during.enter_context(cuda_memory_history(run.memory_snapshot, device))
+    load = during.enter_context(machine_load(device))  # how busy other processes kept the machine
+    times = time_steps(
+        steps.step,
+        warmup_steps=config.warmup_steps,
+        measure_steps=config.measure_steps,
+        timer=make_timer(config.timer, device, run.clock),
+        during_measurement=during,
+        phases=steps.phases,
+        target_iqr_pct=config.target_iqr_pct,
+        max_measure_s=config.max_measure_s,
+    )
+    return times, load.load
+
+
+def _steady_step(run: Run, model: nn.Module, steps: Steps, memory: PhaseMemory) -> list[str]:
+    """One more step, traced: the steady state's memory and last loss. Its notes: an optimizer that
+    changed nothing."""
+    memory.new_step()
+    if steps.traced is None:  # one more replay, traced as a whole step
+        with memory.phase("step"):
+            steps.step()
+        steps.losses.append(steps.step.loss.detach().clone())  # the replay's static output
+        return []
+    before = parameter_sample(model) if run.config.pass_type == "train-step" else None
+    steps.traced()
+    if before is not None and all(torch.equal(a, b) for a, b in zip(before, parameter_sample(model))):
+        return [OPTIMIZER_UNCHANGED_NOTE]
+    return []
+
+
+def _measure(run: Run, model: nn.Module, rearm: Callable[[], None], seen: Measured) -> None:
     """Compile (if asked, timed apart), then the warmup and measured steps, then the
-    profiled step (if asked): its cost stays outside the timed steps.
+    profiled step (if asked): its cost stays outside the timed steps. Each phase's result
+    goes into `seen` as soon as it returns, so a later failure keeps it.
 
     Memory is traced per phase on the first step run and on one extra, untimed step after
     the measured ones (the steady state); the measured steps themselves carry only one
     peak reset before them and one read after, so the instrumentation costs them nothing.
     Phase times come from the measured steps themselves (timing.make_phase_recorder).
     """
+    config, device, memory = run.config, run.device, seen.memory
     model.train(config.pass_type != "forward")
     synchronize = device_synchronizer(device)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(parameters_in(model, PARAM_DTYPES[config.param_dtype]))
+        stack.enter_context(parameters_in(model, PARAM_CASTS[config.param_dtype]))
         runnable = (
             stack.enter_context(compiled(model, config.compile_scope, config.compile_mode)) if config.compile else model
         )
-        losses: list[torch.Tensor] = []  # the traced steps' (untimed): first and last
         if config.cuda_graphs:
             memory.new_step()
-            step, optimizer = captured_step(config, runnable, device, memory.phase)
-            record.optimizer = optimizer_name(optimizer) if optimizer is not None else None
-            traced = None
-            notes.append(CUDA_GRAPH_NOTE)
-            phases = None
+            captured, optimizer = captured_step(config, runnable, device, memory.phase)
+            seen.optimizer = optimizer_name(optimizer) if optimizer is not None else None
+            seen.notes.append(CUDA_GRAPH_NOTE)
+            steps = Steps(captured)
         else:
             optimizer = (
                 make_optimizer(model, device, config.optimizer_factory, master_weights=config.param_dtype != "fp32")
                 if config.pass_type == "train-step"
                 else None
             )
-            record.optimizer = optimizer_name(optimizer) if optimizer is not None else None
-            # do_bench calls the step many times per sample: its phases would add up over those calls
-            phases = make_phase_recorder(device, clock) if config.timer != "do-bench" else None
-            # phases.phase innermost: memory instrumentation stays outside the phase times
-            timed_phases = [phases.phase] if phases is not None else []
-            plain = make_step(config, runnable, device, optimizer, phase=combine_phases(nvtx.range, *timed_phases))
-            traced = make_step(
-                config,
-                runnable,
-                device,
-                optimizer,
-                phase=combine_phases(memory.phase, nvtx.range, *timed_phases),
-                losses=losses,
-            )
-            steps_run = []
-
-            def step() -> None:
-                rearm()  # each step gets the whole --timeout (one setitimer call)
-                if not steps_run:
-                    memory.new_step()
-                (traced if not steps_run else plain)()
-                steps_run.append(1)
-
+            seen.optimizer = optimizer_name(optimizer) if optimizer is not None else None
+            steps = _eager_steps(run, runnable, optimizer, memory, rearm)
             if config.compile:
-                record.compile_s = HostTimer(clock, synchronize).time_ms(step) / 1e3
+                seen.compile_s = HostTimer(run.clock, synchronize).time_ms(steps.step) / 1e3
             elif config.pass_type == "train-step" and config.warmup_steps == 0 and config.timer != "do-bench":
-                notes.append(OPTIMIZER_STATE_NOTE)  # do_bench's own first calls create the state, untimed
-        during = contextlib.ExitStack()
-        during.enter_context(memory.whole())
-        during.enter_context(cuda_memory_history(memory_snapshot, device))
-        load = during.enter_context(machine_load(device))  # how busy other processes kept the machine
-        times = time_steps(
-            step,
-            warmup_steps=config.warmup_steps,
-            measure_steps=config.measure_steps,
-            timer=make_timer(config.timer, device, clock),
-            during_measurement=during,
-            phases=phases,
-            target_iqr_pct=config.target_iqr_pct,
-            max_measure_s=config.max_measure_s,
-        )
-        record.environment = with_load(record.environment, load.load)
-        record.iqr_target_reached = times.target_reached
-        memory.new_step()  # the steady state: one more step, traced
-        if traced is not None:
-            before = _parameter_sample(model) if config.pass_type == "train-step" else None
-            traced()
-            if before is not None and all(torch.equal(a, b) for a, b in zip(before, _parameter_sample(model))):
-                notes.append(OPTIMIZER_UNCHANGED_NOTE)
-        else:  # one more replay, traced as a whole step
-            with memory.phase("step"):
-                step()
-            losses.append(step.loss.detach().clone())  # the replay's static output
+                seen.notes.append(OPTIMIZER_STATE_NOTE)  # do_bench's own first calls create the state, untimed
+        seen.times, seen.load = _time(run, steps, memory)
+        seen.notes += _steady_step(run, model, steps, memory)
         synchronize()
-        if losses and not torch.isfinite(losses[-1]).item():  # the model computes garbage: its row says so
-            record.status, record.error = "wrong", f"{NONFINITE_LOSS_NOTE} after the measured steps (times kept)"
-        profile = None
+        seen.nonfinite_loss = bool(steps.losses) and not torch.isfinite(steps.losses[-1]).item()
         if config.profile_step:
-            profile = profile_step(step, device, synchronize, step_ms=summarize(times.measured_ms).median, clock=clock)
-        return times, profile
-
-
-PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # config.PARAM_DTYPES -> the cast (None: as built)
-DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
-
-
-def _built_dtype(model: nn.Module) -> str | None:
-    """The parameters' dtype where a model uncast by --param-dtype was built in another than fp32 (a
-    user's fp16 model): the row's param_dtype says what it trained, as --param-dtype bf16's does."""
-    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
-    if not dtypes - {torch.float32}:
-        return None
-    return "+".join(sorted(DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")) for dtype in dtypes))
-
-
-def _record_memory(record: BenchmarkRecord, memory: PhaseMemory, baseline: int) -> None:
-    """First step (optimizer state created) and steady state (the extra traced step), per phase.
-
-    CUDA figures are the allocator's absolute counters; CPU figures are RSS minus the
-    RSS before the model was built, and peak_memory_bytes is the RSS high-water mark
-    over the measured steps.
-    """
-    offset = baseline if memory.source == "rss_high_water_mark" else 0
-    first, steady = memory.steps[0], memory.steps[-1]
-    record.memory_source, record.memory_baseline_bytes = memory.source, baseline
-
-    def phase_peak(step: dict, name: str) -> int | None:
-        return step[name][0] - offset if name in step else None
-
-    record.forward_peak_bytes = phase_peak(steady, "forward")
-    record.backward_peak_bytes = phase_peak(steady, "backward")
-    record.optimizer_peak_bytes = phase_peak(steady, "optimizer")
-    record.first_forward_peak_bytes = phase_peak(first, "forward")
-    record.first_backward_peak_bytes = phase_peak(first, "backward")
-    record.first_optimizer_peak_bytes = phase_peak(first, "optimizer")
-    first_allocated, first_reserved = step_peak(first)
-    record.first_step_peak_bytes, record.first_step_reserved_bytes = first_allocated - offset, first_reserved
-    if memory.source == "cuda_allocator":
-        # A CUDA-graph replay allocates nothing: its footprint is the capture's peak (graph pool included).
-        capture = first.get("capture")
-        record.peak_memory_bytes, record.peak_reserved_bytes = capture if capture is not None else step_peak(steady)
-    else:
-        record.peak_memory_bytes = memory.measured_peak[0] - offset
+            median_ms = summarize(seen.times.measured_ms).median
+            seen.profile = profile_step(steps.step, device, synchronize, step_ms=median_ms, clock=run.clock)
 
 
 def _peak_or_note(device: torch.device, device_name: str, config: BenchmarkConfig) -> Peak:
@@ -241,6 +234,99 @@ def _peak_or_note(device: torch.device, device_name: str, config: BenchmarkConfi
         return resolve_peak(device, device_name, config.precision, config.peak, config.peak_tflops)
     except Exception as exc:  # the measured times stand without an MFU
         return Peak(None, "unknown", notes=(f"no MFU: finding the peak failed ({type(exc).__name__}: {exc})",))
+
+
+def _user_code(config: BenchmarkConfig) -> str:
+    """What a failure inside usercode.guarded is blamed on: the user's factories, else the step."""
+    specs = (("--model-factory", config.model_factory), ("--optimizer", config.optimizer_factory))
+    return " or ".join(f"{flag} {spec}" for flag, spec in specs if spec) or "the step"
+
+
+def _unsupported_reason(config: BenchmarkConfig, device: torch.device) -> str | None:
+    """What depends on the device (the configuration refused its own contradictions when it was made)."""
+    reason = unsupported_reason(config.precision, device)
+    if reason is None and config.compile:
+        reason = compile_unsupported_reason(device)
+    if reason is None and config.cuda_graphs:
+        reason = cuda_graphs.unsupported_reason(device)
+    return reason
+
+
+def _baseline(
+    config: BenchmarkConfig, model: nn.Module | None, device: torch.device, given: int | None
+) -> tuple[int, list[str]]:
+    """The memory in use before the model was built, and a note where it is estimated."""
+    if model is None:
+        release_memory(device)
+        return baseline_memory_bytes(device, [config]), []
+    if given is not None:
+        return given, []
+    estimated = current_memory_bytes(device) - tensor_bytes(model)
+    return estimated, ["memory baseline estimated as memory in use minus the reused model's parameters"]
+
+
+def _build_and_measure(run: Run, model: nn.Module | None, seen: Measured) -> None:
+    """Build the model (unless given), then measure it; any failure is `seen.failure`, and the memory
+    of a failed step is released either way."""
+    config, device = run.config, run.device
+    owns_model = model is None
+    with precision_mode(config.precision, device) as state:
+        seen.precision = state
+        try:
+            with guarded(run.user_code, run.timeout_s) as rearm:
+                torch.manual_seed(config.seed)
+                if model is None:
+                    model = build_model(config.model, device, config.model_factory)
+                    if config.model_factory:
+                        check_model_output(model, config.model, device, f"--model-factory {config.model_factory}")
+                seen.num_params, seen.built_dtype = count_parameters(model), built_dtype(model)
+                _measure(run, model, rearm, seen)
+        except (ModelFactoryError, OptimizerFactoryError) as exc:
+            seen.failure = ("error", str(exc))
+        except Exception as exc:  # any failure is a row; OOM is told apart from the rest
+            seen.failure = failure_status(exc)
+        finally:
+            # Drop every reference to the failed step's tensors before freeing memory.
+            if model is not None:
+                model.zero_grad(set_to_none=True)
+            if owns_model:
+                model = None
+            release_memory(device)
+
+
+def _fill(record: BenchmarkRecord, run: Run, seen: Measured, model_flops: float | None) -> None:
+    """What the run saw, into its record: the one place a measured row is filled."""
+    state = seen.precision
+    record.autocast_dtype, record.matmul_precision = state.autocast_dtype, state.matmul_precision
+    record.cuda_matmul_allow_tf32, record.cudnn_allow_tf32 = state.cuda_matmul_allow_tf32, state.cudnn_allow_tf32
+    record.grad_scaler = state.grad_scaler
+    if seen.num_params is not None:
+        record.num_params, record.param_dtype = seen.num_params, record.param_dtype or seen.built_dtype
+    record.optimizer, record.compile_s = seen.optimizer, seen.compile_s
+    if seen.times is not None:
+        record.environment = with_load(record.environment, seen.load)
+        record.iqr_target_reached = seen.times.target_reached
+    notes = list(seen.notes)
+    if seen.failure is not None:
+        record.status, record.error = seen.failure
+    else:
+        if seen.nonfinite_loss:  # the model computes garbage: its row says so
+            record.status, record.error = "wrong", f"{NONFINITE_LOSS_NOTE} after the measured steps (times kept)"
+        times = seen.times
+        record.step_ms, record.warmup_step_ms = list(times.measured_ms), list(times.warmup_ms)
+        record.add_summary(summarize(times.measured_ms))
+        record.add_phases(times.phase_ms)
+        if seen.profile is not None:
+            record.add_profile(seen.profile)
+        # Throughput and MFU on the median step, the statistic every table leads with.
+        record.tokens_per_s = per_second(run.config.tokens_per_step, record.median_ms)
+        peak = _peak_or_note(run.device, record.environment.device_name, run.config)
+        record.peak_tflops, record.peak_source, record.peak_measured_at = peak.tflops, peak.source, peak.measured_at
+        record.achieved_tflops, record.mfu = mfu(model_flops, record.median_ms, peak.tflops)
+        notes += peak.notes
+        for column, value in memory_columns(seen.memory, seen.baseline_bytes).items():
+            setattr(record, column, value)
+    record.notes = "; ".join(notes) or None
 
 
 def run_benchmark(
@@ -265,16 +351,9 @@ def run_benchmark(
     """
     device = resolve_device(config.device)
     env = environment or collect_environment(device)
-    user_code = (
-        " or ".join(
-            f"{flag} {spec}"
-            for flag, spec in (("--model-factory", config.model_factory), ("--optimizer", config.optimizer_factory))
-            if spec
-        )
-        or "the step"
-    )
+    run = Run(config, device, clock, memory_snapshot, _user_code(config), timeout_s)
     try:
-        with guarded(user_code, timeout_s):  # a user's factory is built on the meta device here
+        with guarded(run.user_code, timeout_s):  # a user's factory is built on the meta device here
             num_params = (
                 count_parameters(model)
                 if model is not None
@@ -293,80 +372,19 @@ def run_benchmark(
         record.status, record.error = failure_status(exc)
         return record
     record = BenchmarkRecord.for_config(config, device, env, num_params)
-    notes = ["NVTX ranges on (ranges cost about 1 us each on the host)"] if nvtx.is_enabled() else []
     if step_flops is not None:
         record.flops_per_step, record.flops_source = step_flops.flops_per_step, step_flops.source
-        model_flops = step_flops.model_flops
-    else:
-        model_flops = None
     if config.model_factory is None:
         record.predicted_memory_bytes = estimate_config(config, device.type).peak_bytes
-
-    # what depends on the device (the configuration refused its own contradictions when it was made)
-    reason = unsupported_reason(config.precision, device)
-    if reason is None and config.compile:
-        reason = compile_unsupported_reason(device)
-    if reason is None and config.cuda_graphs:
-        reason = cuda_graphs.unsupported_reason(device)
-    if reason is not None:
+    if reason := _unsupported_reason(config, device):
         record.status, record.error = "unsupported", reason
         return record
+
+    notes = ["NVTX ranges on (ranges cost about 1 us each on the host)"] if nvtx.is_enabled() else []
     if device.type == "cpu" and not cpu_has_native(config.precision):
         notes.append(f"this CPU has no native {config.precision} matmul: it is emulated and far slower than fp32")
-
-    owns_model = model is None
-    times = failure = None
-    memory = PhaseMemory(device, step_starts_at_forward=False)
-    if model is None:
-        release_memory(device)
-        baseline = baseline_memory_bytes(device, [config])
-    elif memory_baseline_bytes is not None:
-        baseline = memory_baseline_bytes
-    else:
-        baseline = current_memory_bytes(device) - _tensor_bytes(model)
-        notes.append("memory baseline estimated as memory in use minus the reused model's parameters")
-    with precision_mode(config.precision, device) as state:
-        record.autocast_dtype = state.autocast_dtype
-        record.matmul_precision = state.matmul_precision
-        record.cuda_matmul_allow_tf32 = state.cuda_matmul_allow_tf32
-        record.cudnn_allow_tf32 = state.cudnn_allow_tf32
-        record.grad_scaler = state.grad_scaler
-        try:
-            with guarded(user_code, timeout_s) as rearm:
-                torch.manual_seed(config.seed)
-                if model is None:
-                    model = build_model(config.model, device, config.model_factory)
-                    if config.model_factory:
-                        check_model_output(model, config.model, device, f"--model-factory {config.model_factory}")
-                record.num_params = count_parameters(model)
-                record.param_dtype = record.param_dtype or _built_dtype(model)
-                times, profile = _measure(config, model, device, clock, record, notes, memory, memory_snapshot, rearm)
-        except (ModelFactoryError, OptimizerFactoryError) as exc:
-            failure = ("error", str(exc))
-        except Exception as exc:  # any failure is a row; OOM is told apart from the rest
-            failure = failure_status(exc)
-        finally:
-            # Drop every reference to the failed step's tensors before freeing memory.
-            if model is not None:
-                model.zero_grad(set_to_none=True)
-            if owns_model:
-                model = None
-            release_memory(device)
-
-    if failure is not None:
-        record.status, record.error = failure
-    else:
-        record.step_ms, record.warmup_step_ms = list(times.measured_ms), list(times.warmup_ms)
-        record.add_summary(summarize(times.measured_ms))
-        record.add_phases(times.phase_ms)
-        if profile is not None:
-            record.add_profile(profile)
-        # Throughput and MFU on the median step, the statistic every table leads with.
-        record.tokens_per_s = per_second(config.tokens_per_step, record.median_ms)
-        peak = _peak_or_note(device, env.device_name, config)
-        record.peak_tflops, record.peak_source, record.peak_measured_at = peak.tflops, peak.source, peak.measured_at
-        record.achieved_tflops, record.mfu = mfu(model_flops, record.median_ms, peak.tflops)
-        notes += peak.notes
-        _record_memory(record, memory, baseline)
-    record.notes = "; ".join(notes) or None
+    baseline, baseline_notes = _baseline(config, model, device, memory_baseline_bytes)
+    seen = Measured(PhaseMemory(device, step_starts_at_forward=False), baseline, [*notes, *baseline_notes])
+    _build_and_measure(run, model, seen)
+    _fill(record, run, seen, step_flops.model_flops if step_flops is not None else None)
     return record

@@ -29,7 +29,7 @@ from .contention import describe_rows
 from .device import resolve_device
 from .executor import add_executor_arguments, settings_from_args
 from .executor.evidence import SLURM_TIME_LIMIT
-from .flagfile import add_config_file_argument, apply_config_file
+from .flagfile import add_config_file_argument, with_config_file
 from .lifetime import OurInterrupt
 from .models import ATTENTION_KINDS
 from .monitor import add_monitor_arguments, check_monitor_arguments, monitored
@@ -43,6 +43,7 @@ from .results import (
     collect_environment,
     read_results,
 )
+from .size_tables import SizeTableChoice
 from .step import describe_measurement
 from .terminal import show
 
@@ -68,8 +69,17 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     benchmark_flags.add_execution_arguments(parser)
 
 
-def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[BenchmarkConfig]:
-    """Every configuration of the grid, in grid order; each refuses itself (ConfigError) as it is made."""
+def grid_size_table(args: argparse.Namespace) -> SizeTableChoice:
+    """The table the grid's --model-sizes are names in (benchmark_flags.size_table_of)."""
+    return benchmark_flags.size_table_of(args, args.model_sizes)
+
+
+def grid_from_args(
+    args: argparse.Namespace, device: torch.device, table: SizeTableChoice | None = None
+) -> list[BenchmarkConfig]:
+    """Every configuration of the grid, in grid order; each refuses itself (ConfigError) as it is made.
+    `table`: the run's size table, where it chose one already."""
+    table = table or grid_size_table(args)
     longest = max(args.context_lengths)
     configs = []
     for size, attention, checkpoint, precision, compiled, context, batch, pass_type in itertools.product(
@@ -82,7 +92,7 @@ def grid_from_args(args: argparse.Namespace, device: torch.device) -> list[Bench
         args.batch_sizes,
         args.pass_types,
     ):
-        model = benchmark_flags.model_config_from_args(args, size, longest, attention, checkpoint)
+        model = benchmark_flags.model_config_from_args(args, table, size, longest, attention, checkpoint)
         configs.append(
             benchmark_flags.benchmark_config_from_args(
                 args,
@@ -302,15 +312,16 @@ def build_sweep_parser(prog: str, description: str, child_processes: bool) -> Ar
 
 
 def sweep_command(prog: str, description: str, execute, child_processes: bool, run_jobs):
-    """A sweep tool's (build_parser, run): the sweep's flags, then `execute(pending, args, env,
-    writer)` over the grid, or with --executor local or slurm `run_jobs(args, prog, child_processes)`
-    (sweep_jobs.run). The tool module declares `main = Command(build_parser, run)` with them."""
+    """A sweep tool's (build_parser, run): the sweep's flags (with --config's), then `execute(pending,
+    args, env, writer, limits)` over the grid (`limits`: the children's, or None), or with --executor
+    local or slurm `run_jobs(args, prog, child_processes)` (sweep_jobs.run). The tool module declares
+    `main = Command(build_parser, run)` with them."""
 
     def build_parser() -> argparse.ArgumentParser:
         return build_sweep_parser(prog, description, child_processes)
 
     def run(args: argparse.Namespace) -> int:
-        apply_config_file(build_parser(), args)
+        args = with_config_file(build_parser(), args)
         if args.executor != "inline":
             return run_jobs(args, prog, child_processes)
         return run_sweep(args, prog, execute, child_processes)
@@ -322,12 +333,13 @@ def run_sweep(args: argparse.Namespace, prog: str, execute, child_processes: boo
     """Run the grid's pending configurations through `execute`, then print a table."""
     settings_from_args(args)  # inline: the executors' flags are refused
     device = resolve_device(args.device)
-    configs = grid_from_args(args, device)
+    table = grid_size_table(args)
+    configs = grid_from_args(args, device, table)
     # one timer, device and user code for the whole grid; a user's model is built only in children there
     benchmark_flags.check_runnable(configs[0], device, model_in_child=child_processes)
     outputs = check_output_paths(args.output)
     check_monitor_arguments(args)
-    args.child_limits = child_limits_from_args(args, device) if child_processes else None
+    limits = child_limits_from_args(args, device) if child_processes else None
     # Locked for the whole sweep, cut last lines dropped, other tools' files refused; then read.
     sink = ResultSink(outputs, wait_lock=args.wait_lock, wait_flag="--wait-lock")
     try:
@@ -342,7 +354,7 @@ def run_sweep(args: argparse.Namespace, prog: str, execute, child_processes: boo
 
     # Children record their own environment; the parent of CUDA children stays off the GPU.
     env = None if child_processes else collect_environment(device)
-    benchmark_flags.announce_size_table(args)
+    benchmark_flags.announce_size_table(table)
     print("\n".join(describe_measurement(configs)), file=sys.stderr)
     print(
         f"{len(configs)} configurations, {len(configs) - len(pending)} already done, {len(pending)} to run",
@@ -352,7 +364,7 @@ def run_sweep(args: argparse.Namespace, prog: str, execute, child_processes: boo
     with monitored(args.monitor, args.monitor_interval), stop.installed(), progress(len(pending), prog) as bar:
         writer = Writer(sink, bar, stop)
         try:
-            execute(pending, args, env, writer)
+            execute(pending, args, env, writer, limits)
         except KeyboardInterrupt:
             stop.requested = True
         except ResultWriteError as exc:

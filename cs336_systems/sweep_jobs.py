@@ -50,6 +50,7 @@ from .sweep import (
     existing_rows,
     final_keys,
     grid_from_args,
+    grid_size_table,
     is_redone,
     latest_rows,
     pending_configs,
@@ -179,7 +180,8 @@ class Merger:
 def run(args: argparse.Namespace, prog: str, child_processes: bool) -> int:
     settings = settings_from_args(args, torch.cuda.device_count() if args.executor == "local" else 0)
     device = torch.device(settings.device)
-    configs = grid_from_args(args, device)
+    table = grid_size_table(args)
+    configs = grid_from_args(args, device, table)
     benchmark_flags.check_runnable(configs[0], device)
     outputs = check_output_paths(args.output)
     check_monitor_arguments(args)
@@ -206,6 +208,7 @@ def run(args: argparse.Namespace, prog: str, child_processes: bool) -> int:
         if settings.kind == "slurm":
             runner.check()
         with monitored(args.monitor, args.monitor_interval):
+            benchmark_flags.announce_size_table(table)
             return _run(args, prog, configs, jobs, outputs, job_dir, runner, settings)
 
 
@@ -214,7 +217,6 @@ def _run(args, prog, configs, jobs, outputs, job_dir: JobDir, runner, settings) 
     continuing = job_dir.exists()
     stop = StopRequest()
     merger = Merger(outputs, job_dir, stop, args.wait_lock, jobs)
-    benchmark_flags.announce_size_table(args)
     threads = (
         settings.threads_per_worker or settings.slurm.cpus_per_task or ("the job's" if runner.kind == "slurm" else None)
     )

@@ -28,7 +28,7 @@ from tabulate import tabulate  # noqa: E402
 
 from cs336_bench.argtypes import ArgumentParser, non_negative_int  # noqa: E402
 from cs336_bench.benchmark import config_from_args, configuration_parser  # noqa: E402
-from cs336_bench.benchmark_flags import announce_size_table  # noqa: E402
+from cs336_bench.benchmark_flags import announce_size_table, size_table_of  # noqa: E402
 from cs336_bench.child import ChildLimits, check_user_model_in_child, run_in_child  # noqa: E402
 from cs336_bench.command import Command  # noqa: E402
 from cs336_bench.device import resolve_device  # noqa: E402
@@ -70,11 +70,12 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup_steps is not None:
         raise ConfigError("--warmup-steps is what this study varies: use --warmups N [N ...]")
     device = resolve_device(args.device)
-    base = config_from_args(args).replace(device=str(device), warmup_steps=0)
+    table = size_table_of(args, [args.model_size])
+    base = config_from_args(args, table=table).replace(device=str(device), warmup_steps=0)
     if args.model_factory:  # dry-built and its logits checked, in a child as the study's runs are
         check_user_model_in_child(base)
     sink = ResultSink(check_output_paths(args.output))
-    announce_size_table(args)
+    announce_size_table(table)
 
     steps, summary, records = [], [], []
     for warmup in args.warmups:

@@ -19,7 +19,7 @@ import torch
 
 from cs336_systems.attention_bench import AttentionConfig
 from cs336_systems.attention_bench.implementations import heads_in_batch
-from cs336_systems.attention_bench.measure import _judge_causal, _Phase, run_attention
+from cs336_systems.attention_bench.measure import run_attention
 from cs336_systems.ddp_bench.accounting import measured_sharding
 from cs336_systems.ddp_bench.trainer import optimizer_class
 from cs336_systems.factory import build_model, count_parameters_for, factory_kwargs
@@ -401,9 +401,7 @@ def test_a_flash_forward_that_ignores_is_causal_and_a_backward_that_applies_it_i
 
 
 def test_a_triton_flash_that_ignores_is_causal_is_wrong_saying_what_it_does():
-    from types import SimpleNamespace
-
-    from cs336_systems.attention_bench.correctness import check, reference
+    from cs336_systems.attention_bench.correctness import check, judge_causal, reference
 
     config = AttentionConfig(implementation="flash-triton", head_dim=4, context_length=8, adapters="a.py")
     q, k, v, grad_out = (torch.randn(1, 8, 4, requires_grad=i < 3) for i in range(4))
@@ -411,10 +409,9 @@ def test_a_triton_flash_that_ignores_is_causal_is_wrong_saying_what_it_does():
     out.backward(grad_out)
     expected_out, expected_grads = reference(q, k, v, grad_out, True)
     causal = check(out, (q.grad, k.grad, v.grad), expected_out, expected_grads, "fp32")
-    record = SimpleNamespace(status="ok", error=None, max_abs_err_out=None, max_abs_err_grad=None)
-    assert not _judge_causal(config, record, _Phase(), (q, k, v, grad_out), out.detach(), causal, None)
-    assert record.status == "wrong"
-    assert record.error.startswith("with is_causal=True its forward ignores it and its backward ignores it: differs")
+    verdict = judge_causal(config, (q, k, v, grad_out), out.detach(), causal, None)
+    assert not verdict.noncausal
+    assert verdict.wrong.startswith("with is_causal=True its forward ignores it and its backward ignores it: differs")
 
 
 def test_measured_sharding_believes_bytes_not_declarations():

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from .names import BUILTIN_IMPLEMENTATIONS, FLASH_IMPLEMENTATIONS
 
 
@@ -13,15 +11,22 @@ def default_implementations(adapters: str | None) -> list[str]:
 
 
 def configs_from_args(args, device) -> list:
-    """Every configuration of the grid (AttentionConfig). A flag whose destination is a field's name sets
-    that field (as benchmark's do); the grid's values, the resolved device and the flash-only adapters are
-    set per configuration."""
+    """Every configuration of the grid (AttentionConfig): the flags that set one field for all of them,
+    then per configuration the grid's values, the resolved device and the flash-only adapters."""
     from .config import AttentionConfig
 
     implementations = args.implementations or default_implementations(args.adapters)
-    flags = {
-        field.name: getattr(args, field.name) for field in dataclasses.fields(AttentionConfig) if field.name in args
-    }
+    flags = dict(
+        batch_size=args.batch_size,
+        num_heads=args.num_heads,
+        layout=args.layout,
+        causal=args.causal,
+        timer=args.timer,
+        warmup_steps=args.warmup_steps,
+        measure_steps=args.measure_steps,
+        max_seconds=args.max_seconds,
+        seed=args.seed,
+    )
     return [
         AttentionConfig(
             **{

@@ -8,23 +8,25 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch._functorch.config  # donated_buffer, patched around each row (run_attention)
 
 from ..adapters import Adapters, NotImplementedAdapter
-from ..contention import machine_load, with_load
+from ..contention import Load, machine_load, with_load
 from ..device import compile_unsupported_reason, failure_status, release_memory, resolve_device
 from ..memory import PhaseMemory, current_memory_bytes, rss_high_water_mark_available
 from ..precision import cpu_has_native, precision_mode, unsupported_reason
 from ..results import Environment, collect_environment, fill_timing
 from ..stats import NOISE, per_second, summarize
-from ..timing import HostTimer, UntimedSetup, device_synchronizer, make_timer, time_steps
+from ..timing import HostTimer, device_synchronizer, make_timer
 from ..usercode import DEFAULT_TIMEOUT, StepLimits, guarded
 from .config import FLASH_IMPLEMENTATIONS, PASSES, TENSOR_DTYPES, AttentionConfig
-from .correctness import check, reference
-from .dobench import TRITON, do_bench_backend, do_bench_samples
+from .correctness import Verdict, check, judge_causal, reference
+from .dobench import TRITON, do_bench_backend
 from .implementations import attention_for
+from .passes import Samples, clear_grads, do_bench_passes, timed_passes
 from .record import AttentionRecord, new_record
 
 
@@ -80,156 +82,177 @@ class NotHere(Exception):
     """The implementation exists but cannot run on this device."""
 
 
-class _Phase:
-    """The part of a configuration running now, named in an error row, and notes on the way."""
+@dataclass(frozen=True)
+class Run:
+    """What every phase of one configuration's run reads."""
 
-    def __init__(self) -> None:
-        self.name = "setup"
-        self.notes: list[str] = []
+    config: AttentionConfig
+    device: torch.device
+    clock: Callable[[], float]
+    adapters: Adapters | None
+    counts_memory: bool  # the record has a memory source (the CUDA allocator, or RSS)
 
 
-def _measure(
-    config: AttentionConfig,
-    device: torch.device,
-    record: AttentionRecord,
-    phase: _Phase,
-    clock: Callable[[], float],
-    adapters: Adapters | None,
-    rearm: Callable[[], None] = lambda: None,
-) -> None:
+@dataclass
+class Measured:
+    """What a run saw, kept as each phase returns it: a failure keeps what came before (the compile
+    time, the memory, the check, the passes already timed). `phase` names the part running now, for an
+    error row; _fill puts the rest into the record."""
+
+    phase: str = "setup"
+    notes: list[str] = field(default_factory=list)
+    compile_s: float | None = None
+    sdpa_backend: str | None = None
+    memory_before_backward_bytes: int | None = None
+    forward_peak_bytes: int | None = None
+    backward_peak_bytes: int | None = None
+    verdict: Verdict | None = None
+    timer_used: str | None = None
+    passes: dict[str, Samples] = field(default_factory=dict)  # each pass's (measured, warmup)
+    saved_for_backward_bytes: int | None = None
+    load: Load | None = None  # how busy other processes kept the machine meanwhile
+    failure: tuple[str, str] | None = None  # (status, error)
+
+
+class Attend:
+    """The implementation under test, called once per step (each call rearms --timeout); the PyTorch
+    flash may be swapped for its non-causal call after the check (correctness.judge_causal)."""
+
+    def __init__(self, function: Callable, rearm: Callable[[], None]):
+        self.function, self.rearm = function, rearm
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.rearm()
+        return self.function(q, k, v)
+
+
+def _compile_s(run: Run, attend: Attend, timer: HostTimer) -> float:
+    """Compile on inputs of the same shape that are freed before memory is counted: forward, backward."""
+    q, k, v, grad_out = make_inputs(run.config, run.device)
+    held = {}
+    compile_ms = timer.time_ms(lambda: held.setdefault("out", attend(q, k, v)))
+    compile_ms += timer.time_ms(lambda: held.pop("out").backward(grad_out))
+    return compile_ms / 1e3
+
+
+def _untimed_pass(
+    run: Run, attend: Attend, inputs: tuple[torch.Tensor, ...], baseline: int, seen: Measured
+) -> torch.Tensor:
+    """One forward and backward outside the clock: memory before backward and the peak of each pass
+    (above `baseline`, the memory in use before the inputs were made), and the output (returned) and
+    gradients the check compares with the reference."""
+    device, (q, k, v, grad_out) = run.device, inputs
     sync = device_synchronizer(device)
-    phase.name = "compile" if config.implementation == "compiled" else "setup"
-    # the adapter is asked first: not implemented beats not here
-    user_attend = [attention_for(config, adapters)]  # the PyTorch flash may be timed non-causal (_judge_causal)
-
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        rearm()  # every step calls it once: each gets the whole --timeout (one setitimer call)
-        return user_attend[0](q, k, v)
-
-    if config.implementation == "flash-triton" and device.type != "cuda":
-        raise NotHere("flash-triton: Triton kernels need a CUDA device")
-    if config.implementation == "compiled":
-        # Compile on inputs of the same shape that are freed before memory is counted.
-        q, k, v, grad_out = make_inputs(config, device)
-        held = {}
-        host = HostTimer(clock, sync)
-        compile_ms = host.time_ms(lambda: held.setdefault("out", attend(q, k, v)))
-        compile_ms += host.time_ms(lambda: held.pop("out").backward(grad_out))
-        record.compile_s = compile_ms / 1e3
-        del q, k, v, grad_out, held
-
-    phase.name = "setup"
-    release_memory(device)
-    baseline = current_memory_bytes(device) if record.memory_source else 0
-    q, k, v, grad_out = make_inputs(config, device)
-    inputs = (q, k, v)
-    if config.implementation == "sdpa":
-        record.sdpa_backend = sdpa_backend_name(q, k, v, config.causal)
-
-    # One untimed forward and backward: memory before backward, the peak of each pass, and the
-    # output and gradients the check compares with the reference.
-    phase.name = "forward"
-    memory = PhaseMemory(device) if record.memory_source else None
+    memory = PhaseMemory(device) if run.counts_memory else None
+    seen.phase = "forward"
     with memory.phase("forward") if memory else contextlib.nullcontext():
-        out = attend(*inputs)
+        out = attend(q, k, v)
         sync()
     _check_output(out, q)
     if memory:
-        record.memory_before_backward_bytes = current_memory_bytes(device) - baseline
-    phase.name = "backward"
+        seen.memory_before_backward_bytes = current_memory_bytes(device) - baseline
+    seen.phase = "backward"
     with memory.phase("backward") if memory else contextlib.nullcontext():
         out.backward(grad_out)
         sync()
-    out = out.detach()
     if memory:
-        record.forward_peak_bytes = memory.steps[-1]["forward"][0] - baseline
-        record.backward_peak_bytes = memory.steps[-1]["backward"][0] - baseline
+        seen.forward_peak_bytes = memory.steps[-1]["forward"][0] - baseline
+        seen.backward_peak_bytes = memory.steps[-1]["backward"][0] - baseline
+    return out.detach()
 
-    phase.name = "check"
-    rearm()  # our own reference is not the user's step; it gets the limit afresh (its first run imports)
+
+def _check(run: Run, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> tuple[Verdict, Callable | None]:
+    """The output and gradients against the fp32 reference; and the non-causal call to time instead
+    where a PyTorch flash is judged non-causal (correctness.judge_causal), else None."""
+    config, (q, k, v, grad_out) = run.config, inputs
     try:
         expected_out, expected_grads = reference(q, k, v, grad_out, config.causal)
         result = check(out, (q.grad, k.grad, v.grad), expected_out, expected_grads, config.precision)
         del expected_out, expected_grads
     except torch.OutOfMemoryError:
-        phase.notes.append("not checked: the fp32 reference ran out of memory")
-    else:
-        record.max_abs_err_out, record.max_abs_err_grad = result.max_abs_err_out, result.max_abs_err_grad
-        record.check_tolerance = result.tolerance
-        if result.wrong and config.causal and config.implementation in FLASH_IMPLEMENTATIONS:
-            noncausal = attention_for(dataclasses.replace(config, causal=False), adapters)
+        return Verdict(notes=("not checked: the fp32 reference ran out of memory",)), None
+    if not (result.wrong and config.causal and config.implementation in FLASH_IMPLEMENTATIONS):
+        return Verdict.of(result), None
+    noncausal = attention_for(dataclasses.replace(config, causal=False), run.adapters)
 
-            def run_noncausal() -> tuple[torch.Tensor, tuple]:
-                fresh = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-                plain_out = noncausal(*fresh)
-                plain_out.backward(grad_out)
-                return plain_out.detach(), tuple(t.grad for t in fresh)
+    def run_noncausal() -> tuple[torch.Tensor, tuple]:
+        fresh = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        plain_out = noncausal(*fresh)
+        plain_out.backward(grad_out)
+        return plain_out.detach(), tuple(t.grad for t in fresh)
 
-            if _judge_causal(config, record, phase, (q, k, v, grad_out), out, result, run_noncausal):
-                user_attend[0] = noncausal
-        elif result.wrong:
-            record.status, record.error = "wrong", result.message()
+    verdict = judge_causal(config, inputs, out, result, run_noncausal)
+    return verdict, noncausal if verdict.noncausal else None
+
+
+def _measure(run: Run, rearm: Callable[[], None], seen: Measured) -> None:
+    """Compile (timed apart), one untimed pass for memory and the check, then each pass timed, then
+    what autograd saves. Each phase's result goes into `seen` as soon as it returns."""
+    config, device = run.config, run.device
+    seen.phase = "compile" if config.implementation == "compiled" else "setup"
+    # the adapter is asked first: not implemented beats not here
+    attend = Attend(attention_for(config, run.adapters), rearm)
+    if config.implementation == "flash-triton" and device.type != "cuda":
+        raise NotHere("flash-triton: Triton kernels need a CUDA device")
+    if config.implementation == "compiled":
+        seen.compile_s = _compile_s(run, attend, HostTimer(run.clock, device_synchronizer(device)))
+
+    seen.phase = "setup"
+    release_memory(device)
+    baseline = current_memory_bytes(device) if run.counts_memory else 0
+    q, k, v, grad_out = make_inputs(config, device)
+    inputs = (q, k, v)
+    if config.implementation == "sdpa":
+        seen.sdpa_backend = sdpa_backend_name(q, k, v, config.causal)
+    out = _untimed_pass(run, attend, (q, k, v, grad_out), baseline, seen)
+
+    seen.phase = "check"
+    rearm()  # our own reference is not the user's step; it gets the limit afresh (its first run imports)
+    seen.verdict, noncausal = _check(run, (q, k, v, grad_out), out)
+    seen.notes += seen.verdict.notes
+    if noncausal is not None:
+        attend.function = noncausal
     del out
     release_memory(device)
     rearm()
 
-    def clear_grads() -> None:
-        for tensor in inputs:
-            tensor.grad = None
-
-    clear_grads()
+    clear_grads(inputs)
     if config.timer == "do-bench":
-        record.timer_used, do_bench, why = do_bench_backend(device)
+        seen.timer_used, do_bench, why = do_bench_backend(device)
         if why:
-            phase.notes.append(why)
+            seen.notes.append(why)
     else:
-        record.timer_used, do_bench = config.timer, None
+        seen.timer_used, do_bench = config.timer, None
     if do_bench is not None:
-        phase.name = "forward"
-        forward = do_bench_samples(do_bench, lambda: attend(*inputs), inputs)
-        _keep(record, "forward", forward, [])
-        phase.name = "backward"
-        out = attend(*inputs)
-        backward = do_bench_samples(do_bench, lambda: out.backward(grad_out, retain_graph=True), inputs)
-        del out
-        _keep(record, "backward", backward, [])
-        phase.name = "end_to_end"
-        end_to_end = do_bench_samples(do_bench, lambda: attend(*inputs).backward(grad_out), inputs)
-        _keep(record, "end_to_end", end_to_end, [])
+        passes = do_bench_passes(do_bench, attend, inputs, grad_out)
     else:
-        timer = make_timer(record.timer_used, device, clock)
-        budget = dict(
-            warmup_steps=config.warmup_steps, measure_steps=config.measure_steps, budget_s=config.max_seconds or None
-        )
-        phase.name = "forward"
-        held = {}  # each output is freed before the next step starts, outside the clock
-        forward = time_steps(
-            lambda: held.__setitem__("out", attend(*inputs)), timer=UntimedSetup(timer, held.clear), **budget
-        )
-        held.clear()
-        _keep(record, "forward", forward.measured_ms, forward.warmup_ms)
+        passes = timed_passes(config, make_timer(seen.timer_used, device, run.clock), attend, inputs, grad_out)
+    for name, timed in passes.items():
+        seen.phase = name
+        seen.passes[name] = timed()
 
-        phase.name = "backward"
-        state = {}
+    seen.phase = "saved-tensors count"
+    clear_grads(inputs)
+    seen.saved_for_backward_bytes = saved_tensor_bytes(attend, *inputs)
 
-        def fresh_forward() -> None:
-            clear_grads()
-            state["out"] = attend(*inputs)
 
-        backward = time_steps(
-            lambda: state.pop("out").backward(grad_out), timer=UntimedSetup(timer, fresh_forward), **budget
-        )
-        _keep(record, "backward", backward.measured_ms, backward.warmup_ms)
-
-        phase.name = "end_to_end"
-        end_to_end = time_steps(
-            lambda: attend(*inputs).backward(grad_out), timer=UntimedSetup(timer, clear_grads), **budget
-        )
-        _keep(record, "end_to_end", end_to_end.measured_ms, end_to_end.warmup_ms)
-
-    phase.name = "saved-tensors count"
-    clear_grads()
-    record.saved_for_backward_bytes = saved_tensor_bytes(attend, *inputs)
+def _fill(record: AttentionRecord, seen: Measured) -> None:
+    """What the run saw, into its record: the one place a measured row is filled."""
+    record.compile_s, record.sdpa_backend = seen.compile_s, seen.sdpa_backend
+    record.memory_before_backward_bytes = seen.memory_before_backward_bytes
+    record.forward_peak_bytes, record.backward_peak_bytes = seen.forward_peak_bytes, seen.backward_peak_bytes
+    if seen.verdict is not None:
+        record.max_abs_err_out, record.max_abs_err_grad = seen.verdict.max_abs_err_out, seen.verdict.max_abs_err_grad
+        record.check_tolerance = seen.verdict.tolerance
+        if seen.verdict.wrong:
+            record.status, record.error = "wrong", seen.verdict.wrong
+    record.timer_used = seen.timer_used
+    for name, (measured, warmup) in seen.passes.items():
+        _keep(record, name, measured, warmup)
+    record.saved_for_backward_bytes = seen.saved_for_backward_bytes
+    record.environment = with_load(record.environment, seen.load)
+    if seen.failure is not None:
+        record.status, record.error = seen.failure
 
 
 def _keep(record: AttentionRecord, prefix: str, measured: Sequence[float], warmup: Sequence[float]) -> None:
@@ -269,49 +292,6 @@ def _notes(config: AttentionConfig, record: AttentionRecord, device: torch.devic
     return notes
 
 
-def is_causal_behaviour(out, grads, inputs, precision: str) -> str | None:
-    """What an implementation called with is_causal=True did with it, forward and backward, in one line:
-    each pass compared with causal and with non-causal attention ('applies it', 'ignores it', or 'matches
-    neither'); None when neither pass matches either (it is simply wrong). A FlashAttention-2 that ignores
-    it in its forward and applies it in its backward (real students' code) is told apart so."""
-    q, k, v, grad_out = inputs
-    verdicts, matched = [], False
-    for name in ("forward", "backward"):
-        said = "matches neither causal nor non-causal attention"
-        for causal, words in ((True, "applies it"), (False, "ignores it")):
-            expected_out, expected_grads = reference(q, k, v, grad_out, causal)
-            failures = check(out, grads, expected_out, expected_grads, precision).failures
-            if not [f for f in failures if f.startswith("out") == (name == "forward")]:
-                said, matched = words, True
-                break
-        verdicts.append(f"its {name} {said}")
-    return "with is_causal=True " + " and ".join(verdicts) if matched else None
-
-
-def _judge_causal(config, record, phase, inputs, out, causal_result, run_noncausal) -> bool:
-    """A flash adapter wrong against causal attention. The handout lets the PyTorch FlashAttention-2
-    ignore is_causal (its official test is non-causal): that one is run again with is_causal=False and
-    judged, as its test judges it, non-causal; True when it is then timed non-causal. The Triton one is
-    tested both ways: wrong, saying what it does with is_causal."""
-    q, k, v, grad_out = inputs
-    behaviour = is_causal_behaviour(out, (q.grad, k.grad, v.grad), inputs, config.precision)
-    if config.implementation != "flash-pytorch":
-        record.status, record.error = "wrong", f"{behaviour + ': ' if behaviour else ''}{causal_result.message()}"
-        return False
-    plain_out, plain_grads = run_noncausal()
-    expected_out, expected_grads = reference(q, k, v, grad_out, False)
-    plain = check(plain_out, plain_grads, expected_out, expected_grads, config.precision)
-    if plain.wrong:
-        record.status, record.error = "wrong", f"{causal_result.message()}; with is_causal=False too"
-        return False
-    record.max_abs_err_out, record.max_abs_err_grad = plain.max_abs_err_out, plain.max_abs_err_grad
-    phase.notes.append(
-        f"{behaviour or 'with is_causal=True it differs from causal attention'}; checked and timed with "
-        "is_causal=False, as its official test runs the PyTorch version (the handout lets it ignore is_causal)"
-    )
-    return True
-
-
 def run_attention(
     config: AttentionConfig,
     *,
@@ -340,25 +320,27 @@ def run_attention(
         record.status, record.error = "unsupported", reason
         return record
 
-    phase = _Phase()
+    seen = Measured()
+    run = Run(config, device, clock, adapters, counts_memory=record.memory_source is not None)
     # do_bench times backward again and again over one retained graph (retain_graph=True), which a
     # compiled backward that donates its buffers refuses (seen with torch 2.11 on CUDA)
     with precision_mode(config.precision, device) as state, torch._functorch.config.patch(donated_buffer=False):
         record.matmul_precision, record.cuda_matmul_allow_tf32 = state.matmul_precision, state.cuda_matmul_allow_tf32
         try:
             with guarded(config.implementation, timeout_s) as rearm, machine_load(device) as load:
-                _measure(config, device, record, phase, clock, adapters, rearm)
-            record.environment = with_load(record.environment, load.load)
+                _measure(run, rearm, seen)
+            seen.load = load.load
         except NotImplementedAdapter as exc:
-            record.status, record.error = "skipped", str(exc)
+            seen.failure = ("skipped", str(exc))
         except NotHere as exc:
-            record.status, record.error = "unsupported", str(exc)
+            seen.failure = ("unsupported", str(exc))
         except WrongOutput as exc:
-            record.status, record.error = "wrong", f"{phase.name}: {exc}"
+            seen.failure = ("wrong", f"{seen.phase}: {exc}")
         except Exception as exc:  # any failure is a row; OOM is told apart from the rest
-            record.status, detail = failure_status(exc)
-            record.error = f"{phase.name}: {detail}"
+            status, detail = failure_status(exc)
+            seen.failure = (status, f"{seen.phase}: {detail}")
         finally:
             release_memory(device)  # the failed step's tensors died with the exception
-    record.notes = "; ".join(phase.notes + _notes(config, record, device)) or None
+    _fill(record, seen)
+    record.notes = "; ".join(seen.notes + _notes(config, record, device)) or None
     return record

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .. import benchmark_flags
 from ..adapters import AdapterError, Adapters, add_adapters_argument, load_adapters
 from ..argtypes import (
     ArgumentParser,
@@ -23,6 +24,7 @@ from ..models import ATTENTION_KINDS, ConfigError
 from ..optimizer import check_user_optimizer
 from ..precision import PRECISIONS, unsupported_reason
 from ..results import ResultSink, check_output_paths
+from ..size_tables import SizeTableChoice
 from ..tools import prog
 from .record import (
     DdpRecord,
@@ -103,15 +105,17 @@ def optimizer_spec(text: str) -> str:
     raise argparse.ArgumentTypeError(f"must be {', '.join(OPTIMIZERS)} or package.module:callable, got {text!r}")
 
 
-def units_for(args: argparse.Namespace, config: BenchmarkConfig, world_size: int, first: bool) -> list[DdpUnit]:
-    """The runs of one process group: the baseline (in the first group only), then each strategy."""
+def units_for(
+    args: argparse.Namespace, config: BenchmarkConfig, world_size: int, first: bool, loaded: Adapters | None = None
+) -> list[DdpUnit]:
+    """The runs of one process group: the baseline (in the first group only), then each strategy
+    (`loaded`: the student's adapters, check_adapters)."""
     base_batch = args.base_batch_size or config.batch_size
     units = []
     if first:
         units.append(DdpUnit("single", config, ranks=1, optimizer=args.optimizer, lr=args.base_lr))
     lr = scaled_learning_rates(args.base_lr, base_batch, config.batch_size * world_size)[0]
     for strategy in args.strategies:
-        loaded = getattr(args, "loaded_adapters", None)
         if not first and loaded and missing_adapter(strategy, loaded):
             continue  # the other edition's strategy: its one skipped row is the first group's
         for bucket in (args.bucket_cap_mb or [None]) if strategy in BUCKETED else [None]:
@@ -131,9 +135,18 @@ def units_for(args: argparse.Namespace, config: BenchmarkConfig, world_size: int
     return units
 
 
-def config_from_args(args: argparse.Namespace, device_type: str) -> BenchmarkConfig:
-    """The per-device train-step (it refuses itself: ConfigError), as the handout's planner reads it too."""
-    model = model_config_from_args(args, args.model_size, args.context_length, args.attention)
+def size_table_of(args: argparse.Namespace) -> SizeTableChoice:
+    """The table --model-size is a name in, the student's --adapters read first (benchmark_flags.size_table_of)."""
+    return benchmark_flags.size_table_of(args, [args.model_size], args.adapters)
+
+
+def config_from_args(
+    args: argparse.Namespace, device_type: str, table: SizeTableChoice | None = None
+) -> BenchmarkConfig:
+    """The per-device train-step (it refuses itself: ConfigError), as the handout's planner reads it too.
+    `table`: the run's size table, where it chose one already."""
+    table = table or size_table_of(args)
+    model = model_config_from_args(args, table, args.model_size, args.context_length, args.attention)
     return BenchmarkConfig(
         model=model,
         context_length=args.context_length,
@@ -178,15 +191,16 @@ def run(args: argparse.Namespace) -> int:
     if reason := unsupported_reason(args.precision, device):
         raise ConfigError(f"--precision {args.precision}: {reason}")
     check_flags_apply(args)
-    config = config_from_args(args, device.type)
+    table = size_table_of(args)
+    config = config_from_args(args, device.type, table)
     if args.model_factory:  # before any rank starts: a model every rank would fail on is one line
         check_user_model(config.model, args.model_factory, device)
-    args.loaded_adapters = check_adapters(args)
+    loaded = check_adapters(args)
     if ":" in args.optimizer:
         check_user_optimizer(args.optimizer)
     sink = ResultSink(check_output_paths(args.output) if launch.rank0 else [], DdpRecord)
     if launch.rank0:
-        announce_size_table(args)
+        announce_size_table(table)
 
     lr_fields = dict(base_lr=args.base_lr, base_batch_size=args.base_batch_size or args.batch_size)
     baseline: list[DdpRecord] = []  # the single-process row, once it has run
@@ -201,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     records = run_rows(
         launch,
         ddp_worker,
-        lambda world_size, first: units_for(args, config, world_size, first),
+        lambda world_size, first: units_for(args, config, world_size, first, loaded),
         row,
         sink.write,
         describe,

@@ -117,6 +117,8 @@ def add_executor_arguments(
         )
     if "local" in kinds:
         _add_local_arguments(parser)
+    else:  # every tool's namespace holds every executor flag: those it lacks read as not given
+        parser.set_defaults(workers=None, gpus=None)
     slurm = parser.add_argument_group("slurm executor (sbatch's flags of these names)")
     slurm.add_argument("--slurm-partition", type=slurm_word, metavar="NAME")
     slurm.add_argument(
@@ -183,7 +185,8 @@ def settings_from_args(args: argparse.Namespace, cuda_count: int = 0) -> Executo
     and this machine's `cuda_count` GPUs (local). A job's device is `cuda:0` (the first GPU it was given)
     or `cpu`: Slurm's auto is CUDA when the job asks for GPUs, local's when this machine has one."""
     kind, device = args.executor, args.device
-    given = lambda name: getattr(args, name, None) not in (None, [], ())  # noqa: E731
+    flags = vars(args)  # the flags above by their destinations (each declared, or defaulted to None)
+    given = lambda name: flags[name] not in (None, [], ())  # noqa: E731
     if kind != "slurm":
         stray = [name for name in (*SLURM_FLAGS, "slurm_setup") if given(name)]
         if stray:

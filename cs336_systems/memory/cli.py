@@ -18,6 +18,7 @@ from ..benchmark_flags import (
     add_shape_arguments,
     announce_size_table,
     model_config_from_args,
+    size_table_of,
 )
 from ..command import Command
 from ..config import PARAM_DTYPES, PASS_TYPES
@@ -113,8 +114,16 @@ def run(args: argparse.Namespace) -> int:
     if args.model_factory:
         raise UsageError("the estimator models the built-in Transformer only; drop --model-factory")
 
-    def estimate_for(batch: int, context: int) -> MemoryEstimate:
-        model = model_config_from_args(args, args.model_size, context, args.attention)
+    table = size_table_of(args, [args.model_size])
+    # in and after a search over contexts, the model is as long as each context tried (not --max-context-length)
+    sized_to_context = args.find_max == "context-length"
+
+    def estimate_for(
+        batch: int, context: int, attention: str = args.attention, after_search: bool = False
+    ) -> MemoryEstimate:
+        model = model_config_from_args(args, table, args.model_size, context, attention, args.checkpoint_blocks)
+        if after_search and sized_to_context:
+            model = model.replace(context_length=context)
         model.check_context(context)
         return estimate_memory(
             model,
@@ -130,22 +139,22 @@ def run(args: argparse.Namespace) -> int:
         )
 
     estimate = estimate_for(args.batch_size, args.context_length)
-    announce_size_table(args)
+    announce_size_table(table)
 
     largest = None
     if args.find_max == "batch-size":
         largest = find_max_by_prediction(
             lambda b: estimate_for(b, args.context_length), "batch-size", args.batch_size, device_memory
         )
-    elif args.find_max == "context-length":
-        args.max_context_length = None
+    elif sized_to_context:
         largest = find_max_by_prediction(
-            lambda t: estimate_for(args.batch_size, t), "context-length", args.context_length, device_memory
+            lambda t: estimate_for(args.batch_size, t, after_search=True),
+            "context-length",
+            args.context_length,
+            device_memory,
         )
     other = "naive" if args.attention == "sdpa" else "sdpa"
-    args.attention, chosen = other, args.attention
-    alternative = estimate_for(args.batch_size, args.context_length)
-    args.attention = chosen
+    alternative = estimate_for(args.batch_size, args.context_length, other, after_search=True)
     checkpointing = f" checkpoint-blocks {args.checkpoint_blocks}" if args.checkpoint_blocks else ""
     fast = fast_path_flags(
         dict(
@@ -155,13 +164,13 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     title = (
-        f"{args.size_table} {args.model_size}{checkpointing} context {args.context_length} batch {args.batch_size} {args.pass_type} "
+        f"{table.edition} {args.model_size}{checkpointing} context {args.context_length} batch {args.batch_size} {args.pass_type} "
         f"{args.precision} {args.attention} on {args.device_type}" + (f" {fast}" if fast else "")
     )
     if args.json:
         out = {
             "config": title,
-            "size_table": args.size_table,
+            "size_table": table.edition,
             **estimate.as_dict(),
             f"total_bytes_with_{other}_attention": alternative.total_bytes,
         }

@@ -133,3 +133,61 @@ def step_peak(step: dict[str, tuple[int, int | None]]) -> tuple[int, int | None]
     allocated = max(value[0] for value in step.values())
     reserved = [value[1] for value in step.values() if value[1] is not None]
     return allocated, (max(reserved) if reserved else None)
+
+
+def memory_columns(memory: PhaseMemory, baseline: int) -> dict[str, int | str | None]:
+    """A benchmark row's memory columns: first step (optimizer state created) and steady state (the
+    extra traced step), per phase.
+
+    CUDA figures are the allocator's absolute counters; CPU figures are RSS minus the
+    RSS before the model was built, and peak_memory_bytes is the RSS high-water mark
+    over the measured steps.
+    """
+    offset = baseline if memory.source == "rss_high_water_mark" else 0
+    first, steady = memory.steps[0], memory.steps[-1]
+
+    def phase_peak(step: dict, name: str) -> int | None:
+        return step[name][0] - offset if name in step else None
+
+    first_allocated, first_reserved = step_peak(first)
+    columns = dict(
+        memory_source=memory.source,
+        memory_baseline_bytes=baseline,
+        forward_peak_bytes=phase_peak(steady, "forward"),
+        backward_peak_bytes=phase_peak(steady, "backward"),
+        optimizer_peak_bytes=phase_peak(steady, "optimizer"),
+        first_forward_peak_bytes=phase_peak(first, "forward"),
+        first_backward_peak_bytes=phase_peak(first, "backward"),
+        first_optimizer_peak_bytes=phase_peak(first, "optimizer"),
+        first_step_peak_bytes=first_allocated - offset,
+        first_step_reserved_bytes=first_reserved,
+    )
+    if memory.source == "cuda_allocator":
+        # A CUDA-graph replay allocates nothing: its footprint is the capture's peak (graph pool included).
+        capture = first.get("capture")
+        columns["peak_memory_bytes"], columns["peak_reserved_bytes"] = (
+            capture if capture is not None else step_peak(steady)
+        )
+    else:
+        columns["peak_memory_bytes"] = memory.measured_peak[0] - offset
+    return columns
+
+
+def tensor_bytes(model: torch.nn.Module) -> int:
+    """The bytes of a model's parameters and buffers."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@contextlib.contextmanager
+def cuda_memory_history(path: str | None, device: torch.device) -> Iterator[None]:
+    """Record the CUDA allocator's history (for pytorch.org/memory_viz) and dump it to `path`."""
+    if path is None:
+        yield
+        return
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, device=device)
+    try:
+        yield
+    finally:
+        torch.cuda.memory._dump_snapshot(path)
+        torch.cuda.memory._record_memory_history(enabled=None, device=device)

@@ -287,7 +287,7 @@ def check_monitor_arguments(args) -> None:
         if not args.monitor_interval > 0:
             raise MonitorPathError(f"--monitor-interval must be positive, got {args.monitor_interval}")
         csv_path = check_monitor_path(args.monitor)
-        outputs = [Path(path) for path in getattr(args, "output", None) or []]
+        outputs = [Path(path) for path in args.output]  # every tool with --monitor has --output
         try:  # the monitor's three files and the tool's results must be different files
             check_distinct(
                 [
