@@ -39,9 +39,9 @@ typst package: pip install "typst>=0.14"). RESULTS are .csv/.jsonl files of {", 
 A file of no tool is named in one line and left out; the others are reported, and the exit status
 is 1. --tables-only writes one file per table (OUTPUT's stem + the table's name).
 
---verify reads each table of WRITEUP.md with its spec and re-derives every cell from RESULTS (a
-plan brings its own results): exit 0 when each is exactly one row's value, 1 naming each cell that
-is not.
+--verify reads each table of WRITEUP.md with its spec and makes it again from RESULTS (a plan brings
+its own results): exit 0 when each table, heading, caption, columns and rows, reads as the one its
+rows make, each cell exactly one row's value; 1 naming each table and what differs.
 """
 
 
@@ -81,7 +81,7 @@ def build_parser() -> ArgumentParser:
         "--verify",
         metavar="WRITEUP.md",
         type=Path,
-        help="check that every table cell of this Markdown write-up is one row's value of RESULTS; write nothing",
+        help="check that every table of this Markdown write-up is the one RESULTS make, each cell one row's value; write nothing",
     )
     return parser
 
@@ -217,7 +217,10 @@ def run_verify(writeup: Path, raws: list[str]) -> int:
     for line in failures:
         print(f"{PROG}: {writeup}: {line}", file=sys.stderr)
     if failures:
-        print(f"{PROG}: {len(failures)} cell(s) of {checked} tables are not one row's value", file=sys.stderr)
+        print(
+            f"{PROG}: {len(failures)} difference(s) in {checked} tables from the tables the results make",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     print(f"{writeup}: every cell of its {checked} tables is one row's value of the results", file=sys.stderr)
     return EXIT_OK
