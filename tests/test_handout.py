@@ -211,6 +211,52 @@ def test_a_done_marker_is_trusted_only_while_its_outputs_are_there_and_whole(tmp
     assert run.read_marker(tmp_path, step) is None
 
 
+def test_a_done_marker_notices_an_output_edited_in_place_to_the_same_size_and_the_step_runs_again(
+    tmp_path, monkeypatch, capsys
+):
+    from cs336_systems.handout.plan import Step
+
+    step = Step("s", "p", "x", "cs336_systems.attention_bench", {"--output": ["rows.csv"]})
+    runs = []
+
+    def run_step(step, output_dir, *progress):
+        runs.append(step.id)
+        (output_dir / "rows.csv").write_text("a,b\n1,2\n")
+        return 0, 0.1
+
+    monkeypatch.setattr(run, "run_step", run_step)
+    run.execute([step], assumed_target("H100 80GB"), tmp_path, "2026", "small")
+    assert run.read_marker(tmp_path, step) is not None and runs == ["s"]
+    (tmp_path / "rows.csv").write_text("a,b\n9,2\n")  # the same size, another number
+    assert run.read_marker(tmp_path, step) is None
+    capsys.readouterr()
+    run.execute([step], assumed_target("H100 80GB"), tmp_path, "2026", "small")
+    assert runs == ["s", "s"] and (tmp_path / "rows.csv").read_text() == "a,b\n1,2\n"
+    assert "s: rows.csv changed since the step finished" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("marker", ["none", "recording_it"])
+def test_a_directory_with_markers_and_no_ledger_counts_as_handouts_only_what_they_recorded(
+    tmp_path, monkeypatch, capsys, marker
+):
+    """A .handout/ that is not empty and has no ledger (an older handout's, or anything): a user's file
+    named as an output is handout's only when a done marker there recorded it."""
+    out, argv = _handout_dir(tmp_path, monkeypatch)
+    (out / ".handout").mkdir(parents=True)
+    (out / ".handout" / "notes.txt").write_text("not a ledger\n")
+    (out / "pytorch_attention.csv").write_text("theirs\n")
+    if marker == "recording_it":  # an older handout's done marker, its command other than today's
+        record = {"command": "cs336-bench attention_bench --old", "outputs": {"pytorch_attention.csv": 7}}
+        (out / ".handout" / "pytorch_attention.json").write_text(json.dumps(record))
+    status = cli.main(argv)
+    if marker == "none":
+        assert status == 2 and (out / "pytorch_attention.csv").read_text() == "theirs\n"
+        assert "pytorch_attention.csv is there and handout did not write it" in capsys.readouterr().err
+    else:
+        assert status == 0 and "pytorch_attention.csv" in outputs.written(out)
+    assert "notes.txt" not in outputs.written(out)
+
+
 @pytest.mark.parametrize("status, retried", [(0, False), (1, False), (2, True), (-9, True)])
 def test_a_step_that_crashed_or_was_refused_runs_again_next_time(tmp_path, monkeypatch, status, retried):
     from cs336_systems.handout.plan import Step

@@ -31,7 +31,7 @@ from .outputs import MARKERS, check_output_dir, claim, lock
 from .parameters import SCALES, Options
 from .plan import fit_budget, format_seconds, parse_duration, total_seconds
 from .problems import EDITIONS, KIND_MEANING, MEASURED, PROBLEMS, build_steps, of_edition
-from .run import PLAN_FILE, execute, log_name, not_measured_line, plan_table
+from .run import PLAN_FILE, execute, log_name, not_measured_line, plan_table, recorded_by_markers
 from .target import Target, assumed_target, present_target
 from .writeup import CHECKLIST_FILE, WRITEUP, write_up
 
@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
     _refuse_file(output_dir)
     if not dry_run:
         names = written_names(steps, output_dir)
-        check_output_dir(output_dir, names, legacy=names)
+        check_output_dir(output_dir, names, legacy=lambda: recorded_by_markers(steps, output_dir))
         lock(output_dir, PLAN_FILE)  # held until exit: a second handout here is refused
 
     header = (

@@ -43,7 +43,17 @@ from ..results import open_to_write, write_whole
 from ..tools import module_name
 from .outputs import MARKERS, OutputDirError, claim, written
 from .plan import Step
-from .run import DONE_STATUSES, PLAN_FILE, log_name, mark_done, outcome_of, plan_rows, read_marker, write_plan
+from .run import (
+    DONE_STATUSES,
+    PLAN_FILE,
+    log_name,
+    mark_done,
+    outcome_of,
+    plan_rows,
+    read_marker,
+    say_changed,
+    write_plan,
+)
 from .target import Target, target_from_record
 
 JOBS = f"{MARKERS}/executor"  # the default job directory, inside OUTPUT_DIR (a filesystem the nodes share)
@@ -257,6 +267,7 @@ class PlanJobs:
         self.by_name = {job_name(s, output_dir): s for s in self.runnable}
         self.jobs = {s.id: step_job(s, output_dir) for s in self.runnable}
         self.producers = {name: s for s in self.runnable for name in s.outputs()}
+        say_changed(self.runnable, output_dir)
         self.outcomes: dict[str, dict] = {s.id: m for s in self.runnable if (m := read_marker(output_dir, s))}
         self.done = set(self.outcomes)
         self.ended: set[str] = set()  # steps whose attempt this run settled, done or not
