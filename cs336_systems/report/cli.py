@@ -19,6 +19,7 @@ from ..results.origin import TOOL_NAMES
 from ..tools import prog
 from . import plots
 from .build import build_document
+from .grid import FoldedRows
 from .latex import document_latex, table_latex
 from .load import index_files, load_each, read_file
 from .markdown import document_markdown, table_markdown
@@ -122,7 +123,10 @@ def run(args: argparse.Namespace) -> int:
     for output in outputs:
         output.parent.mkdir(parents=True, exist_ok=True)
     plots.UNWRITTEN.clear()
-    document = build_document(frames, outputs[0].parent, outputs[0].stem, [*args.note, generated])
+    try:
+        document = build_document(frames, outputs[0].parent, outputs[0].stem, [*args.note, generated])
+    except FoldedRows as exc:  # the fallback label (when each was measured) could not tell them apart
+        raise UsageError(exc.said()) from None
     # A full disk: each file that could not be written is one line, the others are written (Markdown first,
     # the smallest); the inputs are untouched.
     unwritten = [f"{PROG}: error: {problem}" for problem in plots.UNWRITTEN]

@@ -123,7 +123,7 @@ def cell_text(row: dict, value: Value) -> str:
 AGGREGATES: dict[str, Callable[[list[dict], str], str]] = {
     "mean±std": lambda rows, name: _agg_mean_std([_number(r, name) for r in rows]),
     "first": lambda rows, name: sig3(_number(rows[0], name)) if rows else "",
-    "max": lambda rows, name: sig3(max(_number(r, name) for r in rows)) if rows else "",
+    "max": lambda rows, name: sig3(max((v for r in rows if (v := _number(r, name)) is not None), default=None)),
     "count": lambda rows, name: str(len(rows)),
 }
 
@@ -155,7 +155,11 @@ def _text_frame(rows: list[dict], names: Sequence[str]) -> dict[str, set[str]]:
 
 
 class FoldedRows(ValueError):
-    """Two rows of one configuration landed in one cell: the table's declaration is wrong."""
+    """Two rows of one configuration landed in one cell: the table's declaration is wrong, or the
+    rows were measured at the same moment too (a row written twice), which `said` puts to the user."""
+
+    def said(self) -> str:
+        return f"two rows of one configuration measured at the same moment ({self}): a row written twice? remove one"
 
 
 def grid(

@@ -30,15 +30,16 @@ def read_file(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     validate.check_not_rendering(path)
     try:
-        if path.suffix == ".csv":
-            validate.check_csv(path, validate.read_text(path))  # damaged lines named as file:LINE
-            frame = as_todays_rows(pd.read_csv(path, dtype=dict.fromkeys(VERSION_COLUMNS, str)))
+        if path.suffix == ".csv":  # damaged lines named as file:LINE
+            frame = read_results(path, dtype=dict.fromkeys(VERSION_COLUMNS, str))
         elif path.suffix == ".json":
             frame = as_todays_rows(_summary_frame(json.loads(path.read_text())))
         else:
             frame = read_results(path)
     except ResultFileError:
         raise
+    except RecursionError:  # json nests by recursion
+        raise ResultFileError(f"{path}: cannot be read: nested too deep to be a result") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:  # pandas' parser errors are ValueErrors
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ResultFileError(f"{path}: cannot be read: {why}") from None
