@@ -18,6 +18,7 @@ from cs336_systems.handout.problems import EDITIONS, PROBLEMS, build_steps, of_e
 from cs336_systems.handout.target import Target, assumed_target
 from cs336_systems.models import ModelConfig
 from cs336_systems.results.paths import lock_path
+from tests.conftest import REPO
 
 
 def measured_problems(edition: str) -> list[str]:
@@ -647,3 +648,37 @@ def test_the_plan_reads_the_repositorys_files_not_only_what_is_importable(tmp_pa
     assert defined_in_repository(STUDENT_MODEL) and defined_in_repository(STUDENT_ADAMW)
     assert not defined_in_repository("cs336_basics.model:SomethingElse")
     assert str((tmp_path / "cs336-basics").resolve()) in sys.path
+
+
+def test_a_students_fsdp_on_their_model_costs_only_its_own_rows(tmp_path, monkeypatch, capsys):
+    """fsdp_accounting with --adapters: the student's FSDP runs on their model in a step of its own, so
+    a model of theirs that ddp_bench refuses (tuple logits) leaves the harness's fsdp2 and single rows,
+    and '(a) Memory per rank' is filled from them (issue 46, item 8)."""
+    import shutil
+
+    from cs336_systems.handout.problems import data_parallel
+    from cs336_systems.handout.problems.model_steps import STUDENT_MODEL
+    from cs336_systems.handout.writeup import write_up
+    from cs336_systems.report.cli import main as report_main
+    from cs336_systems.report.verify import parse_tables
+
+    monkeypatch.setattr(data_parallel, "defined_in_repository", lambda spec: spec == STUDENT_MODEL)
+    steps = build_steps(Options("2026", SMALL, "cpu", "tests.adapters"), CPU, ["fsdp_accounting"])
+    ours, yours = steps
+    assert ours.id == "fsdp_accounting" and ours.flags["--strategies"] == ["fsdp2"]
+    assert "--model-factory" not in ours.flags and "--adapters" not in ours.flags
+    assert yours.flags["--strategies"] == ["adapter-fsdp"] and yours.flags["--model-factory"] == STUDENT_MODEL
+    assert set(ours.outputs()).isdisjoint(yours.outputs())
+    # the harness's step ran (the committed rows); the student's was refused: no rows
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(REPO / "writeup" / "2026" / "fsdp_accounting.csv", out / "fsdp_accounting.csv")
+    outcomes = {ours.id: {"outcome": "ok", "exit_status": 0}, yours.id: {"outcome": "refused", "exit_status": 2}}
+    run.write_plan(out / run.PLAN_FILE, run.plan_rows(steps, CPU, out, outcomes, "2026", "small"))
+    assert write_up(out, [], [".md"]) == []
+    text = (out / "writeup.md").read_text()
+    fsdp = text[text.index("\n## fsdp_accounting:") :].split("\n## ")[1]
+    assert "(a) Memory per rank" in fsdp and "refused (log: logs/fsdp_accounting-yours.log)" in fsdp
+    held = next(t for t in parse_tables(fsdp) if t.title == "Bytes each rank holds after a step")
+    assert {"single", "fsdp2"} <= {row[0] for row in held.rows}
+    assert report_main(["--verify", str(out / "writeup.md"), str(out / run.PLAN_FILE)]) == 0
