@@ -258,6 +258,34 @@ def test_a_directory_with_markers_and_no_ledger_counts_as_handouts_only_what_the
     assert "notes.txt" not in outputs.written(out)
 
 
+def test_a_done_marker_nested_deep_or_a_directory_is_not_done_and_never_a_traceback(tmp_path, monkeypatch, capsys):
+    from cs336_systems.handout.plan import Step
+
+    step = Step("s", "p", "x", "cs336_systems.attention_bench", {"--output": ["rows.csv"]})
+    run.marker_path(tmp_path, step).parent.mkdir()
+    run.marker_path(tmp_path, step).write_text("[" * 200_000 + "]" * 200_000)  # a RecursionError before
+    assert run.read_marker(tmp_path, step) is None and run.changed_outputs(tmp_path, step) is None
+    assert run.recorded_by_markers([step], tmp_path) == []
+    run.marker_path(tmp_path, step).unlink()
+    run.marker_path(tmp_path, step).mkdir()
+    assert run.read_marker(tmp_path, step) is None
+    # the whole command: a marker's name taken by a directory, in a directory with no ledger
+    out, argv = _handout_dir(tmp_path, monkeypatch)
+    (out / ".handout" / "pytorch_attention.json").mkdir(parents=True)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert ".handout/pytorch_attention.json is not a regular file" in err and err.count("\n") == 1, err
+
+
+def test_an_output_dir_name_past_the_filesystems_limit_is_one_line(tmp_path, monkeypatch, capsys):
+    _, argv = _handout_dir(tmp_path, monkeypatch)
+    too_long = tmp_path / ("d" * 300)
+    for extra in ([], ["--dry-run"]):
+        assert cli.main([*argv[:-2], "--output-dir", str(too_long), *extra]) == 2
+        err = capsys.readouterr().err
+        assert "a directory name is too long (300 bytes" in err and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize("status, retried", [(0, False), (1, False), (2, True), (-9, True)])
 def test_a_step_that_crashed_or_was_refused_runs_again_next_time(tmp_path, monkeypatch, status, retried):
     from cs336_systems.handout.plan import Step

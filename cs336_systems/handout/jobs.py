@@ -37,6 +37,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from .. import jsontext
 from ..executor import ATTEMPT_DIR, Job, JobDir, Outcome, Poll, collect
 from ..executor.jobs import EXITED, STARTED, STEP_LOG
 from ..results import open_to_write, write_whole
@@ -108,7 +109,7 @@ def job_dir_of(output_dir: Path, given: Path | None) -> JobDir:
 def known_target(output_dir: Path, device: str) -> tuple[Target, dict] | None:
     """The target an earlier run's first job found, when it is of `device`'s type (cpu, cuda)."""
     try:
-        record = json.loads((output_dir / TARGET_RECORD).read_text())
+        record = jsontext.loads((output_dir / TARGET_RECORD).read_text())
     except (OSError, ValueError):
         return None
     target = target_from_record(record) if isinstance(record, dict) else None
@@ -165,7 +166,7 @@ def find_target(runner, job_dir: JobDir, output_dir: Path, device: str, wait: bo
 
 def _read_json(path: Path) -> dict | None:
     try:
-        value = json.loads(path.read_text())
+        value = jsontext.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None

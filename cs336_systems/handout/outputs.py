@@ -23,6 +23,7 @@ from pathlib import Path
 from ..errors import UsageError
 from ..results import ResultFileError, ResultWriteError
 from ..results.files import OutputLock
+from ..results.paths import check_path_limits
 from ..results.writing import append_line
 
 MARKERS = ".handout"
@@ -75,8 +76,9 @@ def check_output_dir(output_dir: Path, names: Iterable[str], legacy: Callable[[]
     and none of `names` (what this run will write) a link or a file handout did not write. A directory
     an older handout wrote (a .handout/ and no ledger) counts as written only what `legacy()` says its
     markers recorded (run.recorded_by_markers), read once the names are known to be regular files."""
-    if output_dir.exists() and not output_dir.is_dir():
-        raise OutputDirError(f"--output-dir {output_dir} is a file")
+    refuse_file(output_dir)
+    for name in names:  # the directory's name and the longest of its files fit the filesystem's limits
+        check_path_limits(output_dir / name, "--output-dir", output_dir)
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -99,6 +101,16 @@ def check_output_dir(output_dir: Path, names: Iterable[str], legacy: Callable[[]
                 f"--output-dir {output_dir}: {name} is there and handout did not write it; move it, or choose "
                 "another --output-dir"
             )
+
+
+def refuse_file(output_dir: Path) -> None:
+    """--output-dir names a directory (or nothing yet), and a name the filesystem can hold."""
+    check_path_limits(output_dir / "x", "--output-dir", output_dir)
+    try:
+        if output_dir.exists() and not output_dir.is_dir():
+            raise OutputDirError(f"--output-dir {output_dir} is a file")
+    except OSError as exc:
+        raise OutputDirError(f"--output-dir {output_dir}: cannot look at it ({exc.strerror})") from None
 
 
 def _present_file(output_dir: Path, name: str) -> bool:

@@ -30,6 +30,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
+from .. import jsontext
 from ..lifetime import child_preexec
 from ..results import open_to_write, write_whole
 from ..results.origin import named
@@ -49,7 +50,7 @@ def marker_path(output_dir: Path, step: Step) -> Path:
 
 def _load_marker(output_dir: Path, step: Step) -> dict | None:
     try:
-        marker = json.loads(marker_path(output_dir, step).read_text())
+        marker = jsontext.loads(marker_path(output_dir, step).read_text())
     except (OSError, ValueError):  # none, unreadable, a directory of that name
         return None
     return marker if isinstance(marker, dict) else None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import jsontext
 from ..results import ResultFileError, read_results, validate
 from ..results.origin import TOOL, TOOL_NAMES
 from ..results.readers import as_todays_rows
@@ -33,13 +34,11 @@ def read_file(path: str | Path) -> pd.DataFrame:
         if path.suffix == ".csv":  # damaged lines named as file:LINE
             frame = read_results(path, dtype=dict.fromkeys(VERSION_COLUMNS, str))
         elif path.suffix == ".json":
-            frame = as_todays_rows(_summary_frame(json.loads(path.read_text())))
+            frame = as_todays_rows(_summary_frame(jsontext.loads(path.read_text())))
         else:
             frame = read_results(path)
     except ResultFileError:
         raise
-    except RecursionError:  # json nests by recursion
-        raise ResultFileError(f"{path}: cannot be read: nested too deep to be a result") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:  # pandas' parser errors are ValueErrors
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ResultFileError(f"{path}: cannot be read: {why}") from None

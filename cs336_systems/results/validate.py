@@ -14,6 +14,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from .. import jsontext
 from .environment import ADDED_FIELDS
 from .errors import ResultFileError
 
@@ -157,11 +158,9 @@ def check_csv(path: Path, text: str) -> None:
 def jsonl_row(path: Path, number: int, line: str) -> dict:
     """Line `number` of a JSONL file as the row it must be: a JSON object."""
     try:
-        value = json.loads(line)
+        value = jsontext.loads(line)
     except json.JSONDecodeError as exc:
         raise ResultFileError(f"{path}:{number}: damaged JSONL line ({exc.msg})") from None
-    except RecursionError:  # json nests by recursion: a line nested thousands deep is no row
-        raise ResultFileError(f"{path}:{number}: a JSONL line nested too deep to be a row") from None
     if not isinstance(value, dict):
         raise ResultFileError(f"{path}:{number}: a JSON {type(value).__name__}, not an object (a row)")
     return value
@@ -208,7 +207,7 @@ def complete_csv_line(header_line: str, line: str) -> bool:
 def complete_jsonl_line(first_line: str, line: str) -> bool:
     """Whether a last JSONL line without its newline is a whole object with line 1's keys."""
     try:
-        value, first = json.loads(line), json.loads(first_line)
+        value, first = jsontext.loads(line), jsontext.loads(first_line)
     except json.JSONDecodeError:
         return False
     return isinstance(value, dict) and isinstance(first, dict) and set(value) == set(first)
