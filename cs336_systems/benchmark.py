@@ -16,7 +16,7 @@ import sys
 
 from tabulate import tabulate
 
-from . import nvtx
+from . import jsontext, nvtx
 from .argtypes import (
     EXIT_FAILED,
     ArgumentParser,
@@ -175,7 +175,7 @@ def read_config(text: str, parser: argparse.ArgumentParser | None = None) -> Ben
     """--config: a JSON file, or JSON text (a configuration's whole object, starting with '{'), each value
     checked as its flag would be (`parser`'s types and choices), then by the configuration itself."""
     try:
-        data = json.loads(_config_text(text))
+        data = jsontext.loads(_config_text(text))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--config: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
     if parser is not None and isinstance(data, dict) and isinstance(data.get("model"), dict):

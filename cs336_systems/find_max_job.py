@@ -17,6 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from . import jsontext
 from .argtypes import EXIT_FAILED, EXIT_OK, argv_without
 from .errors import UsageError
 from .executor import ATTEMPT_DIR, Job, JobDir, Outcome, collect, settings_from_args
@@ -91,11 +92,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) ->
     if not _answered(job_dir, name):
         print(f"{prog}: no answer; the same command submits the search again", file=sys.stderr)
         return EXIT_FAILED
-    return _print_answer(json.loads(summary.read_text()), summary)
+    return _print_answer(jsontext.loads(summary.read_text()), summary)
 
 
 def _answered(job_dir: JobDir, name: str) -> bool:
-    entries = [json.loads(line) for line in job_dir.ledger.read_text().splitlines()] if job_dir.exists() else []
+    entries = [jsontext.loads(line) for line in job_dir.ledger.read_text().splitlines()] if job_dir.exists() else []
     return any(e.get("event") == "settled" and e.get("job") == name and e.get("status") == ANSWERED for e in entries)
 
 

@@ -16,6 +16,7 @@ import json
 import os
 import stat
 
+from . import jsontext
 from .argtypes import as_flag_value, given_flags
 from .errors import UsageError
 
@@ -46,7 +47,7 @@ def _read(path: str) -> dict:
     if len(data) > MAX_BYTES:
         raise ConfigFileError(f"--config {path}: larger than {MAX_BYTES} bytes")
     try:
-        value = json.loads(data.decode(errors="replace"))
+        value = jsontext.loads(data.decode(errors="replace"))
     except json.JSONDecodeError as exc:
         raise ConfigFileError(
             f"--config {path}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"

@@ -6,11 +6,14 @@ callable may be a dotted attribute path (`pkg.mod:Class.create`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 
@@ -69,17 +72,60 @@ class UserImportError(Exception):
     """A user's module that could not be imported; the message is one line saying why."""
 
 
+# Within one run (hung_imports_shared: a group of ranks per unit, each would wait the whole limit again),
+# an import that hung is not tried again, in any of the run's processes. Outside a run it is: the user may
+# have fixed the module since.
+HUNG_IMPORTS_ENV = "CS336_BENCH_HUNG_IMPORTS"  # the note's path: a line "shown<TAB>why" per import that hung
+
+
+@contextlib.contextmanager
+def hung_imports_shared() -> Iterator[None]:
+    """Inside, the processes started share one note of the user's imports that hung (a temporary file)."""
+    if os.environ.get(HUNG_IMPORTS_ENV):  # a parent's: shared already
+        yield
+        return
+    fd, path = tempfile.mkstemp(prefix="cs336-hung-imports-")
+    os.close(fd)
+    os.environ[HUNG_IMPORTS_ENV] = path
+    try:
+        yield
+    finally:
+        os.environ.pop(HUNG_IMPORTS_ENV, None)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _hung_before(shown: str) -> str | None:
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        for line in Path(os.environ.get(HUNG_IMPORTS_ENV) or "/nonexistent").read_text().splitlines():
+            name, _, why = line.partition("\t")
+            if name == shown:
+                return why
+    return None
+
+
+def _note_hung(shown: str, why: str) -> None:
+    if path := os.environ.get(HUNG_IMPORTS_ENV):
+        with contextlib.suppress(OSError), open(path, "a") as note:
+            note.write(f"{shown}\t{why}\n")
+
+
 def import_user_module(name: str, timeout_s: float | None = None, file: Path | None = None) -> ModuleType:
     """The user's module `name` (the file `file`, imported under that name, when given), imported under
     usercode.guarded: whatever the import does (raises, exits, interrupts itself, hangs past `timeout_s`)
     is a UserImportError of one line; a real Ctrl-C stays a KeyboardInterrupt. The one place a user's
     module is imported; each caller puts its flag in front of the line. `timeout_s` None: the command's
-    limit (usercode.import_limit_s)."""
+    limit (usercode.import_limit_s). Within a run, one that hung is refused at once the next time (_hung_before)."""
     shown = repr(str(file) if file is not None else name)
+    if (why := _hung_before(shown)) is not None:
+        raise UserImportError(f"{why} (earlier in this run: not tried again)")
     try:
         with guarded(f"importing {shown}", import_limit_s() if timeout_s is None else timeout_s):
             return importlib.import_module(name) if file is None else _import_file(name, file)
-    except (UserCodeError, UserCodeTimeout) as exc:
+    except UserCodeTimeout as exc:
+        _note_hung(shown, str(exc))
+        raise UserImportError(str(exc)) from None
+    except UserCodeError as exc:
         raise UserImportError(str(exc)) from None
     except Exception as exc:  # the user's module may fail in any way while importing
         raise UserImportError(f"cannot import {shown}: {type(exc).__name__}: {exc}{namespace_hint(exc)}") from exc

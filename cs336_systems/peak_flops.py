@@ -33,7 +33,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from . import flops
+from . import flops, jsontext
 from .results import write_whole
 from .results.errors import ResultWriteError
 
@@ -111,7 +111,7 @@ class PeakCache:
                 data = handle.read(MAX_CACHE_BYTES + 1) if stat.S_ISREG(os.fstat(handle.fileno()).st_mode) else b""
             if not data or len(data) > MAX_CACHE_BYTES:
                 return {}
-            entries = json.loads(data)
+            entries = jsontext.loads(data)
         except (OSError, ValueError, RecursionError):  # none yet, or damaged: calibrate again
             return {}
         return entries if isinstance(entries, dict) else {}

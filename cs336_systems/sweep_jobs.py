@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from . import benchmark_flags
+from . import benchmark_flags, jsontext
 from .argtypes import EXIT_OK, exit_status
 from .child import ChildLimits, benchmark_arguments, child_limits_from_args, failed_record, record_from_row
 from .config import BenchmarkConfig
@@ -115,7 +115,7 @@ def records_of(outcome: Outcome, payload: dict | None = None) -> list[BenchmarkR
     records = []
     for line in text.splitlines():
         try:
-            records.append(limits.annotate(record_from_row(json.loads(line))))
+            records.append(limits.annotate(record_from_row(jsontext.loads(line))))
         except (ValueError, TypeError):  # a line cut by a killed job: not a row
             continue
     return records

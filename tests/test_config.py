@@ -167,6 +167,36 @@ def test_every_setting_is_identity_or_said_not_to_be_and_every_identity_column_i
 
 
 @pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"context_length": "8"}, None),  # a number written as text: read as the flag reads it
+        ({"context_length": "eight"}, "context_length (as --context-length): expected an integer, got 'eight'"),
+        ({"context_length": [8]}, "context_length (as --context-length): expected a single value"),
+    ],
+)
+def test_a_context_length_given_as_text_in_config_is_read_or_refused_as_the_flag(tmp_path, capsys, changes, message):
+    data = {**tiny_benchmark_config(measure_steps=2, profile_step=False).to_dict(), **changes}
+    code = benchmark.main(["--config", json.dumps(data), "--output", str(tmp_path / "row.jsonl")])
+    err = capsys.readouterr().err
+    if message is None:
+        assert code == 0 and json.loads((tmp_path / "row.jsonl").read_text())["context_length"] == 8, err
+    else:
+        assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_a_config_nested_200000_deep_is_one_line(tmp_path, capsys):
+    """json decodes by recursion: a RecursionError traceback before, in benchmark's --config and a sweep's."""
+    from cs336_systems import run_benchmarks
+
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"model": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    for main in (benchmark.main, run_benchmarks.main):
+        assert main(["--config", str(deep)]) == 2
+        err = capsys.readouterr().err
+        assert "nested too deep" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
     ("given", "message"),
     [
         ("{tmp}/missing.json", "cannot read it"),

@@ -18,6 +18,7 @@ from cs336_systems.handout.problems import EDITIONS, PROBLEMS, build_steps, of_e
 from cs336_systems.handout.target import Target, assumed_target
 from cs336_systems.models import ModelConfig
 from cs336_systems.results.paths import lock_path
+from tests.conftest import REPO
 
 
 def measured_problems(edition: str) -> list[str]:
@@ -209,6 +210,80 @@ def test_a_done_marker_is_trusted_only_while_its_outputs_are_there_and_whole(tmp
     assert run.read_marker(tmp_path, step) is None
     (tmp_path / "rows.csv").unlink()
     assert run.read_marker(tmp_path, step) is None
+
+
+def test_a_done_marker_notices_an_output_edited_in_place_to_the_same_size_and_the_step_runs_again(
+    tmp_path, monkeypatch, capsys
+):
+    from cs336_systems.handout.plan import Step
+
+    step = Step("s", "p", "x", "cs336_systems.attention_bench", {"--output": ["rows.csv"]})
+    runs = []
+
+    def run_step(step, output_dir, *progress):
+        runs.append(step.id)
+        (output_dir / "rows.csv").write_text("a,b\n1,2\n")
+        return 0, 0.1
+
+    monkeypatch.setattr(run, "run_step", run_step)
+    run.execute([step], assumed_target("H100 80GB"), tmp_path, "2026", "small")
+    assert run.read_marker(tmp_path, step) is not None and runs == ["s"]
+    (tmp_path / "rows.csv").write_text("a,b\n9,2\n")  # the same size, another number
+    assert run.read_marker(tmp_path, step) is None
+    capsys.readouterr()
+    run.execute([step], assumed_target("H100 80GB"), tmp_path, "2026", "small")
+    assert runs == ["s", "s"] and (tmp_path / "rows.csv").read_text() == "a,b\n1,2\n"
+    assert "s: rows.csv changed since the step finished" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("marker", ["none", "recording_it"])
+def test_a_directory_with_markers_and_no_ledger_counts_as_handouts_only_what_they_recorded(
+    tmp_path, monkeypatch, capsys, marker
+):
+    """A .handout/ that is not empty and has no ledger (an older handout's, or anything): a user's file
+    named as an output is handout's only when a done marker there recorded it."""
+    out, argv = _handout_dir(tmp_path, monkeypatch)
+    (out / ".handout").mkdir(parents=True)
+    (out / ".handout" / "notes.txt").write_text("not a ledger\n")
+    (out / "pytorch_attention.csv").write_text("theirs\n")
+    if marker == "recording_it":  # an older handout's done marker, its command other than today's
+        record = {"command": "cs336-bench attention_bench --old", "outputs": {"pytorch_attention.csv": 7}}
+        (out / ".handout" / "pytorch_attention.json").write_text(json.dumps(record))
+    status = cli.main(argv)
+    if marker == "none":
+        assert status == 2 and (out / "pytorch_attention.csv").read_text() == "theirs\n"
+        assert "pytorch_attention.csv is there and handout did not write it" in capsys.readouterr().err
+    else:
+        assert status == 0 and "pytorch_attention.csv" in outputs.written(out)
+    assert "notes.txt" not in outputs.written(out)
+
+
+def test_a_done_marker_nested_deep_or_a_directory_is_not_done_and_never_a_traceback(tmp_path, monkeypatch, capsys):
+    from cs336_systems.handout.plan import Step
+
+    step = Step("s", "p", "x", "cs336_systems.attention_bench", {"--output": ["rows.csv"]})
+    run.marker_path(tmp_path, step).parent.mkdir()
+    run.marker_path(tmp_path, step).write_text("[" * 200_000 + "]" * 200_000)  # a RecursionError before
+    assert run.read_marker(tmp_path, step) is None and run.changed_outputs(tmp_path, step) is None
+    assert run.recorded_by_markers([step], tmp_path) == []
+    run.marker_path(tmp_path, step).unlink()
+    run.marker_path(tmp_path, step).mkdir()
+    assert run.read_marker(tmp_path, step) is None
+    # the whole command: a marker's name taken by a directory, in a directory with no ledger
+    out, argv = _handout_dir(tmp_path, monkeypatch)
+    (out / ".handout" / "pytorch_attention.json").mkdir(parents=True)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert ".handout/pytorch_attention.json is not a regular file" in err and err.count("\n") == 1, err
+
+
+def test_an_output_dir_name_past_the_filesystems_limit_is_one_line(tmp_path, monkeypatch, capsys):
+    _, argv = _handout_dir(tmp_path, monkeypatch)
+    too_long = tmp_path / ("d" * 300)
+    for extra in ([], ["--dry-run"]):
+        assert cli.main([*argv[:-2], "--output-dir", str(too_long), *extra]) == 2
+        err = capsys.readouterr().err
+        assert "a directory name is too long (300 bytes" in err and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize("status, retried", [(0, False), (1, False), (2, True), (-9, True)])
@@ -612,3 +687,37 @@ def test_a_model_that_cannot_run_here_is_one_line_before_any_step(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert "tests.fixtures.hostile.models:logits_and_aux" in err[-1] and "tuple" in err[-1]
     assert not list(output_dir.glob("*.csv")) and not (output_dir / "writeup.md").exists()
+
+
+def test_a_students_fsdp_on_their_model_costs_only_its_own_rows(tmp_path, monkeypatch, capsys):
+    """fsdp_accounting with --adapters: the student's FSDP runs on their model in a step of its own, so
+    a model of theirs that ddp_bench refuses (tuple logits) leaves the harness's fsdp2 and single rows,
+    and '(a) Memory per rank' is filled from them."""
+    import shutil
+
+    from cs336_systems.handout.problems import data_parallel
+    from cs336_systems.handout.problems.model_steps import STUDENT_MODEL
+    from cs336_systems.handout.writeup import write_up
+    from cs336_systems.report.cli import main as report_main
+    from cs336_systems.report.verify import parse_tables
+
+    monkeypatch.setattr(data_parallel, "defined_in_repository", lambda spec: spec == STUDENT_MODEL)
+    steps = build_steps(Options("2026", SMALL, "cpu", "tests.adapters"), CPU, ["fsdp_accounting"])
+    ours, yours = steps
+    assert ours.id == "fsdp_accounting" and ours.flags["--strategies"] == ["fsdp2"]
+    assert "--model-factory" not in ours.flags and "--adapters" not in ours.flags
+    assert yours.flags["--strategies"] == ["adapter-fsdp"] and yours.flags["--model-factory"] == STUDENT_MODEL
+    assert set(ours.outputs()).isdisjoint(yours.outputs())
+    # the harness's step ran (the committed rows); the student's was refused: no rows
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(REPO / "writeup" / "2026" / "fsdp_accounting.csv", out / "fsdp_accounting.csv")
+    outcomes = {ours.id: {"outcome": "ok", "exit_status": 0}, yours.id: {"outcome": "refused", "exit_status": 2}}
+    run.write_plan(out / run.PLAN_FILE, run.plan_rows(steps, CPU, out, outcomes, "2026", "small"))
+    assert write_up(out, [], [".md"]) == []
+    text = (out / "writeup.md").read_text()
+    fsdp = text[text.index("\n## fsdp_accounting:") :].split("\n## ")[1]
+    assert "(a) Memory per rank" in fsdp and "refused (log: logs/fsdp_accounting-yours.log)" in fsdp
+    held = next(t for t in parse_tables(fsdp) if t.title == "Bytes each rank holds after a step")
+    assert {"single", "fsdp2"} <= {row[0] for row in held.rows}
+    assert report_main(["--verify", str(out / "writeup.md"), str(out / run.PLAN_FILE)]) == 0

@@ -225,6 +225,78 @@ def test_report_and_compare_refuse_a_damaged_file_in_one_line(tmp_path, capsys, 
     assert len(err) == 2 and all(f"{name}:" in line for line in err)
 
 
+def _benchmark_rows(tmp_path, name: str, **columns) -> Path:
+    """Three committed benchmark rows, with `columns` set on each, as a CSV."""
+    import pandas as pd
+
+    rows = pd.read_csv(REPO / "results" / "cpu_sweep.csv").head(3)
+    for column, value in columns.items():
+        rows[column] = value
+    path = tmp_path / name
+    rows.to_csv(path, index=False)
+    return path
+
+
+def test_a_field_over_128_kib_is_read_by_report_and_compare_and_never_written(tmp_path, capsys):
+    """The csv module stops at 128 KiB a field (a _csv.Error traceback): the readers read a longer one,
+    and the writers cut a cell to what the csv module reads with its default limit."""
+    import csv
+
+    from cs336_systems.results.validate import FIELD_CHARS
+
+    path = _benchmark_rows(tmp_path, "long.csv", notes="x" * 200_000)
+    assert report_main([str(path), "--output", str(tmp_path / "r.md")]) == 0
+    assert compare_main([str(path), str(path)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    out = tmp_path / "written.csv"
+    with sink([out]) as rows:
+        rows.write(Row(name="a" * 300_000, mean_ms=1.0))
+    with out.open(newline="") as handle:  # the csv module as a user's script reads it
+        cells = list(csv.DictReader(handle))[0]
+    assert len(cells["name"]) == FIELD_CHARS and cells["name"].endswith("[cut: 300,000 characters]")
+
+
+def test_all_nan_numbers_are_a_report_of_empty_cells(tmp_path, capsys):
+    numbers = ["mean_ms", "std_ms", "median_ms", "min_ms", "max_ms", "flops_per_step", "peak_memory_bytes", "mfu"]
+    path = _benchmark_rows(tmp_path, "nan.csv", **dict.fromkeys(numbers, float("nan")))
+    assert report_main([str(path), "--output", str(tmp_path / "r.md")]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_row_written_twice_is_one_line_in_report(tmp_path, capsys):
+    import pandas as pd
+
+    path = _benchmark_rows(tmp_path, "twice.csv")
+    rows = pd.read_csv(path)
+    pd.concat([rows, rows.head(1)]).to_csv(path, index=False)  # the same configuration, the same moment
+    assert report_main([str(path), "--output", str(tmp_path / "r.md")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "two rows of one configuration measured at the same moment" in err[0]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_fifty_thousand_columns_are_one_line_not_minutes(tmp_path, capsys, suffix):
+    names = [f"c{i}" for i in range(50_000)]
+    path = tmp_path / f"wide{suffix}"
+    if suffix == ".csv":
+        path.write_text(",".join(names) + "\n" + ",".join("1" for _ in names) + "\n")
+    else:
+        path.write_text(json.dumps(dict.fromkeys(names, 1)) + "\n")
+    assert report_main([str(path), "--output", str(tmp_path / "r.md")]) == 2
+    assert compare_main([str(path), str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("50,000 columns; a result file has at most" in line for line in err)
+
+
+def test_a_json_result_nested_200000_deep_is_one_line(tmp_path, capsys):
+    deep = '{"a": ' + "[" * 200_000 + "]" * 200_000 + "}\n"
+    (tmp_path / "deep.jsonl").write_text(deep)
+    (tmp_path / "deep.json").write_text(deep)
+    for name in ("deep.jsonl", "deep.json"):
+        assert report_main([str(tmp_path / name), "--output", str(tmp_path / "r.md")]) == 2
+        assert "nested too deep" in capsys.readouterr().err
+
+
 def test_a_fifo_given_as_input_is_refused_without_blocking(tmp_path, capsys):
     os.mkfifo(tmp_path / "in.csv")
     assert report_main([str(tmp_path / "in.csv"), "--output", str(tmp_path / "r.md")]) == 2

@@ -20,7 +20,7 @@ import pytest
 
 from cs336_systems import lifetime
 from cs336_systems.usercode import StepLimits, UserCodeError, UserCodeTimeout, check_timeout, guarded
-from tests.conftest import PYTHON, REPO, TINY, TINY_GRID, child_env
+from tests.conftest import PYTHON, REPO, TINY, TINY_DDP, TINY_GRID, child_env
 
 
 def test_sys_exit_becomes_an_error_naming_it():
@@ -286,6 +286,7 @@ HANG_AT_IMPORT = "tests/fixtures/hostile/hang_at_import.py"
         ("attention_bench", ["--adapters", HANG_AT_IMPORT, "--context-lengths", "16", "--head-dims", "8"]),
         ("ddp_bench", ["--adapters", HANG_AT_IMPORT]),
         ("ddp_bench", ["--optimizer", "tests.fixtures.hostile.hang_at_import:make"]),
+        ("handout.cli", ["--model-factory", "tests.fixtures.hostile.hang_at_import:build", "--dry-run"]),
     ],
 )
 def test_an_import_that_hangs_is_cut_at_the_tools_timeout(tool, flags, capsys):
@@ -295,6 +296,37 @@ def test_an_import_that_hangs_is_cut_at_the_tools_timeout(tool, flags, capsys):
     code = importlib.import_module(f"cs336_systems.{tool}").main([*flags, "--device", "cpu", "--timeout", "1"])
     err = capsys.readouterr().err
     assert code == 2 and "did not return within --timeout 1 s" in err and err.count("\n") == 1
+
+
+def test_an_import_that_hung_is_not_waited_for_again_in_the_run(monkeypatch):
+    """Each use waited the whole limit again: a rank runs many units, each group of ranks imports anew."""
+    from cs336_systems import loading
+
+    monkeypatch.delenv(loading.HUNG_IMPORTS_ENV, raising=False)
+    with loading.hung_imports_shared():
+        with pytest.raises(loading.UserImportError, match="did not return within"):
+            loading.import_user_module("tests.fixtures.hostile.hang_at_import", timeout_s=0.5)
+        with pytest.raises(loading.UserImportError, match="not tried again"):
+            loading.import_user_module("tests.fixtures.hostile.hang_at_import", timeout_s=60)
+    assert loading.HUNG_IMPORTS_ENV not in os.environ
+    with pytest.raises(loading.UserImportError, match=r"did not return within --timeout 0.5 s"):  # outside a run: tried again
+        loading.import_user_module("tests.fixtures.hostile.hang_at_import", timeout_s=0.5)
+
+
+def test_an_optimizer_import_that_hangs_in_the_ranks_is_cut_at_the_limit_and_waited_for_once(tmp_path, monkeypatch):
+    """ddp_bench's ranks inherit the command's import limit (here 1 s) and share the note of what hung."""
+    from cs336_systems import ddp_bench
+    from cs336_systems.results import read_results
+    from cs336_systems.usercode import IMPORT_TIMEOUT_ENV
+
+    monkeypatch.setenv(IMPORT_TIMEOUT_ENV, "1")
+    csv = tmp_path / "rows.csv"
+    flags = ["--optimizer", "tests.fixtures.hostile.hang_in_ranks:make", "--strategies", "naive", "--world-size", "2"]
+    assert ddp_bench.main([*flags, "--device", "cpu", *TINY_DDP, "--output", str(csv)]) == 1
+    rows = read_results(csv).set_index("strategy")
+    assert set(rows["status"]) == {"error"}
+    assert "did not return within --timeout 1 s" in rows.loc["single", "error"]
+    assert rows.loc["naive", "error"].count("not tried again") == 2  # both ranks of the next unit, at once
 
 
 def test_the_import_limit_is_inherited_by_the_processes_a_command_starts(monkeypatch):

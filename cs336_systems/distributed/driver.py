@@ -17,6 +17,7 @@ import torch
 
 from ..argtypes import ArgumentParser, add_device_argument, add_output_argument, positive_int
 from ..command import add_argument_with_aliases
+from ..loading import hung_imports_shared
 from ..results import Environment, collect_environment
 from ..usercode import DefaultLimit, timeout_seconds
 from .group import (
@@ -185,11 +186,12 @@ def run_rows(
     of torchrun other than 0 returns no records."""
     fallback = None if launch.torchrun else collect_environment(launch.first_device)
     records = []
-    for index, world_size in enumerate(launch.world_sizes):
-        units = units_for(world_size, index == 0)
-        for unit, result in launch.run(worker, units, world_size):
-            record = record_for(unit, result, launch.base_fields(world_size), fallback)
-            write(record)
-            records.append(record)
-            print(describe(unit, record), file=sys.stderr, flush=True)
+    with hung_imports_shared():  # a user import that hung in one unit's ranks is not waited for again
+        for index, world_size in enumerate(launch.world_sizes):
+            units = units_for(world_size, index == 0)
+            for unit, result in launch.run(worker, units, world_size):
+                record = record_for(unit, result, launch.base_fields(world_size), fallback)
+                write(record)
+                records.append(record)
+                print(describe(unit, record), file=sys.stderr, flush=True)
     return records

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import jsontext
+
 ATTEMPT_DIR = "{attempt_dir}"  # in a Job's command: replaced by the attempt's own directory
 LEDGER, JOBS, SLURM = "ledger.jsonl", "jobs", "slurm"
 STARTED, EXITED, STEP_LOG = "started.json", "exit.json", "step.log"
@@ -74,7 +76,7 @@ class Attempt:
     def marker(self, name: str) -> dict | None:
         """started.json or exit.json, once whole (written by rename), else None."""
         try:
-            value = json.loads((self.directory / name).read_text())
+            value = jsontext.loads((self.directory / name).read_text())
         except (OSError, ValueError):
             return None
         return value if isinstance(value, dict) else None
@@ -128,7 +130,7 @@ class JobDir:
         lines = []
         for line in text.splitlines():
             try:
-                value = json.loads(line)
+                value = jsontext.loads(line)
             except ValueError:  # a line cut by a killed writer: the attempt is found again by its directory
                 continue
             if isinstance(value, dict) and isinstance(value.get("job"), str):

@@ -16,6 +16,7 @@ from ..command import Command
 from ..errors import UsageError
 from ..executor import ExecutorSettings, add_executor_arguments, open_runner, settings_from_args
 from ..tools import prog
+from ..usercode import timeout_seconds
 from .jobs import (
     JOBS,
     TARGET_RECORD,
@@ -27,11 +28,11 @@ from .jobs import (
     node_of,
     run_jobs,
 )
-from .outputs import MARKERS, check_output_dir, claim, lock
+from .outputs import MARKERS, check_output_dir, claim, lock, refuse_file
 from .parameters import SCALES, Options
 from .plan import fit_budget, format_seconds, parse_duration, total_seconds
 from .problems import EDITIONS, KIND_MEANING, MEASURED, PROBLEMS, build_steps, of_edition
-from .run import PLAN_FILE, execute, log_name, not_measured_line, plan_table
+from .run import PLAN_FILE, execute, log_name, not_measured_line, plan_table, recorded_by_markers
 from .target import Target, assumed_target, present_target
 from .writeup import CHECKLIST_FILE, WRITEUP, write_up
 
@@ -71,6 +72,12 @@ def build_parser() -> ArgumentParser:
     add_adapters_argument(parser, help="your tests/adapters.py: FlashAttention-2, DDP, FSDP")
     parser.add_argument("--model-factory", metavar="package.module:callable", help="your model instead of the built-in")
     parser.add_argument("--optimizer", metavar="package.module:callable", help="your optimizer for training steps")
+    parser.add_argument(
+        "--timeout",
+        type=timeout_seconds,
+        metavar="SECONDS",
+        help="the limit on importing your code and calling its getters, here and in every step (default 60)",
+    )
     parser.add_argument(
         "--budget", metavar="DURATION", help="e.g. 45m: shrink the plan to fit (recorded in the report)"
     )
@@ -173,7 +180,7 @@ def _nodes_target(args: argparse.Namespace, settings: ExecutorSettings) -> tuple
     """--executor slurm: the nodes' device (and its record: the node), as an earlier run's first job found it
     or as one finds it now; an exit status when that job is still in Slurm's queue (--no-wait) or failed."""
     output_dir = _slurm_output_dir(args, settings)
-    _refuse_file(output_dir)
+    refuse_file(output_dir)
     check_output_dir(output_dir, [PLAN_FILE, TARGET_RECORD])
     lock(output_dir, PLAN_FILE)  # held until exit: a second handout here is refused
     job_dir = job_dir_of(output_dir, settings.job_dir)
@@ -239,10 +246,10 @@ def run(args: argparse.Namespace) -> int:
         output_dir = _slurm_output_dir(args, settings)
     else:
         output_dir = args.output_dir or Path("results") / f"handout-{args.edition}-{target.label}"
-    _refuse_file(output_dir)
+    refuse_file(output_dir)
     if not dry_run:
         names = written_names(steps, output_dir)
-        check_output_dir(output_dir, names, legacy=names)
+        check_output_dir(output_dir, names, legacy=lambda: recorded_by_markers(steps, output_dir))
         lock(output_dir, PLAN_FILE)  # held until exit: a second handout here is refused
 
     header = (
@@ -310,11 +317,6 @@ def _probe_user_model(steps: list) -> None:
         if configs:
             check_user_model_in_child(min(configs, key=lambda c: c.batch_size * c.context_length))
             return
-
-
-def _refuse_file(output_dir: Path) -> None:
-    if output_dir.exists() and not output_dir.is_dir():
-        raise UsageError(f"--output-dir {output_dir} is a file")
 
 
 def _slurm_placement(args, settings: ExecutorSettings, output_dir: Path, found) -> tuple[ExecutorSettings, str]:
@@ -454,6 +456,7 @@ def _argv_for_note(args: argparse.Namespace) -> list[str]:
         ("--model-factory", args.model_factory),
         ("--optimizer", args.optimizer),
         ("--budget", args.budget),
+        ("--timeout", args.timeout),
     ):
         if value:
             argv += [flag, str(value)]

@@ -37,13 +37,24 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from .. import jsontext
 from ..executor import ATTEMPT_DIR, Job, JobDir, Outcome, Poll, collect
 from ..executor.jobs import EXITED, STARTED, STEP_LOG
 from ..results import open_to_write, write_whole
 from ..tools import module_name
 from .outputs import MARKERS, OutputDirError, claim, written
 from .plan import Step
-from .run import DONE_STATUSES, PLAN_FILE, log_name, mark_done, outcome_of, plan_rows, read_marker, write_plan
+from .run import (
+    DONE_STATUSES,
+    PLAN_FILE,
+    log_name,
+    mark_done,
+    outcome_of,
+    plan_rows,
+    read_marker,
+    say_changed,
+    write_plan,
+)
 from .target import Target, target_from_record
 
 JOBS = f"{MARKERS}/executor"  # the default job directory, inside OUTPUT_DIR (a filesystem the nodes share)
@@ -98,7 +109,7 @@ def job_dir_of(output_dir: Path, given: Path | None) -> JobDir:
 def known_target(output_dir: Path, device: str) -> tuple[Target, dict] | None:
     """The target an earlier run's first job found, when it is of `device`'s type (cpu, cuda)."""
     try:
-        record = json.loads((output_dir / TARGET_RECORD).read_text())
+        record = jsontext.loads((output_dir / TARGET_RECORD).read_text())
     except (OSError, ValueError):
         return None
     target = target_from_record(record) if isinstance(record, dict) else None
@@ -155,7 +166,7 @@ def find_target(runner, job_dir: JobDir, output_dir: Path, device: str, wait: bo
 
 def _read_json(path: Path) -> dict | None:
     try:
-        value = json.loads(path.read_text())
+        value = jsontext.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
@@ -257,6 +268,7 @@ class PlanJobs:
         self.by_name = {job_name(s, output_dir): s for s in self.runnable}
         self.jobs = {s.id: step_job(s, output_dir) for s in self.runnable}
         self.producers = {name: s for s in self.runnable for name in s.outputs()}
+        say_changed(self.runnable, output_dir)
         self.outcomes: dict[str, dict] = {s.id: m for s in self.runnable if (m := read_marker(output_dir, s))}
         self.done = set(self.outcomes)
         self.ended: set[str] = set()  # steps whose attempt this run settled, done or not

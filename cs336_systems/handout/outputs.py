@@ -3,7 +3,9 @@ one handout per directory at a time.
 
 - A ledger, OUTPUT_DIR/.handout/written, names each file before handout (or a step it runs) first writes
   it; a file of a step's outputs is removed or replaced only when the ledger names it. A directory
-  that holds such a file which handout did not write is refused before any step runs.
+  that holds such a file which handout did not write is refused before any step runs. A directory an
+  older handout wrote (a .handout/ and no ledger) gets a ledger of what its done markers recorded as
+  their own (their outputs, logs and themselves, and a handout plan): never every name of the run.
 - Links: the directory's .handout/ and logs/ must be real directories, and nothing handout writes may
   be a symbolic link (its own files are opened without following one: results.files).
 - A lock (results.files.OutputLock on the plan file): a second handout on the same directory is refused
@@ -15,12 +17,13 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..errors import UsageError
 from ..results import ResultFileError, ResultWriteError
 from ..results.files import OutputLock
+from ..results.paths import check_path_limits
 from ..results.writing import append_line
 
 MARKERS = ".handout"
@@ -68,12 +71,14 @@ def _refuse_link_or_file(path: Path, output_dir: Path) -> None:
             raise OutputDirError(f"--output-dir {output_dir}: {path.name} is a file where handout keeps a directory")
 
 
-def check_output_dir(output_dir: Path, names: Iterable[str], legacy: Iterable[str] = ()) -> None:
+def check_output_dir(output_dir: Path, names: Iterable[str], legacy: Callable[[], Iterable[str]] = tuple) -> None:
     """Before any step runs: `output_dir` made and writable, its .handout/ and logs/ real directories,
     and none of `names` (what this run will write) a link or a file handout did not write. A directory
-    an older handout wrote (a .handout/ and no ledger) has its `legacy` names counted as written."""
-    if output_dir.exists() and not output_dir.is_dir():
-        raise OutputDirError(f"--output-dir {output_dir} is a file")
+    an older handout wrote (a .handout/ and no ledger) counts as written only what `legacy()` says its
+    markers recorded (run.recorded_by_markers), read once the names are known to be regular files."""
+    refuse_file(output_dir)
+    for name in names:  # the directory's name and the longest of its files fit the filesystem's limits
+        check_path_limits(output_dir / name, "--output-dir", output_dir)
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -86,28 +91,43 @@ def check_output_dir(output_dir: Path, names: Iterable[str], legacy: Iterable[st
             (output_dir / directory).mkdir(exist_ok=True)
         except OSError as exc:
             raise OutputDirError(f"--output-dir {output_dir}: cannot create {directory}/ ({exc.strerror})") from None
+    present = [name for name in dict.fromkeys(names) if _present_file(output_dir, name)]
     if not ledger_path(output_dir).exists() and any((output_dir / MARKERS).iterdir()):
-        claim(output_dir, legacy)  # written by a handout from before the ledger
+        claim(output_dir, legacy())  # written by a handout from before the ledger
     ours = written(output_dir)
-    for name in dict.fromkeys(names):
-        path = output_dir / name
-        try:
-            mode = os.lstat(path).st_mode
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            raise OutputDirError(f"--output-dir {output_dir}: cannot look at {name} ({exc.strerror})") from None
-        if stat.S_ISLNK(mode):
-            raise OutputDirError(
-                f"--output-dir {output_dir}: {name} is a symbolic link; handout writes nothing through one: remove it"
-            )
-        if not stat.S_ISREG(mode):
-            raise OutputDirError(f"--output-dir {output_dir}: {name} is not a regular file; remove it")
+    for name in present:
         if name not in ours:
             raise OutputDirError(
                 f"--output-dir {output_dir}: {name} is there and handout did not write it; move it, or choose "
                 "another --output-dir"
             )
+
+
+def refuse_file(output_dir: Path) -> None:
+    """--output-dir names a directory (or nothing yet), and a name the filesystem can hold."""
+    check_path_limits(output_dir / "x", "--output-dir", output_dir)
+    try:
+        if output_dir.exists() and not output_dir.is_dir():
+            raise OutputDirError(f"--output-dir {output_dir} is a file")
+    except OSError as exc:
+        raise OutputDirError(f"--output-dir {output_dir}: cannot look at it ({exc.strerror})") from None
+
+
+def _present_file(output_dir: Path, name: str) -> bool:
+    """Whether `name` is there (a regular file); a link or anything else there is refused."""
+    try:
+        mode = os.lstat(output_dir / name).st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise OutputDirError(f"--output-dir {output_dir}: cannot look at {name} ({exc.strerror})") from None
+    if stat.S_ISLNK(mode):
+        raise OutputDirError(
+            f"--output-dir {output_dir}: {name} is a symbolic link; handout writes nothing through one: remove it"
+        )
+    if not stat.S_ISREG(mode):
+        raise OutputDirError(f"--output-dir {output_dir}: {name} is not a regular file; remove it")
+    return True
 
 
 def lock(output_dir: Path, plan_file: str) -> OutputLock:

@@ -1,8 +1,12 @@
 """Running a plan: each step is its tool's own command in a child process, so a crash, an OOM or a
 hang ends that step only. A step that ran (its rows written, failed ones included) leaves a done marker
-(its exact command, outcome and the size of each output) in OUTPUT_DIR/.handout/; the same command later
-skips it while its outputs are there and whole, continues a sweep the tool can resume (--resume), and
-runs any other step again from empty outputs (a crashed or refused one too), so no row is written twice.
+(its exact command, outcome, and the size and sha256 of each output) in OUTPUT_DIR/.handout/; the same
+command later skips it while its outputs are there and as it finished them, continues a sweep the tool
+can resume (--resume), and runs any other step again from empty outputs (a crashed or refused one too),
+so no row is written twice. An output changed after its step finished (cut short, deleted, or edited in
+place, even to the same size) is not what the step measured: the step runs again, said in one line, and
+its fresh outputs replace the changed ones (move a file away first to keep an edit). A marker from before
+checksums is trusted by sizes alone.
 The plan and every step's outcome are kept in OUTPUT_DIR/handout_plan.csv, rewritten after each step.
 Files are written and removed as outputs.py allows: only handout's own, never through a link.
 """
@@ -10,6 +14,8 @@ Files are written and removed as outputs.py allows: only handout's own, never th
 from __future__ import annotations
 
 import contextlib
+import csv
+import hashlib
 import json
 import os
 import signal
@@ -24,6 +30,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
+from .. import jsontext
 from ..lifetime import child_preexec
 from ..results import open_to_write, write_whole
 from ..results.origin import named
@@ -41,35 +48,106 @@ def marker_path(output_dir: Path, step: Step) -> Path:
     return output_dir / MARKERS / f"{step.id}.json"
 
 
-def read_marker(output_dir: Path, step: Step) -> dict | None:
-    """The done marker of `step` when it records this very command (a changed plan runs it again) and its
-    outputs are still there and whole (the sizes it recorded; a marker from before those: not empty)."""
-    path = marker_path(output_dir, step)
+def _load_marker(output_dir: Path, step: Step) -> dict | None:
     try:
-        marker = json.loads(path.read_text())
-    except (OSError, ValueError):
+        marker = jsontext.loads(marker_path(output_dir, step).read_text())
+    except (OSError, ValueError):  # none, unreadable, a directory of that name
         return None
-    if not isinstance(marker, dict) or marker.get("command") != step.shell(output_dir):
+    return marker if isinstance(marker, dict) else None
+
+
+def changed_outputs(output_dir: Path, step: Step) -> list[str] | None:
+    """The outputs of `step` that are not as its done marker recorded them (missing, another size or
+    sha256; a marker from before those: empty); None when no marker records this very command (a changed
+    plan runs the step again)."""
+    marker = _load_marker(output_dir, step)
+    if marker is None or marker.get("command") != step.shell(output_dir):
         return None
     sizes = marker["outputs"] if isinstance(marker.get("outputs"), dict) else dict.fromkeys(step.outputs())
+    sums = marker.get("sha256") if isinstance(marker.get("sha256"), dict) else {}
+    changed = []
     for name, size in sizes.items():
-        try:
-            actual = (output_dir / name).lstat()
-        except OSError:
-            return None
-        if not stat.S_ISREG(actual.st_mode) or (actual.st_size != size if size is not None else not actual.st_size):
-            return None
-    return marker
+        if not _as_recorded(output_dir / str(name), size, sums.get(name)):
+            changed.append(name)
+    return changed
 
 
-def _sizes(output_dir: Path, step: Step) -> dict[str, int]:
-    return {name: (output_dir / name).stat().st_size for name in step.outputs() if (output_dir / name).is_file()}
+def _as_recorded(path: Path, size: int | None, sha256: str | None) -> bool:
+    """Whether `path` is a regular file of `size` bytes (None: not empty) and, if given, that sha256."""
+    try:
+        actual = path.lstat()
+    except OSError:
+        return False
+    if not stat.S_ISREG(actual.st_mode) or (actual.st_size != size if size is not None else not actual.st_size):
+        return False
+    return sha256 is None or _sha256(path) == sha256
+
+
+def read_marker(output_dir: Path, step: Step) -> dict | None:
+    """The done marker of `step` when it records this very command and its outputs are still there and
+    as the step finished them (changed_outputs)."""
+    changed = changed_outputs(output_dir, step)
+    return None if changed is None or changed else _load_marker(output_dir, step)
+
+
+def _sha256(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
 
 
 def mark_done(output_dir: Path, step: Step, outcome: dict) -> None:
-    """The step's done marker: `outcome` (its command, exit status, time, where it ran) and the size of each
-    output now in `output_dir`, which read_marker checks before trusting it."""
-    write_whole(marker_path(output_dir, step), json.dumps({**outcome, "outputs": _sizes(output_dir, step)}))
+    """The step's done marker: `outcome` (its command, exit status, time, where it ran) and the size and
+    sha256 of each output now in `output_dir`, which read_marker checks before trusting it."""
+    files = [name for name in step.outputs() if (output_dir / name).is_file()]
+    sizes = {name: (output_dir / name).stat().st_size for name in files}
+    sums = {name: _sha256(output_dir / name) for name in files}
+    write_whole(marker_path(output_dir, step), json.dumps({**outcome, "outputs": sizes, "sha256": sums}))
+
+
+def recorded_by_markers(steps: list[Step], output_dir: Path) -> list[str]:
+    """What the done markers an older handout left (before the ledger) record as its own: each marker,
+    its step's log and the outputs it names (a marker from before output sizes: those of the command it
+    records), and the plan file when it says it is a handout plan. Nothing else there is claimed."""
+    names = []
+    for step in (s for s in steps if s.status == "run"):  # their markers' names were checked: regular files
+        marker = _load_marker(output_dir, step)
+        if marker is None or not isinstance(marker.get("command"), str):
+            continue
+        recorded = marker.get("outputs")
+        if isinstance(recorded, dict):
+            names += [name for name in step.outputs() if name in recorded]
+        elif marker["command"] == step.shell(output_dir):
+            names += step.outputs()
+        names += [log_name(step), f"{MARKERS}/{step.id}.json"]
+    if _is_plan(output_dir / PLAN_FILE):
+        names.append(PLAN_FILE)
+    return names
+
+
+def _is_plan(path: Path) -> bool:
+    try:
+        with path.open(newline="") as handle:
+            row = next(csv.DictReader(handle), None)
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
+    return row is not None and row.get("tool") == "handout"
+
+
+def say_changed(steps: list[Step], output_dir: Path) -> None:
+    """One line per done step whose outputs changed since it finished: it runs again."""
+    for step in steps:
+        if changed := changed_outputs(output_dir, step):
+            print(
+                f"{step.id}: {', '.join(changed)} changed since the step finished (cut short, removed or edited): "
+                "it runs again",
+                file=sys.stderr,
+            )
 
 
 def plan_rows(
@@ -221,8 +299,9 @@ def execute(
     (output_dir / MARKERS).mkdir(parents=True, exist_ok=True)  # outputs.check_output_dir refused a link there
     claim(output_dir, [PLAN_FILE])
     plan_path = output_dir / PLAN_FILE
-    outcomes = {s.id: m for s in steps if s.status == "run" and (m := read_marker(output_dir, s))}
     runnable = [s for s in steps if s.status == "run"]
+    say_changed(runnable, output_dir)
+    outcomes = {s.id: m for s in runnable if (m := read_marker(output_dir, s))}
     write_plan(plan_path, plan_rows(steps, target, output_dir, outcomes, edition, scale))
     if outcomes:
         print(f"{len(outcomes)} of {len(runnable)} steps already done in {output_dir}; continuing", file=sys.stderr)

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..contention import describe_rows
 from ..report.document import Bullets, Document, Section, Text
-from ..report.grid import Value, grid
+from ..report.grid import FoldedRows, Value, grid
 from ..report.load import index_files, read_file
 from ..report.summary import environment_frame, environment_table
 from ..results import write_whole
@@ -238,7 +238,10 @@ def write_up(directory: Path, paragraphs: list[str], formats: list[str]) -> list
     plan = read_file(plan_path)
     write_checklist(plan, directory)
     plots.UNWRITTEN.clear()
-    document, problems = build_writeup(plan, plan_path, directory, WRITEUP, paragraphs)
+    try:
+        document, problems = build_writeup(plan, plan_path, directory, WRITEUP, paragraphs)
+    except FoldedRows as exc:
+        return [exc.said()]
     for suffix in sorted(formats, key=lambda s: s != ".md"):
         try:
             write(document, directory / f"{WRITEUP}{suffix}", tables_only=False)

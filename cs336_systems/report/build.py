@@ -132,6 +132,8 @@ def floor_observations(rows: list[dict]) -> list[str]:
         ordered = sorted(group, key=lambda r: number(r, "context_length") or 0)
         for a, b in zip(ordered, ordered[1:], strict=False):
             work = (number(b, "flops_per_step") or 0) / (number(a, "flops_per_step") or 1)
+            if not number(a, "mean_ms") or number(b, "mean_ms") is None:  # a row with no time says nothing
+                continue
             time = number(b, "mean_ms") / number(a, "mean_ms")
             if work >= 1.8 and time < 1.15:
                 text = (

@@ -19,6 +19,7 @@ from ..results.origin import TOOL_NAMES
 from ..tools import prog
 from . import plots
 from .build import build_document
+from .grid import FoldedRows
 from .latex import document_latex, table_latex
 from .load import index_files, load_each, read_file
 from .markdown import document_markdown, table_markdown
@@ -39,9 +40,9 @@ typst package: pip install "typst>=0.14"). RESULTS are .csv/.jsonl files of {", 
 A file of no tool is named in one line and left out; the others are reported, and the exit status
 is 1. --tables-only writes one file per table (OUTPUT's stem + the table's name).
 
---verify reads each table of WRITEUP.md with its spec and re-derives every cell from RESULTS (a
-plan brings its own results): exit 0 when each is exactly one row's value, 1 naming each cell that
-is not.
+--verify reads each table of WRITEUP.md with its spec and makes it again from RESULTS (a plan brings
+its own results): exit 0 when each table, heading, caption, columns and rows, reads as the one its
+rows make, each cell exactly one row's value; 1 naming each table and what differs.
 """
 
 
@@ -81,7 +82,7 @@ def build_parser() -> ArgumentParser:
         "--verify",
         metavar="WRITEUP.md",
         type=Path,
-        help="check that every table cell of this Markdown write-up is one row's value of RESULTS; write nothing",
+        help="check that every table of this Markdown write-up is the one RESULTS make, each cell one row's value; write nothing",
     )
     return parser
 
@@ -122,7 +123,10 @@ def run(args: argparse.Namespace) -> int:
     for output in outputs:
         output.parent.mkdir(parents=True, exist_ok=True)
     plots.UNWRITTEN.clear()
-    document = build_document(frames, outputs[0].parent, outputs[0].stem, [*args.note, generated])
+    try:
+        document = build_document(frames, outputs[0].parent, outputs[0].stem, [*args.note, generated])
+    except FoldedRows as exc:  # the fallback label (when each was measured) could not tell them apart
+        raise UsageError(exc.said()) from None
     # A full disk: each file that could not be written is one line, the others are written (Markdown first,
     # the smallest); the inputs are untouched.
     unwritten = [f"{PROG}: error: {problem}" for problem in plots.UNWRITTEN]
@@ -217,7 +221,10 @@ def run_verify(writeup: Path, raws: list[str]) -> int:
     for line in failures:
         print(f"{PROG}: {writeup}: {line}", file=sys.stderr)
     if failures:
-        print(f"{PROG}: {len(failures)} cell(s) of {checked} tables are not one row's value", file=sys.stderr)
+        print(
+            f"{PROG}: {len(failures)} difference(s) in {checked} tables from the tables the results make",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     print(f"{writeup}: every cell of its {checked} tables is one row's value of the results", file=sys.stderr)
     return EXIT_OK

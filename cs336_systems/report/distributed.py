@@ -28,7 +28,8 @@ def sizes(frame: pd.DataFrame) -> list[str]:
     return [label_text("size", r) for r in ordered.to_dict("records")]
 
 
-def allreduce_tables(frame: pd.DataFrame) -> list:
+def allreduce_tables(frame: pd.DataFrame, heading: str = "") -> list:
+    """Time and bus bandwidth per size and world size; `heading` ends both titles (", gloo")."""
     labels = [("ranks", "world_size")]
     time = [Value(f"{s} (ms)", "mean_ms", "ms±", where={"size": s}) for s in sizes(frame)]
     bandwidth = [Value(f"{s} (GB/s)", "busbw_gbps", "sig3", where={"size": s}) for s in sizes(frame)]
@@ -36,7 +37,7 @@ def allreduce_tables(frame: pd.DataFrame) -> list:
         grid(
             frame,
             "allreduce_bench",
-            title="All-reduce time",
+            title=f"All-reduce time{heading}",
             caption="Mean ± std of the measured all-reduces, ms",
             labels=labels,
             values=time,
@@ -44,7 +45,7 @@ def allreduce_tables(frame: pd.DataFrame) -> list:
         grid(
             frame,
             "allreduce_bench",
-            title="All-reduce bus bandwidth",
+            title=f"All-reduce bus bandwidth{heading}",
             caption="Bus bandwidth = size x 2(n-1)/n / time, GB/s (comparable across world sizes)",
             labels=labels,
             values=bandwidth,

@@ -12,10 +12,8 @@ caption. A ratio column divides two cells of the same table row, each one row's 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
@@ -25,45 +23,7 @@ from ..stats import NOISE
 from ..units import format_bytes
 from .document import FAILURE_MARK, NOISY_MARK, Table, missing, plain, sig3, slug
 from .fields import IDENTITY, LABEL_HEADERS, derive, label_text, sort_key
-
-SPEC_MARK = "cells"  # <!-- cells {...} --> before a Markdown table: its spec
-
-
-@dataclass(frozen=True)
-class Value:
-    """A value column: `field` of the one row that the table row's labels and `where` pick,
-    shown in `fmt` (FORMATS). With `ratio_to`, the cell is this row's value divided by the value
-    of the row `ratio_to` picks instead of `where` (both from the same table row)."""
-
-    header: str
-    field: str
-    fmt: str = "sig3"
-    where: dict = field(default_factory=dict)  # field -> label text
-    ratio_to: dict | None = None
-    over: str | None = None  # an identity field aggregated over (the steps of one run): fmt gets those rows
-
-
-@dataclass
-class Spec:
-    tool: str
-    sources: list[str]
-    fixed: dict  # field -> label text every row behind the table has
-    labels: list[tuple[str, str]]  # (header, field)
-    values: list[Value]
-
-    def to_json(self) -> str:
-        data = asdict(self)
-        data["values"] = [
-            {k: v for k, v in asdict(value).items() if v not in (None, {}, "sig3")} for value in self.values
-        ]
-        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> Spec:
-        data = json.loads(text)
-        values = [Value(**{"fmt": "sig3", **value}) for value in data["values"]]
-        return cls(data["tool"], data["sources"], data["fixed"], [tuple(x) for x in data["labels"]], values)
-
+from .spec import Spec, Value
 
 # -- formats: one function per way a number is shown, shared by the builder and --verify --------
 
@@ -163,7 +123,7 @@ def cell_text(row: dict, value: Value) -> str:
 AGGREGATES: dict[str, Callable[[list[dict], str], str]] = {
     "mean±std": lambda rows, name: _agg_mean_std([_number(r, name) for r in rows]),
     "first": lambda rows, name: sig3(_number(rows[0], name)) if rows else "",
-    "max": lambda rows, name: sig3(max(_number(r, name) for r in rows)) if rows else "",
+    "max": lambda rows, name: sig3(max((v for r in rows if (v := _number(r, name)) is not None), default=None)),
     "count": lambda rows, name: str(len(rows)),
 }
 
@@ -195,7 +155,11 @@ def _text_frame(rows: list[dict], names: Sequence[str]) -> dict[str, set[str]]:
 
 
 class FoldedRows(ValueError):
-    """Two rows of one configuration landed in one cell: the table's declaration is wrong."""
+    """Two rows of one configuration landed in one cell: the table's declaration is wrong, or the
+    rows were measured at the same moment too (a row written twice), which `said` puts to the user."""
+
+    def said(self) -> str:
+        return f"two rows of one configuration measured at the same moment ({self}): a row written twice? remove one"
 
 
 def grid(
@@ -267,7 +231,7 @@ def _grid(frame, tool, title, labels, values, caption, name, footnotes, keep_emp
     table = table.set_index(labels[0][0]) if labels else table
     shown = [v for v in values if v.header in table.columns]
     sources = list(dict.fromkeys(str(s) for s in frame.get("source", pd.Series(dtype=object)).dropna()))
-    spec = Spec(tool, sources, fixed, [tuple(x) for x in labels], shown)
+    spec = Spec(tool, sources, fixed, [tuple(x) for x in labels], shown, title, caption, list(groups))
     text = caption_text(caption, sources, fixed, tool)
     notes = [
         *footnotes,
@@ -380,9 +344,3 @@ def caption_text(caption: str, sources: Sequence[str], fixed: dict, tool: str) -
     if sources:
         parts.append(f"Source: {', '.join(sources)}.")
     return " ".join(p for p in parts if p)
-
-
-def spec_comment(table: Table) -> str:
-    """The spec as an HTML comment (invisible where the Markdown is rendered)."""
-    text = table.spec.to_json().replace("--", "-\\u002d")  # '--' may not appear inside a comment
-    return f"<!-- {SPEC_MARK} {text} -->"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import jsontext
 from ..results import ResultFileError, read_results, validate
 from ..results.origin import TOOL, TOOL_NAMES
 from ..results.readers import as_todays_rows
@@ -30,11 +31,10 @@ def read_file(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     validate.check_not_rendering(path)
     try:
-        if path.suffix == ".csv":
-            validate.check_csv(path, validate.read_text(path))  # damaged lines named as file:LINE
-            frame = as_todays_rows(pd.read_csv(path, dtype=dict.fromkeys(VERSION_COLUMNS, str)))
+        if path.suffix == ".csv":  # damaged lines named as file:LINE
+            frame = read_results(path, dtype=dict.fromkeys(VERSION_COLUMNS, str))
         elif path.suffix == ".json":
-            frame = as_todays_rows(_summary_frame(json.loads(path.read_text())))
+            frame = as_todays_rows(_summary_frame(jsontext.loads(path.read_text())))
         else:
             frame = read_results(path)
     except ResultFileError:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from .document import Bullets, Document, Figure, Heading, Table, Text
-from .grid import spec_comment
+from .spec import spec_comment
 
 
 def _pipe_safe(frame):
@@ -22,7 +22,7 @@ def table_markdown(table: Table, heading: bool = True) -> str:
     if table.caption:
         lines += [f"*{table.caption}*", ""]
     if table.spec is not None:
-        lines.append(spec_comment(table))
+        lines.append(spec_comment(table.spec))
     frame = _pipe_safe(table.frame)
     frame.index.name = table.frame.index.name
     lines += [frame.to_markdown(disable_numparse=True, index=table.frame.index.name is not None), ""]

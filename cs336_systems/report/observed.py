@@ -7,7 +7,8 @@ from __future__ import annotations
 import pandas as pd
 
 from .document import Section, Table, Text, sig3
-from .grid import Spec, Value, grid
+from .grid import Value, grid
+from .spec import Spec
 
 # monitor's columns: header, scale (bytes shown in GiB, rates in MB/s as monitor prints them)
 MONITOR_METRICS = {
@@ -50,8 +51,9 @@ def monitor_section(frame: pd.DataFrame | None, runs: pd.DataFrame | None) -> Se
         "source", sort=False
     ):
         heading = f"monitor: {source} ({len(rows)} samples over {sig3(rows['t_s'].max())} s)"
-        spec = Spec("rebuild:monitor", [str(source)], {}, [], [])
-        section.add(Table(f"monitor_{source}", heading, f"Source: {source}.", monitor_frame(rows), spec=spec))
+        caption = f"Source: {source}."
+        spec = Spec("rebuild:monitor", [str(source)], {}, [], [], heading, caption)
+        section.add(Table(f"monitor_{source}", heading, caption, monitor_frame(rows), spec=spec))
     return section
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from .document import Table
-from .grid import Spec
+from .spec import Spec
 
 ENVIRONMENT = (  # row label -> column of the result rows
     ("device", "device_name"),
@@ -75,5 +75,5 @@ def rebuilt_table(
     """A table whose spec names the function that rebuilds it from its source files (`--verify` is
     handed it: REBUILD here, or the maker's own, e.g. a handout write-up's checklist)."""
     frame = (make or REBUILD[kind])(frames)
-    spec = Spec(f"rebuild:{kind}", list(frames), {}, [], [])
+    spec = Spec(f"rebuild:{kind}", list(frames), {}, [], [], title, caption)
     return Table(name, title, caption, frame, spec=spec)

@@ -1,122 +1,41 @@
-"""`report --verify WRITEUP.md RESULTS...`: every number of a write-up's tables re-derived from the
-result files, or the cell named that is not exactly one row's value.
+"""`report --verify WRITEUP.md RESULTS...`: every table of a write-up made again from the result files
+and compared whole, or what differs named.
 
-Each table of a Markdown write-up is preceded by its spec (an HTML comment, grid.spec_comment):
-the tool, its source files, the settings every row shares, the label columns and, per value
-column, the field, its format and the keys that pick the row. For each table row the rows whose
-labels read as the cells do are found; each value cell must then be the formatted field of exactly
-one of them (a ratio: of exactly one row on each side). A table of numbers with no spec, a source
-not given, a label that names no row, a cell that two rows could fill, or a value that differs
-from the row's is a failure.
+Each table of a Markdown write-up is preceded by its spec (an HTML comment, spec.spec_comment): the
+tool, its source files, the settings every row shares, the label columns, per value column the field,
+its format and the keys that pick the row, the builder's title and caption, and each table row's
+labels. From the rows of the sources that have those settings and labels, the table is built again by
+the builder's own code (grid.grid, or the function a rebuilt table's spec names), laid out by the
+report's own Markdown writer and read back by the one parser (markdown_tables.py); its heading,
+caption, spec, columns and every row must then read as the write-up's. A row deleted, duplicated or
+relabelled, a heading or caption that says otherwise, a spec edited with its cells, a number changed
+anywhere a table renders (indented, in a blockquote) is a failure; so is a table of numbers with no
+spec, a source not given, or a heading, caption or column header that names a precision, compile
+setting or pass (or, in a header, a key of another column) that its rows do not have.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import fields
 from pathlib import Path
 
 import pandas as pd
 
+from ..argtypes import PRECISIONS
+from ..config import PASS_TYPES
+from .document import Table
 from .fields import derive, label_text
-from .grid import SPEC_MARK, FoldedRows, Spec, cell_value, matches
+from .grid import FoldedRows, grid, matches
+from .markdown import table_markdown
+from .markdown_tables import ParsedTable, parse_tables
+from .spec import Spec, Value
 
-_COMMENT = re.compile(rf"^<!-- {SPEC_MARK} (.*) -->$")
+__all__ = ["parse_tables", "verify"]
 
-
-@dataclass
-class ParsedTable:
-    line: int  # 1-based line of its header in the write-up
-    spec: Spec | str | None  # a str: why its spec could not be read
-    header: list[str]
-    rows: list[list[str]]
-    title: str
-
-
-def split_row(line: str) -> list[str]:
-    cells = re.split(r"(?<!\\)\|", line.strip())[1:-1]
-    return [cell.strip().replace("\\|", "|") for cell in cells]
-
-
-def parse_tables(text: str) -> list[ParsedTable]:
-    tables, lines = [], text.splitlines()
-    spec, title, fenced, index = None, "", False, 0
-    while index < len(lines):
-        line = lines[index]
-        if line.startswith("```"):
-            fenced = not fenced
-        elif not fenced and (match := _COMMENT.match(line.strip())):
-            try:
-                spec = Spec.from_json(match.group(1).replace("-\\u002d", "--"))
-            except (ValueError, KeyError, TypeError) as exc:  # a spec edited by hand
-                spec = f"its spec cannot be read ({type(exc).__name__}: {exc})"
-        elif not fenced and line.startswith("#"):
-            title = line.lstrip("#").strip()
-        elif not fenced and line.startswith("|"):
-            start = index
-            block = []
-            while index < len(lines) and lines[index].startswith("|"):
-                block.append(lines[index])
-                index += 1
-            body = [split_row(row) for row in block[2:]]
-            tables.append(ParsedTable(start + 1, spec, split_row(block[0]), body, title))
-            spec = None
-            continue
-        index += 1
-    return tables
-
-
-def _numbers(table: ParsedTable) -> bool:
-    return any(re.search(r"\d", cell) for row in table.rows for cell in row)
-
-
-def check_table(table: ParsedTable, frames: dict[str, pd.DataFrame]) -> list[str]:
-    """The failures of one parsed table, each naming the cell."""
-    where = f"line {table.line} ({table.title or 'table'})"
-    spec = table.spec
-    if isinstance(spec, str):
-        return [f"{where}: {spec}"]
-    if spec is None:
-        return [f"{where}: a table of numbers with no spec: not derived from result rows"] if _numbers(table) else []
-    missing_sources = [s for s in spec.sources if s not in frames]
-    if missing_sources:
-        return [f"{where}: its source {missing_sources[0]} is not among the result files given"]
-    if not spec.sources:
-        return [f"{where}: its spec names no source file"]
-    if spec.tool.startswith("rebuild:"):
-        return check_rebuilt(table, spec.tool.removeprefix("rebuild:"), {s: frames[s] for s in spec.sources}, where)
-    rows = pd.concat([frames[s] for s in spec.sources], ignore_index=True)
-    rows = derive(rows, spec.tool)
-    records = rows.astype(object).where(rows.notna(), None).to_dict("records")
-    candidates = [r for r in records if matches(r, spec.fixed)]
-    problems = []
-    headers = [h for h, _ in spec.labels] + [v.header for v in spec.values]
-    if table.header != headers:
-        return [f"{where}: columns {table.header} are not the spec's {headers}"]
-    for cells in table.rows:
-        row = dict(zip(table.header, cells, strict=False))
-        members = [r for r in candidates if all(label_text(f, r) == row[h] for h, f in spec.labels)]
-        label = ", ".join(row[h] for h, _ in spec.labels)
-        if not members:
-            problems.append(f"{where}: row '{label}': no result row has these labels")
-            continue
-        for value in spec.values:
-            try:
-                expected = cell_value(members, value, tuple(label))
-            except FoldedRows as exc:
-                problems.append(f"{where}: row '{label}', column '{value.header}': not one row's value ({exc})")
-                continue
-            except (KeyError, TypeError, ValueError) as exc:  # an unknown format or aggregate in the spec
-                problems.append(
-                    f"{where}: column '{value.header}': its spec cannot be applied ({type(exc).__name__}: {exc})"
-                )
-                continue
-            if row[value.header] != expected:
-                problems.append(
-                    f"{where}: row '{label}', column '{value.header}': shows {row[value.header]!r}, "
-                    f"the result row gives {expected!r}"
-                )
-    return problems
+# Words a heading, caption or header may use to say which rows a table shows: each must be true of them
+# ("forward" is also a phase of every pass: a title may name it over train-step rows).
+CLAIMS = {"precision": PRECISIONS, "compile": ("eager", "compiled"), "pass_type": PASS_TYPES[1:]}
 
 
 def rebuilders() -> dict:
@@ -126,25 +45,146 @@ def rebuilders() -> dict:
     return {**REBUILD, "monitor": rebuild_monitor}
 
 
-def check_rebuilt(table: ParsedTable, kind: str, frames: dict[str, pd.DataFrame], where: str) -> list[str]:
-    """A table that is not one row per cell (a column per machine): made again from its sources by
-    the function its spec names, and compared cell by cell."""
-    make = rebuilders().get(kind)
-    if make is None:
-        return [f"{where}: its spec names no known table ({kind})"]
-    frame = make(frames)
-    frame = frame.reset_index() if frame.index.name is not None else frame
-    expected = [[str(c) for c in row] for row in frame.astype(str).itertuples(index=False)]
-    header = [str(c) for c in frame.columns]
-    if table.header != header:
-        return [f"{where}: columns {table.header} are not the rebuilt table's {header}"]
+class NotRebuilt(ValueError):
+    """The spec cannot make a table from these results (one line for the write-up's reader)."""
+
+
+def rebuild(spec: Spec, frames: dict[str, pd.DataFrame]) -> tuple[Table, list[dict]]:
+    """The table `spec` describes, made again from its sources' rows by the builder's code, and the
+    rows behind it."""
+    sources = {s: frames[s] for s in spec.sources}
+    if spec.tool.startswith("rebuild:"):
+        from .summary import rebuilt_table
+
+        kind = spec.tool.removeprefix("rebuild:")
+        if kind not in rebuilders():
+            raise NotRebuilt(f"its spec names no known table ({kind})")
+        return rebuilt_table(kind, kind, spec.title, spec.caption, sources, rebuilders()[kind]), []
+    rows = derive(pd.concat(list(sources.values()), ignore_index=True), spec.tool)
+    records = rows.astype(object).where(rows.notna(), None).to_dict("records")
+    names, shown = [n for _, n in spec.labels], set(spec.rows)
+    behind = [
+        r
+        for r in records
+        if matches(r, spec.fixed) and tuple(label_text(n, r) for n in names) in shown and _in_a_column(r, spec.values)
+    ]
+    try:
+        table = grid(
+            pd.DataFrame(behind, columns=rows.columns),
+            spec.tool,
+            title=spec.title,
+            caption=spec.caption,
+            labels=spec.labels,
+            values=spec.values,
+            keep_empty=True,
+        )
+    except FoldedRows as exc:
+        raise NotRebuilt(f"not one row's value ({exc})") from None
+    except (KeyError, TypeError, ValueError) as exc:  # an unknown format or aggregate in the spec
+        raise NotRebuilt(f"its spec cannot be applied ({type(exc).__name__}: {exc})") from None
+    return table, behind
+
+
+def _in_a_column(row: dict, values: list[Value]) -> bool:
+    """Whether a column's keys pick `row` (a speedup table's rows are those of its two settings)."""
+    return not values or any(matches(row, keys) for v in values for keys in (v.where, v.ratio_to) if keys is not None)
+
+
+def _numbers(table: ParsedTable) -> bool:
+    return any(re.search(r"\d", cell) for row in table.rows for cell in row)
+
+
+def check_table(table: ParsedTable, frames: dict[str, pd.DataFrame]) -> list[str]:
+    """The failures of one parsed table, each naming what differs from the table its results make."""
+    where = f"line {table.line} ({table.title or 'table'})"
+    spec = table.spec
+    if isinstance(spec, str):
+        return [f"{where}: {spec}"]
+    if spec is None:
+        return [f"{where}: a table of numbers with no spec: not derived from result rows"] if _numbers(table) else []
+    if not spec.sources:
+        return [f"{where}: its spec names no source file"]
+    missing_sources = [s for s in spec.sources if s not in frames]
+    if missing_sources:
+        return [f"{where}: its source {missing_sources[0]} is not among the result files given"]
+    try:
+        rebuilt, behind = rebuild(spec, frames)
+    except NotRebuilt as exc:
+        return [f"{where}: {exc}"]
+    expected = parse_tables(table_markdown(rebuilt))[0]
+    problems = [f"{where}: {p}" for p in _spec_differences(spec, expected.spec)]
+    if table.title != expected.title:
+        problems.append(f"{where}: its heading reads {table.title!r}, the results' table is {expected.title!r}")
+    if table.caption != expected.caption:
+        problems.append(f"{where}: its caption reads {table.caption!r}, the results give {expected.caption!r}")
+    problems += [f"{where}: {p}" for p in _claims(spec, behind)]
+    if table.header != expected.header:
+        return [*problems, f"{where}: columns {table.header} are not the results' table's {expected.header}"]
+    return problems + [f"{where}: {p}" for p in _row_differences(table, expected, max(1, len(spec.labels)))]
+
+
+def _spec_differences(written: Spec, made: Spec) -> list[str]:
+    """Where the spec says other than the spec its rows make (its table's rows are compared apart)."""
     problems = []
-    for got, want in zip(table.rows, expected, strict=False):
-        for column, a, b in zip(header, got, want, strict=False):
-            if a != b:
-                problems.append(f"{where}: row '{got[0]}', column '{column}': shows {a!r}, the results give {b!r}")
-    if len(table.rows) != len(expected):
-        problems.append(f"{where}: {len(table.rows)} rows, the results give {len(expected)}")
+    if written.labels != made.labels:  # grid labelled a setting the spec's columns fold together
+        folded = [n for _, n in made.labels if n not in [m for _, m in written.labels]]
+        return [
+            f"its rows differ in {', '.join(folded)}, which no label or column key tells apart: not one row's value (folded)"
+        ]
+    for part in (f.name for f in fields(Spec) if f.name not in ("labels", "rows", "title", "caption")):
+        if getattr(written, part) != getattr(made, part):
+            problems.append(f"its spec's {part} {getattr(written, part)!r} are not its rows' {getattr(made, part)!r}")
+    return problems
+
+
+def _row_differences(table: ParsedTable, expected: ParsedTable, label_count: int) -> list[str]:
+    """Each row shown that the results do not give, given but not shown, shown more often, or with a
+    cell that differs from the rebuilt row's."""
+    shown: dict[tuple, list[list[str]]] = {}
+    made: dict[tuple, list[list[str]]] = {}
+    for rows, into in ((table.rows, shown), (expected.rows, made)):
+        for row in rows:
+            into.setdefault(tuple(row[:label_count]), []).append(row)
+    problems = []
+    for key, rows in shown.items():
+        label = ", ".join(key)
+        if key not in made:
+            problems.append(f"row '{label}': no result row has these labels")
+            continue
+        if len(rows) != len(made[key]):
+            problems.append(f"row '{label}' is shown {len(rows)} times, the results give it {len(made[key])}")
+        for got, want in zip(rows, made[key]):
+            for column, a, b in zip(table.header, got, want):
+                if a != b:
+                    problems.append(f"row '{label}', column '{column}': shows {a!r}, the result row gives {b!r}")
+    problems += [f"row '{', '.join(key)}': in the results, not in the table" for key in made if key not in shown]
+    return problems
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"\w+(?:[-.]\w+)*", text))
+
+
+def _claims(spec: Spec, behind: list[dict]) -> list[str]:
+    """A precision, compile setting or pass the heading or caption names that no row behind the table
+    has; a column header that names a key of its field other than its own (`ctx 8` over context 16)."""
+    problems = []
+    said = _words(f"{spec.title} {spec.caption}")
+    for name, vocabulary in CLAIMS.items():
+        have = {label_text(name, row) for row in behind} - {""}
+        if have and (wrong := sorted((said & set(vocabulary)) - have)):
+            problems.append(f"its heading or caption says {', '.join(wrong)}; its rows are {', '.join(sorted(have))}")
+    for name in {n for v in spec.values for keys in (v.where, v.ratio_to or {}) for n in keys}:
+        columns = [v for v in spec.values if name in v.where or name in (v.ratio_to or {})]
+        texts = {keys[name] for v in columns for keys in (v.where, v.ratio_to or {}) if name in keys} - {""}
+        named = len(texts) > 1 and all(any(t in _words(v.header) for v in columns) for t in texts)
+        vocabulary = set(CLAIMS.get(name, ())) | (texts if named else set())
+        for value in columns:
+            own = {keys[name] for keys in (value.where, value.ratio_to or {}) if name in keys}
+            if wrong := sorted((_words(value.header) & vocabulary) - own):
+                problems.append(
+                    f"column '{value.header}' says {', '.join(wrong)}; its rows have {name} {', '.join(sorted(own))}"
+                )
     return problems
 
 

@@ -205,7 +205,11 @@ def _add_placement_columns(path: Path, header: list[str], fields: Sequence[str])
     if not missing or not set(missing) <= {*ADDED_FIELDS, *ADDED_BENCHMARK_COLUMNS} or not set(header) <= set(fields):
         return header
     with path.open(newline="") as handle:
-        rows = list(csv.reader(handle))
+        reader = validate.csv_rows(handle)
+        try:
+            rows = list(reader)
+        except csv.Error as exc:
+            raise validate.csv_error(path, reader.line_num, exc) from None
     text = csv_line([*header, *missing]) + "".join(csv_line(row + [None] * len(missing)) for row in rows[1:])
     write_whole(path, text)
     return [*header, *missing]
@@ -215,7 +219,11 @@ def _read_csv_header(path: Path) -> list[str] | None:
     if not path.exists() or path.stat().st_size == 0:
         return None
     with path.open(newline="") as handle:
-        return next(csv.reader(handle), None)
+        rows = validate.csv_rows(handle)
+        try:
+            return next(rows, None)
+        except csv.Error as exc:
+            raise validate.csv_error(path, rows.line_num, exc) from None
 
 
 class JsonlWriter:

@@ -24,8 +24,9 @@ def _refuse(flag: str, raw: object, why: str) -> ResultFileError:
     return ResultFileError(f"{flag} {raw}: {why}")
 
 
-def _check_limits(path: Path, flag: str, raw: object) -> None:
-    """The name and the path fit the filesystem's limits with the sidecar's extra characters."""
+def check_path_limits(path: Path, flag: str, raw: object) -> None:
+    """The name and the path fit the filesystem's limits with the sidecar's extra characters (a file a
+    tool writes at `path`, given as `raw` to `flag`); ResultFileError otherwise."""
     extra = len(LOCK_PREFIX) + len(LOCK_SUFFIX)
     name_max, path_max = 255, 4096  # POSIX's usual values, for a directory we cannot ask
     for parent in path.absolute().parents:  # the nearest directory that exists knows its filesystem's limits
@@ -77,7 +78,7 @@ def check_output_path(raw: str | Path, flag: str = "--output", suffixes: Sequenc
     path = Path(raw)
     if suffixes is not None and path.suffix not in suffixes:
         raise _refuse(flag, raw, f"unknown suffix, use one of {', '.join(suffixes)}")
-    _check_limits(path, flag, raw)
+    check_path_limits(path, flag, raw)
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:

@@ -33,6 +33,7 @@ def read_markdown(path: str | Path) -> pd.DataFrame:
         return pd.DataFrame()
     split = [[html.unescape(cell.strip()) for cell in line.strip("|").split("|")] for line in table]
     header, body = split[0], split[2:]
+    validate.check_width(Path(path), len(header))
     for number, cells in enumerate(body, 3):
         if len(cells) != len(header):
             raise ResultFileError(f"{path}: table row {number}: {len(cells)} cells, the header has {len(header)}")
@@ -115,10 +116,15 @@ def _with_tool(frame: pd.DataFrame) -> pd.DataFrame:
 def _with_placement(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows written before the placement columns (executor, Slurm job, GPU) existed: they are empty."""
     if "hostname" in frame.columns:
-        for name in ADDED_FIELDS:
-            if name not in frame.columns:
-                frame[name] = None
+        frame = _with_empty(frame, [name for name in ADDED_FIELDS if name not in frame.columns])
     return frame
+
+
+def _with_empty(frame: pd.DataFrame, names: list[str]) -> pd.DataFrame:
+    """`frame` with empty columns `names` added at once (one by one, pandas fragments a wide frame)."""
+    if not names:
+        return frame
+    return pd.concat([frame, pd.DataFrame(dict.fromkeys(names), index=frame.index, dtype=object)], axis=1)
 
 
 def _with_spread_from_samples(frame: pd.DataFrame) -> pd.DataFrame:
@@ -144,7 +150,5 @@ def _with_added_config_columns(frame: pd.DataFrame) -> pd.DataFrame:
         frame["compile_mode"] = compiled.map({True: "default", False: None}).astype(object)
     if "cuda_graphs" not in frame.columns:
         frame["cuda_graphs"] = False
-    for name in ADDED_BENCHMARK_COLUMNS:  # measured a fixed number of steps
-        if name not in frame.columns:
-            frame[name] = None
-    return frame
+    # measured a fixed number of steps
+    return _with_empty(frame, [name for name in ADDED_BENCHMARK_COLUMNS if name not in frame.columns])

@@ -11,8 +11,10 @@ import csv
 import io
 import json
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
+from .. import jsontext
 from .environment import ADDED_FIELDS
 from .errors import ResultFileError
 
@@ -38,6 +40,33 @@ NUMERIC_NAMES = frozenset(
         "slurm_array_task_id",
     )
 )
+
+
+# A result file of this project has some 130 columns and short cells (an error's text is cut to
+# FIELD_CHARS when written: writing.csv_line). Past these bounds a file is no result of ours: refused
+# in one line, before pandas spends minutes on 50,000 columns.
+MAX_COLUMNS = 1_000
+FIELD_CHARS = 100_000  # what the writers keep of a cell: under the csv module's default limit (128 KiB)
+MAX_FIELD_CHARS = 2**24  # what the readers accept (a file another tool wrote, or ours before the cut)
+
+
+def csv_rows(lines: Iterable[str]):
+    """csv.reader with a field limit that reads a long cell (the default stops at 128 KiB) and still
+    bounds one; csv.Error is the caller's to name (csv_error)."""
+    if csv.field_size_limit() < MAX_FIELD_CHARS:
+        csv.field_size_limit(MAX_FIELD_CHARS)
+    return csv.reader(lines)
+
+
+def csv_error(path: Path, number: int, exc: csv.Error) -> ResultFileError:
+    return ResultFileError(f"{path}:{number}: damaged CSV ({exc}; a cell holds at most {MAX_FIELD_CHARS:,} characters)")
+
+
+def check_width(path: Path, columns: int) -> None:
+    if columns > MAX_COLUMNS:
+        raise ResultFileError(
+            f"{path}:1: {columns:,} columns; a result file has at most {MAX_COLUMNS:,} (not a file of this project)"
+        )
 
 
 def is_numeric_column(name: str) -> bool:
@@ -102,29 +131,34 @@ def _check_numbers(path: Path, number: int, row: dict) -> None:
 
 
 def check_csv(path: Path, text: str) -> None:
-    """Every line has the header's fields, no line repeats the header, numbers are numbers."""
+    """Every line has the header's fields, no line repeats the header, numbers are numbers; no more
+    columns or longer cells than a result file has."""
     if text.lstrip().startswith("|") or text.lstrip().startswith("#"):
         raise ResultFileError(f"{path}:1: a Markdown file named .csv; give the .csv a tool wrote")
-    rows = csv.reader(io.StringIO(text, newline=""))
-    header = next(rows, None)
-    if not header:
-        return
-    if len(set(header)) != len(header):
-        raise ResultFileError(f"{path}:1: a column name appears twice in the header")
-    for number, cells in enumerate(rows, 2):
-        if not cells:
-            continue  # a blank line
-        if cells == header:
-            raise ResultFileError(f"{path}:{number}: the header line again (two files joined?); remove it")
-        if len(cells) != len(header):
-            raise ResultFileError(f"{path}:{number}: {len(cells)} fields, the header has {len(header)}")
-        _check_numbers(path, number, dict(zip(header, cells, strict=True)))
+    rows = csv_rows(io.StringIO(text, newline=""))
+    try:
+        header = next(rows, None)
+        if not header:
+            return
+        check_width(path, len(header))
+        if len(set(header)) != len(header):
+            raise ResultFileError(f"{path}:1: a column name appears twice in the header")
+        for number, cells in enumerate(rows, 2):
+            if not cells:
+                continue  # a blank line
+            if cells == header:
+                raise ResultFileError(f"{path}:{number}: the header line again (two files joined?); remove it")
+            if len(cells) != len(header):
+                raise ResultFileError(f"{path}:{number}: {len(cells)} fields, the header has {len(header)}")
+            _check_numbers(path, number, dict(zip(header, cells, strict=True)))
+    except csv.Error as exc:
+        raise csv_error(path, rows.line_num, exc) from None
 
 
 def jsonl_row(path: Path, number: int, line: str) -> dict:
     """Line `number` of a JSONL file as the row it must be: a JSON object."""
     try:
-        value = json.loads(line)
+        value = jsontext.loads(line)
     except json.JSONDecodeError as exc:
         raise ResultFileError(f"{path}:{number}: damaged JSONL line ({exc.msg})") from None
     if not isinstance(value, dict):
@@ -141,6 +175,7 @@ def check_jsonl(path: Path, text: str) -> None:
             continue
         value = jsonl_row(path, number, line)
         if keys is None:
+            check_width(path, len(value))
             keys = set(value)
         elif set(value) - set(ADDED_FIELDS) != keys - set(ADDED_FIELDS):
             missing, extra = sorted(keys - set(value)), sorted(set(value) - keys)
@@ -160,8 +195,8 @@ def complete_csv_line(header_line: str, line: str) -> bool:
     """Whether a last CSV line without its newline is still a whole row (the header's field
     count and numbers where numbers belong), so it is kept instead of dropped."""
     try:
-        header = next(csv.reader([header_line]))
-        cells = next(csv.reader(io.StringIO(line, newline="")))
+        header = next(csv_rows([header_line]))
+        cells = next(csv_rows(io.StringIO(line, newline="")))
     except (StopIteration, csv.Error):
         return False
     if line.count('"') % 2 or len(cells) != len(header):
@@ -172,7 +207,7 @@ def complete_csv_line(header_line: str, line: str) -> bool:
 def complete_jsonl_line(first_line: str, line: str) -> bool:
     """Whether a last JSONL line without its newline is a whole object with line 1's keys."""
     try:
-        value, first = json.loads(line), json.loads(first_line)
+        value, first = jsontext.loads(line), jsontext.loads(first_line)
     except json.JSONDecodeError:
         return False
     return isinstance(value, dict) and isinstance(first, dict) and set(value) == set(first)

@@ -109,11 +109,24 @@ def repair_cut_line(path: Path) -> str | None:
 
 
 def csv_line(values: Sequence[object]) -> str:
-    """One CSV line as pandas writes it: empty for None/NaN, QUOTE_MINIMAL."""
+    """One CSV line as pandas writes it: empty for None/NaN, QUOTE_MINIMAL; a cell longer than the csv
+    module reads by default (a long traceback) cut to validate.FIELD_CHARS, saying so."""
     buffer = io.StringIO()
-    cells = ["" if value is None or (isinstance(value, float) and math.isnan(value)) else value for value in values]
+    cells = [_cell(value) for value in values]
     csv.writer(buffer, lineterminator="\n").writerow(cells)
     return buffer.getvalue()
+
+
+def _cell(value: object) -> object:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    text = value if isinstance(value, str) else None
+    if text is None and not isinstance(value, int | float | bool):
+        text = str(value)  # as csv writes it (a list of samples, a dict)
+    if text is None or len(text) <= validate.FIELD_CHARS:
+        return value
+    cut = f" [cut: {len(text):,} characters]"
+    return text[: validate.FIELD_CHARS - len(cut)] + cut
 
 
 def open_to_write(path: Path):

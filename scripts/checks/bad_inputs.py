@@ -212,6 +212,8 @@ CONFIG = [
     ["--config", "{tmp}/long_context.json"],
     ["--config", "{tmp}/user_code_checkpointed.json"],
     ["--config", "{tmp}/fifo.json"],
+    ["--config", "{tmp}/deep.json"],  # nested 200,000 deep
+    ["--config", "{tmp}/context_word.json"],  # "context_length": "eight"
     ["--config", "{tmp}/config.json", "--batch-size", "8"],
     ["--config", "{tmp}/config.json", "--model-factory", "hostile.models:exits"],
 ]
@@ -549,7 +551,11 @@ TABLE: dict[str, list[list[str] | Row | Env]] = {
         ["--output-dir", "{tmp}/handout_link"],  # its logs/ is a link
         ["--output-dir", "{tmp}/handout_markers"],  # its .handout is a file
         ["--output-dir", "{tmp}/handout_locked"],  # another handout holds it
+        ["--output-dir", "{tmp}/handout_marker_dir"],  # a done marker's name is a directory
+        ["--output-dir", "{tmp}/" + "d" * 300],  # a name past the filesystem's limit
+        ["--output-dir", "{tmp}/" + "d" * 300, "--dry-run"],
         ["--optimizer", "hostile.optimizers:needs_momentum"],
+        ["--model-factory", "hostile.hang_at_import:build", "--dry-run", "--timeout", "3"],
     ],
     "cs336-bench": [
         [],
@@ -734,6 +740,7 @@ def make_files(tmp: Path) -> None:
     (tmp / "data_link" / "item_0000000.bin").symlink_to(tmp / "victim.txt")
     for name in ("handout_theirs", "handout_link", "handout_markers", "handout_locked"):
         (tmp / name).mkdir()
+    (tmp / "handout_marker_dir" / ".handout" / "mixed_precision_accumulation.json").mkdir(parents=True)
     (tmp / "handout_theirs" / "handout_plan.csv").write_text("the user's own\n")
     (tmp / "handout_link" / "logs").symlink_to(tmp)
     (tmp / "handout_markers" / ".handout").write_text("")
@@ -753,6 +760,7 @@ def make_config_files(tmp: Path) -> None:
         "neg_peak": {"peak_tflops": -1},
         "compile_yes": {"compile": "yes"},
         "long_context": {"context_length": 64},
+        "context_word": {"context_length": "eight"},
         "user_code_checkpointed": {
             "model_factory": "hostile.models:assignment1",
             "model": {**good["model"], "checkpoint_blocks": 1},
@@ -761,6 +769,7 @@ def make_config_files(tmp: Path) -> None:
     for name, changes in bad.items():
         (tmp / f"{name}.json").write_text(json.dumps({**good, **changes}))
     os.mkfifo(tmp / "fifo.json")
+    (tmp / "deep.json").write_text('{"model": ' + "[" * 200_000 + "]" * 200_000 + "}")
 
 
 def make_damaged_files(tmp: Path) -> None:

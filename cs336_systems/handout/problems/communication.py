@@ -62,9 +62,7 @@ def write(problem: Results) -> Section:
     rows = problem.rows("allreduce_bench")
     if not rows.empty:
         for backend, group in rows.groupby("backend", sort=False):
-            for table in distributed.allreduce_tables(group):
-                table.title = f"{table.title}, {backend}"
-                out.add(table)
+            out.add(*distributed.allreduce_tables(group, f", {backend}"))
         out.add(*plots.allreduce_plot(rows, problem.out_dir, problem.stem))
         out.add(Bullets(allreduce_observations(records(rows, "allreduce_bench"))))
     return finish(problem, out)

@@ -42,9 +42,32 @@ DDP_PROBLEMS = {
 
 
 def plan(problem: str, options: Options, target: Target) -> list[Step]:
-    scale = options.scale
+    """One ddp_bench step of the problem's strategies. A student's FSDP shards their own model's layer
+    classes, so it runs on their model (cs336_basics.model's, when the repository has it): in a step of
+    its own, so a model or strategy of theirs that fails costs only their rows, never the harness's
+    fsdp2 and single rows that answer (a)."""
     strategies, adapter_strategy, what = DDP_PROBLEMS[problem]
-    strategies = list(strategies) + ([adapter_strategy] if adapter_strategy and options.adapters else [])
+    theirs = [adapter_strategy] if adapter_strategy and options.adapters else []
+    if theirs == ["adapter-fsdp"] and not options.model_factory and defined_in_repository(STUDENT_MODEL):
+        yours = _ddp_step(problem, f"{problem}-yours", theirs, what, options, target, STUDENT_MODEL)
+        yours.reductions.insert(0, f"your model ({STUDENT_MODEL}), whose layers your FSDP wraps")
+        return [_ddp_step(problem, problem, strategies, what, options, target, None), yours]
+    step = _ddp_step(problem, problem, [*strategies, *theirs], what, options, target, options.model_factory)
+    if adapter_strategy and not options.adapters:
+        step.reductions.append(f"{adapter_strategy} (your implementation) needs --adapters; built-in strategies only")
+    return [step]
+
+
+def _ddp_step(
+    problem: str,
+    step_id: str,
+    strategies: list[str],
+    what: str,
+    options: Options,
+    target: Target,
+    model_factory: str | None,
+) -> Step:
+    scale = options.scale
     flags = {
         "--strategies": strategies,
         "--size-table": options.edition,
@@ -53,26 +76,23 @@ def plan(problem: str, options: Options, target: Target) -> list[Step]:
         "--batch-size": scale.batch,
         "--warmup-steps": scale.warmup,
         "--measure-steps": scale.measure,
-        "--output": [f"{problem}.csv", f"{problem}.jsonl", f"{problem}.md"],
+        "--output": [f"{step_id}.csv", f"{step_id}.jsonl", f"{step_id}.md"],
     }
     if "bucketed" in problem:
         flags["--bucket-cap-mb"] = list(scale.buckets)
-    if adapter_strategy and options.adapters:
+    if any(s.startswith("adapter-") for s in strategies):
         flags["--adapters"] = options.adapters
     step = Step(
-        problem,
+        step_id,
         problem,
         f"{what}: {' '.join(strategies)}",
         module_name("ddp_bench"),
         flags,
         kind="ddp",
-        reads=(f"{problem}.csv",),
+        reads=(f"{step_id}.csv",),
     )
-    if options.model_factory:
-        flags["--model-factory"] = options.model_factory
-    elif adapter_strategy == "adapter-fsdp" and options.adapters and defined_in_repository(STUDENT_MODEL):
-        flags["--model-factory"] = STUDENT_MODEL  # a student's FSDP shards their own model's layer classes
-        step.reductions.append(f"your model ({STUDENT_MODEL}), whose layers your FSDP wraps")
+    if model_factory:
+        flags["--model-factory"] = model_factory
     if options.optimizer:
         flags["--optimizer"] = options.optimizer  # ddp_bench steps it under each strategy
     if target.gpus >= 2:
@@ -96,9 +116,7 @@ def plan(problem: str, options: Options, target: Target) -> list[Step]:
             "(d_model 128, 2 layers, context up to 128, batch 2, 1 + 3 steps): not the handout's "
             "XL timings"
         )
-    if adapter_strategy and not options.adapters:
-        step.reductions.append(f"{adapter_strategy} (your implementation) needs --adapters; built-in strategies only")
-    return [step]
+    return step
 
 
 def _step(rows: list[dict], strategy: str, **more) -> dict | None:
@@ -153,13 +171,15 @@ def accounting(problem: Results, memory: str, timing: str, compared_with: str, t
     out = section(problem)
     rows = problem.rows("ddp_bench")
     if not rows.empty:
+        # each file's strategies against its own baseline (a student's step runs on their model)
+        files = [records(group, "ddp_bench") for _, group in rows.groupby("source", sort=False)]
         out.add(Heading(f"(a) {memory}"))
         out.add(distributed.held_table(rows, "Bytes each rank holds after a step"))
         out.add(distributed.peaks_table(rows, "Peak memory of a rank"))
-        out.add(Bullets(held_observations(records(rows, "ddp_bench"), compared_with)))
+        out.add(Bullets([line for group in files for line in held_observations(group, compared_with)]))
         out.add(Heading(f"(b) {timing}"))
         out.add(distributed.ddp_time_table(rows, "Time per training step"))
-        out.add(Bullets(time_observations(records(rows, "ddp_bench"))))
+        out.add(Bullets([line for group in files for line in time_observations(group)]))
     return finish(problem, out)
 
 
