@@ -309,7 +309,9 @@ def test_an_import_that_hung_is_not_waited_for_again_in_the_run(monkeypatch):
         with pytest.raises(loading.UserImportError, match="not tried again"):
             loading.import_user_module("tests.fixtures.hostile.hang_at_import", timeout_s=60)
     assert loading.HUNG_IMPORTS_ENV not in os.environ
-    with pytest.raises(loading.UserImportError, match=r"did not return within --timeout 0.5 s"):  # outside a run: tried again
+    with pytest.raises(
+        loading.UserImportError, match=r"did not return within --timeout 0.5 s"
+    ):  # outside a run: tried again
         loading.import_user_module("tests.fixtures.hostile.hang_at_import", timeout_s=0.5)
 
 
