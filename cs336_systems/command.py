@@ -29,6 +29,7 @@ from typing import NoReturn
 
 from .argtypes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE
 from .errors import ResultWriteError, UsageError
+from .flagfile import with_config_file
 from .lifetime import Terminated, check_interrupted, exit_with, signals_interrupt
 from .usercode import import_limit
 
@@ -53,6 +54,7 @@ class Command:
         outermost = not Command._running
         Command._running += 1
         try:
+            args = with_config_file(parser, args)  # a sweep's or handout's --config FILE.json of flags
             # --timeout limits importing the user's code too, here and in the processes the tool starts.
             # The spine serves every tool, and --timeout (like --output below) is a flag only some declare.
             with (

@@ -27,9 +27,14 @@ class ConfigFileError(UsageError):
     """A --config file that cannot be read, is not a JSON object, or names a setting the command lacks."""
 
 
+class _FlagFile(argparse._StoreAction):
+    """--config as a file of the command's flags (benchmark's --config, a configuration, is another)."""
+
+
 def add_config_file_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
+        action=_FlagFile,
         metavar="FILE.json",
         help='this command\'s flags from a JSON object ({"executor": "slurm", "slurm_partition": "gpu", ...}); '
         "a flag given on the command line wins (docs/cluster.md)",
@@ -60,8 +65,8 @@ def _read(path: str) -> dict:
 def with_config_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
     """`args` with every flag not given on the command line (`args.argv`) taken from `args.config`: a new
     namespace (the parsed one is left as parsed)."""
-    if not args.config:
-        return args
+    if not any(isinstance(action, _FlagFile) for action in parser._actions) or not args.config:
+        return args  # a command without add_config_file_argument's --config (Command calls this for all)
     path = args.config
     spellings = {option: action for action in parser._actions for option in action.option_strings}
     by_dest = {action.dest: action for action in parser._actions if action.option_strings}

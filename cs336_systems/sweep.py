@@ -29,7 +29,7 @@ from .contention import describe_rows
 from .device import resolve_device
 from .executor import add_executor_arguments, settings_from_args
 from .executor.evidence import SLURM_TIME_LIMIT
-from .flagfile import add_config_file_argument, with_config_file
+from .flagfile import add_config_file_argument
 from .lifetime import OurInterrupt
 from .models import ATTENTION_KINDS
 from .monitor import add_monitor_arguments, check_monitor_arguments, monitored
@@ -321,7 +321,6 @@ def sweep_command(prog: str, description: str, execute, child_processes: bool, r
         return build_sweep_parser(prog, description, child_processes)
 
     def run(args: argparse.Namespace) -> int:
-        args = with_config_file(build_parser(), args)
         if args.executor != "inline":
             return run_jobs(args, prog, child_processes)
         return run_sweep(args, prog, execute, child_processes)

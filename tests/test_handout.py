@@ -82,6 +82,20 @@ def test_the_budget_shrinks_measured_steps_then_contexts_then_skips_the_last_pro
     assert any(s.reason.startswith("over --budget") for s in steps)
 
 
+def test_with_jobs_at_once_the_budget_counts_wall_time_each_step_on_the_lane_free_first():
+    from cs336_systems.handout.plan import Step, wall_seconds
+
+    steps = [Step(name, "p", "x", "m", {}) for name in "abcd"]
+    for step, seconds in zip(steps, (40.0, 30.0, 20.0, 25.0)):
+        step.predicted_s = seconds
+    # two lanes: a 0-40, b 0-30, c 30-50, d 40-65; one lane: 115; unbounded: the longest, 40
+    assert (wall_seconds(steps, 1), wall_seconds(steps, 2), wall_seconds(steps, None)) == (115.0, 65.0, 40.0)
+    assert fit_budget(steps, 65.0, CPU, user_model=False, lanes=2) == []
+    fit_budget(steps, 60.0, CPU, user_model=False, lanes=2)  # d would end at 65 on its lane
+    assert [s.status for s in steps] == ["run", "run", "run", "skipped"]
+    assert steps[3].reason == "over --budget: predicted 25 s, 20 s left"
+
+
 def test_a_roomy_budget_changes_nothing():
     steps, target = plan_for("2025")
     assert fit_budget(steps, 1e9, target, user_model=False) == []
@@ -721,3 +735,20 @@ def test_a_students_fsdp_on_their_model_costs_only_its_own_rows(tmp_path, monkey
     held = next(t for t in parse_tables(fsdp) if t.title == "Bytes each rank holds after a step")
     assert {"single", "fsdp2"} <= {row[0] for row in held.rows}
     assert report_main(["--verify", str(out / "writeup.md"), str(out / run.PLAN_FILE)]) == 0
+
+
+def test_handout_takes_its_flags_from_a_config_file_and_the_command_line_wins(tmp_path, capsys):
+    """--config FILE.json holds handout's flags as a sweep's does; its --timeout limits the imports too."""
+    config = tmp_path / "handout.json"
+    flags = {"edition": "2025", "scale": "small", "device": "cpu", "problems": ["nope"], "dry_run": True}
+    config.write_text(json.dumps(flags))
+    assert cli.main(["--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "--problems nope: unknown" in err and err.count("\n") == 1, err
+    hang = {**flags, "problems": ["benchmarking_script"], "timeout": 1}
+    config.write_text(json.dumps({**hang, "model_factory": "tests.fixtures.hostile.hang_at_import:build"}))
+    assert cli.main(["--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "did not return within --timeout 1 s" in err and err.count("\n") == 1, err
+    assert cli.main(["--config", str(config), "--timeout", "2"]) == 2  # the command line wins
+    assert "did not return within --timeout 2 s" in capsys.readouterr().err

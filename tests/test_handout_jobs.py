@@ -48,12 +48,12 @@ def _two_steps(tmp_path) -> list[Step]:
     return [make, draw]
 
 
-def _run(steps, out, capsys) -> tuple[jobs.JobsRun, str]:
+def _run(steps, out, capsys, budget_s=None) -> tuple[jobs.JobsRun, str]:
     outputs.check_output_dir(out, [])
     plan = jobs.PlanJobs(steps, CPU, out, "2026", "small", jobs.job_dir_of(out, None))
     runner = LocalRunner(LOCAL, plan.job_dir)
     try:
-        ran = jobs.run_jobs(plan, runner, wait=True)
+        ran = jobs.run_jobs(plan, runner, wait=True, budget_s=budget_s)
     finally:
         runner.close()
     return ran, capsys.readouterr().err
@@ -90,6 +90,21 @@ def test_a_step_that_reads_an_earlier_steps_output_is_submitted_in_the_next_roun
     before = _ledger(out)
     ran, err = _run(_two_steps(tmp_path), out, capsys)  # the same again: nothing runs
     assert _ledger(out) == before and "2 of 2 steps already done" in err and "round" not in err
+
+
+def test_with_a_budget_a_step_predicted_to_end_past_it_is_not_submitted_and_runs_next_time(
+    tmp_path, capsys, monkeypatch
+):
+    out = tmp_path / "out"
+    monkeypatch.setenv("CRASH", str(tmp_path / "no-crash"))
+    make, draw = _two_steps(tmp_path)
+    make.predicted_s, draw.predicted_s = 1.0, 3600.0
+    ran, err = _run([make, draw], out, capsys, budget_s=60.0)
+    assert ran.outcomes["make"]["outcome"] == "ok" and ran.outcomes["draw"]["outcome"] == "over budget"
+    assert draw.reason.startswith("not started: predicted 3600 s,") and not (out / "drawn.txt").exists()
+    assert "draw" not in {job for _, job in _ledger(out)}  # never submitted
+    ran, _ = _run(_two_steps(tmp_path), out, capsys)  # no budget: the step left over runs, the done one does not
+    assert ran.outcomes["draw"]["outcome"] == "ok" and _ledger(out).count(("submitted", "make")) == 1
 
 
 @pytest.mark.parametrize(

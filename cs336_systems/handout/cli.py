@@ -15,6 +15,7 @@ from ..argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser
 from ..command import Command
 from ..errors import UsageError
 from ..executor import ExecutorSettings, add_executor_arguments, open_runner, settings_from_args
+from ..flagfile import add_config_file_argument
 from ..tools import prog
 from ..usercode import timeout_seconds
 from .jobs import (
@@ -30,7 +31,7 @@ from .jobs import (
 )
 from .outputs import MARKERS, check_output_dir, claim, lock, refuse_file
 from .parameters import SCALES, Options
-from .plan import fit_budget, format_seconds, parse_duration, total_seconds
+from .plan import fit_budget, format_seconds, parse_duration, total_seconds, wall_seconds
 from .problems import EDITIONS, KIND_MEANING, MEASURED, PROBLEMS, build_steps, of_edition
 from .run import PLAN_FILE, execute, log_name, not_measured_line, plan_table, recorded_by_markers
 from .target import Target, assumed_target, present_target
@@ -53,6 +54,7 @@ step is a job (handout/jobs.py, docs/cluster.md): on this machine's GPUs at once
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_file_argument(parser)
     parser.add_argument("--edition", choices=tuple(EDITIONS), default="2026", help="which handout (2026)")
     parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]", help="where the steps run (auto)")
     parser.add_argument(
@@ -241,7 +243,8 @@ def run(args: argparse.Namespace) -> int:
         target, device = _job_target(args, settings), settings.device
     options = Options(args.edition, SCALES[args.scale], device, args.adapters, args.model_factory, args.optimizer)
     steps = build_steps(options, target, problems)
-    notes = fit_budget(steps, budget_s, target, args.model_factory is not None) if budget_s else []
+    lanes = _jobs_at_once(settings)
+    notes = fit_budget(steps, budget_s, target, args.model_factory is not None, lanes) if budget_s else []
     if settings.kind == "slurm":
         output_dir = _slurm_output_dir(args, settings)
     else:
@@ -257,6 +260,9 @@ def run(args: argparse.Namespace) -> int:
         f"{sum(s.status == 'run' for s in steps)} steps to run, {sum(s.status != 'run' for s in steps)} skipped, "
         f"predicted {format_seconds(total_seconds(steps))} (rough: FLOPs at a fixed share of peak, plus start-up)"
     )
+    if lanes != 1:
+        at_once = f"{lanes} jobs at once" if lanes else "every job at once"
+        header += f", about {format_seconds(wall_seconds(steps, lanes))} from first start to last end with {at_once}"
     if notes:
         header += f"; to fit --budget {args.budget}: {', '.join(notes)}"
     if settings.kind == "slurm":
@@ -278,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
     if settings.kind != "slurm":  # a Slurm job's node is not this one: its first step says
         _probe_user_model(steps)
     if settings.kind != "inline":
-        return _run_jobs(args, settings, steps, target, output_dir, notes)
+        return _run_jobs(args, settings, steps, target, output_dir, notes, budget_s)
     started = time.monotonic()
     try:
         outcomes = execute(steps, target, output_dir, args.edition, args.scale, budget_s)
@@ -349,8 +355,20 @@ def _jobs_dry_run(steps, target: Target, output_dir: Path, args, settings: Execu
     return f"{said}:\n\n{open_runner(settings, job_dir, job_name='cs336-handout').dry_run([plan.jobs[s.id] for s in first])}"
 
 
-def _run_jobs(args, settings: ExecutorSettings, steps, target: Target, output_dir: Path, notes: list[str]) -> int:
-    """Each step a job of the executor; the write-up once every step has ended."""
+def _jobs_at_once(settings: ExecutorSettings) -> int | None:
+    """How many steps run at once: 1 inline, --workers locally, --slurm-array-parallelism on Slurm (None:
+    no limit of ours; the cluster's queue decides)."""
+    if settings.kind == "local":
+        return settings.workers
+    return settings.slurm.array_parallelism if settings.kind == "slurm" else 1
+
+
+def _run_jobs(
+    args, settings: ExecutorSettings, steps, target: Target, output_dir: Path, notes: list[str], budget_s
+) -> int:
+    """Each step a job of the executor; the write-up once every step has ended. Within `budget_s` (from
+    this command's start), a step whose predicted end is past it is not submitted; one submitted runs to
+    its end (on Slurm its --slurm-time bounds it)."""
     job_dir = job_dir_of(output_dir, settings.job_dir)
     runner = open_runner(settings, job_dir, job_name="cs336-handout")
     if settings.kind == "slurm":
@@ -359,7 +377,7 @@ def _run_jobs(args, settings: ExecutorSettings, steps, target: Target, output_di
     plan = PlanJobs(steps, target, output_dir, args.edition, args.scale, job_dir)
     again = f"  {PROG} {shlex.join(args.argv)}"
     try:
-        ran = run_jobs(plan, runner, settings.wait)
+        ran = run_jobs(plan, runner, settings.wait, budget_s)
     except KeyboardInterrupt:
         runner.close()  # local: its workers stop (their steps run again); slurm: the jobs live on
         plan.merge(runner.poll().outcomes)  # local: each stopped step 'interrupted' in the plan file

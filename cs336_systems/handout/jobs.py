@@ -322,10 +322,12 @@ class PlanJobs:
         return len(self.done), len(self.ended - self.done)
 
 
-def run_jobs(plan: PlanJobs, runner, wait: bool) -> JobsRun:
+def run_jobs(plan: PlanJobs, runner, wait: bool, budget_s: float | None = None) -> JobsRun:
     """Submit the plan's steps in rounds and, unless not `wait`, merge them as they end: each round, every
     step not done, not in flight and not yet tried in this run whose inputs are in OUTPUT_DIR; the rest wait
-    for the next round. A KeyboardInterrupt propagates after the plan file records what ended."""
+    for the next round. With `budget_s`, a step that would end past it (now plus its prediction) is not
+    submitted: 'over budget', run by the next command. A KeyboardInterrupt propagates after the plan file
+    records what ended."""
     started = time.monotonic()
     tried: set[str] = set()
     rounds = 0
@@ -351,7 +353,18 @@ def run_jobs(plan: PlanJobs, runner, wait: bool) -> JobsRun:
             for step in plan.runnable:
                 if step.id in plan.done or step.id in live or step.id in tried:
                     continue
-                (waiting if plan.waits_for(step) else ready).append(step)
+                if plan.waits_for(step):
+                    waiting.append(step)
+                elif budget_s is not None and (left := budget_s - (time.monotonic() - started)) < (
+                    step.predicted_s or 0
+                ):
+                    tried.add(step.id)
+                    step.reason = (
+                        f"not started: predicted {step.predicted_s:.0f} s, {max(0.0, left):.0f} s of --budget left"
+                    )
+                    plan.outcomes[step.id] = {"outcome": "over budget"}
+                else:
+                    ready.append(step)
             if ready:
                 rounds += 1
                 attempts = runner.submit([plan.jobs[step.id] for step in ready])
