@@ -68,6 +68,19 @@ def namespace_hint(exc: BaseException) -> str:
     )
 
 
+def not_installed_hint(exc: BaseException) -> str:
+    """A sentence for a module that asks importlib.metadata for its own package's version (the handout's
+    cs336_systems/__init__.py does) where that package is not installed; '' otherwise."""
+    import importlib.metadata
+
+    if not isinstance(exc, importlib.metadata.PackageNotFoundError):
+        return ""
+    return (
+        f" (your package {exc.name or ''} is not installed in this Python: run `uv sync` or `pip install -e .` in "
+        "your repository's root, as the assignment's set-up does, then install this tool beside it)"
+    )
+
+
 class UserImportError(Exception):
     """A user's module that could not be imported; the message is one line saying why."""
 
@@ -128,7 +141,8 @@ def import_user_module(name: str, timeout_s: float | None = None, file: Path | N
     except UserCodeError as exc:
         raise UserImportError(str(exc)) from None
     except Exception as exc:  # the user's module may fail in any way while importing
-        raise UserImportError(f"cannot import {shown}: {type(exc).__name__}: {exc}{namespace_hint(exc)}") from exc
+        hint = not_installed_hint(exc) or namespace_hint(exc)
+        raise UserImportError(f"cannot import {shown}: {type(exc).__name__}: {exc}{hint}") from exc
 
 
 def _import_file(name: str, file: Path) -> ModuleType:

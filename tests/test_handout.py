@@ -692,6 +692,29 @@ def test_the_plan_reads_the_repositorys_files_not_only_what_is_importable(tmp_pa
     assert str((tmp_path / "cs336-basics").resolve()) in sys.path
 
 
+def test_a_model_factory_of_the_students_own_that_imports_cs336_basics_finds_it_uninstalled(
+    tmp_path, monkeypatch, capsys
+):
+    """A student's wrapper at the root (their assignment 1 model takes n_layers) imports cs336_basics, which
+    lives in cs336-basics/ and is installed only by `uv sync`: the plan puts it on the path first."""
+    import sys
+
+    package = tmp_path / "cs336-basics" / "cs336_basics"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "blocks.py").write_text(
+        (REPO / "tests" / "fixtures" / "student_repo" / "cs336_basics" / "model.py").read_text()
+    )
+    (tmp_path / "my_model.py").write_text("from cs336_basics.blocks import BasicsTransformerLM as build\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if "student_repo" not in p] + [str(tmp_path)])
+    for name in [m for m in sys.modules if m == "cs336_basics" or m.startswith("cs336_basics.")]:
+        monkeypatch.delitem(sys.modules, name)
+    argv = ["--device", "cpu", "--scale", "small", "--problems", "benchmarking_script", "--dry-run"]
+    assert cli.main([*argv, "--model-factory", "my_model:build"]) == 0, capsys.readouterr().err
+    assert str((tmp_path / "cs336-basics").resolve()) in sys.path
+
+
 def test_a_model_that_cannot_run_here_is_one_line_before_any_step(tmp_path, capsys):
     """--model-factory's model is built on the plan's device and its logits checked before the first step:
     a model returning (logits, aux) is refused in seconds, and no step ran."""

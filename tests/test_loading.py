@@ -24,3 +24,18 @@ def test_dotted_attribute_and_own_error_class():
     assert load_callable("os:path.join", "--thing") is os.path.join
     with pytest.raises(KeyError):
         load_callable("nope", "--thing", KeyError)
+
+
+def test_a_package_that_reads_its_own_version_but_is_not_installed_says_how_to_install_it(tmp_path):
+    """The handout's cs336_systems/__init__.py asks importlib.metadata for its version: a student who never
+    ran `uv sync` gets PackageNotFoundError, which reads like a bug of ours without the hint."""
+    from cs336_systems.loading import UserImportError, import_user_module
+
+    module = tmp_path / "unpackaged_student.py"
+    module.write_text('import importlib.metadata\n__version__ = importlib.metadata.version("no-such-dist-x9")\n')
+    with pytest.raises(UserImportError) as raised:
+        import_user_module("unpackaged_student", file=module)
+    message = str(raised.value)
+    assert "No package metadata was found for no-such-dist-x9" in message
+    assert "your package no-such-dist-x9 is not installed in this Python: run `uv sync`" in message
+    assert "\n" not in message

@@ -112,7 +112,12 @@ def _target(args: argparse.Namespace) -> tuple[Target, str]:
 
 
 def _check_loadable(args: argparse.Namespace) -> None:
-    """The user's code is loaded once here, so a typo is one line before any step starts."""
+    """The user's code is loaded once here, so a typo is one line before any step starts. A package of
+    the repository's own folders that is not installed (cs336-basics/) goes on the path first, as the
+    plan finds the student's model without the flag."""
+    from .problems.model_steps import repository_packages_on_path
+
+    repository_packages_on_path()
     if args.adapters:
         from ..adapters import load_adapters
 

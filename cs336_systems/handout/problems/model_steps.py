@@ -37,6 +37,17 @@ def _folders_of(top: str) -> list[Path]:
     return [Path(base, top) for base in REPOSITORY_FOLDERS if Path(base, top, "__init__.py").is_file()]
 
 
+def repository_packages_on_path() -> None:
+    """The packages the repository keeps in its own folders (cs336-basics/cs336_basics) put on the path
+    where Python cannot import them yet (the folder not installed), as `uv sync` would have installed
+    them: a --model-factory module of the student's that imports cs336_basics finds it."""
+    for base in REPOSITORY_FOLDERS[1:]:
+        folder = Path(base)
+        packages = [p.parent.name for p in folder.glob("*/__init__.py")] if folder.is_dir() else []
+        if any(name.isidentifier() and importlib.util.find_spec(name) is None for name in packages):
+            put_first_on_path(folder.resolve())
+
+
 def defined_in_repository(spec: str) -> bool:
     """Whether `package.module:Name` is defined in the repository, read without importing anything:
     the module's file (found from its top-level package, importable or in the repository's folders)
