@@ -12,8 +12,9 @@ import pytest
 
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.handout import cli, outputs, run
+from cs336_systems.handout.budget import fit_budget, parse_duration, total_seconds, wall_seconds
 from cs336_systems.handout.parameters import FULL, SMALL, Options
-from cs336_systems.handout.plan import fit_budget, parse_duration, predicted_peak, total_seconds
+from cs336_systems.handout.plan import predicted_peak
 from cs336_systems.handout.problems import EDITIONS, PROBLEMS, build_steps, of_edition
 from cs336_systems.handout.target import Target, assumed_target
 from cs336_systems.models import ModelConfig
@@ -83,7 +84,7 @@ def test_the_budget_shrinks_measured_steps_then_contexts_then_skips_the_last_pro
 
 
 def test_with_jobs_at_once_the_budget_counts_wall_time_each_step_on_the_lane_free_first():
-    from cs336_systems.handout.plan import Step, wall_seconds
+    from cs336_systems.handout.plan import Step
 
     steps = [Step(name, "p", "x", "m", {}) for name in "abcd"]
     for step, seconds in zip(steps, (40.0, 30.0, 20.0, 25.0)):

@@ -13,7 +13,7 @@ from cs336_systems.executor import JobDir, Outcome
 from cs336_systems.executor.jobs import EXITED, STARTED, STEP_LOG
 from cs336_systems.executor.local import LocalRunner
 from cs336_systems.executor.settings import ExecutorSettings
-from cs336_systems.handout import cli, jobs, outputs, run
+from cs336_systems.handout import cli, jobs, nodes, outputs, run
 from cs336_systems.handout.plan import Step
 from cs336_systems.handout.target import Target
 from tests.conftest import run_main
@@ -206,7 +206,7 @@ def test_the_slurm_dry_run_prints_the_sbatch_script_of_the_steps_pinned_to_the_f
     out = tmp_path / "out"
     (out / ".handout").mkdir(parents=True)
     record = {**CPU.__dict__, "hostname": "node7.cluster", "slurm_node": "node7"}
-    (out / jobs.TARGET_RECORD).write_text(json.dumps(record))
+    (out / nodes.TARGET_RECORD).write_text(json.dumps(record))
     argv = ["--scale", "small", "--device", "cpu", "--problems", "pytorch_attention", "--output-dir", str(out)]
     code, text, err = run_main(cli.main, capsys, *argv, "--executor", "slurm", "--slurm-same-node", "--dry-run")
     assert code == 0, err

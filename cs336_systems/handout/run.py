@@ -35,8 +35,9 @@ from ..lifetime import child_preexec
 from ..results import open_to_write, write_whole
 from ..results.origin import named
 from ..units import format_bytes
+from .budget import format_seconds
 from .outputs import LOGS, MARKERS, claim, written
-from .plan import Step, fit_verdict, format_seconds
+from .plan import Step, fit_verdict
 from .target import Target
 
 PLAN_FILE = "handout_plan.csv"
