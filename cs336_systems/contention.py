@@ -2,13 +2,14 @@
 laptop with a browser open, another job on a CI runner. Times measured under contention are inflated
 and comparisons between them are loose, so every row records it and every run says it.
 
-On a CPU: the machine's busy CPU time (a hypervisor's steal included) less this process tree's own,
-over the wall time, in cores; and our own share of the cores we asked for (below about 0.8 our threads
+On a CPU: the machine's busy CPU time (a hypervisor's steal included) less this process tree's own (the
+processes it started too: ranks, compile workers), over the wall time, in cores (at most the machine's); and our own share of the cores we asked for (below about 0.8 our threads
 waited for a core, whoever held it). On a GPU: the other processes NVML sees on our device.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -45,9 +46,23 @@ def _busy_seconds() -> float:
     return sum(getattr(times, n) for n in times._fields if n not in ("idle", "iowait", "guest", "guest_nice"))
 
 
-def _own_seconds() -> float:
-    times = os.times()
-    return times.user + times.system + times.children_user + times.children_system
+def _own_seconds() -> dict[int, float]:
+    """CPU seconds of this process and of every live process it started (ranks, torch.compile's workers),
+    each with the children it reaped: this run's own work, not another process's."""
+    tree = [psutil.Process()]
+    with contextlib.suppress(psutil.Error):
+        tree += tree[0].children(recursive=True)
+    seconds = {}
+    for process in tree:
+        with contextlib.suppress(psutil.Error):
+            t = process.cpu_times()
+            seconds[process.pid] = t.user + t.system + t.children_user + t.children_system
+    return seconds
+
+
+def _own_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    """Our tree's CPU seconds between two _own_seconds (a process started since counts whole)."""
+    return sum(max(0.0, seconds - before.get(pid, 0.0)) for pid, seconds in after.items())
 
 
 def gpu_other_processes(device_index: int = 0) -> int | None:
@@ -77,11 +92,14 @@ class LoadMeter:
     def __exit__(self, *exc) -> None:
         wall = max(time.monotonic() - self._start[0], 1e-3)
         busy = _busy_seconds() - self._start[1]
-        own = _own_seconds() - self._start[2]
-        share = own / (wall * self.threads) if self.threads else None
+        after = _own_seconds()
+        own = _own_delta(self._start[2], after)
+        mine = after.get(os.getpid(), 0.0) - self._start[2].get(os.getpid(), 0.0)
+        share = mine / (wall * self.threads) if self.threads else None
         gpu = gpu_other_processes(self.gpu_index) if self.gpu_index is not None else None
         cores = psutil.cpu_count() or 1
-        self.load = Load(max(0.0, busy - own) / wall, cores, share, gpu)
+        # the kernel counts CPU time in ticks: over a short window the difference can pass the core count
+        self.load = Load(min(float(cores), max(0.0, busy - own) / wall), cores, share, gpu)
 
 
 def machine_load(device) -> LoadMeter:

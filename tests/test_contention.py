@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -9,19 +11,46 @@ import time
 from cs336_systems.contention import Load, LoadMeter
 
 
+SPIN = f"{sys.executable} -c 'while True: pass'"
+
+
 def test_a_busy_loop_elsewhere_is_seen_and_said():
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # started through a shell that exits: the loop is not a process of ours (init adopts it)
+    pid = int(subprocess.run(["sh", "-c", f"{SPIN} >/dev/null 2>&1 & echo $!"], capture_output=True).stdout)
     try:
         time.sleep(0.3)  # the loop is running
         with LoadMeter(threads=1) as meter:
             time.sleep(1.0)  # this process is idle: the busy core is another's
     finally:
-        spinner.kill()
-        spinner.wait()
+        os.kill(pid, signal.SIGKILL)
     load = meter.load
     assert load.other_cores > 0.5 and load.busy
     assert load.own_share is not None and load.own_share < 0.2  # we slept: we asked for nothing
     assert load.words().startswith("other processes kept ")
+
+
+def test_a_busy_process_of_our_own_is_our_work_not_another_load():
+    """ddp_bench's ranks, torch.compile's workers: processes this run started are not contention."""
+    spinner = subprocess.Popen(["sh", "-c", f"exec {SPIN}"])
+    try:
+        time.sleep(0.3)
+        with LoadMeter(threads=1) as meter:
+            time.sleep(1.0)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert meter.load.other_cores < 0.5 and meter.load.own_share < 0.2  # the share is this process's alone
+
+
+def test_the_load_never_passes_the_machines_cores(monkeypatch):
+    """The kernel counts busy time in ticks: over a short window busy minus own can pass the cores."""
+    from cs336_systems import contention
+
+    busy = iter([100.0, 100.0 + 10.0])  # 10 busy seconds over about 0 s of wall time
+    monkeypatch.setattr(contention, "_busy_seconds", lambda: next(busy))
+    with LoadMeter(threads=1) as meter:
+        pass
+    assert meter.load.other_cores == meter.load.cores
 
 
 def test_the_words_of_a_quiet_and_a_busy_machine():
