@@ -273,3 +273,16 @@ def test_a_check_against_a_tolerance_reads_as_the_rows_verdict():
     )
     rows[1]["status"] = "wrong"
     assert correctness(rows, "flash-pytorch")[0].startswith("Checked against fp32 attention: failed at 1 of 2 shapes")
+
+
+def test_the_residual_stream_answer_is_at_the_handouts_reference_model_whatever_scale_ran():
+    """(d) asks for the 2.7B (2025) or xl (2026) model at batch 4: 4 x 128 x 2560 x 4 bytes = 5 MiB."""
+    from cs336_systems.handout.problems.memory import residual_stream
+
+    small_row = {"batch_size": 2, "context_length": 128, "d_model": 512, "model": "d512"}
+    first, measured = residual_stream("2025", [small_row])
+    assert first.startswith("At the handout's reference hyperparameters (2.7B, d_model 2560, batch 4)")
+    assert "context 128: 4 x 128 x 2560 x 4 bytes = 5.00 MiB" in first and "context 512:" in first
+    assert measured.endswith("batch 2 x context 128 x d_model 512 x 4 bytes = 0.50 MiB (d512).")
+    (xl,) = residual_stream("2026", [])
+    assert "(xl, d_model 2560, batch 4)" in xl and "context 2048: 4 x 2048 x 2560 x 4 bytes = 80.00 MiB" in xl

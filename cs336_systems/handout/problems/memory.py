@@ -4,6 +4,7 @@ fp32 and bf16, (d) one residual-stream activation, (f, 2026) what autograd saves
 
 from __future__ import annotations
 
+from ...models import size_table
 from ...report import benchmark
 from ...report.document import Bullets, Figure, Heading, Section, sig3
 from ...report.fields import label_text
@@ -11,7 +12,7 @@ from ...report.grid import Value, grid
 from ...report.observe import change, number, ok, pick, records, span, times
 from ...tools import module_name
 from ...units import MIB
-from ..parameters import Options
+from ..parameters import FULL, Options
 from ..plan import Step, fit_verdict
 from ..target import Target
 from .base import Problem, Results, finish, reads, section
@@ -153,7 +154,7 @@ def write(problem: Results) -> Section:
             out.add(benchmark.memory_table(rows, "Peak memory, fp32 and bf16 autocast", benchmark.peak_columns(rows)))
             out.add(Bullets(precision_memory_observations(records(rows, "benchmark"))))
         out.add(Heading("(d) One residual-stream activation"))
-        out.add(Bullets(residual_stream(records(rows, "benchmark"))))
+        out.add(Bullets(residual_stream(problem.edition, records(rows, "benchmark"))))
     residuals = problem.rows("residuals")
     if not residuals.empty:
         out.add(Heading("(f) What one block saves for backward"))
@@ -230,9 +231,19 @@ def precision_memory_observations(rows: list[dict]) -> list[str]:
     return lines
 
 
-def residual_stream(rows: list[dict]) -> list[str]:
-    """The size of one (batch, context, d_model) fp32 activation, from the rows' configuration."""
-    lines = []
+def residual_stream(edition: str, rows: list[dict]) -> list[str]:
+    """The size of one (batch, context, d_model) fp32 activation: the handout's question, at its reference
+    model, batch and contexts (a derivation, whatever scale ran), then at the shapes the rows measured."""
+    size = FULL.memory_size[edition]
+    d_model = size_table(edition)[size]["d_model"]
+    sizes = [
+        f"context {context}: {FULL.batch} x {context} x {d_model} x 4 bytes = {FULL.batch * context * d_model * 4 / MIB:.2f} MiB"
+        for context in FULL.memory_contexts[edition]
+    ]
+    lines = [
+        f"At the handout's reference hyperparameters ({size}, d_model {d_model}, batch {FULL.batch}), one fp32 "
+        f"residual-stream activation (batch x context x d_model x 4 bytes) is, per context: {'; '.join(sizes)}."
+    ]
     seen = set()
     for row in rows:
         key = (number(row, "batch_size"), number(row, "context_length"), number(row, "d_model"))
@@ -242,7 +253,8 @@ def residual_stream(rows: list[dict]) -> list[str]:
         batch, context, d_model = (int(k) for k in key)
         size = batch * context * d_model * 4
         lines.append(
-            f"batch {batch} x context {context} x d_model {d_model} x 4 bytes = {size / MIB:.2f} MiB ({row['model']})."
+            f"At a shape measured here: batch {batch} x context {context} x d_model {d_model} x 4 bytes = "
+            f"{size / MIB:.2f} MiB ({row['model']})."
         )
     return lines
 
