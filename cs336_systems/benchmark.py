@@ -57,7 +57,7 @@ PROG = prog("benchmark")
 
 
 def configuration_parser() -> ArgumentParser:
-    """The flags of one configuration and how it runs (find_max and scripts/warmup_study.py build on them)."""
+    """The flags of one configuration and how it runs (find_max and warmup_study build on them)."""
     parser = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument(
         "--model-size", default="small", help="a name in --size-table's table (--list-sizes shows it; default small)"

@@ -30,7 +30,7 @@ TODAY = {
     "loader_bench": LoaderRecord.row_fields(),
     "probe": ProbeRecord.row_fields(),
     "monitor": ("tool", *SAMPLE_FIELDS),
-    "warmup_study": (  # scripts/warmup_study.py: each step, what ran and where
+    "warmup_study": (  # warmup_study: each step, what ran and where
         *("tool", "warmup_steps", "step_index", "measured", "step_ms", "model_size", "size_table", "context_length"),
         *("batch_size", "pass_type", "precision", "compile", "device", *ENVIRONMENT_FIELDS),
     ),

@@ -10,7 +10,6 @@ import time
 
 from cs336_systems.contention import Load, LoadMeter
 
-
 SPIN = f"{sys.executable} -c 'while True: pass'"
 
 

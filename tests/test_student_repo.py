@@ -113,7 +113,7 @@ def test_usage_and_errors_name_the_command_the_user_typed():
 
 
 def test_scripts_and_the_probe_import_ours_beside_the_students_package():
-    # scripts run by path (the handout runs warmup_study.py from the student's root) and the probe
+    # scripts run by path (from the student's root) and the probe
     # imported in the student's own loop get our files; the student's imports still get theirs
     check = (
         "import runpy, sys; from pathlib import Path\n"

@@ -1,17 +1,18 @@
-"""scripts/warmup_study.py on a tiny model: every step kept, the table and the plot written."""
+"""cs336-bench warmup_study on a tiny model: every step kept, the table and the plot written."""
 
 import subprocess
 
 import pandas as pd
 
-from tests.conftest import PYTHON, REPO, TINY_BATCH, TINY_CPU, TINY_SHAPE, child_env
+from tests.conftest import PYTHON, TINY_BATCH, TINY_CPU, TINY_SHAPE, child_env
 
 
 def test_warmup_study_keeps_every_step_and_writes_table_and_plot(tmp_path):
     result = subprocess.run(
         [
             PYTHON,
-            str(REPO / "scripts" / "warmup_study.py"),
+            "-m",
+            "cs336_bench.warmup_study",
             *TINY_SHAPE,
             *TINY_BATCH,
             *TINY_CPU,
@@ -51,7 +52,7 @@ def test_warmup_study_keeps_every_step_and_writes_table_and_plot(tmp_path):
 
 def test_warmup_study_refuses_warmup_steps():
     result = subprocess.run(
-        [PYTHON, str(REPO / "scripts" / "warmup_study.py"), "--warmup-steps", "3"],
+        [PYTHON, "-m", "cs336_bench.warmup_study", "--warmup-steps", "3"],
         capture_output=True,
         text=True,
         env=child_env(),

@@ -52,7 +52,7 @@ class Step:
     id: str
     problem: str
     part: str  # what runs, in words
-    tool: str  # a module (cs336_systems.run_benchmarks) or a script path (scripts/warmup_study.py)
+    tool: str  # a module (cs336_systems.run_benchmarks) or a script path (scripts/nsys_profile.sh)
     flags: dict = field(default_factory=dict)
     kind: str = "fixed"  # the prediction family: benchmark, attention, allreduce, ddp, warmup, fixed
     reads: tuple[str, ...] = ()  # result files the write-up shows, relative to the output directory
@@ -67,8 +67,8 @@ class Step:
     reductions: list[str] = field(default_factory=list)
     predicted_peak_bytes: int | None = None
     predicted_s: float | None = None
-    # the tool whose parser reads `flags` where `tool` is a script passing them on (the Nsight Systems
-    # wrapper, warmup_study.py: benchmark's flags, and the script's own, which the plan always gives)
+    # the tool whose parser reads `flags` where `tool` passes them on (the Nsight Systems wrapper,
+    # warmup_study: benchmark's flags, and the tool's own, which the plan always gives)
     flags_of: str | None = None
     # the estimator's stand-in for a student's model (the handout's architecture): predict its memory
     # as the built-in model's, with this attention

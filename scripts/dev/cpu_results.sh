@@ -74,7 +74,7 @@ run_stage() {
         --pass-type train-step --memory-limit 4GiB --warmup-steps 1 --measure-steps 1 --start 4 \
         --output $r/find_max_cpu_4gib.csv
       ;;
-    warmup) stage warmup $py scripts/warmup_study.py --output-dir $r ;;
+    warmup) stage warmup $py -m cs336_bench.warmup_study --output-dir $r ;;
     allreduce)
       rm -f $r/allreduce_gloo_cpu.csv $r/allreduce_gloo_cpu.jsonl $r/allreduce_gloo_cpu.md $r/allreduce_gloo_cpu.png
       stage allreduce $py -m cs336_systems.allreduce_bench --backend gloo --world-sizes 2 4 6 \

@@ -40,7 +40,7 @@ PY
       --output "$res/gpu_noise_events.jsonl"; pack
     stage 50 $py -m cs336_systems.benchmark_direct --model-sizes small medium large xl 2.7B --context-lengths 512 \
       --precisions tf32 --pass-types forward-backward --output "$res/gpu_tf32_h100.csv"; pack
-    stage 80 $py scripts/warmup_study.py --device cuda --context-length 512 --output-dir "$res"; pack
+    stage 80 $py -m cs336_bench.warmup_study --device cuda --context-length 512 --output-dir "$res"; pack
     stage 80 $py -m cs336_systems.find_max --dimension batch-size --size-table 2025 --model-size xl --context-length 512 \
       --pass-type train-step --precision bf16 --start 8 --resolution 4 --output "$res/find_max_xl_h100.csv" \
       --summary "$res/find_max_xl_h100.json"; pack
@@ -52,7 +52,7 @@ PY
     stage 240 $py -m cs336_systems.benchmark_direct --model-sizes small medium large xl 2.7B \
       --context-lengths 128 256 512 1024 --precisions fp32 bf16 --pass-types forward forward-backward \
       --warmup-steps 2 --measure-steps 5 --output "$out/gpu_sweep.csv" --output "$out/gpu_sweep.jsonl"
-    stage 60 $py scripts/warmup_study.py --device cuda --model-size small --context-length 512 --output-dir "$out"
+    stage 60 $py -m cs336_bench.warmup_study --device cuda --model-size small --context-length 512 --output-dir "$out"
     $py -m cs336_systems.memory --model-size xl --context-length 512 --pass-type train-step --precision bf16 \
       --find-max batch-size --device-memory "$($py -c 'import torch; print(torch.cuda.mem_get_info()[1])')" | tail -1
     stage 150 $py -m cs336_systems.find_max --dimension batch-size --model-size xl --context-length 512 \

@@ -16,7 +16,7 @@ from ..parameters import Options
 from ..plan import Step
 from ..target import Target
 from .base import Problem, Results, finish, section
-from .model_steps import SCRIPTS, model_flags, script_here, sizes, sweep
+from .model_steps import model_flags, sizes, sweep
 
 LABEL = "benchmarking_script"
 # 2026 times the optimizer step too (forward / backward / AdamW columns); 2025 forward and backward
@@ -41,9 +41,9 @@ def plan(options: Options, target: Target) -> list[Step]:
         f"{LABEL}-c-warmup",
         LABEL,
         "(c) 0, 1, 2 and 5 warmup steps, each in a fresh process",
-        str(SCRIPTS / "warmup_study.py"),
+        module_name("warmup_study"),
         kind="warmup",
-        flags_of=module_name("benchmark"),  # the script's flags are benchmark's, and its own --warmups
+        flags_of=module_name("benchmark"),  # the study's flags are benchmark's, and its own --warmups
     )
     size = sizes(options)[0]
     warmup.flags = {
@@ -60,8 +60,6 @@ def plan(options: Options, target: Target) -> list[Step]:
     warmup.reads = (f"warmup_study_{device_type}.csv",)
     warmup.figures = (f"warmup_study_{device_type}.png",)
     warmup.writes = tuple(f"warmup_study_{device_type}.{ext}" for ext in ("csv", "md", "png"))
-    if not script_here("scripts/warmup_study.py"):
-        warmup.skip("scripts/warmup_study.py is not here (installed without the repository's scripts/)")
     return [*steps, warmup]
 
 

@@ -207,7 +207,3 @@ def worst_peak(options: Options, target: Target, flags: dict, tool: str = SWEEP)
     if options.model_factory:
         return None
     return max(predicted_peak(target, config) for config in model_configs(tool, flags))
-
-
-def script_here(path: str) -> bool:
-    return (SCRIPTS.parent / path).is_file()

@@ -1,13 +1,13 @@
 """The handout's warmup experiment: 0, 1, 2 and 5 warmup steps, then 10 measured steps.
 
-    python scripts/warmup_study.py                                  # CPU: small, context 128
-    python scripts/warmup_study.py --device cuda --context-length 512
+    cs336-bench warmup_study                                  # CPU: small, context 128
+    cs336-bench warmup_study --device cuda --context-length 512
 
 Takes every flag of `python -m cs336_systems.benchmark` (size, shape, pass type, precision,
 compile, device, ...) except --warmup-steps, which --warmups replaces. Each warmup count
 runs in a fresh process (as run_benchmarks does): in one process the first run would warm
 the kernels, caches and allocator for the others, and "0 warmup steps" would not be cold.
-Every step's time is kept. Writes results/warmup_study_<device>.csv (every step), .md
+Every step's time is kept. Writes OUTPUT_DIR/warmup_study_<device>.csv (every step), .md
 (mean, std, CV of the measured steps per warmup count) and .png (step index against time,
 log scale, so the first steps stay visible); --output also keeps each run's full record.
 """
@@ -19,31 +19,28 @@ import shlex
 import sys
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
+from tabulate import tabulate
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from tabulate import tabulate  # noqa: E402
-
-from cs336_bench.argtypes import ArgumentParser, non_negative_int  # noqa: E402
-from cs336_bench.benchmark import config_from_args, configuration_parser  # noqa: E402
-from cs336_bench.benchmark_flags import announce_size_table, size_table_of  # noqa: E402
-from cs336_bench.child import ChildLimits, check_user_model_in_child, run_in_child  # noqa: E402
-from cs336_bench.command import Command  # noqa: E402
-from cs336_bench.device import resolve_device  # noqa: E402
-from cs336_bench.models import ConfigError  # noqa: E402
-from cs336_bench.results import (  # noqa: E402
+from .argtypes import ArgumentParser, non_negative_int
+from .benchmark import config_from_args, configuration_parser
+from .benchmark_flags import announce_size_table, size_table_of
+from .child import ChildLimits, check_user_model_in_child, run_in_child
+from .command import Command
+from .device import resolve_device
+from .models import ConfigError
+from .results import (
     ENVIRONMENT_FIELDS,
     ResultSink,
     check_output_paths,
 )
-from cs336_bench.results.markdown import write_page  # noqa: E402
-from cs336_bench.results.origin import named  # noqa: E402
-from cs336_bench.stats import summarize  # noqa: E402
-from cs336_bench.sweep import describe  # noqa: E402
+from .results.markdown import write_page
+from .results.origin import named
+from .stats import summarize
+from .sweep import describe
+from .tools import prog
 
-PROG = "python scripts/warmup_study.py"
+PROG = prog("warmup_study")
 RUN_COLUMNS = (
     "model_size",
     "size_table",
@@ -54,14 +51,13 @@ RUN_COLUMNS = (
     "compile",
     "device",
 )
-RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 
 def build_parser() -> ArgumentParser:
     parser = configuration_parser()
     parser.prog, parser.description = PROG, __doc__.split("\n")[0]
     parser.add_argument("--warmups", type=non_negative_int, nargs="+", default=[0, 1, 2, 5], metavar="N")
-    parser.add_argument("--output-dir", type=Path, default=RESULTS)
+    parser.add_argument("--output-dir", type=Path, default=Path("results"), help="default results/")
     parser.set_defaults(context_length=128, warmup_steps=None)
     return parser
 
@@ -108,6 +104,11 @@ def run(args: argparse.Namespace) -> int:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     stem = args.output_dir / f"warmup_study_{device.type}"
     pd.DataFrame(named("warmup_study", steps)).to_csv(stem.with_suffix(".csv"), index=False)
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     frame = pd.DataFrame(steps)
