@@ -40,19 +40,32 @@ def sdpa_backend_name(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
         return None
 
 
-def saved_tensor_bytes(function: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> int:
-    """Bytes of the distinct storages autograd saves for backward in one call of `function`."""
-    storages: dict[int, int] = {}
+class SavedForBackward(torch.autograd.graph.saved_tensors_hooks):
+    """Inside, the distinct storages autograd saves for backward (a custom autograd.Function's and a
+    compiled function's too), by address."""
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
+    def __init__(self):
+        self.storages: dict[int, int] = {}
+        super().__init__(self._pack, lambda tensor: tensor)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
+        self.storages[storage.data_ptr()] = storage.nbytes()
         return tensor
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    def bytes_with(self, *tensors: torch.Tensor) -> int:
+        """The saved storages' bytes and those of `tensors`, each storage once."""
+        also = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        return sum({**self.storages, **also}.values())
+
+
+def saved_tensor_bytes(function: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> int:
+    """Bytes of the distinct storages autograd saves for backward in one call of `function`."""
+    saved = SavedForBackward()
+    with saved:
         out = function(*inputs)
     del out
-    return sum(storages.values())
+    return saved.bytes_with()
 
 
 def make_inputs(config: AttentionConfig, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -145,11 +158,15 @@ def _untimed_pass(
     sync = device_synchronizer(device)
     memory = PhaseMemory(device) if run.counts_memory else None
     seen.phase = "forward"
-    with memory.phase("forward") if memory else contextlib.nullcontext():
+    saved = SavedForBackward() if memory and device.type == "cpu" else None
+    with memory.phase("forward") if memory else contextlib.nullcontext(), saved or contextlib.nullcontext():
         out = attend(q, k, v)
         sync()
     _check_output(out, q)
-    if memory:
+    if saved is not None:  # a CPU has no allocator to ask (its RSS moves with malloc's arenas): the live
+        # tensors the CUDA allocator would count, from the inputs on: inputs, what autograd saved, the output
+        seen.memory_before_backward_bytes = saved.bytes_with(*inputs, out)
+    elif memory:
         seen.memory_before_backward_bytes = current_memory_bytes(device) - baseline
     seen.phase = "backward"
     with memory.phase("backward") if memory else contextlib.nullcontext():
@@ -311,8 +328,8 @@ def run_attention(
     record.memory_limit_bytes = memory_limit_bytes
     if device.type == "cuda":
         record.memory_source = "cuda_allocator"
-    elif rss_high_water_mark_available():
-        record.memory_source = "rss"
+    elif rss_high_water_mark_available():  # before backward: the inputs, saved tensors and output (SavedForBackward)
+        record.memory_source = "rss peaks; live tensors before backward"
     reason = unsupported_reason(config.precision, device)
     if reason is None and config.implementation == "compiled":
         reason = compile_unsupported_reason(device)

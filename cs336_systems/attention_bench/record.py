@@ -111,7 +111,8 @@ class AttentionRecord(EndToEndTiming, BackwardTiming, ForwardTiming, Record):
             "timed loop, against fp32 naive attention on the same inputs: max_abs_err_out and max_abs_err_grad (largest of "
             "dq, dk, dv); status wrong when an error exceeds check_tolerance x max(1, max |reference|). FLOPs count the QK^T and PV matmuls over the full T x T square (backward = 2x forward, end_to_end = 3x). "
             "Memory is counted from just before the inputs were made: CUDA allocator bytes, or on a CPU the growth of the "
-            "resident set (includes what glibc keeps after frees). saved_for_backward counts the distinct storages autograd "
+            "resident set (includes what glibc keeps after frees), except memory_before_backward, which on a CPU sums the "
+            "distinct storages of the inputs, what autograd saved and the output. saved_for_backward counts the distinct storages autograd "
             "saved, inputs included. compile_s = first forward + first backward call of torch.compile(naive)."
         )
     )
