@@ -255,6 +255,22 @@ def test_versus_observations_rank_only_what_the_noise_resolves():
     (line,) = versus_observations(rows, "naive", "compiled")
     assert line.startswith("forward: compiled runs 2.00x as fast as naive at 1 of 2 shapes; the others are the same")
     assert "the largest gain at head dim 16, sequence 128" in line
+    # slower at every shape: the fastest is no gain, and a ratio under 0.1x keeps its digits
+    slower = [
+        row("naive", 128, [1.0, 1.01, 0.99, 1.0]),
+        row("flash", 128, [8.0, 8.1, 7.9, 8.0]),
+        row("naive", 256, [1.0, 1.01, 0.99, 1.0]),
+        row("flash", 256, [260.0, 262.0, 258.0, 260.0]),
+    ]
+    (line,) = versus_observations(slower, "naive", "flash")
+    assert line.startswith("forward: flash runs 0.0038x to 0.12x as fast as naive;"), line
+    assert "the closest to naive at head dim 16, sequence 128" in line and "gain" not in line
+
+
+def test_a_ratio_keeps_two_significant_figures_below_a_tenth():
+    from cs336_systems.report.document import times
+
+    assert [times(v) for v in (0.0038, 0.05, 0.5, 1.234, 12.34)] == ["0.0038x", "0.05x", "0.50x", "1.23x", "12.3x"]
 
 
 def test_a_check_against_a_tolerance_reads_as_the_rows_verdict():

@@ -87,6 +87,13 @@ def missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA or value is pd.NaT
 
 
+def times(value: float) -> str:
+    """A ratio as 'N.NNx': two decimals, two significant figures below 0.1x (0.0038x, never 0.00x)."""
+    if 0 < abs(value) < 0.1:
+        return f"{value:.2g}x"
+    return f"{value:.2f}x" if value < 10 else f"{value:.1f}x"
+
+
 def sig3(value: float) -> str:
     """Three significant figures, never in exponent form; whole numbers from 100 up."""
     if missing(value):

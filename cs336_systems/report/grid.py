@@ -21,7 +21,7 @@ from ..results import plausibility
 from ..results.plausibility import NOT_MEASURABLE
 from ..stats import NOISE
 from ..units import format_bytes
-from .document import FAILURE_MARK, NOISY_MARK, Table, missing, plain, sig3, slug
+from .document import FAILURE_MARK, NOISY_MARK, Table, missing, plain, sig3, slug, times
 from .fields import IDENTITY, LABEL_HEADERS, derive, label_text, sort_key
 from .spec import Spec, Value
 
@@ -105,7 +105,7 @@ def seconds_text(value: float) -> str:
 def ratio_text(numerator: float | None, denominator: float | None) -> str:
     if numerator is None or denominator is None or denominator == 0:
         return ""
-    return f"{numerator / denominator:.2f}x"
+    return times(numerator / denominator)
 
 
 def cell_text(row: dict, value: Value) -> str:

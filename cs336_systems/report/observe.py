@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 import pandas as pd
 
 from ..stats import Comparison, compare, compare_spreads
-from .document import sig3
+from .document import sig3, times
 from .fields import derive, label_text
 
 
@@ -43,10 +43,6 @@ def pick(rows: Iterable[dict], **labels: str) -> dict | None:
 
 def distinct(rows: Iterable[dict], name: str) -> list[str]:
     return list(dict.fromkeys(label_text(name, r) for r in rows))
-
-
-def times(value: float) -> str:
-    return f"{value:.2f}x" if value < 10 else f"{value:.1f}x"
 
 
 def span(values: Sequence[float], unit: str = "x") -> str:

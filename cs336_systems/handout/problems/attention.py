@@ -212,10 +212,11 @@ def versus_observations(rows: list[dict], base: str, other: str) -> list[str]:
         text = f"{name}: {other} runs {span([1 / c.ratio for c, _ in resolved])} as fast as {base}"
         text += f" at {len(resolved)} of {len(found)} shapes" if len(resolved) < len(found) else ""
         text += "; the others are the same within the noise" if len(resolved) < len(found) else ""
-        best, shape = min(resolved, key=lambda r: r[0].ratio)  # the smallest time ratio: the largest gain
+        best, shape = min(resolved, key=lambda r: r[0].ratio)  # the smallest time ratio: the fastest
         if all(best.high < c.low for c, _ in found if c is not best):
+            where = "the largest gain" if best.ratio < 1 else f"the closest to {base}"  # slower everywhere
             text += (
-                f"; the largest gain at head dim {shape['head_dim']}, sequence {shape['context_length']} "
+                f"; {where} at head dim {shape['head_dim']}, sequence {shape['context_length']} "
                 f"({shape['precision']}), its interval clear of every other shape's"
             )
         lines.append(text + ".")
