@@ -302,3 +302,18 @@ def test_the_residual_stream_answer_is_at_the_handouts_reference_model_whatever_
     assert measured.endswith("batch 2 x context 128 x d_model 512 x 4 bytes = 0.50 MiB (d512).")
     (xl,) = residual_stream("2026", [])
     assert "(xl, d_model 2560, batch 4)" in xl and "context 2048: 4 x 2048 x 2560 x 4 bytes = 80.00 MiB" in xl
+
+
+def test_a_letter_no_step_answers_is_not_measured_and_its_problem_only_partly():
+    """Without Nsight Systems the torch profiler answers nsys_profile (b-e); (a) is Nsight's own figure."""
+    from cs336_systems.handout.writeup import checklist_frame
+
+    plan = pd.DataFrame(
+        [
+            {"edition": "2025", "problem": "nsys_profile", "step": "nsys_profile-torch_profiler-small",
+             "part": "(b-e) torch profiler, not Nsight Systems (no GPU)", "outcome": "ok", "reductions": None},
+        ]
+    )  # fmt: skip
+    row = checklist_frame(plan).loc["nsys_profile"]
+    assert row["sub-questions"] == "a not measured; b measured; c measured; d measured; e measured"
+    assert row["status"] == "partly measured"

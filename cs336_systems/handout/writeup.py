@@ -132,8 +132,8 @@ def problem_status(label: str, steps: list[dict]) -> tuple[str, str]:
 
 def part_statuses(label: str, edition: str, steps: list[dict]) -> str:
     """Each lettered sub-question's status: the student's (code, a derivation), or as the steps that
-    name its letter ran (measured, reduced, not measured); a letter no step names, in a measured
-    problem, is answered from the problem's other rows or said not measured in its section."""
+    name its letter ran (measured, reduced, not measured); a letter no step names is not measured here
+    (Nsight's own figures without Nsight Systems), and its section says so."""
     words = []
     for part in PROBLEMS[label].parts_in(edition):
         if not part.letter:
@@ -143,9 +143,7 @@ def part_statuses(label: str, edition: str, steps: list[dict]) -> str:
             continue
         named = [s for s in steps if part.letter in letters_of(str(s.get("part") or ""))]
         done = [s for s in named if str(s.get("outcome")) in ("ok", "failed rows")]
-        if not named:
-            status = "see section" if steps else "not measured"
-        elif not done:
+        if not named or not done:  # no step of the plan answers it here (its section says why)
             status = "not measured"
         elif any(isinstance(s.get("reductions"), str) and s["reductions"] for s in done):
             status = "reduced"
@@ -162,9 +160,10 @@ def checklist_frame(plan: pd.DataFrame) -> pd.DataFrame:
     for label in EDITIONS.get(edition, ()):
         steps = [r for r in records if r["problem"] == label]
         status, why = problem_status(label, steps)
-        body.append(
-            {"problem": label, "status": status, "sub-questions": part_statuses(label, edition, steps), "why": why}
-        )
+        parts = part_statuses(label, edition, steps)
+        if status in ("measured", "reduced") and "not measured" in parts:  # a letter no step answers here
+            status = "partly measured"
+        body.append({"problem": label, "status": status, "sub-questions": parts, "why": why})
     return pd.DataFrame(body).set_index("problem")
 
 
