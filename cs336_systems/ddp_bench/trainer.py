@@ -191,8 +191,8 @@ def check_step(ctx: RankContext, unit: DdpUnit) -> float:
 
 def collective_time_ms(trainer: Trainer, device: torch.device) -> dict[str, float]:
     """Time in all-gather and in reduce-scatter over one profiled step (FSDP's collectives):
-    the gloo worker thread's `gloo:*` spans on CPU (gloo runs reduce_scatter_tensor as an
-    all-reduce, `gloo:all_reduce`; FSDP2 issues no other), the NCCL kernels' device time on CUDA."""
+    the wall time the gloo worker threads' `gloo:*` spans cover on CPU (gloo runs reduce_scatter_tensor
+    as an all-reduce, `gloo:all_reduce`; FSDP2 issues no other), the NCCL kernels' device time on CUDA."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -201,21 +201,37 @@ def collective_time_ms(trainer: Trainer, device: torch.device) -> dict[str, floa
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     totals = {"all_gather": 0.0, "reduce_scatter": 0.0}
-    for event in prof.key_averages():
-        key = event.key.lower().replace("allgather", "all_gather").replace("reducescatter", "reduce_scatter")
-        if device.type == "cuda":
-            if not key.startswith("nccl"):
-                continue
-            us = event.device_time_total
-        elif key.startswith("gloo:"):
+    if device.type == "cuda":  # NCCL's kernels run one after another on its stream: their times add up
+        for event in prof.key_averages():
+            key = _collective_kind(event.key)
+            if key.startswith("nccl"):
+                for kind in totals:
+                    totals[kind] += event.device_time_total / 1e3 if kind in key else 0.0
+        return totals
+    # gloo's spans of one kind can overlap (a student's asynchronous calls): the time any was in flight
+    spans: dict[str, list[tuple[float, float]]] = {kind: [] for kind in totals}
+    for event in prof.events():
+        key = _collective_kind(event.name)
+        if key.startswith("gloo:"):
             key = key.replace("all_reduce", "reduce_scatter")
-            us = event.cpu_time_total
-        else:
-            continue
-        for kind in totals:
-            if kind in key:
-                totals[kind] += us / 1e3
-    return totals
+            for kind in totals:
+                if kind in key:
+                    spans[kind].append((event.time_range.start, event.time_range.end))
+    return {kind: _covered_us(spans[kind]) / 1e3 for kind in totals}
+
+
+def _collective_kind(name: str) -> str:
+    return name.lower().replace("allgather", "all_gather").replace("reducescatter", "reduce_scatter")
+
+
+def _covered_us(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) spans."""
+    covered, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            covered += end - max(start, reach)
+            reach = end
+    return covered
 
 
 def time_interleaved(
