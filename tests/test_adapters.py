@@ -20,7 +20,7 @@ from cs336_systems.adapters import (
     load_adapters,
 )
 from cs336_systems.distributed.group import find_free_port
-from tests.conftest import FIXTURES
+from tests.helpers import FIXTURES
 
 
 def test_a_path_and_a_dotted_name_load_the_same_adapters(fixtures_on_path):

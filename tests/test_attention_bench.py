@@ -14,7 +14,7 @@ from cs336_systems.attention_bench import run as attention_run
 from cs336_systems.device import compile_unsupported_reason
 from cs336_systems.layers import naive_causal_attention, sdpa_causal_attention
 from cs336_systems.memory_cap import soft_address_space_cap
-from tests.conftest import PYTHON, child_env
+from tests.helpers import PYTHON, child_env
 
 PROG = "python -m cs336_systems.attention_bench"
 

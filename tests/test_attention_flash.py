@@ -15,7 +15,7 @@ import torch
 from cs336_systems import attention_bench
 from cs336_systems.adapters import load_adapters
 from cs336_systems.attention_bench import AttentionConfig, check, correctness, dobench, reference, run_attention
-from tests.conftest import FIXTURES
+from tests.helpers import FIXTURES
 
 PROG = "python -m cs336_systems.attention_bench"
 STUDENT = str(FIXTURES / "adapters_student.py")

@@ -90,7 +90,7 @@ def test_autocast_dtypes_on_cuda(dtype):
 
 
 def test_the_students_flash_attention_on_do_bench():
-    from tests.conftest import FIXTURES
+    from tests.helpers import FIXTURES
 
     config = cuda_config(
         "flash-pytorch",

@@ -74,7 +74,7 @@ def test_a_model_without_repeated_blocks_is_said_so():
 def test_the_students_fixture_model_is_checkpointed_through_the_factory():
     from cs336_systems.config import BenchmarkConfig
     from cs336_systems.runner import run_benchmark
-    from tests.conftest import FIXTURES, tiny_model_config
+    from tests.helpers import FIXTURES, tiny_model_config
 
     factory = "cs336_basics.model:BasicsTransformerLM"
     import sys

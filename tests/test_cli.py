@@ -4,7 +4,8 @@ import pandas as pd
 import pytest
 
 from cs336_systems import benchmark
-from tests.conftest import PYTHON, TINY, child_env, run_main
+from tests.helpers import PYTHON, child_env, run_main
+from tests.tiny import TINY
 
 
 @pytest.mark.parametrize(

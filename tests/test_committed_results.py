@@ -17,7 +17,7 @@ from cs336_systems.report import cli as report
 from cs336_systems.report.load import read_file, tool_of
 from cs336_systems.results import ENVIRONMENT_FIELDS, BenchmarkRecord, read_results
 from cs336_systems.results.files import CsvWriter
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 RESULTS = REPO / "results"
 WRITEUP = REPO / "writeup" / "2026"  # what `handout --scale small` wrote on a CPU

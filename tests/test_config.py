@@ -12,7 +12,7 @@ from cs336_systems.config import IDENTITY_FIELDS, MODEL_SHAPE_FIELDS, NOT_IDENTI
 from cs336_systems.ddp_bench.record import DdpRecord
 from cs336_systems.models import ConfigError
 from cs336_systems.results import BenchmarkRecord, read_results
-from tests.conftest import tiny_benchmark_config, tiny_model_config
+from tests.helpers import tiny_benchmark_config, tiny_model_config
 
 row_key = BenchmarkRecord.row_key
 

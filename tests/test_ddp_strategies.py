@@ -13,7 +13,8 @@ from cs336_systems import ddp_bench
 from cs336_systems.config import BenchmarkConfig
 from cs336_systems.distributed import run_spawned
 from cs336_systems.results import read_results
-from tests.conftest import PYTHON, REPO, SPEC, TINY_DDP, child_env, run_main, single_process_step, tiny_model_config
+from tests.helpers import PYTHON, REPO, SPEC, child_env, run_main, single_process_step, tiny_model_config
+from tests.tiny import TINY_DDP
 
 pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
 

@@ -26,18 +26,17 @@ from cs336_systems.distributed import (
     run_spawned,
 )
 from cs336_systems.results import read_results
-from tests.conftest import (
+from tests.helpers import (
     HANG_GUARD_S,
     PYTHON,
     SPEC,
-    STEPS,
-    TINY_DDP,
     child_env,
     lines_by_label,
     run_main,
     single_process_step,
     tiny_model_config,
 )
+from tests.tiny import STEPS, TINY_DDP
 
 pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
 

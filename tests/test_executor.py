@@ -17,7 +17,8 @@ from cs336_systems.executor.evidence import ended_outcome, exit_outcome, from_lo
 from cs336_systems.placement import placement
 from cs336_systems.results import BenchmarkRecord, read_results
 from cs336_systems.results.environment import LOAD_FIELDS
-from tests.conftest import PYTHON, TINY_SWEEP, child_env, run_main
+from tests.helpers import PYTHON, child_env, run_main
+from tests.tiny import TINY_SWEEP
 
 GRID = [
     *TINY_SWEEP,

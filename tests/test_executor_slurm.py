@@ -18,7 +18,8 @@ import pytest
 from cs336_systems import benchmark_direct, find_max, run_benchmarks
 from cs336_systems.executor.evidence import SLURM_TIME_LIMIT
 from cs336_systems.results import read_results
-from tests.conftest import FIXTURES, PYTHON, TINY_SWEEP, child_env, run_main
+from tests.helpers import FIXTURES, PYTHON, child_env, run_main
+from tests.tiny import TINY_SWEEP
 
 
 def _no_slurm() -> str | None:

@@ -19,8 +19,9 @@ from cs336_systems.optimizer import MasterWeights, make_optimizer
 from cs336_systems.precision import parameters_in
 from cs336_systems.results import BenchmarkRecord
 from cs336_systems.results.markdown import row_label
-from tests.conftest import CPU as CPU_FLAGS
-from tests.conftest import TINY_BATCH, TINY_SHAPE, run_main, tiny_benchmark_config, tiny_model_config
+from tests.helpers import run_main, tiny_benchmark_config, tiny_model_config
+from tests.tiny import CPU as CPU_FLAGS
+from tests.tiny import TINY_BATCH, TINY_SHAPE
 
 CPU = torch.device("cpu")
 

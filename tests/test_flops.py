@@ -19,7 +19,7 @@ from cs336_systems.flops import (
 from cs336_systems.models import ModelConfig
 from cs336_systems.peak_flops import PEAK_CACHE_ENV, PeakCache, resolve_peak
 from cs336_systems.runner import run_benchmark
-from tests.conftest import tiny_benchmark_config, tiny_model_config
+from tests.helpers import tiny_benchmark_config, tiny_model_config
 
 
 def test_forward_flops_by_hand():

@@ -9,7 +9,7 @@ from cs336_systems.config import BenchmarkConfig
 from cs336_systems.models import ModelConfig
 from cs336_systems.runner import run_benchmark
 from cs336_systems.timing import CudaEventTimer, HostTimer, device_synchronizer, time_steps
-from tests.conftest import tiny_benchmark_config
+from tests.helpers import tiny_benchmark_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -8,7 +8,7 @@ import torch
 
 from cs336_systems import cuda_graphs
 from cs336_systems.factory import build_model
-from tests.conftest import tiny_model_config
+from tests.helpers import tiny_model_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -57,7 +57,7 @@ def test_replayed_steps_match_eager_steps(pass_type):
 
 def test_cuda_graph_benchmark_row():
     from cs336_systems.runner import run_benchmark
-    from tests.conftest import tiny_benchmark_config
+    from tests.helpers import tiny_benchmark_config
 
     record = run_benchmark(
         tiny_benchmark_config(device="cuda", pass_type="train-step", cuda_graphs=True, measure_steps=5, peak_tflops=1.0)
@@ -74,7 +74,7 @@ def test_cuda_graph_benchmark_row():
 
 def test_checkpointed_blocks_capture_and_replay():
     from cs336_systems.runner import run_benchmark
-    from tests.conftest import tiny_benchmark_config
+    from tests.helpers import tiny_benchmark_config
 
     config = tiny_benchmark_config(device="cuda", pass_type="train-step", cuda_graphs=True, measure_steps=3)
     record = run_benchmark(config.replace(model=config.model.replace(checkpoint_blocks=1)))

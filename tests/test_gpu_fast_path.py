@@ -5,7 +5,7 @@ import torch
 
 from cs336_systems.precision import precision_mode
 from cs336_systems.runner import run_benchmark
-from tests.conftest import tiny_benchmark_config
+from tests.helpers import tiny_benchmark_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 sys.path.insert(0, str(REPO / "scripts" / "dev"))  # gpu_first imports gpu_collect beside it
 first = importlib.import_module("gpu_first")

@@ -17,7 +17,8 @@ from cs336_systems.memory import PhaseMemory, memory_columns
 from cs336_systems.models import ConfigError
 from cs336_systems.optimizer import make_optimizer
 from cs336_systems.results.records import NONFINITE_LOSS_NOTE, BenchmarkRecord
-from tests.conftest import REPO, TINY, child_env, run_main, tiny_benchmark_config, tiny_model_config
+from tests.helpers import REPO, child_env, run_main, tiny_benchmark_config, tiny_model_config
+from tests.tiny import TINY
 
 
 def test_graph_optimizer_is_fused_and_capturable():

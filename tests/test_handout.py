@@ -19,7 +19,7 @@ from cs336_systems.handout.problems import EDITIONS, PROBLEMS, build_steps, of_e
 from cs336_systems.handout.target import Target, assumed_target
 from cs336_systems.models import ModelConfig
 from cs336_systems.results.paths import lock_path
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def measured_problems(edition: str) -> list[str]:

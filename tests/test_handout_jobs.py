@@ -16,7 +16,7 @@ from cs336_systems.executor.settings import ExecutorSettings
 from cs336_systems.handout import cli, jobs, nodes, outputs, run
 from cs336_systems.handout.plan import Step
 from cs336_systems.handout.target import Target
-from tests.conftest import run_main
+from tests.helpers import run_main
 
 CPU = Target("AMD EPYC", "cpu", 24 * 2**30, 0, False, False, False, {"fp32": 0.5, "bf16": 0.1})
 LOCAL = ExecutorSettings(kind="local", device="cpu", workers=2, threads_per_worker=1)

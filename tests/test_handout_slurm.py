@@ -10,7 +10,7 @@ import pytest
 
 from cs336_systems.handout import cli as handout_cli
 from cs336_systems.results import read_results
-from tests.conftest import run_main
+from tests.helpers import run_main
 from tests.test_executor_slurm import REASON, REQUIRED
 
 pytestmark = pytest.mark.skipif(REASON is not None and not REQUIRED, reason=str(REASON))

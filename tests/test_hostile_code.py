@@ -12,7 +12,8 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import CELL, HANG_GUARD_S, PYTHON, REPO, TINY, TINY_CPU, TINY_SHAPE, child_env
+from tests.helpers import HANG_GUARD_S, PYTHON, REPO, child_env
+from tests.tiny import CELL, TINY, TINY_CPU, TINY_SHAPE
 
 ONE = [*TINY, "--pass-type", "forward"]
 GRID = [*TINY_SHAPE, *TINY_CPU, "--no-profile-step", *CELL]  # each test gives its steps

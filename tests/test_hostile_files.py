@@ -436,7 +436,7 @@ def test_ascii_spelling_and_the_locale_rule():
 @pytest.mark.parametrize("env", [{"LANG": "C"}, {"PYTHONIOENCODING": "ascii"}])
 def test_compare_prints_to_a_terminal_that_cannot_show_plus_minus(tmp_path, env):
     from cs336_systems.runner import run_benchmark
-    from tests.conftest import tiny_benchmark_config
+    from tests.helpers import tiny_benchmark_config
 
     path = tmp_path / "r.csv"
     with ResultSink([path]) as out:

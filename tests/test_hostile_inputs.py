@@ -12,7 +12,8 @@ import torch.distributed as dist
 
 from cs336_systems import ddp_bench
 from cs336_systems.results.writing import FAULT_ENV
-from tests.conftest import PYTHON, REPO, STEPS, TINY_DDP, TINY_GRID, child_env
+from tests.helpers import PYTHON, REPO, child_env
+from tests.tiny import STEPS, TINY_DDP, TINY_GRID
 
 HOSTILE = REPO / "tests" / "fixtures" / "hostile"
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
@@ -144,7 +145,7 @@ def test_residuals_a_size_that_cannot_be_allocated_is_an_oom_result(capsys):
 @pytest.mark.parametrize("optimizer, noted", [("tests.fixtures.hostile.optimizers:does_nothing", True), (None, False)])
 def test_an_optimizer_that_updates_nothing_gets_a_note(optimizer, noted):
     from cs336_systems.runner import OPTIMIZER_UNCHANGED_NOTE, run_benchmark
-    from tests.conftest import tiny_benchmark_config
+    from tests.helpers import tiny_benchmark_config
 
     config = tiny_benchmark_config(pass_type="train-step", optimizer_factory=optimizer, measure_steps=2)
     record = run_benchmark(config)

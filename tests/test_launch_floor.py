@@ -6,7 +6,7 @@ import runpy
 import pandas as pd
 import torch
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 SCRIPT = runpy.run_path(str(REPO / "scripts" / "launch_floor.py"), run_name="imported")
 

@@ -22,7 +22,8 @@ from cs336_systems.lifetime import (
     remove_stale_temporary_directories,
     temporary_directory,
 )
-from tests.conftest import HANG_GUARD_S, PYTHON, REPO, TINY_SHAPE, TINY_SWEEP, child_env
+from tests.helpers import HANG_GUARD_S, PYTHON, REPO, child_env
+from tests.tiny import TINY_SHAPE, TINY_SWEEP
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 

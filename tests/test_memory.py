@@ -12,7 +12,7 @@ from cs336_systems.models import ModelConfig, TransformerLM, formula_num_params
 from cs336_systems.precision import autocast
 from cs336_systems.runner import run_benchmark
 from cs336_systems.units import format_bytes, parse_bytes
-from tests.conftest import FIXTURES, PYTHON, child_env, tiny_benchmark_config
+from tests.helpers import FIXTURES, PYTHON, child_env, tiny_benchmark_config
 
 GIB = 2**30
 
@@ -141,7 +141,7 @@ def test_every_row_has_measured_and_predicted_memory():
 BASELINE_CHILD = """
 import sys, torch
 from cs336_systems.memory import baseline_memory_bytes
-from tests.conftest import tiny_benchmark_config
+from tests.helpers import tiny_benchmark_config
 cpu = torch.device("cpu")
 for pass_type in sys.argv[1:]:
     baseline_memory_bytes(cpu, [tiny_benchmark_config(pass_type=pass_type)])

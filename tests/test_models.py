@@ -12,7 +12,7 @@ from cs336_systems.models import (
     formula_num_params,
 )
 from cs336_systems.user_model import ModelFactoryError, check_model_output, load_model_factory
-from tests.conftest import tiny_model_config
+from tests.helpers import tiny_model_config
 
 # docs/reference.md section 1, V = 10,000
 PUBLISHED_PARAMS = {

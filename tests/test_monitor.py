@@ -12,7 +12,7 @@ import pytest
 from cs336_systems import benchmark, monitor
 from cs336_systems.monitor import GpuProbe, ResourceMonitor, monitored
 from cs336_systems.monitor.sampling import METRIC_DIVISORS, PANELS
-from tests.conftest import PYTHON, lines_by_label
+from tests.helpers import PYTHON, lines_by_label
 
 ALLOCATE_500MB = "import sys, time; block = b'x' * (500 << 20); time.sleep(1.0); sys.exit(3)"
 

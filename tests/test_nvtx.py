@@ -15,7 +15,7 @@ from cs336_systems.factory import build_model
 from cs336_systems.optimizer import make_optimizer
 from cs336_systems.step import make_step
 from cs336_systems.timing import HostTimer, time_steps
-from tests.conftest import REPO, tiny_benchmark_config
+from tests.helpers import REPO, tiny_benchmark_config
 
 SCRIPT = REPO / "scripts" / "nsys_profile.sh"
 

@@ -7,7 +7,7 @@ import sys
 import pandas as pd
 import pytest
 
-from tests.conftest import FIXTURES, PYTHON, child_env
+from tests.helpers import FIXTURES, PYTHON, child_env
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs RLIMIT_AS and /proc")
 

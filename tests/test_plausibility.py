@@ -49,7 +49,7 @@ def test_the_row_keeps_its_raw_value_and_says_why_in_its_notes(tmp_path):
     from cs336_systems.results import read_results
     from cs336_systems.results.files import ResultSink
     from cs336_systems.results.records import BenchmarkRecord
-    from tests.conftest import tiny_benchmark_config
+    from tests.helpers import tiny_benchmark_config
 
     record = BenchmarkRecord.for_config(tiny_benchmark_config(), __import__("torch").device("cpu"), None, 10)
     record.mfu, record.notes = 2.5, "a note of its own"

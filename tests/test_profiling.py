@@ -12,7 +12,8 @@ from cs336_systems.factory import build_model
 from cs336_systems.optimizer import make_optimizer
 from cs336_systems.profiling import kineto_lines_dropped, profile_step, summarize_events, union_length
 from cs336_systems.step import make_step
-from tests.conftest import PYTHON, REPO, TINY_SHAPE, child_env, tiny_benchmark_config
+from tests.helpers import PYTHON, REPO, child_env, tiny_benchmark_config
+from tests.tiny import TINY_SHAPE
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from cs336_systems import compare
 from cs336_systems.report import cli as report
 from cs336_systems.results import ResultSink
 from cs336_systems.runner import run_benchmark
-from tests.conftest import tiny_benchmark_config
+from tests.helpers import tiny_benchmark_config
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from cs336_systems.report.load import load
 from cs336_systems.report.typst_source import string
 from cs336_systems.report.verify import parse_tables
 from cs336_systems.results import BenchmarkRecord
-from tests.conftest import REPO, tiny_benchmark_config
+from tests.helpers import REPO, tiny_benchmark_config
 
 RESULTS = REPO / "results"
 

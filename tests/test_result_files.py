@@ -21,7 +21,8 @@ from cs336_systems.results import writing as result_files
 from cs336_systems.results.records import NONFINITE_LOSS_NOTE
 from cs336_systems.runner import run_benchmark
 from cs336_systems.units import parse_bytes
-from tests.conftest import PYTHON, TINY_SWEEP, child_env, tiny_benchmark_config
+from tests.helpers import PYTHON, child_env, tiny_benchmark_config
+from tests.tiny import TINY_SWEEP
 
 GRID = [*TINY_SWEEP, "--pass-types", "forward", "--context-lengths", "8", "16"]
 

@@ -8,7 +8,7 @@ import torch
 from cs336_systems.results import BenchmarkRecord, ResultFileError, ResultSink, collect_environment, read_results
 from cs336_systems.results.environment import checkout_state
 from cs336_systems.runner import run_benchmark
-from tests.conftest import tiny_benchmark_config
+from tests.helpers import tiny_benchmark_config
 
 
 @pytest.fixture(scope="module")
@@ -274,7 +274,7 @@ def test_console_view_is_compact_and_keeps_the_notes(records):
 
 def test_record_key_equals_the_configuration_key(records):
     from cs336_systems.config import IDENTITY_FIELDS
-    from tests.conftest import tiny_benchmark_config
+    from tests.helpers import tiny_benchmark_config
 
     assert BenchmarkRecord.identity_fields() == IDENTITY_FIELDS
     assert records[0].key() == tiny_benchmark_config(pass_type="forward").key()

@@ -8,7 +8,7 @@ from cs336_systems.config import PASS_TYPES
 from cs336_systems.device import compile_unsupported_reason, is_out_of_memory
 from cs336_systems.precision import cpu_has_native
 from cs336_systems.runner import OPTIMIZER_STATE_NOTE, run_benchmark
-from tests.conftest import tiny_benchmark_config
+from tests.helpers import tiny_benchmark_config
 
 
 @pytest.mark.parametrize("pass_type", PASS_TYPES)

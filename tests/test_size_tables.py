@@ -9,7 +9,7 @@ import pytest
 
 from cs336_systems.memory.cli import main as memory_main
 from cs336_systems.size_tables import choose_size_table
-from tests.conftest import run_main
+from tests.helpers import run_main
 
 # Importing either file would fail: the edition must come from the names alone.
 ADAPTERS_2025 = (

@@ -9,7 +9,8 @@ import torch
 from cs336_systems import benchmark, cuda_graphs, run_benchmarks, runner
 from cs336_systems.models import ConfigError
 from cs336_systems.results import BenchmarkRecord
-from tests.conftest import TINY, run_main, tiny_benchmark_config
+from tests.helpers import run_main, tiny_benchmark_config
+from tests.tiny import TINY
 
 
 @pytest.mark.parametrize(

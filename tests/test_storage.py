@@ -22,7 +22,7 @@ from cs336_systems.storage import (
     item_payload,
     write_items,
 )
-from tests.conftest import PYTHON, child_env
+from tests.helpers import PYTHON, child_env
 
 
 def test_item_time_closed_form():

@@ -27,7 +27,8 @@ from cs336_systems.loading import repo_paths
 from cs336_systems.optimizer import OPTIMIZER_KWARGS, OptimizerFactoryError, check_user_optimizer, load_user_optimizer
 from cs336_systems.tools import discover
 from cs336_systems.user_model import FACTORY_KEYWORDS, FACTORY_SYNONYMS, ModelFactoryError, factory_keywords
-from tests.conftest import FIXTURES, REPO, STEPS, TINY_BATCH, TINY_CPU, TINY_DDP, TINY_SHAPE, tiny_model_config
+from tests.helpers import FIXTURES, REPO, tiny_model_config
+from tests.tiny import STEPS, TINY_BATCH, TINY_CPU, TINY_DDP, TINY_SHAPE
 
 STUDENT = FIXTURES / "student_repo"
 

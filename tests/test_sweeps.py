@@ -16,7 +16,8 @@ from cs336_systems import benchmark_direct, run_benchmarks
 from cs336_systems.argtypes import ArgumentParser
 from cs336_systems.results import BenchmarkRecord
 from cs336_systems.sweep import Abort, StopRequest, add_grid_arguments, grid_from_args
-from tests.conftest import PYTHON, TINY_SWEEP, child_env, scaled_timeout
+from tests.helpers import PYTHON, child_env, scaled_timeout
+from tests.tiny import TINY_SWEEP
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory caps need RLIMIT_AS")
 

@@ -12,7 +12,8 @@ from cs336_systems.timing import (
     time_steps,
     timer_unsupported_reason,
 )
-from tests.conftest import TINY, run_main
+from tests.helpers import run_main
+from tests.tiny import TINY
 
 
 class FakeClock:
@@ -260,7 +261,7 @@ def test_phases_of_a_real_cpu_train_step_add_up_to_the_step():
     from cs336_systems.optimizer import make_optimizer
     from cs336_systems.step import make_step
     from cs336_systems.timing import HostPhases
-    from tests.conftest import tiny_benchmark_config, tiny_model_config
+    from tests.helpers import tiny_benchmark_config, tiny_model_config
 
     config = tiny_benchmark_config(
         pass_type="train-step", context_length=64, batch_size=4, model=tiny_model_config(context_length=64)

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from cs336_systems.optimizer import OptimizerFactoryError, check_user_optimizer
-from tests.conftest import TINY, TINY_DDP, TINY_GRID
+from tests.tiny import TINY, TINY_DDP, TINY_GRID
 
 MODELS = "tests.fixtures.hostile.models"
 TOOLS = {  # each tool's tiny run on the CPU

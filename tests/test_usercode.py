@@ -20,7 +20,8 @@ import pytest
 
 from cs336_systems import lifetime
 from cs336_systems.usercode import StepLimits, UserCodeError, UserCodeTimeout, check_timeout, guarded
-from tests.conftest import PYTHON, REPO, TINY, TINY_DDP, TINY_GRID, child_env
+from tests.helpers import PYTHON, REPO, child_env
+from tests.tiny import TINY, TINY_DDP, TINY_GRID
 
 
 def test_sys_exit_becomes_an_error_naming_it():

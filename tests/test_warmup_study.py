@@ -4,7 +4,8 @@ import subprocess
 
 import pandas as pd
 
-from tests.conftest import PYTHON, TINY_BATCH, TINY_CPU, TINY_SHAPE, child_env
+from tests.helpers import PYTHON, child_env
+from tests.tiny import TINY_BATCH, TINY_CPU, TINY_SHAPE
 
 
 def test_warmup_study_keeps_every_step_and_writes_table_and_plot(tmp_path):

@@ -17,7 +17,7 @@ from cs336_systems.handout.problems.data_parallel import ddp_observations, held_
 from cs336_systems.handout.problems.precision import precision_observations
 from cs336_systems.report.verify import parse_tables
 from cs336_systems.results.readers import as_todays_rows
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 WRITEUP = REPO / "writeup" / "2026"
 
@@ -317,3 +317,16 @@ def test_a_letter_no_step_answers_is_not_measured_and_its_problem_only_partly():
     row = checklist_frame(plan).loc["nsys_profile"]
     assert row["sub-questions"] == "a not measured; b measured; c measured; d measured; e measured"
     assert row["status"] == "partly measured"
+
+
+def test_a_letter_not_measured_here_points_to_the_gpu_command_only_where_that_plan_measures_it():
+    """nsys screenshots of DDP overlap are no step's on any device; Nsight's forward time is, on a GPU."""
+    from cs336_systems.handout.problems.base import gpu_plan_letters
+
+    assert "b" not in gpu_plan_letters("2026", "ddp_overlap_individual_parameters_benchmarking")
+    assert "a" in gpu_plan_letters("2026", "nsys_profile") and "a" in gpu_plan_letters("2025", "nsys_profile")
+    text = (WRITEUP / "writeup.md").read_text()
+    overlap = text[text.index("\n## ddp_overlap_individual_parameters_benchmarking:") :].split("\n## ")[1]
+    assert (
+        "(b) nsys screenshots showing overlap present versus absent in naive DDP: not measured by this tool" in overlap
+    )

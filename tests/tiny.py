@@ -1,4 +1,4 @@
-"""The tiny runs' flags: one table shared by the tests (through conftest) and scripts/checks/bad_inputs.py.
+"""The tiny runs' flags: one table shared by the tests and scripts/checks/bad_inputs.py.
 
 A test spells out only what it is about and takes the rest from here, so a cheaper tiny run is one edit.
 The parts compose: a model, a batch (one configuration) or a cell (a sweep's grid of one), a device,
