@@ -9,6 +9,7 @@ not measured, why, and the command that measures it.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -169,10 +170,29 @@ def unanswered(results: Results, out: Section) -> list[str]:
             lines.append(f"{head} the student's own code; the official tests check it.")
         elif part.answer == "derivation":
             lines.append(f"{head} the student's own answer, on paper.")
-        else:
+        elif part.letter in gpu_plan_letters(results.edition, results.label):
             command = f"cs336-bench handout --edition {results.edition} --problems {results.label}"
-            lines.append(f"{head} not measured by this plan; on a GPU, `{command}` measures the problem.")
+            lines.append(f"{head} not measured by this plan; on a GPU, `{command}` measures it.")
+        else:
+            lines.append(
+                f"{head} not measured by this tool on any device: the student's own (a profile they take and read)."
+            )
     return lines
+
+
+@functools.cache
+def gpu_plan_letters(edition: str, label: str) -> frozenset[str]:
+    """The sub-question letters the plan of `label` names for an H100 at the handout's scale: what the
+    command a section points to on a GPU would measure."""
+    from ..parameters import FULL
+    from ..target import assumed_target
+    from . import PROBLEMS
+
+    problem = PROBLEMS[label]
+    if problem.plan is None:
+        return frozenset()
+    steps = problem.plan(Options(edition, FULL, "cuda"), assumed_target("H100 80GB"))
+    return frozenset(set().union(*(letters_of(step.part) for step in steps)) if steps else ())
 
 
 def finish(results: Results, out: Section) -> Section:
