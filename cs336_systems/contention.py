@@ -66,7 +66,8 @@ def _own_delta(before: dict[int, float], after: dict[int, float]) -> float:
 
 
 def gpu_other_processes(device_index: int = 0) -> int | None:
-    """Processes other than ours with a context on the GPU (NVML); None without one."""
+    """Processes with a context on the GPU (NVML) other than this one and those it started (its ranks);
+    None without one."""
     try:
         import pynvml
 
@@ -75,7 +76,8 @@ def gpu_other_processes(device_index: int = 0) -> int | None:
         running = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
     except Exception:  # no NVML, no GPU, a driver that will not answer: unknown, not zero
         return None
-    return sum(1 for process in running if process.pid != os.getpid())
+    ours = set(_own_seconds())
+    return sum(1 for process in running if process.pid not in ours)
 
 
 class LoadMeter:
@@ -151,6 +153,6 @@ def describe_rows(rows: list[dict]) -> str:
     return (
         f"Other processes kept up to {most:.1f} cores busy{used}"
         + (f", and shared the GPU during {gpus} rows" if gpus else "")
-        + f", during {len(busy)} of {len(recorded)} rows: those times are inflated, and a comparison between "
-        "them is stated only where its interval resolves it."
+        + f", during {len(busy)} of {len(recorded)} rows: those times are inflated, and no sentence below "
+        "compares them."
     )

@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
 
+from cs336_systems import reaper
 from cs336_systems.contention import Load, LoadMeter
 
 SPIN = f"{sys.executable} -c 'while True: pass'"
 
 
 def test_a_busy_loop_elsewhere_is_seen_and_said():
-    # started through a shell that exits: the loop is not a process of ours (init adopts it)
-    pid = int(subprocess.run(["sh", "-c", f"{SPIN} >/dev/null 2>&1 & echo $!"], capture_output=True).stdout)
+    # started through a shell that exits: the loop is not a process of ours (init adopts it, once this
+    # process is no child subreaper, which an earlier test's reaper.start makes it)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(reaper.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+    try:
+        pid = int(subprocess.run(["sh", "-c", f"{SPIN} >/dev/null 2>&1 & echo $!"], capture_output=True).stdout)
+    finally:
+        if reaper._owner == os.getpid():
+            libc.prctl(reaper.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     try:
         time.sleep(0.3)  # the loop is running
         with LoadMeter(threads=1) as meter:

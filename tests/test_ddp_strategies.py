@@ -1,6 +1,7 @@
 """ddp_bench's strategies (flat, zero1, fsdp2, a student's adapters): each checked against one
 process, memory per rank, wrong and skipped rows, two torchrun nodes. gloo, 2 processes, tiny model."""
 
+import os
 import socket
 import subprocess
 
@@ -94,6 +95,8 @@ def test_every_strategy_row_is_checked_timed_and_measured(tmp_path, capsys):
     assert rows.loc["adapter-fsdp", "fsdp_all_gather_ms"] > 0
     assert (rows["forward_mean_ms"] > 0).all() and (rows["backward_mean_ms"] > 0).all()
     assert (rows["forward_mean_ms"] < rows["mean_ms"]).all() and set(rows["size_table"].astype(str)) == {"2026"}
+    # each unit's row says how busy other processes kept the machine (its own ranks are not others)
+    assert rows["other_load_cores"].notna().all() and (rows["other_load_cores"] <= 2 * (os.cpu_count() or 1)).all()
     ddp, zero1, fsdp2 = rows.loc["ddp"], rows.loc["zero1"], rows.loc["fsdp2"]
     params = 4 * ddp["num_params"]  # fp32
     assert ddp["param_bytes_per_rank"] == params and ddp["grad_bytes_per_rank"] == params

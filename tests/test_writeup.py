@@ -330,3 +330,18 @@ def test_a_letter_not_measured_here_points_to_the_gpu_command_only_where_that_pl
     assert (
         "(b) nsys screenshots showing overlap present versus absent in naive DDP: not measured by this tool" in overlap
     )
+
+
+def test_no_sentence_compares_two_rows_when_either_was_measured_on_a_busy_machine():
+    """Each row's steps say nothing of what the load did to the other row: under two busy loops a 1 ms
+    forward had 255 ms steps, and bf16 'ran 225.9x as fast' as fp32 with a tight interval."""
+    from cs336_systems.report.observe import speed_text, versus
+
+    def row(samples, load):
+        return {"step_ms": samples, "other_load_cores": load}
+
+    fast, slow = [1.0, 1.01, 0.99, 1.0, 1.0], [255.0, 256.0, 254.0, 255.0, 255.5]
+    assert speed_text(versus(row(fast, 0.0), row(slow, 0.1))).startswith("25")  # quiet: 255x, resolved
+    loaded = versus(row(fast, 0.0), row(slow, 1.01))
+    assert not loaded.resolved
+    assert speed_text(loaded) == "(not compared: other processes kept up to 1.0 cores busy while these rows were measured)"

@@ -17,6 +17,7 @@ import torch
 
 from ..argtypes import ArgumentParser, add_device_argument, add_output_argument, positive_int
 from ..command import add_argument_with_aliases
+from ..contention import LoadMeter, with_load
 from ..loading import hung_imports_shared
 from ..results import Environment, collect_environment
 from ..usercode import DefaultLimit, timeout_seconds
@@ -173,6 +174,15 @@ def launch_from_args(args: argparse.Namespace, *, unique_sorted: bool = False) -
     return Launch(args.backend, args.device, tuple(world_sizes), threads, torchrun, args.timeout, args.init_timeout)
 
 
+def _unit_load(launch: Launch) -> LoadMeter:
+    """A meter started now, over the next unit's run in the spawned ranks (they are children of this
+    process, so their work is not counted as another's). Under torchrun the other ranks are not ours:
+    no load is recorded there."""
+    device = launch.first_device
+    gpu = (device.index or 0) if device.type == "cuda" else None
+    return LoadMeter(threads=None, gpu_index=gpu).__enter__()
+
+
 def run_rows(
     launch: Launch,
     worker: Worker,
@@ -189,8 +199,13 @@ def run_rows(
     with hung_imports_shared():  # a user import that hung in one unit's ranks is not waited for again
         for index, world_size in enumerate(launch.world_sizes):
             units = units_for(world_size, index == 0)
+            meter = _unit_load(launch)  # from one unit's row to the next: the ranks are this process's own
             for unit, result in launch.run(worker, units, world_size):
+                meter.__exit__(None, None, None)
                 record = record_for(unit, result, launch.base_fields(world_size), fallback)
+                if not launch.torchrun:
+                    record.environment = with_load(record.environment, meter.load)
+                meter = _unit_load(launch)
                 write(record)
                 records.append(record)
                 print(describe(unit, record), file=sys.stderr, flush=True)

@@ -6,11 +6,13 @@ cannot explain it, and "the same within the noise" otherwise."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
 import pandas as pd
 
+from ..contention import BUSY_CORES
 from ..stats import Comparison, compare, compare_spreads
 from .document import sig3, times
 from .fields import derive, label_text
@@ -82,22 +84,42 @@ def slope(points: Sequence[tuple[float, float]]) -> float | None:
 
 def versus(a: dict | None, b: dict | None, phase: str = "") -> Comparison | None:
     """Row a's time against row b's (a / b, on medians): from their steps where the rows kept them (a
-    JSONL row), else from their medians and interquartile ranges (a CSV row). None without both."""
+    JSONL row), else from their medians and interquartile ranges (a CSV row). None without both;
+    never resolved where either row was measured on a busy machine (under_load)."""
     if a is None or b is None:
         return None
     samples = f"{phase}_samples_ms" if phase else "step_ms"
     if isinstance(a.get(samples), list) and isinstance(b.get(samples), list):
-        return compare(a[samples], b[samples])
+        return under_load(compare(a[samples], b[samples]), [a, b])
     prefix = f"{phase}_" if phase else ""
-    return compare_spreads(
+    comparison = compare_spreads(
         number(a, f"{prefix}median_ms"),
         number(a, f"{prefix}iqr_ms"),
         number(b, f"{prefix}median_ms"),
         number(b, f"{prefix}iqr_ms"),
     )
+    return under_load(comparison, [a, b])
+
+
+LOADED = "not compared: other processes kept"
+
+
+def under_load(comparison: Comparison | None, rows: Iterable[dict]) -> Comparison | None:
+    """`comparison`, unresolved where any of `rows` was measured while other processes kept the machine
+    busy: each row's steps say nothing of what the load did to the other row (a thread of one row
+    waiting for a core, seen as 255 ms steps of a 1 ms forward), so no interval of the two is one."""
+    loads = [number(r, "other_load_cores") for r in rows]
+    gpus = [number(r, "gpu_other_processes") or 0 for r in rows]
+    busy = [load for load in loads if load is not None and load > BUSY_CORES]
+    if comparison is None or not comparison.resolved or not (busy or any(gpus)):
+        return comparison
+    what = f"up to {max(busy):.1f} cores busy" if busy else "the GPU busy"
+    return dataclasses.replace(comparison, resolved=False, method=f"{LOADED} {what} while these rows were measured")
 
 
 def noise_text(comparison: Comparison) -> str:
+    if comparison.method.startswith(LOADED):
+        return f"({comparison.method})"
     width = comparison.half_width_pct
     return "the same within the noise" + (f" (±{width:.0f}%)" if math.isfinite(width) else f" ({comparison.method})")
 

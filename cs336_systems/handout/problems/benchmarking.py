@@ -9,7 +9,7 @@ import numpy as np
 from ...report import benchmark, plots
 from ...report.document import Bullets, Heading, Section, Text, sig3
 from ...report.fields import label_text
-from ...report.observe import change_text, noise_text, number, ok, records, span, times, versus
+from ...report.observe import change_text, noise_text, number, ok, records, span, times, under_load, versus
 from ...stats import compare
 from ...tools import module_name
 from ..parameters import Options
@@ -120,9 +120,11 @@ def warmup_observations(rows: list[dict]) -> list[str]:
     """Each warmup count's measured steps against the run with the most warmup steps; a difference
     is stated only where the two runs' steps cannot explain it (stats.compare)."""
     runs: dict[str, list[float]] = {}
+    run_rows: dict[str, list[dict]] = {}  # each run's rows, which say how busy the machine was
     for row in sorted(rows, key=lambda r: number(r, "step_index") or 0):
         if label_text("measured", row) == "measured" and number(row, "step_ms") is not None:
             runs.setdefault(label_text("warmup_steps", row), []).append(number(row, "step_ms"))
+            run_rows.setdefault(label_text("warmup_steps", row), []).append(row)
     if not runs:
         return []
     steady_key = max(runs, key=lambda k: float(k))
@@ -141,7 +143,10 @@ def warmup_observations(rows: list[dict]) -> list[str]:
             f"{steady_key} warmup steps ({sig3(middle)} ms): {where}."
         )
     for key in ("0", "1", "2"):
-        if key in runs and key != steady_key and (comparison := compare(runs[key], steady)) is not None:
+        comparison = compare(runs[key], steady) if key in runs and key != steady_key else None
+        if (
+            comparison := under_load(comparison, run_rows[key] + run_rows[steady_key] if comparison else [])
+        ) is not None:
             steps = f"{key} warmup step{'s' * (key != '1')}"
             lines.append(f"After {steps} the measured steps' median is {change_text(comparison)} against {steady_key}.")
     return lines

@@ -9,7 +9,7 @@ import functools
 from ...report import distributed
 from ...report.document import Bullets, Heading, Section, sig3
 from ...report.fields import label_text
-from ...report.observe import change_text, number, ok, pick, records, times, versus
+from ...report.observe import change_text, number, ok, pick, records, times, under_load, versus
 from ...results import plausibility
 from ...stats import compare
 from ...tools import module_name
@@ -160,7 +160,10 @@ def ddp_observations(rows: list[dict]) -> list[str]:
         lines.append(text + ".")
     naive, flat = _step(rows, "naive"), _step(rows, "flat")
     loops = (naive or {}).get("comm_step_ms"), (flat or {}).get("comm_step_ms")
-    if all(isinstance(steps, list) and steps for steps in loops) and (c := compare(loops[1], loops[0])) is not None:
+    if (
+        all(isinstance(steps, list) and steps for steps in loops)
+        and (c := under_load(compare(loops[1], loops[0]), [naive, flat])) is not None
+    ):
         lines.append(f"One flat all-reduce against one all-reduce per parameter tensor: {change_text(c)}.")
     return lines
 
