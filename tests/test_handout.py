@@ -776,3 +776,26 @@ def test_handout_takes_its_flags_from_a_config_file_and_the_command_line_wins(tm
     assert "did not return within --timeout 1 s" in err and err.count("\n") == 1, err
     assert cli.main(["--config", str(config), "--timeout", "2"]) == 2  # the command line wins
     assert "did not return within --timeout 2 s" in capsys.readouterr().err
+
+
+def test_benchmarking_mixed_precision_without_benchmarking_script_shows_its_bf16_rows_and_verifies(tmp_path):
+    """--problems benchmarking_mixed_precision alone: its fp32 rows are benchmarking_script's, not run, so a
+    table headed 'fp32 and bf16' held only bf16 rows and the write-up did not verify."""
+    import shutil
+
+    from cs336_systems.handout.writeup import write_up
+    from cs336_systems.report.cli import main as report_main
+
+    steps = build_steps(Options("2026", SMALL, "cpu"), CPU, ["benchmarking_mixed_precision"])
+    out = tmp_path / "out"
+    out.mkdir()
+    for step in steps:
+        for name in step.outputs():
+            if (REPO / "writeup" / "2026" / name).is_file():
+                shutil.copy(REPO / "writeup" / "2026" / name, out / name)
+    outcomes = {step.id: {"outcome": "ok", "exit_status": 0} for step in steps}
+    run.write_plan(out / run.PLAN_FILE, run.plan_rows(steps, CPU, out, outcomes, "2026", "small"))
+    assert write_up(out, [], [".md"]) == []
+    text = (out / "writeup.md").read_text()
+    assert "#### bf16 autocast\n" in text and "fp32 and bf16 autocast" not in text
+    assert report_main(["--verify", str(out / "writeup.md"), str(out / run.PLAN_FILE)]) == 0

@@ -344,4 +344,6 @@ def test_no_sentence_compares_two_rows_when_either_was_measured_on_a_busy_machin
     assert speed_text(versus(row(fast, 0.0), row(slow, 0.1))).startswith("25")  # quiet: 255x, resolved
     loaded = versus(row(fast, 0.0), row(slow, 1.01))
     assert not loaded.resolved
-    assert speed_text(loaded) == "(not compared: other processes kept up to 1.0 cores busy while these rows were measured)"
+    assert (
+        speed_text(loaded) == "(not compared: other processes kept up to 1.0 cores busy while these rows were measured)"
+    )
