@@ -3,8 +3,10 @@ laptop with a browser open, another job on a CI runner. Times measured under con
 and comparisons between them are loose, so every row records it and every run says it.
 
 On a CPU: the machine's busy CPU time (a hypervisor's steal included) less this process tree's own (the
-processes it started too: ranks, compile workers), over the wall time, in cores (at most the machine's); and our own share of the cores we asked for (below about 0.8 our threads
-waited for a core, whoever held it). On a GPU: the other processes NVML sees on our device.
+processes it started too: ranks, compile workers), over the wall time, in cores: a lower bound (the
+kernel's tick counts are rounded against it) and at most the machine's cores; and our own share of the
+cores we asked for (below about 0.8 our threads waited for a core, whoever held it). On a GPU: the
+other processes NVML sees on our device.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 import psutil
 
+TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # the kernel's CPU-time unit
 BUSY_CORES = 0.25  # other processes above this many cores: the row was measured on a busy machine
 OWN_SHARE_FLOOR = 0.8  # a compute-bound step that got less than this of its cores waited for them
 
@@ -100,8 +103,10 @@ class LoadMeter:
         share = mine / (wall * self.threads) if self.threads else None
         gpu = gpu_other_processes(self.gpu_index) if self.gpu_index is not None else None
         cores = psutil.cpu_count() or 1
-        # the kernel counts CPU time in ticks: over a short window the difference can pass the core count
-        self.load = Load(min(float(cores), max(0.0, busy - own) / wall), cores, share, gpu)
+        # the kernel counts CPU time in whole ticks, each count off by up to one: over a window of a few
+        # milliseconds that is cores of load that were not there. Those ticks are taken off (a lower bound).
+        slack = 2 * (cores + len(after)) / TICKS_PER_S
+        self.load = Load(min(float(cores), max(0.0, busy - own - slack) / wall), cores, share, gpu)
 
 
 def machine_load(device) -> LoadMeter:

@@ -66,3 +66,17 @@ def test_the_words_of_a_quiet_and_a_busy_machine():
     assert not Load(0.04, 2, 0.98, None).busy
     busy = Load(1.7, 2, 0.55, 1)
     assert busy.busy and busy.words() == "other processes kept 1.7 of 2 cores busy and 1 other process(es) used the GPU"
+
+
+def test_a_window_of_a_few_milliseconds_reads_no_load_from_the_kernels_tick_rounding(monkeypatch):
+    """Busy time moves in ticks (10 ms at 100 Hz): one tick per core over a 20 ms window read as a core
+    of load on a quiet machine (a tiny model's five measured steps)."""
+    from cs336_systems import contention
+
+    busy = iter([100.0, 100.0 + 2 / contention.TICKS_PER_S])  # two ticks the kernel rounded up
+    clock = iter([0.0, 0.02])
+    monkeypatch.setattr(contention, "_busy_seconds", lambda: next(busy))
+    monkeypatch.setattr(contention.time, "monotonic", lambda: next(clock))
+    with LoadMeter(threads=1) as meter:
+        pass
+    assert meter.load.other_cores == 0.0 and not meter.load.busy
