@@ -21,6 +21,7 @@ import hashlib
 import json
 import shlex
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from .results import (
     check_output_paths,
     collect_environment,
 )
+from .results.errors import OutputLockedError
 from .step import describe_measurement
 from .sweep import (
     StopRequest,
@@ -130,6 +132,9 @@ def failure_record(outcome: Outcome, payload: dict) -> BenchmarkRecord:
     return limits.annotate(failed_record(config, environment_of(outcome), STATUS_OF[outcome.kind], error, num_params))
 
 
+FIRST_MERGE_PATIENCE_S = 10.0  # how long a first merge waits out another collector's merge
+
+
 class Merger:
     """Writes outcomes into the outputs, each under their lock (taken per merge, so that two submitting
     processes share one output), and settles each in the job directory under the same lock."""
@@ -140,9 +145,20 @@ class Merger:
         self.statuses: dict[tuple[str, str], str | None] = {}  # what each attempt merged this run left
 
     def open(self) -> ResultSink:
-        sink = ResultSink(self.outputs, wait_lock=self.wait_lock, wait_flag="--wait-lock")
-        self.wait_lock = True  # after the first pass, our own merges wait for a moment's lock
-        return sink
+        """The outputs, locked. Another collector of the same outputs holds their lock only for one merge,
+        so a first pass that finds it held tries again for a few seconds before it refuses (a sweep
+        writing there holds it for its whole run); after the first pass our merges wait for it."""
+        deadline = time.monotonic() + FIRST_MERGE_PATIENCE_S
+        while True:
+            try:
+                sink = ResultSink(self.outputs, wait_lock=self.wait_lock, wait_flag="--wait-lock")
+            except OutputLockedError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+                continue
+            self.wait_lock = True
+            return sink
 
     def merge(self, outcomes: Sequence[Outcome], sink: ResultSink) -> None:
         _, settled = self.job_dir.attempts()  # another process may have merged some since they were polled
