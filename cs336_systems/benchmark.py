@@ -41,6 +41,7 @@ from .command import Command
 from .config import COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
 from .contention import describe_rows
 from .device import DeviceError, resolve_device
+from .errors import UsageError
 from .factory import count_parameters_for
 from .models import ATTENTION_KINDS, SIZE_TABLES, ConfigError, ModelConfig
 from .monitor import add_monitor_arguments, check_monitor_arguments, monitored
@@ -240,7 +241,13 @@ def run(args: argparse.Namespace) -> int:
     table = None if args.config else size_table_of(args, [args.model_size])  # a --config carries its own
     config = config_from_args(args, parser, table)
     device = resolve_device(config.device)
-    check_runnable(config, device, import_timeout(args.timeout))
+    try:
+        check_runnable(config, device, import_timeout(args.timeout))
+    except UsageError as exc:  # the configuration is the file's: say so
+        if not args.config:
+            raise
+        given = "(JSON text)" if args.config.lstrip().startswith("{") else args.config
+        raise UsageError(f"--config {given}: {exc}") from None
     if args.memory_snapshot and device.type != "cuda":
         raise DeviceError("--memory-snapshot needs a CUDA device (it records the CUDA allocator's history)")
     sink = ResultSink(check_output_paths(args.output))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .checkpointing import checkpoint_blocks
+from .checkpointing import NoBlocks, checkpoint_blocks, repeated_blocks
 from .device import release_memory
 from .models import ModelConfig, TransformerLM, count_parameters
 from .user_model import (
@@ -68,7 +68,9 @@ def check_user_model(
     label = f"--model-factory {spec}"
     limit = import_limit_s() if import_timeout_s is None else import_timeout_s
     load_model_factory(spec, limit)
-    probe = {**factory_kwargs(config), "num_layers": 1}  # what a step needs of it, in a fraction of the memory
+    # what a step needs of it, in a fraction of the memory; two layers where its blocks are to be checkpointed
+    checkpointed = config.checkpoint_group_size > 0
+    probe = {**factory_kwargs(config), "num_layers": 2 if checkpointed else 1}
     try:
         with guarded(label, limit):
             try:
@@ -78,6 +80,11 @@ def check_user_model(
             except ModelFactoryError:  # a model whose layers come in groups: as the run builds it
                 model = build_user_model(spec, factory_kwargs(config), device)
             check_model_output(model, config, device, label)
+        if checkpointed:
+            try:
+                repeated_blocks(model)
+            except NoBlocks as exc:
+                raise ModelFactoryError(f"{label}: {exc}, which --checkpoint-blocks needs") from None
     except (UserCodeError, UserCodeTimeout) as exc:
         raise ModelFactoryError(f"{exc} (building it to check its logits, before any step)") from None
     except (torch.OutOfMemoryError, MemoryError):  # too large to try here: the rows will say so

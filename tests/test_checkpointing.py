@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from cs336_systems.checkpointing import NoBlocks, checkpoint_blocks, group_size
+from tests.helpers import tiny_model_config
 
 
 class Block(nn.Module):
@@ -98,3 +99,15 @@ def test_the_students_fixture_model_is_checkpointed_through_the_factory():
         sys.path.remove(str(FIXTURES / "student_repo"))
     assert record.status == "ok", record.error
     assert record.checkpoint_blocks == "all"
+
+
+def test_a_factory_model_without_repeated_blocks_is_refused_before_any_step_when_checkpointing(fixtures_on_path):
+    """--checkpoint-blocks with a model that has no list of blocks failed at its first step (exit 1, four
+    lines); the dry build now checks it on two layers, in one line."""
+    from cs336_systems.factory import check_user_model
+    from cs336_systems.user_model import ModelFactoryError
+
+    spec = "hostile.models:assignment1"
+    check_user_model(tiny_model_config(), spec, torch.device("cpu"))  # no checkpointing: fine
+    with pytest.raises(ModelFactoryError, match="Tiny has no nn.ModuleList of repeated blocks to checkpoint, which"):
+        check_user_model(tiny_model_config(checkpoint_blocks=1), spec, torch.device("cpu"))
