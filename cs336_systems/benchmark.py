@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import stat
 import sys
 
 from tabulate import tabulate
@@ -161,15 +159,12 @@ def _config_text(text: str) -> str:
     if text.lstrip().startswith("{"):
         return text
     try:
-        if not stat.S_ISREG(os.stat(text).st_mode):
-            raise ConfigError(f"--config {text}: not a regular file (give a JSON file or JSON text)")
-        with open(text, "rb") as handle:
-            data = handle.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"--config {text}: cannot read it ({exc.strerror})") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"--config {text}: larger than {MAX_CONFIG_BYTES} bytes; not a configuration")
-    return data.decode(errors="replace")
+        return jsontext.read_text(text, MAX_CONFIG_BYTES)
+    except jsontext.UnreadableFile as exc:
+        why = str(exc)
+        hint = "; not a configuration" if why.startswith("larger than") else ""
+        hint = " (give a JSON file or JSON text)" if why == "not a regular file" else hint
+        raise ConfigError(f"--config {text}: {exc}{hint}") from None
 
 
 def read_config(text: str, parser: argparse.ArgumentParser | None = None) -> BenchmarkConfig:

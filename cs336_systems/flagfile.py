@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import stat
 
 from . import jsontext
 from .argtypes import as_flag_value, given_flags
@@ -43,16 +41,11 @@ def add_config_file_argument(parser: argparse.ArgumentParser) -> None:
 
 def _read(path: str) -> dict:
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise ConfigFileError(f"--config {path}: not a regular file")
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise ConfigFileError(f"--config {path}: cannot read it ({exc.strerror})") from None
-    if len(data) > MAX_BYTES:
-        raise ConfigFileError(f"--config {path}: larger than {MAX_BYTES} bytes")
+        text = jsontext.read_text(path, MAX_BYTES)
+    except jsontext.UnreadableFile as exc:
+        raise ConfigFileError(f"--config {path}: {exc}") from None
     try:
-        value = jsontext.loads(data.decode(errors="replace"))
+        value = jsontext.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigFileError(
             f"--config {path}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"

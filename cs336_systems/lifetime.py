@@ -160,7 +160,8 @@ def _handlers(handlers: dict) -> Iterator[bool]:
             signal.signal(sig, handler)
 
 
-def _pid_running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
+    """Whether process `pid` exists here (one we may not signal counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -189,7 +190,7 @@ def remove_stale_temporary_directories(root: str | Path | None = None) -> list[P
         for entry in root.iterdir():
             match = _OWNED.match(entry.name)
             owner = int(match.group(1)) if match else None
-            if owner is not None and owner != os.getpid() and not _pid_running(owner) and _ours(entry):
+            if owner is not None and owner != os.getpid() and not pid_running(owner) and _ours(entry):
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(entry)
     return removed

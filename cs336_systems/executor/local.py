@@ -17,7 +17,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from ..lifetime import child_preexec
+from ..lifetime import child_preexec, pid_running
 from ..placement import EXECUTOR_ENV
 from ..tools import module_name
 from .evidence import exit_outcome
@@ -149,12 +149,4 @@ def _alive_elsewhere(attempt: Attempt) -> bool:
     host, pid = attempt.submitter
     if host != socket.gethostname():
         return True  # not ours to judge; its own process settles it
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid != os.getpid() and pid_running(pid)
