@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from . import cuda_graphs
 from .argtypes import (
@@ -18,7 +18,6 @@ from .argtypes import (
     step_count,
     warmup_count,
 )
-from .child import check_user_model_in_child
 from .config import COMPILE_MODES, PARAM_DTYPES, PEAK_CHOICES, BenchmarkConfig
 from .device import DeviceError
 from .factory import check_user_model
@@ -253,12 +252,16 @@ def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **r
 
 
 def check_runnable(
-    config: BenchmarkConfig, device, import_timeout_s: float | None = None, model_in_child: bool = False
+    config: BenchmarkConfig,
+    device,
+    import_timeout_s: float | None = None,
+    check_model_elsewhere: Callable[[BenchmarkConfig], None] | None = None,
 ) -> None:
     """What a configuration cannot know of itself, checked before any work (the configuration checks
     the rest on construction): its timer and --cuda-graphs on `device`, and the user's code: a
-    --model-factory model dry-built and its logits checked (factory.check_user_model; in a child
-    process with `model_in_child`, for a sweep that keeps the user's code out of its own), an
+    --model-factory model dry-built and its logits checked (factory.check_user_model in this process,
+    or `check_model_elsewhere`: child.check_user_model_in_child for a sweep that keeps the user's code
+    out of its own process), an
     --optimizer built and holding what it is given. A UsageError (one line) otherwise; the runner's
     other refusals that depend on the device (a precision, torch.compile) are 'unsupported' rows, as in
     a sweep."""
@@ -266,8 +269,8 @@ def check_runnable(
         raise DeviceError(reason)
     if config.cuda_graphs and (reason := cuda_graphs.unsupported_reason(device)):
         raise DeviceError(reason)
-    if config.model_factory and model_in_child:
-        check_user_model_in_child(config)
+    if config.model_factory and check_model_elsewhere:
+        check_model_elsewhere(config)
     elif config.model_factory:
         check_user_model(config.model, config.model_factory, device, import_timeout_s)
     if config.optimizer_factory:

@@ -31,7 +31,7 @@ from . import find_max_job
 from .argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser, output_path, positive_int
 from .benchmark import config_from_args, configuration_parser
 from .benchmark_flags import announce_size_table, check_runnable, size_table_of
-from .child import add_child_arguments, child_limits_from_args, run_in_child
+from .child import add_child_arguments, check_user_model_in_child, child_limits_from_args, run_in_child
 from .command import Command
 from .config import BenchmarkConfig
 from .device import resolve_device
@@ -90,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     table = size_table_of(args, [args.model_size])
     first_context = start if args.dimension == "context-length" else None  # the first probe's context
     base = config_from_args(args, table=table, context_length=first_context).replace(device=str(device))
-    check_runnable(base, device, model_in_child=True)  # its children build the model, never this process
+    # its children build the model, never this process
+    check_runnable(base, device, check_model_elsewhere=check_user_model_in_child)
     limits = child_limits_from_args(args, device)
     outputs = check_output_paths(args.output)
     sink = ResultSink(outputs)

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from . import benchmark_flags
 from .argtypes import EXIT_FAILED, EXIT_INTERRUPTED, ArgumentParser, exit_status, positive_int
-from .child import add_child_arguments, child_limits_from_args
+from .child import add_child_arguments, check_user_model_in_child, child_limits_from_args
 from .config import COMPILE_CHOICES, COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
 from .contention import describe_rows
 from .device import resolve_device
@@ -335,7 +335,8 @@ def run_sweep(args: argparse.Namespace, prog: str, execute, child_processes: boo
     table = grid_size_table(args)
     configs = grid_from_args(args, device, table)
     # one timer, device and user code for the whole grid; a user's model is built only in children there
-    benchmark_flags.check_runnable(configs[0], device, model_in_child=child_processes)
+    in_child = check_user_model_in_child if child_processes else None
+    benchmark_flags.check_runnable(configs[0], device, check_model_elsewhere=in_child)
     outputs = check_output_paths(args.output)
     check_monitor_arguments(args)
     limits = child_limits_from_args(args, device) if child_processes else None

@@ -107,6 +107,20 @@ def test_with_a_budget_a_step_predicted_to_end_past_it_is_not_submitted_and_runs
     assert ran.outcomes["draw"]["outcome"] == "ok" and _ledger(out).count(("submitted", "make")) == 1
 
 
+def test_a_job_still_running_when_the_budget_ends_is_stopped_and_runs_next_time(tmp_path, capsys):
+    out = tmp_path / "out"
+    (tmp_path / "long.py").write_text("import sys, time\nopen(sys.argv[-1], 'w').write('partial')\ntime.sleep(120)\n")
+    long = Step("long", "benchmarking_script", "sleeps", str(tmp_path / "long.py"), {"--output": ["long.txt"]})
+    long.predicted_s = 1.0
+    ran, err = _run([long], out, capsys, budget_s=3.0)
+    assert ran.outcomes["long"]["outcome"] == run.BUDGET_STOPPED and ran.wall_s < 60, ran.outcomes
+    assert "--budget is spent: 1 job(s) stopped" in err
+    assert not run.marker_path(out, long).exists() and not (out / "long.txt").exists()  # not done: runs again
+    plan = pd.read_csv(out / run.PLAN_FILE).set_index("step")
+    assert plan.loc["long", "outcome"] == run.BUDGET_STOPPED
+    assert "stopped at --budget" in (out / "logs" / "long.log").read_text()
+
+
 @pytest.mark.parametrize(
     "kind, code, done, said",
     [

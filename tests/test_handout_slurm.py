@@ -50,3 +50,32 @@ def test_the_handout_as_slurm_jobs_runs_every_step_once_and_the_same_command_aga
     node = json.loads((out / ".handout" / "target.json").read_text())["slurm_node"]
     assert f"every job on node {node} (--slurm-same-node)" in err
     assert (out / ".handout" / "executor" / "ledger.jsonl").read_text() == ledger
+
+
+def test_a_slurm_job_still_running_when_the_budget_ends_is_cancelled_and_not_done(tmp_path, capsys):
+    from cs336_systems.executor.settings import ExecutorSettings, SlurmRequest
+    from cs336_systems.executor.slurm import SlurmRunner
+    from cs336_systems.handout import jobs, outputs, run
+    from cs336_systems.handout.plan import Step
+    from tests.test_handout_jobs import CPU
+
+    out = tmp_path / "out"
+    (tmp_path / "long.py").write_text("import sys, time\nopen(sys.argv[-1], 'w').write('partial')\ntime.sleep(300)\n")
+    long = Step("long", "benchmarking_script", "sleeps", str(tmp_path / "long.py"), {"--output": ["long.txt"]})
+    long.predicted_s = 1.0
+    outputs.check_output_dir(out, [])
+    plan = jobs.PlanJobs([long], CPU, out, "2026", "small", jobs.job_dir_of(out, None))
+    runner = SlurmRunner(ExecutorSettings(kind="slurm", device="cpu", slurm=SlurmRequest(time_min=10)), plan.job_dir)
+    ran = jobs.run_jobs(plan, runner, wait=True, budget_s=5.0)
+    err = capsys.readouterr().err
+    assert ran.outcomes["long"]["outcome"] == run.BUDGET_STOPPED and ran.wall_s < 120, (ran.outcomes, err)
+    assert "--budget is spent: 1 job(s) stopped" in err and not run.marker_path(out, long).exists()
+    job_id = ran.outcomes["long"]["slurm_job_id"]
+    assert job_id and not _in_queue(job_id)
+
+
+def _in_queue(job_id: str) -> bool:
+    import subprocess
+
+    shown = subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True)
+    return bool(shown.stdout.strip())

@@ -72,10 +72,13 @@ def test_stopping_the_tool_ends_the_helpers_of_the_users_code(tmp_path, tool, si
         text=True,
     )
     try:
-        deadline = time.monotonic() + 90
-        while len(_helpers(pidfile)) < 2 and time.monotonic() < deadline:  # the meta count's and the real model's
+        # every build's helper (the up-front check's, the meta count's, the measured model's) started, none
+        # for 1.5 s: into the measured steps, and the reapers (a snapshot every 0.5 s) have seen them all
+        deadline, seen, quiet_since = time.monotonic() + 90, [], time.monotonic()
+        while time.monotonic() < deadline and (len(seen) < 2 or time.monotonic() - quiet_since < 1.5):
+            if len(now := _helpers(pidfile)) != len(seen):
+                seen, quiet_since = now, time.monotonic()
             time.sleep(0.1)
-        time.sleep(1.0)  # into the measured steps; the reapers have seen the helpers
         process.send_signal(sig)  # SIGTERM: the factory ignored it, yet the tool stops
         _, stderr = process.communicate(timeout=30)
     finally:

@@ -123,19 +123,27 @@ class LocalRunner:
                 poll.outcomes.append(Outcome(attempt, "abandoned", placement=placement_of(attempt)))
         return poll
 
+    def stop(self, attempts: Sequence[Attempt]) -> None:
+        """Stop these attempts: a queued one never starts, a running worker gets SIGTERM (its command may
+        finish its row), then SIGKILL after STOP_GRACE_S. Their next poll finds them ended."""
+        self._stop({attempt.key for attempt in attempts})
+
     def close(self) -> None:
-        """Stop the workers still running (SIGTERM: a command may finish its row), then kill what is left."""
-        self.waiting.clear()
-        for process, _ in self.running.values():
+        """Stop every worker still running or queued (as stop does)."""
+        self._stop({attempt.key for attempt, _ in self.waiting} | set(self.running))
+
+    def _stop(self, keys: set[tuple[str, str]]) -> None:
+        self.waiting = [(attempt, job) for attempt, job in self.waiting if attempt.key not in keys]
+        stopping = [process for key, (process, _) in self.running.items() if key in keys]
+        for process in stopping:
             _signal_group(process, signal.SIGTERM)
-        for process, _ in self.running.values():
+        for process in stopping:
             try:
                 process.wait(timeout=STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 _signal_group(process, signal.SIGKILL)
                 process.wait()
         self._reap()
-
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):

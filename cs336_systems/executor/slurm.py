@@ -195,6 +195,12 @@ class SlurmRunner:
                 poll.outcomes.append(Outcome(attempt, kind, code, error, placement_of(attempt, node)))
         return poll
 
+    def stop(self, attempts: Sequence[Attempt]) -> None:
+        """scancel these attempts' jobs (queued or running); their next poll finds them cancelled."""
+        job_ids = [job_id for attempt in attempts if (job_id := attempt.job_id or _hand_job_id(attempt))]
+        if job_ids and (done := self._run(["scancel", *job_ids])) is not None and done.returncode != 0:
+            print(f"scancel failed: {(done.stderr.strip().splitlines() or ['no answer'])[-1]}", file=sys.stderr)
+
     def close(self) -> None:
         """Nothing to stop: the jobs live on in Slurm's queue; the same command collects them."""
 

@@ -137,7 +137,7 @@ def run_as_jobs(
 ) -> tuple[bool, bool]:
     """Each step a job of the executor: (whether a step failed, whether every step has ended: the write-up
     is due). Within `budget_s` (from this command's start), a step whose predicted end is past it is not
-    submitted; one submitted runs to its end (on Slurm its --slurm-time bounds it)."""
+    submitted, and the jobs still queued or running at its end are stopped (jobs.run_jobs)."""
     job_dir = job_dir_of(output_dir, settings.job_dir)
     runner = open_runner(settings, job_dir, job_name="cs336-handout")
     if settings.kind == "slurm":

@@ -41,6 +41,7 @@ from ..results import open_to_write
 from .outputs import MARKERS, OutputDirError, claim, written
 from .plan import Step
 from .run import (
+    BUDGET_STOPPED,
     DONE_STATUSES,
     PLAN_FILE,
     log_name,
@@ -93,9 +94,10 @@ def job_dir_of(output_dir: Path, given: Path | None) -> JobDir:
 # -- settling an attempt ---------------------------------------------------------------------------------
 
 
-def settle(outcome: Outcome, step: Step, output_dir: Path) -> dict:
+def settle(outcome: Outcome, step: Step, output_dir: Path, stopped: bool = False) -> dict:
     """The step's outcome (the plan file's entry) from how its attempt ended; a done step's files moved into
-    OUTPUT_DIR and its done marker written, its log into OUTPUT_DIR/logs/ whatever the end."""
+    OUTPUT_DIR and its done marker written, its log into OUTPUT_DIR/logs/ whatever the end. A `stopped`
+    attempt (at the end of --budget) is done only if its command had exited 0 before the stop."""
     attempt = outcome.attempt
     code = outcome.exit_code
     entry = {
@@ -108,6 +110,8 @@ def settle(outcome: Outcome, step: Step, output_dir: Path) -> dict:
         "slurm_job_id": outcome.placement.get("slurm_job_id"),
     }
     done = outcome.kind == "exited" and code in DONE_STATUSES
+    if stopped and not (done and code == 0):
+        entry["outcome"], done = BUDGET_STOPPED, False
     ours = written(output_dir)
     theirs = [name for name in step.outputs() if os.path.lexists(output_dir / name) and name not in ours]
     if done and theirs:  # put there while the job ran: never replaced (outputs.py)
@@ -190,6 +194,7 @@ class PlanJobs:
         self.outcomes: dict[str, dict] = {s.id: m for s in self.runnable if (m := read_marker(output_dir, s))}
         self.done = set(self.outcomes)
         self.ended: set[str] = set()  # steps whose attempt this run settled, done or not
+        self.stopping: set[str] = set()  # steps whose job this run stopped at the end of --budget
 
     def write_plan(self) -> None:
         claim(self.output_dir, [PLAN_FILE])
@@ -206,7 +211,7 @@ class PlanJobs:
             if step is None or step.id in self.done:  # another plan's job (a flag changed since), or done meanwhile
                 self.job_dir.record_settled(outcome, None)
                 continue
-            entry = settle(outcome, step, self.output_dir)
+            entry = settle(outcome, step, self.output_dir, stopped=step.id in self.stopping)
             self.outcomes[step.id] = entry
             self.ended.add(step.id)
             if read_marker(self.output_dir, step) is not None:
@@ -244,9 +249,14 @@ def run_jobs(plan: PlanJobs, runner, wait: bool, budget_s: float | None = None) 
     """Submit the plan's steps in rounds and, unless not `wait`, merge them as they end: each round, every
     step not done, not in flight and not yet tried in this run whose inputs are in OUTPUT_DIR; the rest wait
     for the next round. With `budget_s`, a step that would end past it (now plus its prediction) is not
-    submitted: 'over budget', run by the next command. A KeyboardInterrupt propagates after the plan file
-    records what ended."""
+    submitted ('over budget'), and the jobs still queued or running when it ends are stopped (local workers
+    signalled, Slurm jobs cancelled: 'stopped at --budget'); the next command runs both. A
+    KeyboardInterrupt propagates after the plan file records what ended."""
     started = time.monotonic()
+
+    def past_budget() -> bool:
+        return budget_s is not None and time.monotonic() - started >= budget_s
+
     tried: set[str] = set()
     rounds = 0
     done = plan.counts()[0]
@@ -298,9 +308,16 @@ def run_jobs(plan: PlanJobs, runner, wait: bool, budget_s: float | None = None) 
             plan.write_plan()
             if not live or not wait:
                 break
-            collect(
-                runner.poll, plan.merge, {plan.jobs[s].name for s in live}, wait=True, stopped=lambda: False, show=show
-            )
+            names = {plan.jobs[s].name for s in live}
+            last = collect(runner.poll, plan.merge, names, wait=True, stopped=past_budget, show=show)
+            if past_budget() and (stopping := last.live(names)):
+                plan.stopping.update(plan.by_name[attempt.name].id for attempt in stopping)
+                bar.write(
+                    f"--budget is spent: {len(stopping)} job(s) stopped; the same command runs them again",
+                    file=sys.stderr,
+                )
+                runner.stop(stopping)
+                collect(runner.poll, plan.merge, names, wait=True, stopped=lambda: False, show=show)
     finally:
         bar.close()
     in_flight = [s for s in plan.runnable if plan.outcomes.get(s.id, {}).get("outcome") in IN_FLIGHT]

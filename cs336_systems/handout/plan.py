@@ -52,7 +52,7 @@ class Step:
     id: str
     problem: str
     part: str  # what runs, in words
-    tool: str  # a module (cs336_systems.run_benchmarks) or a script path (scripts/nsys_profile.sh)
+    tool: str  # a module (cs336_systems.run_benchmarks) or a script path under scripts/
     flags: dict = field(default_factory=dict)
     kind: str = "fixed"  # the prediction family: benchmark, attention, allreduce, ddp, warmup, fixed
     reads: tuple[str, ...] = ()  # result files the write-up shows, relative to the output directory

@@ -223,6 +223,7 @@ def log_name(step: Step) -> str:
 
 
 BUDGET_STOP = -1  # run_step's status for a step stopped at the end of --budget (not done: resumed later)
+BUDGET_STOPPED = "stopped at --budget"  # its outcome in the plan file
 
 
 def last_line(path: Path) -> str:
@@ -340,7 +341,7 @@ def execute(
                 "hostname": socket.gethostname(),
             }
             if status == BUDGET_STOP:
-                outcome["outcome"] = "stopped at --budget"
+                outcome["outcome"] = BUDGET_STOPPED
             elif status in (130, 143):  # the child itself was interrupted: not done
                 outcomes[step.id] = {"outcome": "interrupted"}
                 write_plan(plan_path, plan_rows(steps, target, output_dir, outcomes, edition, scale))
