@@ -109,6 +109,12 @@ class NoiseRule:
         return f"high variance, {self.spread_name} {spread:.1f}% > {NOISY_PCT:g}%; treat the {self.statistic} with care"
 
 
+def is_noise_warning(text: str) -> bool:
+    """Whether a row's note (or a part of one split at '; ') is NoiseRule.warning's, which a table marks
+    in its cells instead."""
+    return "high variance" in text or (text.startswith("treat the ") and text.endswith(" with care")) or "CV" in text
+
+
 NOISE = {
     "median": NoiseRule(
         "median",

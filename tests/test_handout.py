@@ -600,6 +600,7 @@ def test_a_small_cpu_plan_says_what_it_cannot_measure_and_keeps_the_command(tmp_
     board = by_id["leaderboard"]
     assert board.status == "run" and board.flags["--timer"] == "host" and "tiny configuration" in board.part
     assert "the host timer (no GPU)" in board.part
+    assert "a tiny configuration (small scale), not the handout's 8B configuration" in board.reductions
 
 
 def test_2025_profiles_every_size_at_the_handouts_contexts():

@@ -19,7 +19,11 @@ EXPOSED = "step - no_sync step (exposed)"
         ({"mfu": 2.0}, "mfu", "not a share of the peak"),
         ({"mfu": -0.1}, "mfu", "not a share of the peak"),
         ({"median_ms": -3.0}, "median_ms", "below zero"),
-        ({"peak_model_bytes_above_baseline": -139460.0}, "peak_model_bytes_above_baseline", "below zero"),
+        (
+            {"peak_model_bytes_above_baseline": -139460.0},
+            "peak_model_bytes_above_baseline",
+            "peak model above baseline -136.19 KiB is below zero",
+        ),
         ({"comm_pct": 120.0}, "comm_pct", "not a share"),
         ({"scaling_efficiency": 1.10}, "scaling_efficiency", "faster than one process alone"),
         (
@@ -97,3 +101,18 @@ def test_a_table_shows_n_m_and_the_reason_never_the_impossible_number():
     cells = table.frame["efficiency (%)"].tolist()
     assert cells[0] == NOT_MEASURABLE and cells[1] != NOT_MEASURABLE
     assert any(note.startswith(f"{NOT_MEASURABLE}: ddp: scaling efficiency 110%") for note in table.footnotes)
+
+
+def test_a_share_computed_from_an_unusable_value_is_explained_once_under_the_table():
+    row = {"tool": "ddp_bench", "strategy": "zero1", "world_size": 2, "status": "ok", "median_ms": 25.0}
+    row |= {"comm_ms": -1.0, "comm_pct": -4.0, "comm_method": EXPOSED, "comm_step_ms": [-12.1, -1.0, 5.3]}
+    table = grid(
+        pd.DataFrame([row]).assign(source="rows.csv"),
+        "ddp_bench",
+        title="t",
+        labels=[("strategy", "strategy")],
+        values=[Value("communication (ms)", "comm_ms", "sig3"), Value("communication (%)", "comm_pct", "sig3")],
+    )
+    assert table.frame.iloc[0].tolist() == [NOT_MEASURABLE, NOT_MEASURABLE]
+    notes = [note for note in table.footnotes if note.startswith(NOT_MEASURABLE)]
+    assert notes == [f"{NOT_MEASURABLE}: zero1: exposed communication: per-step differences -12.1..+5.3 ms straddle 0."]

@@ -55,6 +55,17 @@ def test_the_sharding_and_fsdp_sections_show_the_bytes_each_rank_holds(text):
     assert state["zero1"] < state["ddp"]  # ZeRO-1 keeps its shard of the AdamW moments
 
 
+def test_every_communication_time_says_how_it_was_measured(text):
+    """One quantity per column: each data-parallel row with a communication time says in words how it was
+    measured (a loop timed, a difference of two timings, a profiled step)."""
+    tables = [t for t in parse_tables(text) if t.title == "Time per training step"]
+    assert tables
+    for table in tables:
+        time, how = table.header.index("communication (ms)"), table.header.index("communication measured as")
+        for row in table.rows:
+            assert (row[time] == "") == (row[how] == ""), row
+
+
 def test_a_part_not_measured_here_says_why_and_how_to_measure_it(text):
     memory = _section(text, "memory_profiling")
     lines = [line for line in memory.splitlines() if "not measured here" in line]
@@ -122,22 +133,32 @@ def test_timing_observations_by_hand():
     assert "at most 12.0%" in lines[3] and "the noisiest row: large forward; 1 of 4 rows are above 10%" in lines[3]
 
 
-def test_warmup_observations_by_hand():
-    """A difference within the runs' noise is said so; a resolved one comes with its interval."""
+def test_warmup_observations_read_each_run_against_its_own_later_steps():
+    """Each run's first step against its own later steps; the runs' medians (fresh processes) only as a
+    range, never ranked; a run measured under load says so."""
     rows = []
-    runs = ((0, [30.0, 10.0, 10.2, 9.9]), (1, [11.0, 11.1, 10.9, 11.0]), (2, [9.0, 11.0, 10.0, 10.5]))
+    runs = ((0, [30.0, 10.0, 10.2, 9.9]), (1, [10.5, 11.1, 10.9, 11.0]), (2, [9.0, 11.0, 10.0, 10.5]))
     for warmup, times_ in (*runs, (5, [10.0, 10.1, 9.9, 10.0])):
+        load = 1.5 if warmup == 2 else 0.0
         rows += [
-            {"warmup_steps": warmup, "step_index": i, "measured": True, "step_ms": t} for i, t in enumerate(times_)
+            {"warmup_steps": warmup, "step_index": i, "measured": True, "step_ms": t, "other_load_cores": load}
+            for i, t in enumerate(times_)
         ]
+    rows.append({"warmup_steps": 5, "step_index": -1, "measured": False, "step_ms": 99.0})  # a warmup step: not read
     lines = warmup_observations(rows)
     assert lines[0] == (
-        "Without warmup the first measured step took 30.0 ms, 3.00x the median after 5 warmup steps (10.0 ms): "
-        "above every step after 5 warmup steps (9.90 to 10.1 ms)."
+        "Without warmup the first measured step took 30.0 ms, 3.00x the median of the run's later steps (10.0 ms): "
+        "above every later step of that run (9.90 to 10.2 ms)."
     )
-    assert lines[1].startswith("After 0 warmup steps the measured steps' median is the same within the noise")
-    assert lines[2].startswith("After 1 warmup step the measured steps' median is +10% (interval +")
-    assert lines[3].startswith("After 2 warmup steps the measured steps' median is the same within the noise")
+    assert lines[1] == (
+        "After 1 warmup step the first measured step took 10.5 ms, 0.95x the median of the run's later steps "
+        "(11.0 ms): within the range of that run's later steps."
+    )
+    assert lines[2].startswith("After 2 warmup steps the first measured step took 9.00 ms, 0.86x the median")
+    assert "other processes kept up to 1.5 cores busy meanwhile" in lines[2]
+    assert lines[3].startswith("After 5 warmup steps the first measured step took 10.0 ms, 1.00x")
+    assert lines[4].startswith("The runs' medians of their later steps range from 10.0 to 11.0 ms:")
+    assert not any(word in " ".join(lines) for word in ("faster", "slower", "+10%", "-"))
 
 
 def test_checkpoint_observations_name_the_lowest_and_its_neighbours():
@@ -270,7 +291,14 @@ def test_versus_observations_rank_only_what_the_noise_resolves():
 def test_a_ratio_keeps_two_significant_figures_below_a_tenth():
     from cs336_systems.report.document import times
 
-    assert [times(v) for v in (0.0038, 0.05, 0.5, 1.234, 12.34)] == ["0.0038x", "0.05x", "0.50x", "1.23x", "12.3x"]
+    assert [times(v) for v in (0.0038, 0.05, 0.0995, 0.5, 1.234, 12.34)] == [
+        "0.0038x",
+        "0.050x",
+        "0.10x",
+        "0.50x",
+        "1.23x",
+        "12.3x",
+    ]
 
 
 def test_a_check_against_a_tolerance_reads_as_the_rows_verdict():

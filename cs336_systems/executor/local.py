@@ -145,6 +145,7 @@ class LocalRunner:
                 process.wait()
         self._reap()
 
+
 def _signal_group(process: subprocess.Popen, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signum)

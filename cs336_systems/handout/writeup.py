@@ -163,6 +163,11 @@ def checklist_frame(plan: pd.DataFrame) -> pd.DataFrame:
         parts = part_statuses(label, edition, steps)
         if status in ("measured", "reduced") and "not measured" in parts:  # a letter no step answers here
             status = "partly measured"
+        unanswered = [word.split()[0] for word in parts.split("; ") if word.endswith("not measured")]
+        if not why and unanswered:  # the section says why, beside the letter
+            why = f"({', '.join(unanswered)}) not measured here: its section says why and how to measure it"
+        elif not why:
+            why = "nothing left out"
         body.append({"problem": label, "status": status, "sub-questions": parts, "why": why})
     return pd.DataFrame(body).set_index("problem")
 

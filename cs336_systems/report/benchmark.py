@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..results.markdown import row_label, row_warnings
+from ..stats import is_noise_warning
 from .document import byte_unit, missing
 from .fields import PHASES, label_text
 from .grid import Value, grid
@@ -121,7 +122,7 @@ def row_notes(frame: pd.DataFrame) -> list[str]:
     seen: dict[str, list[str]] = {}
     for row in frame.astype(object).where(frame.notna(), None).to_dict("records"):
         for line in row_warnings(row, NOTE_LABEL):
-            if "high variance" in line or "CV" in line:
+            if is_noise_warning(line):
                 continue
             text = line.split(": ", 1)[1] if ": " in line else line
             seen.setdefault(text, []).append(row_label(row, ("model", "context_length", "pass_type", "precision")))

@@ -53,8 +53,12 @@ def allreduce_tables(frame: pd.DataFrame, heading: str = "") -> list:
     ]
 
 
-def _filled(frame: pd.DataFrame, column: str) -> bool:
-    return column in frame.columns and pd.to_numeric(frame[column], errors="coerce").notna().any()
+def _filled(frame: pd.DataFrame, column: str, numeric: bool = True) -> bool:
+    if column not in frame.columns:
+        return False
+    if not numeric:
+        return frame[column].dropna().astype(str).str.strip().ne("").any()
+    return pd.to_numeric(frame[column], errors="coerce").notna().any()
 
 
 def ddp_time_table(frame: pd.DataFrame, title: str) -> pd.DataFrame:
@@ -70,17 +74,19 @@ def ddp_time_table(frame: pd.DataFrame, title: str) -> pd.DataFrame:
         ("reduce-scatter (ms)", "fsdp_reduce_scatter_ms", "sig3"),
         ("scaling efficiency (%)", "scaling_efficiency", "x100"),
     ):
-        if _filled(frame, column):
+        if _filled(frame, column, numeric=fmt != "text"):
             values.append(Value(header, column, fmt))
-    return grid(
-        frame,
-        "ddp_bench",
-        title=title,
-        caption="Median of the measured steps (each step the slowest rank's), ms, and the communication's share "
-        "of it; communication as each strategy measures it",
-        labels=list(STRATEGY),
-        values=values,
+    caption = (
+        "Median of the measured steps (each step the slowest rank's), ms, and the communication's share of it; "
+        "communication as each strategy measures it"
     )
+    if _filled(frame, "fsdp_all_gather_ms"):
+        caption += (
+            "; all-gather and reduce-scatter: the time each kind of collective was in flight during one profiled "
+            "step, which the profiler slows and in which collectives overlap compute and each other (so they can "
+            "add up to more than the median step)"
+        )
+    return grid(frame, "ddp_bench", title=title, caption=caption, labels=list(STRATEGY), values=values)
 
 
 def held_table(frame: pd.DataFrame, title: str) -> pd.DataFrame | None:

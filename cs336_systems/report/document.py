@@ -90,7 +90,7 @@ def missing(value: object) -> bool:
 def times(value: float) -> str:
     """A ratio as 'N.NNx': two decimals, two significant figures below 0.1x (0.0038x, never 0.00x)."""
     if 0 < abs(value) < 0.1:
-        return f"{value:.2g}x"
+        return f"{value:#.2g}x"  # "#": 0.10x keeps its second figure
     return f"{value:.2f}x" if value < 10 else f"{value:.1f}x"
 
 

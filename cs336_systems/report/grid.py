@@ -319,6 +319,8 @@ def _implausible_notes(rows: list[dict], labels: Sequence[tuple[str, str]], valu
     reasons: dict[str, list[str]] = {}
     for row in rows:
         for name, why in plausibility.problems(row).items():
+            # a value computed from another (comm_pct from comm_ms) is unusable for the same reason: said once
+            why = why.removeprefix(f"from {plausibility.DEPENDS_ON.get(name)}: ")
             if name in shown:
                 label = ", ".join(t for t in (label_text(n, row) for _, n in labels[:2]) if t)
                 reasons.setdefault(why, []).append(label)

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..units import format_bytes
+
 NOT_MEASURABLE = "n/m"
 NOTE_PREFIX = "not measurable: "
 
@@ -65,7 +67,7 @@ def field_problem(field: str, value: object, row: Mapping) -> str | None:
     if field == "mfu" and not 0 <= number <= 1:
         return f"MFU {number:.3g} is not a share of the peak (0 to 1): the peak it divides by is wrong"
     if field in SHARES_PCT and not 0 <= number <= 100:
-        return f"{field} {number:.3g}% is not a share (0 to 100%)"
+        return f"{_readable(field.removesuffix('_pct') + ' share', number)}% is not a share (0 to 100%)"
     if field == "scaling_efficiency" and number > 1:
         return (
             f"scaling efficiency {number:.0%}: the ranks together ran faster than one process alone, "
@@ -77,8 +79,16 @@ def field_problem(field: str, value: object, row: Mapping) -> str | None:
             low, high = min(steps), max(steps)
             return f"exposed communication: per-step differences {low:+.1f}..{high:+.1f} ms straddle 0"
     if _never_negative(field) and number < 0:
-        return f"{field} {number:.3g} is below zero (a difference of two noisy measurements)"
+        return f"{_readable(field, number)} is below zero (a difference of two noisy measurements)"
     return None
+
+
+def _readable(field: str, number: float) -> str:
+    """'peak optimizer above baseline -1.22 MiB' for peak_optimizer_bytes_above_baseline -1.28e6."""
+    words = field.replace("_bytes", "").replace("_ms", "").replace("comm", "communication").replace("_", " ")
+    if "_bytes" in field:
+        return f"{words} {format_bytes(number)}"
+    return f"{words} {number:.3g} ms" if field.endswith("_ms") else f"{words} {number:.3g}"
 
 
 def problems(row: Mapping) -> dict[str, str]:
@@ -91,8 +101,8 @@ def problems(row: Mapping) -> dict[str, str]:
         if why:
             found[field] = why
     for field, source in DEPENDS_ON.items():
-        if source in found and _number(row.get(field)) is not None:
-            found.setdefault(field, f"from {source}: {found[source]}")
+        if source in found and _number(row.get(field)) is not None:  # the root cause, not its symptom
+            found[field] = f"from {source}: {found[source]}"
     return found
 
 

@@ -10,6 +10,7 @@ from ...report import attention, benchmark, plots
 from ...report.document import Bullets, Heading, Section, Text, sig3
 from ...report.fields import label_text
 from ...report.observe import number, ok, pick, records, slope, span, speed_text, versus
+from ...stats import is_noise_warning
 from ...tools import module_name
 from ...units import MIB
 from ..parameters import Options
@@ -251,7 +252,7 @@ def _flash_caveats(rows: pd.DataFrame) -> list[str]:
     notes = []
     for row in records(rows, "attention_bench"):
         for note in str(row.get("notes") or "").split("; "):
-            if note and "CV" not in note and note not in notes and note != "None":
+            if note and not is_noise_warning(note) and note not in notes and note != "None":
                 notes.append(note)
     implementations = ", ".join(i for i in attention.implementations(rows) if i.startswith("flash"))
     return [f"{implementations}: {note}." for note in notes]

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...contention import BUSY_CORES
 from ...report import benchmark, plots
 from ...report.document import Bullets, Heading, Section, Text, sig3
 from ...report.fields import label_text
-from ...report.observe import change_text, noise_text, number, ok, records, span, times, under_load, versus
-from ...stats import compare
+from ...report.observe import noise_text, number, ok, records, span, times, versus
 from ...tools import module_name
 from ..parameters import Options
 from ..plan import Step
@@ -117,38 +117,41 @@ def timing_observations(rows: list[dict]) -> list[str]:
 
 
 def warmup_observations(rows: list[dict]) -> list[str]:
-    """Each warmup count's measured steps against the run with the most warmup steps; a difference
-    is stated only where the two runs' steps cannot explain it (stats.compare)."""
-    runs: dict[str, list[float]] = {}
-    run_rows: dict[str, list[dict]] = {}  # each run's rows, which say how busy the machine was
+    """What warmup changes, read within each run: its first measured step against its own later steps.
+    Each warmup count runs in a fresh process, so two runs' medians differ by the process as much as by
+    the count: their range is said, never ranked. A run measured while other processes kept the machine
+    busy says so beside its first step."""
+    runs: dict[str, list[dict]] = {}
     for row in sorted(rows, key=lambda r: number(r, "step_index") or 0):
         if label_text("measured", row) == "measured" and number(row, "step_ms") is not None:
-            runs.setdefault(label_text("warmup_steps", row), []).append(number(row, "step_ms"))
-            run_rows.setdefault(label_text("warmup_steps", row), []).append(row)
-    if not runs:
-        return []
-    steady_key = max(runs, key=lambda k: float(k))
-    steady = runs[steady_key]
-    middle = float(np.median(steady))
-    lines = []
-    if "0" in runs and steady_key != "0":
-        first = runs["0"][0]
+            runs.setdefault(label_text("warmup_steps", row), []).append(row)
+    lines, medians = [], {}
+    for key in sorted(runs, key=float):
+        steps = [number(row, "step_ms") for row in runs[key]]
+        if len(steps) < 3:
+            continue
+        first, later = steps[0], steps[1:]
+        medians[key] = middle = float(np.median(later))
         where = (
-            f"above every step after {steady_key} warmup steps ({sig3(min(steady))} to {sig3(max(steady))} ms)"
-            if first > max(steady)
-            else f"within the range of the steps after {steady_key} warmup steps"
+            f"above every later step of that run ({sig3(min(later))} to {sig3(max(later))} ms)"
+            if first > max(later)
+            else "within the range of that run's later steps"
         )
+        busy = [load for r in runs[key] if (load := number(r, "other_load_cores")) is not None and load > BUSY_CORES]
+        if busy:
+            where += f"; other processes kept up to {max(busy):.1f} cores busy meanwhile, so a slow step may be theirs"
+        name = "Without warmup" if key == "0" else f"After {key} warmup step{'s' * (key != '1')}"
         lines.append(
-            f"Without warmup the first measured step took {sig3(first)} ms, {times(first / middle)} the median after "
-            f"{steady_key} warmup steps ({sig3(middle)} ms): {where}."
+            f"{name} the first measured step took {sig3(first)} ms, {times(first / middle)} the median of the "
+            f"run's later steps ({sig3(middle)} ms): {where}."
         )
-    for key in ("0", "1", "2"):
-        comparison = compare(runs[key], steady) if key in runs and key != steady_key else None
-        if (
-            comparison := under_load(comparison, run_rows[key] + run_rows[steady_key] if comparison else [])
-        ) is not None:
-            steps = f"{key} warmup step{'s' * (key != '1')}"
-            lines.append(f"After {steps} the measured steps' median is {change_text(comparison)} against {steady_key}.")
+    if len(medians) > 1:
+        low, high = min(medians.values()), max(medians.values())
+        lines.append(
+            f"The runs' medians of their later steps range from {sig3(low)} to {sig3(high)} ms: each warmup count "
+            "ran in a fresh process, so these medians compare processes as much as warmup counts, and are not "
+            "ranked here; warmup shows in each run's first steps against its own later ones."
+        )
     return lines
 
 
