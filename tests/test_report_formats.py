@@ -344,3 +344,20 @@ def test_model_label_names_the_size_table_where_a_size_changed_shape_and_a_facto
     factory = {"model_size": "custom", "model_factory": "cs336_basics.model:BasicsTransformerLM", "d_model": 128}
     factory.update(num_layers=2, d_ff=352, vocab_size=1000)
     assert model_label(factory) == "BasicsTransformerLM d128 L2 ff352 V1000"
+
+
+def test_typst_gives_a_long_text_column_a_width_and_a_too_wide_table_a_landscape_page_and_smaller_text():
+    """A wrapped column has a width of its own (1fr beside wide columns can be nothing, and its words run into
+    the next column); a table wider than a landscape page is set there at the smaller font."""
+    import pandas as pd
+
+    from cs336_systems.report.document import Table
+    from cs336_systems.report.typst_source import table_typst
+
+    long_text = "all-gather + reduce-scatter time of one profiled step"
+    narrow = Table("t", "T", "c", pd.DataFrame({"strategy": ["fsdp2"], "measured as": [long_text]}))
+    source = table_typst(narrow)
+    assert "columns: (auto, 55mm,)" in source and "flipped" not in source and "5.5pt" not in source
+    wide = Table("w", "W", "c", pd.DataFrame({f"column {i}": ["x" * 30] for i in range(8)}))
+    source = table_typst(wide)
+    assert source.startswith("#page(flipped: true)[") and "set text(size: 5.5pt)" in source

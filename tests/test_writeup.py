@@ -137,7 +137,7 @@ def test_warmup_observations_read_each_run_against_its_own_later_steps():
     """Each run's first step against its own later steps; the runs' medians (fresh processes) only as a
     range, never ranked; a run measured under load says so."""
     rows = []
-    runs = ((0, [30.0, 10.0, 10.2, 9.9]), (1, [10.5, 11.1, 10.9, 11.0]), (2, [9.0, 11.0, 10.0, 10.5]))
+    runs = ((0, [30.0, 10.0, 10.2, 9.9]), (1, [10.5, 11.1, 10.9, 11.0]), (2, [11.2, 11.0, 10.0, 10.5]))
     for warmup, times_ in (*runs, (5, [10.0, 10.1, 9.9, 10.0])):
         load = 1.5 if warmup == 2 else 0.0
         rows += [
@@ -148,15 +148,17 @@ def test_warmup_observations_read_each_run_against_its_own_later_steps():
     lines = warmup_observations(rows)
     assert lines[0] == (
         "Without warmup the first measured step took 30.0 ms, 3.00x the median of the run's later steps (10.0 ms): "
-        "above every later step of that run (9.90 to 10.2 ms)."
+        "above that run's later steps (9.90 to 10.2 ms) by more than their whole spread."
     )
     assert lines[1] == (
         "After 1 warmup step the first measured step took 10.5 ms, 0.95x the median of the run's later steps "
-        "(11.0 ms): within the range of that run's later steps."
+        "(11.0 ms): within the range of that run's later steps (10.9 to 11.1 ms)."
     )
-    assert lines[2].startswith("After 2 warmup steps the first measured step took 9.00 ms, 0.86x the median")
+    assert lines[2].startswith("After 2 warmup steps the first measured step took 11.2 ms, 1.07x the median")
+    assert "just above that run's later steps (10.0 to 11.0 ms), by less than their spread" in lines[2]
     assert "other processes kept up to 1.5 cores busy meanwhile" in lines[2]
     assert lines[3].startswith("After 5 warmup steps the first measured step took 10.0 ms, 1.00x")
+    assert "within the range of that run's later steps" in lines[3]
     assert lines[4].startswith("The runs' medians of their later steps range from 10.0 to 11.0 ms:")
     assert not any(word in " ".join(lines) for word in ("faster", "slower", "+10%", "-"))
 

@@ -7,7 +7,7 @@ import pandas as pd
 
 from .document import byte_unit
 from .fields import derive, label_text
-from .grid import Value, grid
+from .grid import Value, grid, head_of
 
 STRATEGY = [("strategy", "strategy"), ("ranks", "world_size")]
 HELD = (  # what a rank holds, counted from its tensors after a step
@@ -69,12 +69,12 @@ def ddp_time_table(frame: pd.DataFrame, title: str) -> pd.DataFrame:
     for header, column, fmt in (
         ("communication (ms)", "comm_ms", "sig3"),
         ("communication (%)", "comm_pct", "sig3"),
-        ("communication measured as", "comm_method", "text"),
+        ("communication measured as", "comm_method", "head"),
         ("all-gather (ms)", "fsdp_all_gather_ms", "sig3"),
         ("reduce-scatter (ms)", "fsdp_reduce_scatter_ms", "sig3"),
         ("scaling efficiency (%)", "scaling_efficiency", "x100"),
     ):
-        if _filled(frame, column, numeric=fmt != "text"):
+        if _filled(frame, column, numeric=fmt != "head"):
             values.append(Value(header, column, fmt))
     caption = (
         "Median of the measured steps (each step the slowest rank's), ms, and the communication's share of it; "
@@ -86,7 +86,10 @@ def ddp_time_table(frame: pd.DataFrame, title: str) -> pd.DataFrame:
             "step, which the profiler slows and in which collectives overlap compute and each other (so they can "
             "add up to more than the median step)"
         )
-    return grid(frame, "ddp_bench", title=title, caption=caption, labels=list(STRATEGY), values=values)
+    methods = frame["comm_method"].dropna().astype(str).unique() if "comm_method" in frame.columns else []
+    said = [method for method in methods if head_of(method) != method]  # the column shows their first words
+    notes = ["Communication measured as: " + "; ".join(said) + "."] if said else []
+    return grid(frame, "ddp_bench", title=title, caption=caption, labels=list(STRATEGY), values=values, footnotes=notes)
 
 
 def held_table(frame: pd.DataFrame, title: str) -> pd.DataFrame | None:

@@ -93,9 +93,18 @@ FORMATS: dict[str, Callable[[dict, str], str]] = {
     "sci±": lambda row, name: "" if (v := _number(row, name)) is None else f"{v:+.1e}",
     "ms_from_ns": lambda row, name: "" if (v := _number(row, name)) is None else sig3(v / 1e6),
     "text": lambda row, name: plain(row.get(name)),
+    "head": lambda row, name: head_of(plain(row.get(name))),  # a long description's first words; its whole below
     "bytes": lambda row, name: "" if (v := _number(row, name)) is None else format_bytes(v),
     "s": lambda row, name: "" if (v := _number(row, name)) is None else seconds_text(v),
 }
+
+
+def head_of(text: str) -> str:
+    """A description's words before its first ' (' or ': ' ('step - no_sync step (exposed)' -> 'step -
+    no_sync step'), for a narrow cell; the table says the whole text under it."""
+    for stop in (" (", ": "):
+        text = text.split(stop, 1)[0]
+    return text
 
 
 def seconds_text(value: float) -> str:

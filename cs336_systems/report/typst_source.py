@@ -29,6 +29,7 @@ PREAMBLE = """#set document(date: none)
 """
 INSTALL_HINT = 'PDF output needs the typst package: pip install "typst>=0.14"'
 PORTRAIT_MM = 180.0  # A4 less 1.5 cm margins
+LANDSCAPE_MM = 267.0
 CHAR_MM = 1.3  # one character of 7 pt text, about
 CELL_MM = 3.0  # a cell's inset
 SMALLER_FONT_FITS = 7 / 5.5  # how much wider a table fits at 5.5 pt instead of 7
@@ -73,7 +74,11 @@ def table_width_mm(table: Table) -> float:
 def table_typst(table: Table) -> str:
     frame = table.frame.reset_index() if table.frame.index.name is not None else table.frame
     labels = len(table.spec.labels) if table.spec is not None and table.spec.labels else 1
-    widths = ", ".join("1fr" if chars > WRAP_CHARS else "auto" for _, chars in _columns(frame))
+    # a long text column gets the width of WRAP_CHARS characters (a share of what is left, 1fr, can be
+    # nothing beside wide columns, and its words then run into the next column)
+    widths = ", ".join(
+        f"{WRAP_CHARS * CHAR_MM + CELL_MM:.0f}mm" if chars > WRAP_CHARS else "auto" for _, chars in _columns(frame)
+    )
     align = ", ".join("right" if i >= labels and _numeric(frame[c]) else "left" for i, c in enumerate(frame.columns))
     header = ", ".join(f"strong({string(c)})" for c in frame.columns)
     rows = ",\n    ".join(", ".join(string(cell) for cell in row) for row in frame.astype(str).itertuples(index=False))
@@ -89,10 +94,13 @@ def table_typst(table: Table) -> str:
         f"  caption: {string(f'{table.title}. {table.caption}')},\n  kind: table,\n)\n{notes}"
     )
     width = table_width_mm(table)
+    smaller = "#show table: set text(size: 5.5pt)\n"
+    if width > LANDSCAPE_MM:  # wider than a landscape page too: there, at the smaller font
+        return f"#page(flipped: true)[\n{smaller}{body}]\n"
     if width > PORTRAIT_MM * SMALLER_FONT_FITS:
         return f"#page(flipped: true)[\n{body}]\n"
     if width > PORTRAIT_MM:  # a little too wide: a smaller font keeps it on the page, in the flow
-        return f"#[\n#show table: set text(size: 5.5pt)\n{body}]\n"
+        return f"#[\n{smaller}{body}]\n"
     return body
 
 

@@ -132,11 +132,14 @@ def warmup_observations(rows: list[dict]) -> list[str]:
             continue
         first, later = steps[0], steps[1:]
         medians[key] = middle = float(np.median(later))
-        where = (
-            f"above every later step of that run ({sig3(min(later))} to {sig3(max(later))} ms)"
-            if first > max(later)
-            else "within the range of that run's later steps"
-        )
+        low, high = min(later), max(later)
+        spread = f"that run's later steps ({sig3(low)} to {sig3(high)} ms)"
+        if first - high > high - low:  # clear of the later steps by more than their own spread
+            where = f"above {spread} by more than their whole spread"
+        elif first > high:
+            where = f"just above {spread}, by less than their spread: not told apart from them"
+        else:
+            where = f"within the range of {spread}"
         busy = [load for r in runs[key] if (load := number(r, "other_load_cores")) is not None and load > BUSY_CORES]
         if busy:
             where += f"; other processes kept up to {max(busy):.1f} cores busy meanwhile, so a slow step may be theirs"
