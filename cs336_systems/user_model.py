@@ -38,6 +38,14 @@ PLACEMENT_KEYWORDS = ("device", "dtype")
 # other spellings of a keyword in students' constructors (the handout's model says rope_theta)
 FACTORY_SYNONYMS = {"theta": "rope_theta", "rope_theta": "theta"}
 BUILD_DTYPE = torch.float32  # what a model is built in; --param-dtype casts its parameters afterwards
+# how a check says the user's own code raised (building the model, or in its forward): where that is the
+# device's doing (a CUDA-only call on a CPU), the handout measures the built-in model instead
+RAISED_BUILDING, RAISED_IN_FORWARD = "raised", "failed on int64 tokens of shape"
+
+
+def raised_in_users_code(message: str) -> bool:
+    """Whether a ModelFactoryError's line says the user's code raised, not that it broke the contract."""
+    return any(f" {words} " in message for words in (RAISED_BUILDING, RAISED_IN_FORWARD))
 
 
 def factory_keywords(factory: Callable, keywords: dict, spec: str) -> dict:
@@ -73,7 +81,7 @@ def build_user_model(spec: str, keywords: dict, device: torch.device | str) -> n
         except (torch.OutOfMemoryError, MemoryError, UserCodeTimeout):
             raise
         except Exception as exc:
-            raise ModelFactoryError(f"--model-factory {spec} raised {type(exc).__name__}: {exc}") from exc
+            raise ModelFactoryError(f"--model-factory {spec} {RAISED_BUILDING} {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, nn.Module):
         what = f"the class {model.__name__} itself" if isinstance(model, type) else type(model).__name__
         raise ModelContractError(f"--model-factory {spec} returned {what}, expected a torch.nn.Module")
@@ -95,7 +103,7 @@ def check_model_output(model: nn.Module, config: TokenShape, device: torch.devic
     except (torch.OutOfMemoryError, MemoryError, UserCodeTimeout):
         raise
     except Exception as exc:
-        raise ModelFactoryError(f"{label} failed on int64 tokens of shape (2, {seq_len}): {exc}") from exc
+        raise ModelFactoryError(f"{label} {RAISED_IN_FORWARD} (2, {seq_len}): {exc}") from exc
     expected = (2, seq_len, config.vocab_size)
     if not isinstance(out, torch.Tensor):
         what = f"a {type(out).__name__} of {len(out)}" if isinstance(out, tuple | list) else type(out).__name__

@@ -731,6 +731,24 @@ def test_a_model_that_cannot_run_here_is_one_line_before_any_step(tmp_path, caps
     assert not list(output_dir.glob("*.csv")) and not (output_dir / "writeup.md").exists()
 
 
+def test_a_model_whose_own_code_fails_here_is_said_in_the_plan_and_the_built_in_model_measured(tmp_path, capsys):
+    """A model that calls NVTX (CUDA builds only) cannot run on a CPU: the plan says so, the steps that would
+    measure it measure the built-in model, each saying why, and the write-up's first line repeats it."""
+    import pandas as pd
+
+    output_dir = tmp_path / "out"
+    argv = ["--device", "cpu", "--scale", "small", "--problems", "benchmarking_script", "--output-dir", str(output_dir)]
+    assert cli.main([*argv, "--model-factory", "tests.fixtures.hostile.models:marks_with_nvtx"]) == 0
+    err = capsys.readouterr().err
+    assert "Your --model-factory model cannot run on" in err and "NVTX functions not installed" in err
+    assert "The 2 steps that would measure it measure the built-in model instead" in err
+    plan = pd.read_csv(output_dir / "handout_plan.csv")
+    assert set(plan["outcome"]) == {"ok"} and not plan["command"].str.contains("--model-factory").any()
+    assert plan["reductions"].str.contains("the built-in model: your --model-factory model cannot run").all()
+    first = (output_dir / "writeup.md").read_text().splitlines()[2]
+    assert "your --model-factory model could not run on this device" in first
+
+
 def test_a_students_fsdp_on_their_model_costs_only_its_own_rows(tmp_path, monkeypatch, capsys):
     """fsdp_accounting with --adapters: the student's FSDP runs on their model in a step of its own, so
     a model of theirs that ddp_bench refuses (tuple logits) leaves the harness's fsdp2 and single rows,

@@ -177,6 +177,10 @@ def run(args: argparse.Namespace) -> int:
     steps = build_steps(options, target, problems)
     lanes = jobs_at_once(settings)
     notes = fit_budget(steps, budget_s, target, args.model_factory is not None, lanes) if budget_s else []
+    # a Slurm node or an assumed GPU is not this machine: their own runs say whether the model runs there
+    cannot_run = None
+    if args.model_factory and settings.kind != "slurm" and not args.assume_device:
+        cannot_run = _probe_user_model(steps)
     if settings.kind == "slurm":
         output_dir = slurm_output_dir(args, settings)
     else:
@@ -197,6 +201,13 @@ def run(args: argparse.Namespace) -> int:
         header += f", about {format_seconds(wall_seconds(steps, lanes))} from first start to last end with {at_once}"
     if notes:
         header += f"; to fit --budget {args.budget}: {', '.join(notes)}"
+    if cannot_run:
+        moved = _without_user_model(steps, args.model_factory, cannot_run)
+        header += (
+            f"\nYour --model-factory model cannot run on {target.name} ({cannot_run}). The {len(moved)} steps that "
+            "would measure it measure the built-in model instead (said in each); on a device where it runs, the "
+            "same command measures yours."
+        )
     if settings.kind == "slurm":
         settings, where = slurm_placement(args, settings, output_dir, found)
         header += where
@@ -213,15 +224,13 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     print(header, file=sys.stderr)
-    if settings.kind != "slurm":  # a Slurm job's node is not this one: its first step says
-        _probe_user_model(steps)
     if settings.kind != "inline":
         failed, ended = run_as_jobs(args, settings, steps, target, output_dir, budget_s)
         if not ended:  # the same command collects them and writes the write-up
             return EXIT_FAILED if failed else EXIT_OK
     else:
         failed = _run_inline(args, steps, target, output_dir, budget_s)
-    if not args.no_report and not write_report(output_dir, made_by(args, notes)):
+    if not args.no_report and not write_report(output_dir, made_by(args, notes, cannot_run)):
         return EXIT_FAILED
     return EXIT_FAILED if failed else EXIT_OK
 
@@ -250,11 +259,13 @@ def _run_inline(args: argparse.Namespace, steps, target: Target, output_dir: Pat
     return bool(failed)
 
 
-def _probe_user_model(steps: list) -> None:
+def _probe_user_model(steps: list) -> str | None:
     """--model-factory's model built (one layer) on the plan's device and its logits checked, in a child
-    process, before the first step: a model that cannot run there (a CUDA-only call, the wrong logits)
-    is one line now, not a failed row after minutes of other steps."""
+    process, before the first step: why it cannot run there, in one line, where its own code raised (a
+    CUDA-only call on a CPU), or None; a UsageError where it broke the contract (tuple logits): the
+    student mends that. Said now, not as failed rows after minutes of other steps."""
     from ..child import check_user_model_in_child
+    from ..user_model import raised_in_users_code
     from .plan import benchmark_configs
 
     for step in steps:
@@ -262,8 +273,30 @@ def _probe_user_model(steps: list) -> None:
             continue
         configs = [c for c in benchmark_configs(step) if c.model_factory]
         if configs:
-            check_user_model_in_child(min(configs, key=lambda c: c.batch_size * c.context_length))
-            return
+            try:
+                check_user_model_in_child(min(configs, key=lambda c: c.batch_size * c.context_length))
+            except UsageError as exc:
+                if not raised_in_users_code(str(exc)):  # the contract broken (tuple logits...): theirs to mend
+                    raise
+                return str(exc).removeprefix(f"--model-factory {configs[0].model_factory} ")
+            return None
+    return None
+
+
+def _without_user_model(steps: list, factory: str, why: str) -> list:
+    """The steps that would run --model-factory's model run the built-in model instead, each saying why;
+    the steps changed."""
+    moved = []
+    for step in steps:
+        if step.status == "run" and step.flags.get("--model-factory") == factory:
+            del step.flags["--model-factory"]
+            step.part = step.part.replace(f"your model ({factory})", "the built-in model")
+            short = why.rsplit(": ", 1)[-1]  # the model's own error; the first page says where it failed
+            step.reductions.append(
+                f"the built-in model: your --model-factory model cannot run on this device ({short})"
+            )
+            moved.append(step)
+    return moved
 
 
 def written_names(steps, output_dir: Path) -> list[str]:
@@ -304,10 +337,12 @@ def write_report(output_dir: Path, note: str) -> bool:
     return status == 0
 
 
-def made_by(args: argparse.Namespace, budget_notes: list[str]) -> str:
+def made_by(args: argparse.Namespace, budget_notes: list[str], cannot_run: str | None = None) -> str:
     note = f"Made by `cs336-bench handout {shlex.join(_argv_for_note(args))}`"
     if budget_notes:
         note += f"; to fit --budget {args.budget} the plan was shrunk ({', '.join(budget_notes)}): see the checklist"
+    if cannot_run:
+        note += f"; your --model-factory model could not run on this device ({cannot_run}): the built-in model instead"
     return note + "."
 
 
