@@ -116,3 +116,26 @@ def test_a_share_computed_from_an_unusable_value_is_explained_once_under_the_tab
     assert table.frame.iloc[0].tolist() == [NOT_MEASURABLE, NOT_MEASURABLE]
     notes = [note for note in table.footnotes if note.startswith(NOT_MEASURABLE)]
     assert notes == [f"{NOT_MEASURABLE}: zero1: exposed communication: per-step differences -12.1..+5.3 ms straddle 0."]
+
+
+def test_a_failed_rows_note_names_it_by_the_fewest_labels_that_tell_the_rows_apart():
+    base = {"tool": "attention_bench", "implementation": "flash-pytorch", "head_dim": 16, "status": "ok"}
+    rows = [
+        {**base, "context_length": n, "precision": p, "forward_mean_ms": 1.0}
+        for n in (64, 128)
+        for p in ("bf16", "fp32")
+    ]
+    for row in rows:
+        if row["precision"] == "bf16":
+            row.update(status="error", error="forward: RuntimeError: dtypes differ", forward_mean_ms=None)
+    table = grid(
+        pd.DataFrame(rows).assign(source="rows.csv"),
+        "attention_bench",
+        title="t",
+        labels=[("implementation", "implementation"), ("d", "head_dim"), ("seq", "context_length"), ("p", "precision")],
+        values=[Value("forward (ms)", "forward_mean_ms", "sig3")],
+    )
+    assert (
+        "flash-pytorch d 16 seq 64 bf16; flash-pytorch d 16 seq 128 bf16: error: forward: RuntimeError: dtypes differ."
+        in table.footnotes
+    )

@@ -311,15 +311,34 @@ def _mark_footnotes(table: pd.DataFrame, values: Sequence[Value] = ()) -> list[s
     return notes
 
 
+def _row_name(row: dict, labels: Sequence[tuple[str, str]]) -> str:
+    """A row as its table's label columns name it, a bare number with its header ('flash-pytorch d 16 seq 64')."""
+    words = []
+    for header, name in labels:
+        text = label_text(name, row)
+        if text:
+            words.append(f"{header} {text}" if text[:1].isdigit() else text)
+    return " ".join(words)
+
+
+def _naming(rows: list[dict], labels: Sequence[tuple[str, str]]) -> Sequence[tuple[str, str]]:
+    """The fewest leading label columns that tell the table's rows apart (a note names its rows by them)."""
+    for count in range(1, len(labels) + 1):
+        names = [_row_name(row, labels[:count]) for row in rows]
+        if len(set(names)) == len(names):
+            return labels[:count]
+    return labels
+
+
 def _failure_notes(rows: list[dict], labels: Sequence[tuple[str, str]]) -> list[str]:
     """Why each row that did not run is marked so, said once per reason (the row's own error text)."""
     reasons: dict[str, list[str]] = {}
     for row in rows:
         error = row.get("error")
         if row.get("status") not in (None, "ok") and isinstance(error, str) and error:
-            label = ", ".join(t for t in (label_text(n, row) for _, n in labels[:2]) if t)
-            reasons.setdefault(f"{row['status']}: {error.splitlines()[0][:200]}", []).append(label)
-    return [f"{', '.join(dict.fromkeys(who))}: {why}." for why, who in reasons.items()]
+            named = _row_name(row, _naming(rows, labels))
+            reasons.setdefault(f"{row['status']}: {error.splitlines()[0][:200]}", []).append(named)
+    return [f"{'; '.join(dict.fromkeys(who))}: {why}." for why, who in reasons.items()]
 
 
 def _implausible_notes(rows: list[dict], labels: Sequence[tuple[str, str]], values: Sequence[Value]) -> list[str]:
@@ -331,9 +350,8 @@ def _implausible_notes(rows: list[dict], labels: Sequence[tuple[str, str]], valu
             # a value computed from another (comm_pct from comm_ms) is unusable for the same reason: said once
             why = why.removeprefix(f"from {plausibility.DEPENDS_ON.get(name)}: ")
             if name in shown:
-                label = ", ".join(t for t in (label_text(n, row) for _, n in labels[:2]) if t)
-                reasons.setdefault(why, []).append(label)
-    return [f"{NOT_MEASURABLE}: {', '.join(dict.fromkeys(who))}: {why}." for why, who in reasons.items()]
+                reasons.setdefault(why, []).append(_row_name(row, _naming(rows, labels)))
+    return [f"{NOT_MEASURABLE}: {'; '.join(dict.fromkeys(who))}: {why}." for why, who in reasons.items()]
 
 
 MARK_WORDS = {
