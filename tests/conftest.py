@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -33,6 +34,21 @@ def _forget_interrupts():
 def fixtures_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(FIXTURES))
     return FIXTURES
+
+
+@pytest.fixture
+def fresh_cs336_basics(monkeypatch):
+    """No cs336_basics imported when the test starts, and none it imports left to the next test: a test
+    that imports a student's package finds the one its own path names, whatever ran before it."""
+
+    def imported() -> list[str]:
+        return [m for m in sys.modules if m == "cs336_basics" or m.startswith("cs336_basics.")]
+
+    for name in imported():
+        monkeypatch.delitem(sys.modules, name)  # put back after the test
+    yield
+    for name in imported():  # before monkeypatch puts back the earlier ones
+        del sys.modules[name]
 
 
 @pytest.fixture

@@ -72,31 +72,26 @@ def test_a_model_without_repeated_blocks_is_said_so():
         checkpoint_blocks(nn.Sequential(nn.Linear(2, 2)), 1)
 
 
-def test_the_students_fixture_model_is_checkpointed_through_the_factory():
+def test_the_students_fixture_model_is_checkpointed_through_the_factory(monkeypatch, fresh_cs336_basics):
     from cs336_systems.config import BenchmarkConfig
     from cs336_systems.runner import run_benchmark
     from tests.helpers import FIXTURES, tiny_model_config
 
     factory = "cs336_basics.model:BasicsTransformerLM"
-    import sys
-
-    sys.path.insert(0, str(FIXTURES / "student_repo"))
-    try:
-        config = BenchmarkConfig(
-            model=tiny_model_config(checkpoint_blocks="all"),
-            model_factory=factory,
-            context_length=16,
-            batch_size=2,
-            pass_type="train-step",
-            device="cpu",
-            warmup_steps=1,
-            measure_steps=2,
-            peak_tflops=1.0,
-            profile_step=False,
-        )
-        record = run_benchmark(config)
-    finally:
-        sys.path.remove(str(FIXTURES / "student_repo"))
+    monkeypatch.syspath_prepend(str(FIXTURES / "student_repo"))
+    config = BenchmarkConfig(
+        model=tiny_model_config(checkpoint_blocks="all"),
+        model_factory=factory,
+        context_length=16,
+        batch_size=2,
+        pass_type="train-step",
+        device="cpu",
+        warmup_steps=1,
+        measure_steps=2,
+        peak_tflops=1.0,
+        profile_step=False,
+    )
+    record = run_benchmark(config)
     assert record.status == "ok", record.error
     assert record.checkpoint_blocks == "all"
 

@@ -676,7 +676,7 @@ def test_a_running_steps_progress_is_its_logs_last_line(tmp_path):
     assert status == 0 and "busy working" in seen
 
 
-def test_the_plan_reads_the_repositorys_files_not_only_what_is_importable(tmp_path, monkeypatch):
+def test_the_plan_reads_the_repositorys_files_not_only_what_is_importable(tmp_path, monkeypatch, fresh_cs336_basics):
     """The official skeleton ships assignment 1's model and AdamW in cs336-basics/ (a uv workspace
     member): found there, and put on the path the steps import from, even where it is not installed."""
     import sys
@@ -690,15 +690,13 @@ def test_the_plan_reads_the_repositorys_files_not_only_what_is_importable(tmp_pa
     (package / "optimizer.py").write_text("import torch\n\n\nclass AdamW(torch.optim.Optimizer):\n    pass\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if "student_repo" not in p])
-    for name in [m for m in sys.modules if m == "cs336_basics" or m.startswith("cs336_basics.")]:
-        monkeypatch.delitem(sys.modules, name)  # an earlier test imported the fixture's
     assert defined_in_repository(STUDENT_MODEL) and defined_in_repository(STUDENT_ADAMW)
     assert not defined_in_repository("cs336_basics.model:SomethingElse")
     assert str((tmp_path / "cs336-basics").resolve()) in sys.path
 
 
 def test_a_model_factory_of_the_students_own_that_imports_cs336_basics_finds_it_uninstalled(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capsys, fresh_cs336_basics
 ):
     """A student's wrapper at the root (their assignment 1 model takes n_layers) imports cs336_basics, which
     lives in cs336-basics/ and is installed only by `uv sync`: the plan puts it on the path first."""
@@ -713,8 +711,6 @@ def test_a_model_factory_of_the_students_own_that_imports_cs336_basics_finds_it_
     (tmp_path / "my_model.py").write_text("from cs336_basics.blocks import BasicsTransformerLM as build\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if "student_repo" not in p] + [str(tmp_path)])
-    for name in [m for m in sys.modules if m == "cs336_basics" or m.startswith("cs336_basics.")]:
-        monkeypatch.delitem(sys.modules, name)
     argv = ["--device", "cpu", "--scale", "small", "--problems", "benchmarking_script", "--dry-run"]
     assert cli.main([*argv, "--model-factory", "my_model:build"]) == 0, capsys.readouterr().err
     assert str((tmp_path / "cs336-basics").resolve()) in sys.path

@@ -41,7 +41,7 @@ def test_a_factory_that_leaves_a_mess_loses_no_row_and_leaves_nothing_running(tm
         [PYTHON, "-m", "cs336_systems.benchmark", *ONE]
         + ["--model-factory", "tests.fixtures.hostile.models:leaves_a_mess", "--output", "rows.csv"],
         cwd=tmp_path,
-        env={**child_env(), "HOSTILE_HELPER_PIDFILE": str(pidfile)},
+        env={**child_env(), "HOSTILE_HELPER_PIDFILE": str(pidfile), "HOSTILE_CWD_PARENT": str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=HANG_GUARD_S,

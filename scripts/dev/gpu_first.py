@@ -146,6 +146,8 @@ def plan(work: Path, dry_run: bool, student_repos: list[Path], device_memory_byt
                     "-q",
                     "-p",
                     "no:cacheprovider",
+                    "-o",
+                    "addopts=-ra",  # one process: a bare GPU machine may lack pytest-xdist (pyproject's -n 2)
                     "tests/test_gpu.py",
                     "tests/test_gpu_cuda_graphs.py",
                     "tests/test_gpu_fast_path.py",

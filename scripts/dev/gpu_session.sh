@@ -17,7 +17,7 @@ case "${1:-}" in
       --output "$out/gpu_sweep_h100.csv" --output "$out/gpu_sweep_h100.md"
     stage 150 $py scripts/checks/memory_accuracy.py --device cuda --output-dir "$out/checks"
     stage 60 $py scripts/checks/bench_timing.py --device cuda --output-dir "$out/checks"
-    stage 90 $py -m pytest -q tests/test_gpu.py 2>&1 | tail -25
+    stage 90 $py -m pytest -q -o addopts=-ra tests/test_gpu.py 2>&1 | tail -25
     ;;
   extras)
     res="$PWD/gpu_extras"; mkdir -p "$res"
@@ -63,7 +63,7 @@ PY
   input)
     # monitor (NVML columns) and loader_bench (CUDA events, pinned non_blocking copies, the GPU spin stand-in)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-    stage 90 $py -m pytest -q tests/test_monitor.py tests/test_loader_bench.py -k "gpu or nvml or events or 500mb" 2>&1 | tail -15
+    stage 90 $py -m pytest -q -o addopts=-ra tests/test_monitor.py tests/test_loader_bench.py -k "gpu or nvml or events or 500mb" 2>&1 | tail -15
     stage 60 $py -m cs336_systems.loader_bench --device cuda --storage simulated --latency-ms 1 --item-bytes 2MiB \
       --num-items 256 --batch-size 16 --compute-ms 15 --epochs 2 --num-workers 0 4 --pin-memory false true \
       --output "$out/loader_gpu.csv" --output "$out/loader_gpu.md" --monitor "$out/loader_gpu_monitor.csv" --monitor-interval 0.2
@@ -74,7 +74,7 @@ PY
     # attention and mixed precision: about 3.5 minutes on an H100 (the 16384-long naive/compiled rows dominate;
     # --max-seconds 5 bounds each timed loop).
     stage 60 $py -m cs336_systems.mixed_precision --device cuda | tee "$out/mixed_precision_cuda.txt"
-    stage 120 $py -m pytest -q tests/test_attention_gpu.py tests/test_nvtx.py 2>&1 | tail -15
+    stage 120 $py -m pytest -q -o addopts=-ra tests/test_attention_gpu.py tests/test_nvtx.py 2>&1 | tail -15
     stage 240 $py -m cs336_systems.attention_bench --device cuda --head-dims 16 128 --seq-lens 256 1024 4096 16384 \
       --batch-size 8 --steps 100 --max-seconds 5 --implementations naive sdpa compiled \
       --output "$out/attention_h100.csv" --output "$out/attention_h100.md" --output "$out/attention_h100.jsonl"
