@@ -104,8 +104,11 @@ class LoadMeter:
         gpu = gpu_other_processes(self.gpu_index) if self.gpu_index is not None else None
         cores = psutil.cpu_count() or 1
         # the kernel counts CPU time in whole ticks, each count off by up to one: over a window of a few
-        # milliseconds that is cores of load that were not there. Those ticks are taken off (a lower bound).
-        slack = 2 * (cores + len(after)) / TICKS_PER_S
+        # milliseconds that is cores of load that were not there. Those ticks are taken off (a lower bound),
+        # for the machine's cores and for each of our processes that ran meanwhile (an idle one, such as
+        # torch.compile's pool of 20 workers, reads the same count twice: no error to take off)
+        ran = sum(1 for pid, seconds in after.items() if seconds != self._start[2].get(pid))
+        slack = 2 * (cores + ran) / TICKS_PER_S
         self.load = Load(min(float(cores), max(0.0, busy - own - slack) / wall), cores, share, gpu)
 
 

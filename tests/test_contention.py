@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from cs336_systems import reaper
 from cs336_systems.contention import Load, LoadMeter
 
@@ -37,9 +39,21 @@ def test_a_busy_loop_elsewhere_is_seen_and_said():
     assert load.words().startswith("other processes kept ")
 
 
-def test_a_busy_process_of_our_own_is_our_work_not_another_load():
-    """ddp_bench's ranks, torch.compile's workers: processes this run started are not contention."""
+def test_a_busy_process_of_our_own_is_our_work_not_another_load(monkeypatch):
+    """ddp_bench's ranks, torch.compile's workers: processes this run started are not contention. The
+    machine is made one where only this process and its spinner run (its busy time read from the two
+    directly), so what other tests run beside this one does not count."""
+    import psutil
+
+    from cs336_systems import contention
+
     spinner = subprocess.Popen(["sh", "-c", f"exec {SPIN}"])
+    processes = [psutil.Process(), psutil.Process(spinner.pid)]
+
+    def only_us() -> float:
+        return sum(t.user + t.system for t in (p.cpu_times() for p in processes))
+
+    monkeypatch.setattr(contention, "_busy_seconds", only_us)
     try:
         time.sleep(0.3)
         with LoadMeter(threads=1) as meter:
@@ -47,7 +61,24 @@ def test_a_busy_process_of_our_own_is_our_work_not_another_load():
     finally:
         spinner.kill()
         spinner.wait()
-    assert meter.load.other_cores < 0.5 and meter.load.own_share < 0.2  # the share is this process's alone
+    assert meter.load.other_cores < 0.1 and meter.load.own_share < 0.2  # the share is this process's alone
+
+
+def test_idle_processes_of_ours_take_no_load_off_as_tick_rounding(monkeypatch):
+    """Only our processes that ran in the window can have their tick counts rounded: twenty idle ones
+    (torch.compile's worker pool) take nothing off a core of load elsewhere."""
+    from cs336_systems import contention
+
+    busy = iter([100.0, 101.0])  # one core busy elsewhere over one second
+    clock = iter([0.0, 1.0])
+    idle = {pid: 5.0 for pid in range(1000, 1020)}
+    monkeypatch.setattr(contention, "_busy_seconds", lambda: next(busy))
+    monkeypatch.setattr(contention, "_own_seconds", lambda: dict(idle))
+    monkeypatch.setattr(contention.time, "monotonic", lambda: next(clock))
+    with LoadMeter(threads=1) as meter:
+        pass
+    cores = contention.psutil.cpu_count()  # the machine's own ticks are still taken off
+    assert meter.load.other_cores == pytest.approx(1.0 - 2 * cores / contention.TICKS_PER_S)
 
 
 def test_the_load_never_passes_the_machines_cores(monkeypatch):

@@ -20,7 +20,8 @@ def _flag_tables():
 def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     command = next(line for line in readme.splitlines() if line.startswith("pip install") and "pytest" in line)
-    assert f"python -m {command}" in (ROOT / ".ci" / "run").read_text().splitlines()
+    # and a failure anywhere in that && list fails CI (set -e alone lets the script go on)
+    assert f"python -m {command} || exit 1" in (ROOT / ".ci" / "run").read_text().splitlines()
 
 
 def test_every_advertised_flag_of_a_tool_is_in_its_table():
