@@ -131,9 +131,18 @@ def test_spawned_ranks_die_with_their_sigkilled_parent(tmp_path):
     )
     parent = psutil.Process(process.pid)
 
+    def command_line(child: psutil.Process) -> str:
+        try:
+            return " ".join(child.cmdline())
+        except psutil.Error:  # a short-lived helper of the parent that ended (a zombie) meanwhile
+            return ""
+
     def joined():
-        ranks = [p for p in parent.children() if "spawn_main" in " ".join(p.cmdline())]
-        return len(ranks) == 2 and all(r.net_connections("tcp") for r in ranks) and [r.pid for r in ranks]
+        ranks = [p for p in parent.children() if "spawn_main" in command_line(p)]
+        try:
+            return len(ranks) == 2 and all(r.net_connections("tcp") for r in ranks) and [r.pid for r in ranks]
+        except psutil.Error:
+            return False
 
     ranks = _wait_for(joined, process)
     process.kill()
