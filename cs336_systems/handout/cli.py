@@ -287,11 +287,11 @@ def _without_user_model(steps: list, factory: str, why: str) -> list:
     """The steps that would run --model-factory's model run the built-in model instead, each saying why;
     the steps changed."""
     moved = []
+    short = why.rsplit(": ", 1)[-1]  # the model's own error; the first page says where it failed
     for step in steps:
         if step.status == "run" and step.flags.get("--model-factory") == factory:
             del step.flags["--model-factory"]
             step.part = step.part.replace(f"your model ({factory})", "the built-in model")
-            short = why.rsplit(": ", 1)[-1]  # the model's own error; the first page says where it failed
             step.reductions.append(
                 f"the built-in model: your --model-factory model cannot run on this device ({short})"
             )

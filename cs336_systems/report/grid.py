@@ -333,11 +333,11 @@ def _naming(rows: list[dict], labels: Sequence[tuple[str, str]]) -> Sequence[tup
 def _failure_notes(rows: list[dict], labels: Sequence[tuple[str, str]]) -> list[str]:
     """Why each row that did not run is marked so, said once per reason (the row's own error text)."""
     reasons: dict[str, list[str]] = {}
+    naming = _naming(rows, labels)
     for row in rows:
         error = row.get("error")
         if row.get("status") not in (None, "ok") and isinstance(error, str) and error:
-            named = _row_name(row, _naming(rows, labels))
-            reasons.setdefault(f"{row['status']}: {error.splitlines()[0][:200]}", []).append(named)
+            reasons.setdefault(f"{row['status']}: {error.splitlines()[0][:200]}", []).append(_row_name(row, naming))
     return [f"{'; '.join(dict.fromkeys(who))}: {why}." for why, who in reasons.items()]
 
 
@@ -345,12 +345,13 @@ def _implausible_notes(rows: list[dict], labels: Sequence[tuple[str, str]], valu
     """Why a cell shows NOT_MEASURABLE, once per reason, naming its rows."""
     shown = {v.field for v in values}
     reasons: dict[str, list[str]] = {}
+    naming = _naming(rows, labels)
     for row in rows:
         for name, why in plausibility.problems(row).items():
             # a value computed from another (comm_pct from comm_ms) is unusable for the same reason: said once
             why = why.removeprefix(f"from {plausibility.DEPENDS_ON.get(name)}: ")
             if name in shown:
-                reasons.setdefault(why, []).append(_row_name(row, _naming(rows, labels)))
+                reasons.setdefault(why, []).append(_row_name(row, naming))
     return [f"{NOT_MEASURABLE}: {'; '.join(dict.fromkeys(who))}: {why}." for why, who in reasons.items()]
 
 

@@ -104,13 +104,19 @@ def versus(a: dict | None, b: dict | None, phase: str = "") -> Comparison | None
 LOADED = "not compared: other processes kept"
 
 
+def busy_loads(rows: Iterable[dict]) -> list[float]:
+    """The other processes' load (cores) of each row measured while they kept the machine busy."""
+    loads = [number(r, "other_load_cores") for r in rows]
+    return [load for load in loads if load is not None and load > BUSY_CORES]
+
+
 def under_load(comparison: Comparison | None, rows: Iterable[dict]) -> Comparison | None:
     """`comparison`, unresolved where any of `rows` was measured while other processes kept the machine
     busy: each row's steps say nothing of what the load did to the other row (a thread of one row
     waiting for a core, seen as 255 ms steps of a 1 ms forward), so no interval of the two is one."""
-    loads = [number(r, "other_load_cores") for r in rows]
+    rows = list(rows)
     gpus = [number(r, "gpu_other_processes") or 0 for r in rows]
-    busy = [load for load in loads if load is not None and load > BUSY_CORES]
+    busy = busy_loads(rows)
     if comparison is None or not comparison.resolved or not (busy or any(gpus)):
         return comparison
     what = f"up to {max(busy):.1f} cores busy" if busy else "the GPU busy"

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...contention import BUSY_CORES
 from ...report import benchmark, plots
 from ...report.document import Bullets, Heading, Section, Text, sig3
 from ...report.fields import label_text
-from ...report.observe import noise_text, number, ok, records, span, times, versus
+from ...report.observe import busy_loads, noise_text, number, ok, records, span, times, versus
 from ...tools import module_name
 from ..parameters import Options
 from ..plan import Step
@@ -140,8 +139,7 @@ def warmup_observations(rows: list[dict]) -> list[str]:
             where = f"just above {spread}, by less than their spread: not told apart from them"
         else:
             where = f"within the range of {spread}"
-        busy = [load for r in runs[key] if (load := number(r, "other_load_cores")) is not None and load > BUSY_CORES]
-        if busy:
+        if busy := busy_loads(runs[key]):
             where += f"; other processes kept up to {max(busy):.1f} cores busy meanwhile, so a slow step may be theirs"
         name = "Without warmup" if key == "0" else f"After {key} warmup step{'s' * (key != '1')}"
         lines.append(
