@@ -34,6 +34,7 @@ from .lifetime import OurInterrupt
 from .models import ATTENTION_KINDS
 from .monitor import add_monitor_arguments, check_monitor_arguments, monitored
 from .precision import PRECISIONS
+from .progress import progress_bar
 from .results import (
     BenchmarkRecord,
     ResultFileError,
@@ -255,7 +256,7 @@ def resume_command(prog: str, argv: Sequence[str]) -> str:
 
 
 def progress(total: int, description: str) -> tqdm:
-    return tqdm(total=total, desc=description, unit="config", file=sys.stderr, dynamic_ncols=True)
+    return progress_bar(total, "config", description)
 
 
 def describe(config: BenchmarkConfig) -> str:

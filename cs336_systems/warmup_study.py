@@ -99,7 +99,12 @@ def run(args: argparse.Namespace) -> int:
                 max_over_median=stats.max / stats.median,
             )
         )
-        print(summary[-1], file=sys.stderr, flush=True)
+        print(
+            f"{PROG}: {warmup} warmup steps: median {stats.median:.2f} ms over {len(record.step_ms)} measured steps, "
+            f"first measured step {summary[-1]['first_over_median']:.2f}x the median",
+            file=sys.stderr,
+            flush=True,
+        )
 
     args.output_dir.mkdir(parents=True, exist_ok=True)
     stem = args.output_dir / f"warmup_study_{device.type}"

@@ -33,10 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm import tqdm
-
 from ..executor import ATTEMPT_DIR, Job, JobDir, Outcome, Poll, collect
 from ..executor.jobs import EXITED, STARTED, STEP_LOG
+from ..progress import progress_bar
 from ..results import open_to_write
 from .outputs import MARKERS, OutputDirError, claim, written
 from .plan import Step
@@ -262,7 +261,7 @@ def run_jobs(plan: PlanJobs, runner, wait: bool, budget_s: float | None = None) 
     done = plan.counts()[0]
     if done:
         print(f"{done} of {len(plan.runnable)} steps already done in {plan.output_dir}", file=sys.stderr)
-    bar = tqdm(total=len(plan.runnable), initial=done, unit="step", file=sys.stderr, dynamic_ncols=True)
+    bar = progress_bar(len(plan.runnable), "step", initial=done)
 
     def show(poll: Poll) -> None:
         live = plan.in_flight(poll)

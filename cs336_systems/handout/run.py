@@ -28,10 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
-from tqdm import tqdm
 
 from .. import jsontext
 from ..lifetime import child_preexec
+from ..progress import progress_bar
 from ..results import open_to_write, write_whole
 from ..results.origin import named
 from ..units import format_bytes
@@ -307,7 +307,7 @@ def execute(
     write_plan(plan_path, plan_rows(steps, target, output_dir, outcomes, edition, scale))
     if outcomes:
         print(f"{len(outcomes)} of {len(runnable)} steps already done in {output_dir}; continuing", file=sys.stderr)
-    bar = tqdm(total=len(runnable), initial=len(outcomes), unit="step", file=sys.stderr, dynamic_ncols=True)
+    bar = progress_bar(len(runnable), "step", initial=len(outcomes))
     try:
         for step in runnable:
             if step.id in outcomes:

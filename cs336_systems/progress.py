@@ -1,0 +1,61 @@
+"""Progress bars that suit where stderr goes: tqdm's redrawn bar on a terminal, whole lines in a log
+(a Slurm job's log, nohup.out, a handout step's log), where a bar redrawn with carriage returns is
+kept as one endless line."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+from tqdm import tqdm
+
+LOG_EVERY_S = 60.0  # in a log, a line between two finished units at most this often: a long unit shows it lives
+
+
+def progress_bar(total: int, unit: str, description: str | None = None, initial: int = 0) -> tqdm:
+    """The bar every tool shows on stderr: tqdm on a terminal, LogLines elsewhere."""
+    bar = tqdm if sys.stderr.isatty() else LogLines
+    return bar(total=total, initial=initial, desc=description, unit=unit, file=sys.stderr, dynamic_ncols=True)
+
+
+class LogLines(tqdm):
+    """tqdm as whole lines: one when a unit finishes (and at the start and end), and between two,
+    a new description or postfix at most once every LOG_EVERY_S seconds."""
+
+    _line_open = False  # the last line printed has no newline yet: the next line or the end gives it one
+    _printed_n: float | None = None
+    _printed_at = -math.inf
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, mininterval=0, **kwargs)
+
+    def status_printer(self, file):  # tqdm calls self.status_printer(self.fp): a method, not tqdm's staticmethod
+        def print_line(text: str) -> None:
+            if not text.strip():
+                return
+            if self._line_open:
+                file.write("\n")
+            file.write(text.rstrip())
+            file.flush()
+            self._line_open = True
+
+        return print_line
+
+    def refresh(self, nolock=False, lock_args=None):
+        now = time.monotonic()
+        if self.n == self._printed_n and now - self._printed_at < LOG_EVERY_S:
+            return False
+        self._printed_n, self._printed_at = self.n, now
+        return super().refresh(nolock=nolock, lock_args=lock_args)
+
+    def clear(self, nolock=False):
+        """Before tqdm.write's line: end the open line (a terminal bar would be erased)."""
+        if self._line_open:
+            self.fp.write("\n")
+            self._line_open = False
+
+    def close(self):
+        if not self.disable and self._printed_n == self.n:
+            self.sp = lambda text: None  # tqdm's close draws the last state again: its line is already there
+        super().close()
