@@ -48,8 +48,8 @@ from .results import (
 )
 from .results.origin import TOOL
 from .search import search_boundary
-from .step import describe_measurement
-from .sweep import StopRequest, describe
+from .step import describe_config, describe_measurement
+from .sweep import StopRequest
 from .tools import prog
 
 PROG = prog("find_max")
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
 
 def searched_config(base: BenchmarkConfig, dimension: str) -> str:
     """The configuration with the searched value shown as '*'."""
-    text = describe(base)
+    text = describe_config(base)
     if dimension == "context-length":
         return text.replace(f"T={base.context_length}", "T=*")
     return text.replace(f"B={base.batch_size}", "B=*")

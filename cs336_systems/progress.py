@@ -59,3 +59,31 @@ class LogLines(tqdm):
         if not self.disable and self._printed_n == self.n:
             self.sp = lambda text: None  # tqdm's close draws the last state again: its line is already there
         super().close()
+
+
+class StepHeartbeat:
+    """While one configuration's steps run long (a large model on a CPU), a line on stderr now and
+    then: which step ended and how long it took. A configuration that ends within `every_s` says
+    nothing. Called between timed steps, never inside one."""
+
+    def __init__(self, label: str, every_s: float | None = None, clock=time.monotonic):
+        self.label, self.clock = label, clock
+        self.every_s = every_s if every_s is not None else (10.0 if sys.stderr.isatty() else LOG_EVERY_S)
+        self.started = self.last = clock()
+
+    def __call__(self, kind: str, index: int, planned: int, ms: float) -> None:
+        now = self.clock()
+        if now - self.last < self.every_s:
+            return
+        self.last = now
+        of = (
+            f"of {planned}"
+            if index <= planned
+            else f"({planned} planned, then more until IQR/median reaches the target)"
+        )
+        print(
+            f"{self.label}: {kind} step {index} {of} took {ms / 1e3:.1f} s "
+            f"({now - self.started:.0f} s since this configuration's first step)",
+            file=sys.stderr,
+            flush=True,
+        )

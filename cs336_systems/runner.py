@@ -55,10 +55,11 @@ from .precision import (
     unsupported_reason,
 )
 from .profiling import StepProfile, profile_step
+from .progress import StepHeartbeat
 from .results import BenchmarkRecord, Environment, collect_environment
 from .results.records import NONFINITE_LOSS_NOTE
 from .stats import per_second, summarize
-from .step import CUDA_GRAPH_NOTE, captured_step, combine_phases, compiled, make_step
+from .step import CUDA_GRAPH_NOTE, captured_step, combine_phases, compiled, describe_config, make_step
 from .timing import (
     HostTimer,
     PhaseRecorder,
@@ -162,6 +163,7 @@ def _time(run: Run, steps: Steps, memory: PhaseMemory) -> tuple[StepTimes, Load 
         phases=steps.phases,
         target_iqr_pct=config.target_iqr_pct,
         max_measure_s=config.max_measure_s,
+        after_step=StepHeartbeat(describe_config(config)),
     )
     return times, load.load
 

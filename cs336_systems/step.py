@@ -130,6 +130,15 @@ def make_step(
     raise ValueError(f"unknown pass type {config.pass_type!r}; choose one of {PASS_TYPES}")
 
 
+def describe_config(config: BenchmarkConfig) -> str:
+    """One configuration in a few words, for progress lines: 'small sdpa fp32 T=128 B=4 train-step'."""
+    compiled = " compile" if config.compile else ""
+    return (
+        f"{config.model.size_name} {config.model.attention} {config.precision}{compiled} "
+        f"T={config.context_length} B={config.batch_size} {config.pass_type}"
+    )
+
+
 def describe_step(config: BenchmarkConfig) -> str:
     """What one timed step of `config` covers, in words (make_step's step): a run's first lines say it."""
     times = f"{config.grad_accum_steps} x " if config.grad_accum_steps > 1 else ""

@@ -45,7 +45,7 @@ from .results import (
     read_results,
 )
 from .size_tables import SizeTableChoice
-from .step import describe_measurement
+from .step import describe_config, describe_measurement
 from .terminal import show
 
 
@@ -259,14 +259,6 @@ def progress(total: int, description: str) -> tqdm:
     return progress_bar(total, "config", description)
 
 
-def describe(config: BenchmarkConfig) -> str:
-    compiled = " compile" if config.compile else ""
-    return (
-        f"{config.model.size_name} {config.model.attention} {config.precision}{compiled} "
-        f"T={config.context_length} B={config.batch_size} {config.pass_type}"
-    )
-
-
 # -- the driver both sweep commands run ----------------------------------------------------
 
 
@@ -281,7 +273,7 @@ class Writer:
         """False once a stop was requested: the caller must not begin `config`."""
         if self.stop.requested:
             return False
-        self.bar.set_description(describe(config))
+        self.bar.set_description(describe_config(config))
         return True
 
     def write(self, record: BenchmarkRecord) -> None:

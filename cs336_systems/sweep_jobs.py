@@ -45,10 +45,9 @@ from .results import (
     collect_environment,
 )
 from .results.errors import OutputLockedError
-from .step import describe_measurement
+from .step import describe_config, describe_measurement
 from .sweep import (
     StopRequest,
-    describe,
     existing_rows,
     final_keys,
     grid_from_args,
@@ -82,7 +81,7 @@ def job_name(config: BenchmarkConfig) -> str:
 def config_job(config: BenchmarkConfig, limits: ChildLimits) -> Job:
     command = (sys.executable, "-m", *benchmark_arguments(config, limits), "--output", f"{ATTEMPT_DIR}/{ROWS}")
     payload = {"config": config.to_dict(), "memory_limit_bytes": limits.memory_limit_bytes}
-    return Job(job_name(config), command, describe(config), limits.timeout_s, payload)
+    return Job(job_name(config), command, describe_config(config), limits.timeout_s, payload)
 
 
 def default_job_dir(outputs: Sequence[Path]) -> Path | None:

@@ -287,6 +287,7 @@ def time_steps(
     target_iqr_pct: float | None = None,
     max_measure_s: float = 60.0,
     max_measure_steps: int = 1000,
+    after_step: Callable[[str, int, int, float], None] | None = None,
 ) -> StepTimes:
     """Warmup steps, then measured steps, each timed on its own.
 
@@ -305,6 +306,9 @@ def time_steps(
     autorange: after `measure_steps`, one more step at a time while IQR/median is above the target,
     the measured steps have taken under `max_measure_s` and fewer than `max_measure_steps` ran; the
     result says whether the target was reached.
+
+    `after_step(kind, index, planned, ms)` is called after each timed step, outside its timing ("warmup"
+    or "measured", 1-based index, the planned count): a progress line for slow configurations.
     """
     if warmup_steps < 0 or measure_steps < 1:
         raise ValueError(f"need warmup_steps >= 0 and measure_steps >= 1, got {warmup_steps}, {measure_steps}")
@@ -316,6 +320,8 @@ def time_steps(
     with nvtx.range("warmup"):
         for _ in range(warmup_steps):
             warmup.append(timer.time_ms(step))
+            if after_step is not None:
+                after_step("warmup", len(warmup), warmup_steps, warmup[-1])
             if over_budget(warmup, 1):
                 break
     measured: list[float] = []
@@ -327,6 +333,8 @@ def time_steps(
             measured.append(timer.time_ms(step))
             if phases is not None:
                 phases.end_step()
+            if after_step is not None:
+                after_step("measured", len(measured), measure_steps, measured[-1])
 
     def unresolved() -> bool:
         return len(measured) < 2 or summarize(measured).iqr_pct > target_iqr_pct

@@ -37,7 +37,7 @@ from .results import (
 from .results.markdown import write_page
 from .results.origin import named
 from .stats import summarize
-from .sweep import describe
+from .step import describe_config
 from .tools import prog
 
 PROG = prog("warmup_study")
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         warm = rows[~rows["measured"]]
         ax.scatter(warm["step_index"], warm["step_ms"], s=80, facecolors="none", edgecolors=line.get_color())
     ax.set(yscale="log", xlabel="step index (hollow markers: warmup steps, not summarised)", ylabel="step time (ms)")
-    ax.set_title(f"{describe(base)} on {records[0]['device_name']}", fontsize=9)
+    ax.set_title(f"{describe_config(base)} on {records[0]['device_name']}", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         title=f"Warmup study ({device.type})",
         command=command,
         body=[
-            f"{describe(base)} (warmup varied); each warmup count in a fresh process; statistics over the "
+            f"{describe_config(base)} (warmup varied); each warmup count in a fresh process; statistics over the "
             f"{args.measure_steps} measured steps; `first_over_median` = first measured step / median.",
             "",
             tabulate(summary, headers="keys", tablefmt="github", floatfmt=".2f"),

@@ -301,3 +301,36 @@ def test_measuring_until_resolved_stops_at_the_target_or_the_cap():
     assert alternating.target_reached is False and 1000 <= sum(alternating.measured_ms) < 1100
     plain = time_steps(lambda: None, warmup_steps=0, measure_steps=4, timer=HostTimer(clock))
     assert plain.target_reached is None and len(plain.measured_ms) == 4  # no target: exactly as asked
+
+
+def test_after_step_hears_each_step_outside_its_timing_and_a_slow_one_prints_a_line(capsys):
+    from cs336_systems.progress import StepHeartbeat
+
+    clock = FakeClock()
+    durations = iter([12.0, 3.0, 2.0, 2.0, 9.0])  # seconds: a slow configuration, two warmup steps, three measured
+    heard = []
+
+    def step():
+        clock.now += next(durations)
+
+    beat = StepHeartbeat("xl fp32", every_s=10.0, clock=lambda: clock.now)
+
+    def after(kind, index, planned, ms):
+        heard.append((kind, index, planned, ms, clock.reads))
+        beat(kind, index, planned, ms)
+
+    times = time_steps(step, warmup_steps=2, measure_steps=3, timer=HostTimer(clock), after_step=after)
+    assert [h[:4] for h in heard] == [
+        ("warmup", 1, 2, 12000.0),
+        ("warmup", 2, 2, 3000.0),
+        ("measured", 1, 3, 2000.0),
+        ("measured", 2, 3, 2000.0),
+        ("measured", 3, 3, 9000.0),
+    ]
+    assert [h[4] for h in heard] == [2, 4, 6, 8, 10]  # after the step's second clock read: outside its timing
+    assert times.measured_ms == pytest.approx((2000.0, 2000.0, 9000.0))
+    # a line only when 10 s passed since the last one: after the first step (12 s) and the last (13 s later)
+    assert capsys.readouterr().err.splitlines() == [
+        "xl fp32: warmup step 1 of 2 took 12.0 s (12 s since this configuration's first step)",
+        "xl fp32: measured step 3 of 3 took 9.0 s (28 s since this configuration's first step)",
+    ]
