@@ -13,7 +13,7 @@ from cs336_systems.handout.problems import EDITIONS
 from cs336_systems.handout.problems.attention import attention_observations
 from cs336_systems.handout.problems.benchmarking import timing_observations, warmup_observations
 from cs336_systems.handout.problems.checkpointing import checkpoint_observations
-from cs336_systems.handout.problems.data_parallel import ddp_observations, held_observations
+from cs336_systems.handout.problems.data_parallel import ddp_observations, gather_observations, held_observations
 from cs336_systems.handout.problems.precision import precision_observations
 from cs336_systems.report.verify import parse_tables
 from cs336_systems.results.readers import as_todays_rows
@@ -243,6 +243,16 @@ def test_held_observations_compare_each_strategy_with_ddp():
     ]
     assert held_observations(rows, "ddp") == [
         "zero1: parameters 4.00 MiB (1.00x of ddp's), optimizer state 4.00 MiB (0.50x of ddp's)."
+    ]
+
+
+def test_the_all_gather_sentence_reads_the_medians_the_table_shows():
+    """The table's step column is the median: the sentence beside it must not quote the mean."""
+    row = {"strategy": "fsdp2", "world_size": 2, "status": "ok", "fsdp_all_gather_ms": 9.41}
+    row |= {"median_ms": 45.5, "mean_ms": 43.5, "forward_median_ms": 10.7, "forward_mean_ms": 13.0}
+    assert gather_observations([row]) == [
+        "fsdp2: the all-gathers were in flight 9.41 ms of one profiled step, against a median forward of 10.7 ms "
+        "in a median step of 45.5 ms."
     ]
 
 

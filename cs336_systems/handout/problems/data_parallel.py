@@ -233,11 +233,11 @@ def gather_observations(rows: list[dict]) -> list[str]:
         gather = number(row, "fsdp_all_gather_ms")
         if gather is None:
             continue
-        text = f"{label_text('strategy', row)}: the all-gathers take {sig3(gather)} ms per step"
-        forward = number(row, "forward_mean_ms")
+        text = f"{label_text('strategy', row)}: the all-gathers were in flight {sig3(gather)} ms of one profiled step"
+        forward = number(row, "forward_median_ms")  # medians, as the table's step column
         if forward:
-            text += f" against a {sig3(forward)} ms forward"
-        lines.append(text + f" of a {sig3(number(row, 'mean_ms'))} ms step.")
+            text += f", against a median forward of {sig3(forward)} ms"
+        lines.append(text + f" in a median step of {sig3(number(row, 'median_ms'))} ms.")
     return lines
 
 
