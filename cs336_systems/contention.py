@@ -91,11 +91,22 @@ class LoadMeter:
         self.load: Load | None = None
 
     def __enter__(self) -> LoadMeter:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.read()
+
+    def start(self) -> LoadMeter:
         self._start = (time.monotonic(), _busy_seconds(), _own_seconds())
         return self
 
-    def __exit__(self, *exc) -> None:
-        wall = max(time.monotonic() - self._start[0], 1e-3)
+    def read(self, at_least_s: float = 0.0) -> Load:
+        """The load since start(), over a window of at least `at_least_s` (waiting out the rest)."""
+        wall = time.monotonic() - self._start[0]
+        if wall < at_least_s:
+            time.sleep(at_least_s - wall)
+            wall = time.monotonic() - self._start[0]
+        wall = max(wall, 1e-3)
         busy = _busy_seconds() - self._start[1]
         after = _own_seconds()
         own = _own_delta(self._start[2], after)
@@ -110,6 +121,7 @@ class LoadMeter:
         ran = sum(1 for pid, seconds in after.items() if seconds != self._start[2].get(pid))
         slack = 2 * (cores + ran) / TICKS_PER_S
         self.load = Load(min(float(cores), max(0.0, busy - own - slack) / wall), cores, share, gpu)
+        return self.load
 
 
 def machine_load(device) -> LoadMeter:

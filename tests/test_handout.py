@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 
 import pandas as pd
 import pytest
@@ -817,3 +818,24 @@ def test_benchmarking_mixed_precision_without_benchmarking_script_shows_its_bf16
     text = (out / "writeup.md").read_text()
     assert "#### bf16 autocast\n" in text and "fp32 and bf16 autocast" not in text
     assert report_main(["--verify", str(out / "writeup.md"), str(out / run.PLAN_FILE)]) == 0
+
+
+def test_the_plan_says_when_other_processes_keep_this_machine_busy(monkeypatch, capsys):
+    """The prediction assumes a machine of its own: a plan made while other processes hold the cores says so
+    (busy CPU time here is faked: 1.5 cores of it that are not ours), and a quiet machine's plan does not."""
+    from cs336_systems import contention
+
+    argv = ["--device", "cpu", "--scale", "small", "--problems", "benchmarking_script", "--dry-run"]
+    monkeypatch.setattr(contention, "_own_seconds", lambda: {})
+    start = contention.time.monotonic()
+    monkeypatch.setattr(contention.psutil, "cpu_count", lambda: 2)
+    monkeypatch.setattr(contention, "_busy_seconds", lambda: 1.5 * (contention.time.monotonic() - start))
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    # 1.5 cores less the kernel's tick rounding (at most 0.08 over the half second the plan waits at least)
+    assert re.search(
+        r"Other processes keep 1\.[45] of 2 cores busy now: the steps will take longer than predicted", out
+    )
+    monkeypatch.setattr(contention, "_busy_seconds", lambda: 0.0)
+    assert cli.main(argv) == 0
+    assert "Other processes keep" not in capsys.readouterr().out

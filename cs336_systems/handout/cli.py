@@ -12,6 +12,7 @@ from pathlib import Path
 from ..adapters import add_adapters_argument
 from ..argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser
 from ..command import Command
+from ..contention import LoadMeter
 from ..errors import UsageError
 from ..executor import add_executor_arguments
 from ..flagfile import add_config_file_argument
@@ -163,6 +164,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--assume-device '': name the GPU and its memory, e.g. 'H100 80GB'")
     dry_run = bool(args.dry_run or args.assume_device)
     found = None  # slurm: the first job's report of the nodes' device
+    # how busy other processes keep this machine, over the planning below (a Slurm node or an assumed GPU
+    # is another machine: its rows say theirs)
+    here = None if settings.kind == "slurm" or args.assume_device else LoadMeter(gpu_index=_gpu_index(args)).start()
     _check_loadable(args)
     if settings.kind == "slurm" and not dry_run:
         found = nodes_target(args, settings)
@@ -208,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
             "would measure it measure the built-in model instead (said in each); on a device where it runs, the "
             "same command measures yours."
         )
+    if here is not None and (busy := _busy_now(here)):
+        header += "\n" + busy
     if settings.kind == "slurm":
         settings, where = slurm_placement(args, settings, output_dir, found)
         header += where
@@ -233,6 +239,30 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_report and not write_report(output_dir, made_by(args, notes, cannot_run)):
         return EXIT_FAILED
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _gpu_index(args: argparse.Namespace) -> int | None:
+    """The GPU the steps will use (its other processes are load too); None on a CPU."""
+    from ..device import resolve_device
+
+    try:
+        device = resolve_device(args.device)
+    except UsageError:  # said in its own words where the plan resolves it
+        return None
+    return (device.index or 0) if device.type == "cuda" else None
+
+
+def _busy_now(meter: LoadMeter) -> str | None:
+    """A sentence when other processes keep this machine busy while the plan is made (half a second at
+    least): the prediction assumes a machine of its own."""
+    load = meter.read(at_least_s=0.5)
+    if not load.busy:
+        return None
+    gpu = f" and {load.gpu_other_processes} other process(es) use the GPU" if load.gpu_other_processes else ""
+    return (
+        f"Other processes keep {load.other_cores:.1f} of {load.cores} cores busy now{gpu}: the steps will take "
+        "longer than predicted, and the write-up says how busy the machine was while each row was measured."
+    )
 
 
 def _run_inline(args: argparse.Namespace, steps, target: Target, output_dir: Path, budget_s) -> bool:
