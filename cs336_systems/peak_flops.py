@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import psutil
 import torch
 
 from . import flops, jsontext
+from .contention import LoadMeter
 from .results import write_whole
 from .results.errors import ResultWriteError
 
@@ -71,20 +71,11 @@ def load_average() -> float:
 
 
 def busy_elsewhere(measure: Callable[[], float]) -> tuple[float, float]:
-    """measure()'s value, and how many cores other processes kept busy while it ran: the machine's
-    busy CPU time (steal included) less this process's own, over the wall time."""
-    machine, ours, start = psutil.cpu_times(), os.times(), time.monotonic()
-    value = measure()
-    machine_after, ours_after, wall = psutil.cpu_times(), os.times(), time.monotonic() - start
-    own = (ours_after.user + ours_after.system) - (ours.user + ours.system)
-    return value, max(0.0, _busy_seconds(machine_after) - _busy_seconds(machine) - own) / max(wall, 1e-3)
-
-
-def _busy_seconds(times) -> float:
-    """The machine's busy CPU seconds since boot: all but idle and iowait; Linux's guest times are
-    already inside user and nice, so they are not counted twice."""
-    skipped = ("idle", "iowait", "guest", "guest_nice")
-    return sum(getattr(times, name) for name in times._fields if name not in skipped)
+    """measure()'s value, and how many cores other processes kept busy while it ran (contention's
+    measure, as every row's)."""
+    with LoadMeter() as meter:
+        value = measure()
+    return value, meter.load.other_cores
 
 
 @dataclass
