@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import subprocess
 
 import pandas as pd
@@ -187,6 +188,8 @@ def test_cli_writes_every_format_and_a_plot(tmp_path, capsys, saved_figures):
             list(expected.sort_values("context_length")["forward_mean_ms"])
         )
     assert "wrote" in err and "naive fp32 head_dim=8 context_length=16: forward" in err
+    # how busy the machine was over the 8 rows, in one line, as benchmark and the sweeps end
+    assert re.search(r"^(The machine was quiet while the 8 rows|Other processes kept up to .* of 8 rows)", err, re.M)
 
 
 def test_plot_marks_oom_points(tmp_path):

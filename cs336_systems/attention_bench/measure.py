@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -299,13 +298,6 @@ def _notes(config: AttentionConfig, record: AttentionRecord, device: torch.devic
             notes.append(f"{name}: {NOISE['median'].warning(spread)}")
     if device.type == "cpu" and not cpu_has_native(config.precision):
         notes.append(f"this CPU has no native {config.precision} matmul: it is emulated and far slower than fp32")
-    if device.type == "cpu" and hasattr(os, "getloadavg"):
-        load, ours = os.getloadavg()[0], torch.get_num_threads()
-        if load > ours + 1:
-            notes.append(
-                f"load average {load:.1f} with {ours} threads of ours: other processes competed for the CPU, "
-                "so times may be inflated"
-            )
     return notes
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..adapters import AdapterError, Adapters, load_adapters
 from ..argtypes import exit_status, resolve_memory_limit
+from ..contention import describe_rows
 from ..device import DeviceError, resolve_device
 from ..loading import load_callable
 from ..memory_cap import soft_address_space_cap
@@ -93,6 +94,8 @@ def run_grid(args: argparse.Namespace) -> int:
             print(AttentionRecord.markdown(rows), flush=True)
         raise
     print(AttentionRecord.markdown(rows))
+    if rows:
+        print(describe_rows(rows), file=sys.stderr)  # how busy the machine was, as benchmark and the sweeps end
     if plot_path is not None:
         print(f"wrote {plot(rows, plot_path)}", file=sys.stderr)
     for path in args.output:
