@@ -141,3 +141,16 @@ def test_every_block_that_renders_as_a_table_is_read():
     tables = parse_tables(text)
     assert [t.header for t in tables] == [["a", "b"], ["c"]]
     assert tables[0].rows == [["1", "2"], ["3", ""]] and tables[1].rows == [["4"]]
+
+
+def test_the_environment_table_names_each_file_as_the_spec_lists_it_whichever_twin_was_read():
+    """A CSV and its JSONL twin hold the same rows: the table of where they were measured names the file
+    the write-up's spec lists, whether its rows came from the CSV or from the JSONL (which one a verify
+    reads first depends on the order of its arguments)."""
+    from cs336_systems.report.summary import environment_frame
+
+    rows = pd.DataFrame([{"device_name": "AMD EPYC", "torch_version": "2.13.0", "git_commit": "abc"}])
+    from_csv = {"a.csv": rows.assign(source="a.csv"), "b.csv": rows.assign(source="b.csv")}
+    from_twin = {"a.csv": rows.assign(source="a.jsonl"), "b.csv": rows.assign(source="b.jsonl")}
+    assert environment_frame(from_twin).equals(environment_frame(from_csv))
+    assert environment_frame(from_twin).loc["result files", "machine 1"] == "a.csv, b.csv"

@@ -39,7 +39,13 @@ def _text(column: str, value: object) -> str:
 
 def environment_frame(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """One column per (device, commit, torch) found; each field's distinct values, in file order."""
-    rows = [f for f in frames.values() if "device_name" in f.columns and "torch_version" in f.columns]
+    # each file by the name it is given under (the spec's sources), not its rows' `source`: a CSV and its
+    # JSONL twin hold the same rows, and which of the two was read first must not change the table
+    rows = [
+        f.assign(source=name)
+        for name, f in frames.items()
+        if "device_name" in f.columns and "torch_version" in f.columns
+    ]
     if not rows:
         return pd.DataFrame()
     every = pd.concat(rows, ignore_index=True)
