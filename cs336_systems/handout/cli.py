@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     found = None  # slurm: the first job's report of the nodes' device
     # how busy other processes keep this machine, over the planning below (a Slurm node or an assumed GPU
     # is another machine: its rows say theirs)
-    here = None if settings.kind == "slurm" or args.assume_device else LoadMeter(gpu_index=_gpu_index(args)).start()
+    here = None if settings.kind == "slurm" or args.assume_device else LoadMeter().start()
     _check_loadable(args)
     if settings.kind == "slurm" and not dry_run:
         found = nodes_target(args, settings)
@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
             "would measure it measure the built-in model instead (said in each); on a device where it runs, the "
             "same command measures yours."
         )
-    if here is not None and (busy := _busy_now(here)):
+    if here is not None and (busy := _busy_now(here, str(device or ""))):
         header += "\n" + busy
     if settings.kind == "slurm":
         settings, where = slurm_placement(args, settings, output_dir, found)
@@ -241,20 +241,11 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def _gpu_index(args: argparse.Namespace) -> int | None:
-    """The GPU the steps will use (its other processes are load too); None on a CPU."""
-    from ..device import resolve_device
-
-    try:
-        device = resolve_device(args.device)
-    except UsageError:  # said in its own words where the plan resolves it
-        return None
-    return (device.index or 0) if device.type == "cuda" else None
-
-
-def _busy_now(meter: LoadMeter) -> str | None:
-    """A sentence when other processes keep this machine busy while the plan is made (half a second at
-    least): the prediction assumes a machine of its own."""
+def _busy_now(meter: LoadMeter, device: str) -> str | None:
+    """A sentence when other processes keep this machine (and the GPU the steps use) busy while the plan
+    is made (half a second at least): the prediction assumes a machine of its own."""
+    if device.startswith("cuda"):
+        meter.gpu_index = int(device.partition(":")[2] or 0)  # asked at the end of the window
     load = meter.read(at_least_s=0.5)
     if not load.busy:
         return None
