@@ -16,6 +16,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from .device import resolve_device
 from .errors import UsageError
 from .factory import check_user_model, count_parameters_for
 from .lifetime import child_preexec, exit_with, temporary_directory
+from .progress import HEARTBEAT_ENV, HeartbeatRelay, heartbeat_interval
 from .results import ENVIRONMENT_FIELDS, BenchmarkRecord, Environment, collect_environment
 from .tools import module_name
 from .user_model import ModelFactoryError
@@ -117,6 +119,7 @@ def run_in_child(config: BenchmarkConfig, limits: ChildLimits, env: Environment 
         command = [sys.executable, "-m", *benchmark_arguments(config, limits), "--output", str(output)]
         # what the parent can import (a user's --model-factory module), the child can too
         variables = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        variables[HEARTBEAT_ENV] = str(heartbeat_interval())  # its stderr is a file; ours may be a terminal
         watchdog = None if limits.timeout_s is None else limits.timeout_s + WATCHDOG_GRACE_S
         # stderr to a file, not a pipe: a process the user's code starts inherits it, and a pipe would
         # stay open (no end of file) for as long as that process lives
@@ -131,7 +134,7 @@ def run_in_child(config: BenchmarkConfig, limits: ChildLimits, env: Environment 
                 preexec_fn=child_preexec(watchdog),
             )
             try:
-                process.wait(timeout=limits.timeout_s)
+                _wait_relaying(process, limits.timeout_s, HeartbeatRelay(stderr_file.name))
             except subprocess.TimeoutExpired:
                 _kill_group(process)
                 env = env or collect_environment(torch.device(config.device))
@@ -154,6 +157,20 @@ def run_in_child(config: BenchmarkConfig, limits: ChildLimits, env: Environment 
         env = env or collect_environment(torch.device(config.device))
         error = f"child {how}: {tail or '(nothing on stderr)'}"
         return limits.annotate(failed_record(config, env, "error", error, num_params))
+
+
+def _wait_relaying(process: subprocess.Popen, timeout_s: float | None, relay: HeartbeatRelay) -> None:
+    """process.wait(timeout_s), passing on the child's lines that say a slow configuration lives, once a second."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise subprocess.TimeoutExpired(process.args, timeout_s)
+        try:
+            process.wait(timeout=1.0 if left is None else min(1.0, left))
+            return
+        except subprocess.TimeoutExpired:
+            relay.relay()
 
 
 def check_user_model_in_child(config: BenchmarkConfig) -> None:

@@ -5,12 +5,17 @@ kept as one endless line."""
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 
 from tqdm import tqdm
 
 LOG_EVERY_S = 60.0  # in a log, a line between two finished units at most this often: a long unit shows it lives
+TERMINAL_EVERY_S = 10.0  # on a terminal, a slow configuration's line this often
+# a sweep's parent, whose stderr is the user's, tells the child measuring a configuration how often to say it lives
+HEARTBEAT_ENV = "CS336_BENCH_HEARTBEAT_S"
+STILL_MEASURING = ": still measuring: "  # marks StepHeartbeat's lines, which a sweep's parent relays from its child
 
 
 def progress_bar(total: int, unit: str, description: str | None = None, initial: int = 0) -> tqdm:
@@ -68,7 +73,7 @@ class StepHeartbeat:
 
     def __init__(self, label: str, every_s: float | None = None, clock=time.monotonic):
         self.label, self.clock = label, clock
-        self.every_s = every_s if every_s is not None else (10.0 if sys.stderr.isatty() else LOG_EVERY_S)
+        self.every_s = every_s if every_s is not None else heartbeat_interval()
         self.started = self.last = clock()
 
     def __call__(self, kind: str, index: int, planned: int, ms: float) -> None:
@@ -82,8 +87,42 @@ class StepHeartbeat:
             else f"({planned} planned, then more until IQR/median reaches the target)"
         )
         print(
-            f"{self.label}: {kind} step {index} {of} took {ms / 1e3:.1f} s "
+            f"{self.label}{STILL_MEASURING}{kind} step {index} {of} took {ms / 1e3:.1f} s "
             f"({now - self.started:.0f} s since this configuration's first step)",
             file=sys.stderr,
             flush=True,
         )
+
+
+def heartbeat_interval() -> float:
+    """How often a slow configuration says it lives: as the sweep's parent asked (HEARTBEAT_ENV), else as
+    suits this process's stderr."""
+    try:
+        asked = float(os.environ.get(HEARTBEAT_ENV, ""))
+    except ValueError:
+        asked = math.nan
+    if math.isfinite(asked) and asked > 0:
+        return asked
+    return TERMINAL_EVERY_S if sys.stderr.isatty() else LOG_EVERY_S
+
+
+class HeartbeatRelay:
+    """A sweep's parent, waiting for the child that measures one configuration: the child's StepHeartbeat
+    lines, read from its stderr file as they come (through a handle of our own: the child's shares its
+    file offset with the one it was given), written on our stderr above any progress bar."""
+
+    def __init__(self, path):
+        self.path, self.offset = path, 0
+
+    def relay(self) -> None:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                text = handle.read()
+        except OSError:
+            return
+        complete = text[: text.rfind(b"\n") + 1]  # a line still being written waits for the next look
+        self.offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            if STILL_MEASURING in line:
+                tqdm.write(line.strip(), file=sys.stderr)

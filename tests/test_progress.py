@@ -53,3 +53,39 @@ def test_a_log_gets_one_whole_line_per_finished_unit_and_a_heartbeat_a_minute(mo
         "handout: 100%",
     ]
     assert lines[1].endswith("step 1: still going]")
+
+
+def test_a_sweeps_parent_relays_only_its_childs_still_measuring_lines(tmp_path, capsys):
+    """The child measuring one configuration writes its stderr to a file; while the parent waits, the lines
+    that say a slow configuration lives reach the user, the rest (size table, notes) stays in the file."""
+    import subprocess
+
+    from cs336_systems.child import _wait_relaying
+
+    script = (
+        "import sys, time\n"
+        "print('size table 2026', file=sys.stderr, flush=True)\n"
+        "print('xl fp32 T=512: still measuring: warmup step 1 of 2 took 61.0 s', file=sys.stderr, flush=True)\n"
+        "time.sleep(1.5)\n"
+        "print('xl fp32 T=512: still measuring: measured step 1 of 5 took 60.5 s', file=sys.stderr, flush=True)\n"
+        "time.sleep(1.5)\n"
+    )
+    path = tmp_path / "stderr.txt"
+    with open(path, "w+") as stderr_file:
+        process = subprocess.Popen([sys.executable, "-c", script], stderr=stderr_file)
+        _wait_relaying(process, 30.0, progress.HeartbeatRelay(path))
+    assert capsys.readouterr().err.splitlines() == [
+        "xl fp32 T=512: still measuring: warmup step 1 of 2 took 61.0 s",
+        "xl fp32 T=512: still measuring: measured step 1 of 5 took 60.5 s",
+    ]
+    assert path.read_text().startswith(
+        "size table 2026\n"
+    )  # the child's file is whole: our reads moved no offset of its
+
+
+def test_the_parent_tells_the_child_how_often_to_say_it_lives(monkeypatch, capsys):
+    monkeypatch.setenv(progress.HEARTBEAT_ENV, "10")
+    assert progress.heartbeat_interval() == 10.0
+    for bad in ("", "soon", "nan", "-1"):
+        monkeypatch.setenv(progress.HEARTBEAT_ENV, bad)
+        assert progress.heartbeat_interval() == progress.LOG_EVERY_S  # capsys: stderr is not a terminal
