@@ -164,9 +164,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--assume-device '': name the GPU and its memory, e.g. 'H100 80GB'")
     dry_run = bool(args.dry_run or args.assume_device)
     found = None  # slurm: the first job's report of the nodes' device
-    # how busy other processes keep this machine, over the planning below (a Slurm node or an assumed GPU
-    # is another machine: its rows say theirs)
-    here = None if settings.kind == "slurm" or args.assume_device else LoadMeter().start()
+    # a Slurm node or an assumed GPU is not this machine: their own runs say how busy they were and whether
+    # the user's model runs there
+    on_this_machine = settings.kind != "slurm" and not args.assume_device
+    here = LoadMeter().start() if on_this_machine else None  # how busy others keep it, over the planning below
     _check_loadable(args)
     if settings.kind == "slurm" and not dry_run:
         found = nodes_target(args, settings)
@@ -181,10 +182,7 @@ def run(args: argparse.Namespace) -> int:
     steps = build_steps(options, target, problems)
     lanes = jobs_at_once(settings)
     notes = fit_budget(steps, budget_s, target, args.model_factory is not None, lanes) if budget_s else []
-    # a Slurm node or an assumed GPU is not this machine: their own runs say whether the model runs there
-    cannot_run = None
-    if args.model_factory and settings.kind != "slurm" and not args.assume_device:
-        cannot_run = _probe_user_model(steps)
+    cannot_run = _probe_user_model(steps) if args.model_factory and on_this_machine else None
     if settings.kind == "slurm":
         output_dir = slurm_output_dir(args, settings)
     else:
