@@ -12,6 +12,8 @@ the same device, in the same precision and pass type. Likely causes, checked in 
   launch-bound             without a measured busy figure: each layer does under 1/8 of the
                            best row's work, so kernel launches and small kernels likely dominate;
   unexplained              neither: look at cv_pct, clocks and other processes.
+A compiled or CUDA-graph GPU row is also marked when its steps vary by more than NOISY_CV_PCT
+(flag_noisy_gpu_steps), with the profiled step's GPU-busy figure as its cause.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ SLOW_FRACTION = 1 / 3
 LAUNCH_BOUND_WORK_FRACTION = 1 / 8
 HOST_BOUND_IDLE_PCT = 20.0
 GROUP_FIELDS = ("device_name", "precision", "pass_type")
+NOISY_CV_PCT, NOISY_MIN_STEPS = 2.0, 10  # a compiled or CUDA-graph GPU step this noisy is explained or marked
 
 
 def fast_path_flags(row: dict) -> str | None:
@@ -92,6 +95,29 @@ def _cause(row: dict, reference: dict) -> str:
     if work is not None and best_work and work < LAUNCH_BOUND_WORK_FRACTION * best_work:
         return "launch-bound (too little work per kernel: each layer does under 1/8 of the best row's FLOPs)"
     return "unexplained (not predicted to overflow memory, not small): check cv_pct, clocks, other processes"
+
+
+def flag_noisy_gpu_steps(rows: Sequence[dict]) -> dict[int, str]:
+    """{row index: why} for the compiled or CUDA-graph GPU rows of NOISY_MIN_STEPS+ measured steps whose
+    CV is above NOISY_CV_PCT: such a step replays the same kernels, so its spread has a cause, which
+    the profiled step's GPU-busy figure names (host-bound launches or not), or says it was not measured."""
+    flags = {}
+    for index, row in enumerate(rows):
+        cv, steps = _number(row, "cv_pct"), _number(row, "measure_steps")
+        replayed = any(str(row.get(name)).lower() == "true" for name in ("compile", "cuda_graphs"))
+        gpu = str(row.get("device") or "").startswith("cuda")
+        if row.get("status") != "ok" or not (replayed and gpu) or cv is None or (steps or 0) < NOISY_MIN_STEPS:
+            continue
+        if cv <= NOISY_CV_PCT:
+            continue
+        busy = _number(row, "device_busy_pct")
+        cause = (
+            _measured_cause(busy, _number(row, "kernels_per_step"))
+            if busy is not None
+            else "no profiled step says whether the host or the GPU set the pace"
+        )
+        flags[index] = f"CV {cv:.1f}% over {steps:.0f} steps, above {NOISY_CV_PCT:g}% for a replayed step: {cause}"
+    return flags
 
 
 def _work_per_layer(row: dict) -> float | None:

@@ -1,6 +1,6 @@
 import pytest
 
-from cs336_systems.anomalies import flag_anomalies
+from cs336_systems.anomalies import flag_anomalies, flag_noisy_gpu_steps
 from cs336_systems.flops import analytic_flops_per_step
 from cs336_systems.memory import estimate_memory
 from cs336_systems.models import ModelConfig
@@ -110,3 +110,20 @@ def test_measured_busy_device_says_device_bound_even_where_the_heuristic_guessed
 def test_oversubscription_still_comes_before_the_measured_figure():
     rows = [laptop_row("medium", 928.0), laptop_row("large", 17_800.0, device_busy_pct=30.0, kernels_per_step=900)]
     assert "memory oversubscription" in flag_anomalies(rows)[1]
+
+
+def test_a_noisy_replayed_gpu_step_is_marked_with_what_the_profiled_step_measured():
+    base = dict(status="ok", device="cuda", compile=True, measure_steps=10, kernels_per_step=900)
+    host_bound = dict(base, cv_pct=6.1, device_busy_pct=61.0)
+    steady = dict(base, cv_pct=0.5, device_busy_pct=97.0)
+    unprofiled = dict(base, cuda_graphs=True, compile=False, cv_pct=3.0)
+    short = dict(base, cv_pct=9.0, measure_steps=5)  # too few steps to judge a CV
+    on_cpu = dict(base, cv_pct=9.0, device="cpu")
+    eager = dict(base, compile=False, cv_pct=9.0)
+    flags = flag_noisy_gpu_steps([host_bound, steady, unprofiled, short, on_cpu, eager])
+    assert sorted(flags) == [0, 2]
+    assert flags[0] == (
+        "CV 6.1% over 10 steps, above 2% for a replayed step: host-bound: GPU idle 39% of the step, 900 kernels "
+        "(measured in a profiled step)"
+    )
+    assert "no profiled step" in flags[2]

@@ -24,7 +24,8 @@ H100, H200 = 81559 * 2**20, 143771 * 2**20  # the cards' total memory as torch r
 def test_the_gpu_call_fits_one_lease(memory):
     stages = first.plan(Path("/w"), dry_run=False, student_repos=[], device_memory_bytes=memory)
     assert [stage.name for stage in stages] == list(first.STAGES)
-    assert sum(stage.limit_s for stage in stages) <= first.CALL_LIMIT_S <= 8 * 60
+    assert sum(stage.limit_s for stage in stages) <= first.CALL_LIMIT_S
+    assert first.START_UP_S + 2 * first.CALL_LIMIT_S <= first.LEASE_S  # start-up, the call and one re-run
     for stage in stages:
         assert all(command.limit_s <= stage.limit_s for command in stage.commands), stage.name
 
@@ -98,3 +99,16 @@ def test_the_committed_gpu_pages_are_made_from_the_committed_results():
         assert (card / "README.md").read_text() == collect.summary(card, link=""), card.name
         json.loads((card / "environment" / "versions.json").read_text())  # the machine's record is there
     assert (REPO / "docs" / "gpu.md").read_text() == collect.docs_page()
+
+
+def test_a_dry_run_counts_a_documented_cpu_refusal_and_nothing_else(tmp_path):
+    """A CUDA-only command passes the dry run when the CPU refuses it with its documented reason (its
+    flags parsed); another exit 2, or the same refusal on the GPU, is a failure."""
+    refuse = [sys.executable, "-c", "import sys; print('--memory-snapshot needs a CUDA device'); sys.exit(2)"]
+    other = [sys.executable, "-c", "import sys; print('unrecognized arguments: --old-flag'); sys.exit(2)"]
+    documented = first.Command("snapshot", refuse, 20, cpu_refusal="needs a CUDA device")
+    with open(tmp_path / "log", "w") as log:
+        assert first.run_command(documented, 20, tmp_path, log, dry_run=True).startswith("ok")
+        assert first.run_command(documented, 20, tmp_path, log, dry_run=False) == "failed (rc 2)"
+        renamed = first.Command("renamed", other, 20, cpu_refusal="needs a CUDA device")
+        assert first.run_command(renamed, 20, tmp_path, log, dry_run=True) == "failed (rc 2)"

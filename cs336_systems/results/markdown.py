@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
-from ..anomalies import fast_path_flags, flag_anomalies
+from ..anomalies import fast_path_flags, flag_anomalies, flag_noisy_gpu_steps
 from ..stats import CONVENTIONS, NOISE
 from . import plausibility
 from .writing import write_whole
@@ -133,10 +133,14 @@ def row_warnings(row: dict, label_columns: Sequence[str] = BENCHMARK_LABEL_COLUM
 
 
 def note_lines(rows: Sequence[dict], label_columns: Sequence[str]) -> list[str]:
-    """Every row's warnings, then the rows anomalies.flag_anomalies finds slow."""
+    """Every row's warnings, then the rows anomalies finds slow, and the replayed GPU steps it finds noisy."""
     lines = [line for row in rows for line in row_warnings(row, label_columns)]
-    anomalies = flag_anomalies(rows)
-    return lines + [f"{row_label(rows[i], label_columns)}: SLOW: {why}" for i, why in sorted(anomalies.items())]
+    slow, noisy = flag_anomalies(rows), flag_noisy_gpu_steps(rows)
+    return (
+        lines
+        + [f"{row_label(rows[i], label_columns)}: SLOW: {why}" for i, why in sorted(slow.items())]
+        + [f"{row_label(rows[i], label_columns)}: NOISY: {why}" for i, why in sorted(noisy.items())]
+    )
 
 
 def environment_lines(rows: Sequence[dict], names: Sequence[str] = MARKDOWN_ENVIRONMENT) -> list[str]:

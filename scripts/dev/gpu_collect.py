@@ -22,7 +22,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "gpu"
 DOCS_PAGE = REPO / "docs" / "gpu.md"
-MFU_TARGET, CV_TARGET, BUSY_TARGET = 0.50, 2.0, 90.0
+MFU_TARGET, CV_TARGET, BUSY_TARGET, MATMUL_TARGET = 0.55, 2.0, 90.0, 0.50
 
 
 def gpu_slug(name: str) -> str:
@@ -149,8 +149,8 @@ def machine(folder: Path) -> list[str]:
 
 
 def gpu_tests(folder: Path) -> str:
-    junit = folder / "environment" / "gpu_tests.xml"
-    if junit.is_file():
+    junit = next((p for p in (folder / s / "gpu_tests.xml" for s in ("gpu_tests", "environment")) if p.is_file()), None)
+    if junit is not None:
         suite = ET.parse(junit).getroot()
         suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
         failed = [
@@ -160,8 +160,8 @@ def gpu_tests(folder: Path) -> str:
         ]
         passed = int(suite.get("tests", 0)) - len(failed) - int(suite.get("skipped", 0))
         return f"GPU-only tests: {passed} passed, {len(failed)} failed" + (f" ({', '.join(failed)})" if failed else "")
-    log = folder / "environment" / "gpu_tests.txt"
-    if log.is_file():
+    log = next((p for p in (folder / s / "gpu_tests.txt" for s in ("gpu_tests", "environment")) if p.is_file()), None)
+    if log is not None:
         text = log.read_text()
         marks = re.findall(r"^[.FEsx]+", text, re.M)
         done = "".join(marks)
@@ -172,8 +172,66 @@ def gpu_tests(folder: Path) -> str:
     return "GPU-only tests: not run."
 
 
+def all_rows(folder: Path) -> pd.DataFrame:
+    """Every benchmark row collected for the card (the attention and distributed files have no MFU)."""
+    frames = [
+        _rows(p).assign(file=p.relative_to(folder).as_posix())
+        for p in sorted(folder.glob("*/*.csv"))
+        if p.parent.name in ("fast_path", "precision", "precision_eager", "extras") and "mfu" in _rows(p)
+    ]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def replayed_targets(folder: Path) -> list[str]:
+    """The matmul probe, CV or a measured cause on every replayed row, tf32 rows, a CUDA-graph row."""
+    from cs336_bench.anomalies import NOISY_MIN_STEPS, flag_noisy_gpu_steps
+
+    lines = []
+    check = folder / "environment" / "gpu_selfcheck.md"
+    share = (
+        re.search(r"= (\d+)% of the ([\d.]+) TFLOP/s spec-sheet peak", check.read_text()) if check.is_file() else None
+    )
+    if share:
+        met = int(share.group(1)) >= 100 * MATMUL_TARGET
+        lines.append(
+            f"| bf16 matmul probe >= {MATMUL_TARGET:.0%} of the spec sheet | {share.group(1)}% of "
+            f"{share.group(2)} TFLOP/s (`environment/gpu_selfcheck.md`) | {'yes' if met else 'no'} |"
+        )
+    rows = all_rows(folder)
+    if not len(rows):
+        return lines
+    records = rows.to_dict("records")
+    replayed = [
+        r
+        for r in records
+        if r.get("status") == "ok"
+        and (r.get("compile") is True or r.get("cuda_graphs") is True)
+        and (r.get("measure_steps") or 0) >= NOISY_MIN_STEPS
+    ]
+    noisy = flag_noisy_gpu_steps(replayed)
+    unexplained = [replayed[i]["file"] for i, why in noisy.items() if "host-bound" not in why]
+    if replayed:
+        lines.append(
+            f"| every compiled or CUDA-graph row of {NOISY_MIN_STEPS}+ steps at CV <= {CV_TARGET:g}% or host-bound | "
+            f"{len(replayed) - len(noisy)} of {len(replayed)} at CV <= {CV_TARGET:g}%, "
+            f"{len(noisy) - len(unexplained)} marked host-bound | "
+            f"{'yes' if not unexplained else 'no: ' + ', '.join(sorted(set(unexplained)))} |"
+        )
+    tf32 = [r for r in records if r.get("precision") == "tf32" and r.get("status") == "ok"]
+    lines.append(f"| tf32 rows | {len(tf32)} ok | {'yes' if tf32 else 'no'} |")
+    graphs = [r for r in records if r.get("cuda_graphs") is True]
+    if graphs:
+        ok = [r for r in graphs if r.get("status") == "ok"]
+        lines.append(
+            f"| an ok CUDA-graph row | {len(ok)} of {len(graphs)} ok"
+            + (f" ({ok[0]['median_ms']:.1f} ms, `{ok[0]['file']}`)" if ok else "")
+            + f" | {'yes' if ok else 'no'} |"
+        )
+    return lines
+
+
 def targets(folder: Path) -> list[str]:
-    """The issue's four targets, each with the measured figure and the row it comes from."""
+    """The campaign's targets, each with the measured figure and the row it comes from."""
     fast = pd.concat(
         [_rows(p).assign(file=f"fast_path/{p.name}") for p in sorted(folder.glob("fast_path/*.csv"))], ignore_index=True
     )
@@ -198,6 +256,7 @@ def targets(folder: Path) -> list[str]:
             f"| GPU busy >= {BUSY_TARGET:g}% on the fast path | at least {least:.1f}% | "
             f"{'yes' if least >= BUSY_TARGET else 'no'} |"
         )
+    lines += replayed_targets(folder)
     bf16, fp32 = _ok(_rows(folder / "precision/best_bf16.csv")), _ok(_rows(folder / "precision/best_fp32.csv"))
     if len(bf16) and len(fp32):
         both = bf16.merge(fp32, on="model_size", suffixes=("_bf16", "_fp32"))
@@ -230,7 +289,7 @@ def table(frame: pd.DataFrame, columns: dict[str, str], digits: dict[str, int] |
 def summary(folder: Path, link: str, depth: int = 2) -> str:
     """The card's figures as Markdown; `depth`: the level of its section headings (2 under a title)."""
     h = "#" * (depth - 1)
-    out = [f"# {folder.name}: first contact", ""] if depth == 2 else []
+    out = [f"# {folder.name}: measured on a GPU", ""] if depth == 2 else []
     out += [f"{h}# The machine", "", *machine(folder), "", gpu_tests(folder), ""]
     if (folder / "NOTES.md").is_file():
         out += [
@@ -255,7 +314,8 @@ def summary(folder: Path, link: str, depth: int = 2) -> str:
             ),
             axis=1,
         )
-        out += [f"{h}# The 2.7B bf16 training step (context 512, CUDA-event timer, 5 warmup + 10 measured)", ""]
+        counts = sorted({f"{int(r.warmup_steps)} warmup + {int(r.measure_steps)} measured" for r in fast.itertuples()})
+        out += [f"{h}# The 2.7B bf16 training step (context 512, CUDA-event timer, {' or '.join(counts)})", ""]
         out += table(
             fast,
             {
@@ -326,10 +386,18 @@ def summary(folder: Path, link: str, depth: int = 2) -> str:
             "",
         ]
 
-    for csv in sorted(folder.glob("attention/*.csv")):
+    for csv in sorted([*folder.glob("attention/*.csv"), *folder.glob("extras/attention_*.csv")]):
         frame = _rows(csv)
         frame["error"] = frame.get("error", pd.Series(dtype=str)).fillna("").map(_short)
-        out += [f"{h}# Attention, {csv.stem} (batch 1, one head of 64, bf16, causal, do_bench)", ""]
+        shape = ", ".join(
+            sorted(
+                {
+                    f"batch {r.batch_size} x {r.num_heads} head(s) of {r.head_dim}, {r.precision}, {r.timer}"
+                    for r in frame.itertuples()
+                }
+            )
+        )
+        out += [f"{h}# Attention, {csv.stem.removeprefix('attention_')} ({shape}, causal)", ""]
         out += table(
             frame,
             {
@@ -343,7 +411,8 @@ def summary(folder: Path, link: str, depth: int = 2) -> str:
             },
             {"forward_median_ms": 3, "backward_median_ms": 3, "end_to_end_median_ms": 3},
         )
-        out += ["", f"File: [attention/{csv.name}]({link}attention/{csv.name}).", ""]
+        where = csv.relative_to(folder).as_posix()
+        out += ["", f"File: [{where}]({link}{where}).", ""]
 
     ddp = _rows(folder / "distributed/ddp.csv")
     if len(ddp):
