@@ -92,10 +92,11 @@ def docs_page() -> str:
 
 DOCS_HEAD = """# Measured on a GPU
 
-`bash scripts/dev/gpu_session.sh first` runs the project's first-contact stages on a GPU in one call
-of at most 8 minutes; `first --collect` packs what it wrote into `results/gpu/<gpu>/` and makes this
-page from those files (every figure below is one row of them, with its file). `first --dry-run` runs
-the same stages with tiny shapes on a CPU, in CI, so a flag renamed since cannot wait for the next GPU.
+`bash scripts/dev/gpu_session.sh first` runs the project's prepared stages on a GPU in one call of
+at most 6 minutes (a lent machine's start-up, the call and one re-run fit 15 minutes); `first
+--collect` packs what it wrote into `results/gpu/<gpu>/` and makes this page from those files (every
+figure below is one row of them, with its file). `first --dry-run` runs the same stages with tiny
+shapes on a CPU, in CI, so a flag renamed since cannot wait for the next GPU.
 
 """
 
