@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cs336_systems.results import BenchmarkRecord, ResultFileError, ResultSink, collect_environment, read_results
-from cs336_systems.results.environment import checkout_state
+from cs336_systems.results.environment import FAKE_CPU_NAME_ENV, checkout_state
 from cs336_systems.runner import run_benchmark
 from tests.helpers import tiny_benchmark_config
 
@@ -35,6 +35,13 @@ def test_environment_is_recorded(records):
         assert name in row
     assert row["torch_version"] == torch.__version__
     assert collect_environment(torch.device("cpu")).num_threads == torch.get_num_threads()
+
+
+def test_a_faked_cpu_name_is_the_one_rows_record(monkeypatch):
+    """CI runs tests again as on another CPU (.ci/run): rows carry the name it fakes, as device and CPU."""
+    monkeypatch.setenv(FAKE_CPU_NAME_ENV, "Intel(R) Xeon(R) Processor")
+    environment = collect_environment(torch.device("cpu"))
+    assert environment.device_name == environment.cpu_name == "Intel(R) Xeon(R) Processor"
 
 
 def test_csv_round_trip_appends_header_once(tmp_path, records):
