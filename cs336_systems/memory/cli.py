@@ -25,6 +25,7 @@ from ..config import PARAM_DTYPES, PASS_TYPES
 from ..errors import UsageError
 from ..models import ATTENTION_KINDS
 from ..precision import PRECISIONS
+from ..tools import prog
 from ..units import format_bytes
 from .estimate import FIND_MAX_LIMIT, MemoryEstimate, estimate_memory, find_max_by_prediction
 
@@ -69,9 +70,7 @@ def format_estimate(estimate: MemoryEstimate, title: str, param_dtype: str = "fp
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(
-        prog="python -m cs336_systems.memory", description="Predict the memory of one step of the built-in model."
-    )
+    parser = ArgumentParser(prog=prog("memory"), description="Predict the memory of one step of the built-in model.")
     parser.add_argument("--model-size", default="small")
     parser.add_argument("--context-length", type=positive_int, default=512)
     parser.add_argument("--batch-size", type=positive_int, default=4)
