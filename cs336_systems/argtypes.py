@@ -11,6 +11,7 @@ import copy
 import difflib
 import os
 import re
+import sys
 from collections.abc import Iterable
 
 from . import terminal
@@ -65,6 +66,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         terminal.install()
+        if sys.version_info >= (3, 14):  # argparse suggests a choice itself there; did_you_mean then adds nothing
+            kwargs.setdefault("suggest_on_error", True)
         super().__init__(*args, formatter_class=HelpFormatter, **kwargs)
         head, colon, rest = (self.description or "").partition(": ")
         if colon and head.startswith("python -m "):
@@ -85,8 +88,10 @@ ELSEWHERE = {
 def did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
     """argparse's error `message`, with the flag or choice a mistyped one is close to (difflib, as Python
     3.14's suggest_on_error), and where a flag of another tool belongs (ELSEWHERE)."""
-    if choice := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
-        guess = difflib.get_close_matches(choice[1], re.findall(r"'([^']*)'", choice[2]), n=1)
+    if choice := re.search(r"argument (\S+): invalid choice: '([^']*)'", message):
+        action = parser._option_string_actions.get(choice[1])
+        known = [str(c) for c in action.choices or ()] if action and "maybe you meant" not in message else []
+        guess = difflib.get_close_matches(choice[2], known, n=1)
         return f"{message}; did you mean {guess[0]!r}?" if guess else message
     if not message.startswith("unrecognized arguments: "):
         return message
@@ -211,6 +216,12 @@ def add_output_argument(parser, help: str, *, absolute: bool = True) -> None:
     parser.add_argument(
         "--output", action="append", type=output_path if absolute else None, default=[], metavar="PATH", help=help
     )
+
+
+def add_all_columns_argument(parser) -> None:
+    """`--all-columns`: the tool's table on the terminal with every column (Record.console)."""
+    help = "print every column of the rows' Markdown, not only the settings that differ between rows and the measures"
+    parser.add_argument("--all-columns", action="store_true", help=help)
 
 
 def as_flag_value(action: argparse.Action, value: object) -> object:

@@ -18,6 +18,7 @@ from . import jsontext, nvtx
 from .argtypes import (
     EXIT_FAILED,
     ArgumentParser,
+    add_all_columns_argument,
     as_flag_value,
     exit_status,
     given_flags,
@@ -223,6 +224,7 @@ def build_parser() -> ArgumentParser:
     the sweep, child.add_child_arguments)."""
     parser = configuration_parser()
     add_timeout_argument(parser, "per step, model build and import of your code")
+    add_all_columns_argument(parser)
     return parser
 
 
@@ -255,16 +257,16 @@ def run(args: argparse.Namespace) -> int:
     config = config.replace(device=str(device))
     print("\n".join(describe_measurement([config])), file=sys.stderr, flush=True)
     with monitored(args.monitor, args.monitor_interval):
-        record = run_benchmark(config, memory_snapshot=args.memory_snapshot, timeout_s=args.timeout)
+        record = run_benchmark(config, memory_snapshot=args.memory_snapshot, timeout_s=args.timeout, announce=True)
     try:  # the row first: whatever the user's code did to stdout, the result is kept
         sink.write(record)
     except ResultWriteError as exc:  # a full disk: the row is shown below, the file kept whole
-        show(BenchmarkRecord.console([record.to_row()]))
+        show(BenchmarkRecord.console([record.to_row()], args.all_columns))
         show(f"{PROG}: error: {exc.strerror}", sys.stderr)
         return EXIT_FAILED
     finally:
         sink.close()
-    show(BenchmarkRecord.console([record.to_row()]))
+    show(BenchmarkRecord.console([record.to_row()], args.all_columns))
     if record.to_row().get("other_load_cores") is not None:  # measured: how busy the machine was meanwhile
         show(describe_rows([record.to_row()]), sys.stderr)
     for path in [*args.output, *([args.memory_snapshot] if args.memory_snapshot else [])]:

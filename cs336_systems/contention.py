@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from .units import counted
+
 TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # the kernel's CPU-time unit
 BUSY_CORES = 0.25  # other processes above this many cores: the row was measured on a busy machine
 OWN_SHARE_FLOOR = 0.8  # a compute-bound step that got less than this of its cores waited for them
@@ -163,16 +165,15 @@ def describe_rows(rows: list[dict]) -> str:
     busy = [(cores, gpu) for cores, gpu in recorded if cores > BUSY_CORES or (gpu or 0) > 0]
     most = max(cores for cores, _ in recorded)
     threads = sorted({int(t) for r in rows if (t := _number(r.get("num_threads"))) is not None})
-    used = f" (the rows' torch used {'/'.join(map(str, threads))} threads)" if threads else ""
+    used = f" (the rows' torch used {'/'.join(map(str, threads))} thread{'s' * (threads != [1])})" if threads else ""
     if not busy:
         return (
-            f"The machine was quiet while the {len(recorded)} rows were measured: other processes kept at most "
-            f"{most:.1f} cores busy{used}."
+            f"The machine was quiet while the {'row was' if len(recorded) == 1 else f'{len(recorded)} rows were'} "
+            f"measured: other processes kept at most {most:.1f} cores busy{used}."
         )
     gpus = sum(1 for _, gpu in busy if gpu)
     return (
         f"Other processes kept up to {most:.1f} cores busy{used}"
         + (f", and shared the GPU during {gpus} rows" if gpus else "")
-        + f", during {len(busy)} of {len(recorded)} rows: those times are inflated, and no sentence below "
-        "compares them."
+        + f", during {len(busy)} of {counted(len(recorded), 'row')}: those times are inflated."
     )

@@ -1,3 +1,4 @@
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -44,6 +45,20 @@ def test_report_tables_speedups_and_plots(results_csv, tmp_path, capsys):
     plots = sorted(output.parent.glob("report_*.png"))
     assert plots and all(p.stat().st_size > 1000 and f"]({p.name})" in text for p in plots)
     assert report.main(["--verify", str(output), str(results_csv)]) == 0
+
+
+def test_a_plot_labels_contexts_as_measured_and_draws_the_tables_spread(results_csv, tmp_path, saved_figures):
+    """The step-time figure's x axis reads 8 and 16 (not 8.0), and each point's ± std, as the table shows it,
+    is an error bar as long as the row's std_ms."""
+    assert report.main([str(results_csv), "--output", str(tmp_path / "report.md")]) == 0
+    figure = next(f for f in saved_figures if f.axes[0].get_xlabel() == "context length")
+    ax = figure.axes[0]
+    assert [label.get_text() for label in ax.get_xticklabels()] == ["8", "16"]
+    rows = pd.read_csv(results_csv).query("status == 'ok' and pass_type == 'forward'")
+    bars = next(c for c in ax.containers if c.has_yerr)  # the first series' (fp32's) ErrorbarContainer
+    segments = np.array(bars.lines[2][0].get_segments())  # a bar per point: (x, y - std) to (x, y + std)
+    half = (segments[:, 1, 1] - segments[:, 0, 1]) / 2
+    assert sorted(half) == pytest.approx(sorted(rows.query("precision == 'fp32'")["std_ms"]), rel=1e-6)
 
 
 def test_report_with_one_precision_two_custom_models_and_compile(results_csv, tmp_path):
