@@ -19,8 +19,6 @@ from dataclasses import dataclass
 
 import psutil
 
-from .units import counted
-
 TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # the kernel's CPU-time unit
 BUSY_CORES = 0.25  # other processes above this many cores: the row was measured on a busy machine
 OWN_SHARE_FLOOR = 0.8  # a compute-bound step that got less than this of its cores waited for them
@@ -175,5 +173,6 @@ def describe_rows(rows: list[dict]) -> str:
     return (
         f"Other processes kept up to {most:.1f} cores busy{used}"
         + (f", and shared the GPU during {gpus} rows" if gpus else "")
-        + f", during {len(busy)} of {counted(len(recorded), 'row')}: those times are inflated."
+        + (" while the row was measured" if len(recorded) == 1 else f", during {len(busy)} of {len(recorded)} rows")
+        + ": those times are inflated."
     )
