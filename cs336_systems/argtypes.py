@@ -38,9 +38,8 @@ TIMERS = ("host", "cuda-event", "do-bench")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """--help as written (a description's own line breaks kept), each flag's default shown as
-    argparse.ArgumentDefaultsHelpFormatter shows it, less the defaults that say nothing (none, off, an
-    empty list) and those the help already names."""
+    """--help as written, with each flag's default as ArgumentDefaultsHelpFormatter shows it, less those
+    that say nothing (none, off, an empty list) and those the help names."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -59,10 +58,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line: 'prog: error: message', with the flag or choice meant when
-    a word is close to one (did_you_mean). Every command builds one, so this is where its output learns to
-    fall back to ASCII (terminal.py, LANG=C) and its --help shows defaults (HelpFormatter) and says the tool
-    as the user ran it (a docstring's `python -m cs336_systems.TOOL: ...` as `cs336-bench TOOL: ...`)."""
+    """argparse, but a usage error is one line, 'prog: error: message' (did_you_mean). Every command builds
+    one, so this is where its output learns to fall back to ASCII (terminal.py, LANG=C), to show defaults
+    (HelpFormatter) and to name the tool as run (a docstring's `python -m cs336_systems.TOOL:` as prog)."""
 
     def __init__(self, *args, **kwargs):
         terminal.install()

@@ -81,11 +81,9 @@ class LogLines(tqdm):
 
 
 class StepHeartbeat:
-    """While one configuration runs, a line on stderr at least every `every_s` seconds: what it is doing (its
-    phase, or the step that ended last) and for how long. `phase(doing)` says what comes next, at once with
-    `announce` (benchmark's one configuration; a sweep's children only say that a slow one lives). Called
-    as time_steps' after_step between steps; `running()` beats from a thread too, so a build, a step or a
-    probe longer than the interval is not silent."""
+    """A line on stderr at least every `every_s` seconds while one configuration runs (from a thread, within
+    `running()`: a step or a probe may be longer): its phase or last step. `phase(doing)` also says it at
+    once with `announce` (benchmark's one configuration); it is time_steps' after_step too."""
 
     def __init__(self, label: str, every_s: float | None = None, clock=time.monotonic, announce: bool = False):
         self.label, self.clock, self.announce = label, clock, announce

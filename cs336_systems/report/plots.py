@@ -1,8 +1,7 @@
 """PNG figures saved beside the report. A log axis is labelled at the values measured (and at
-1-2-5 steps between decades), a whole number as one (context 64, not 64.0), so every panel reads
-without counting gridlines; a point carries the spread its table shows (± std) as an error bar; a
-series of one point is not drawn (the table shows it), and a figure with no series of two points is
-not made."""
+1-2-5 steps between decades; context 64, not 64.0), so every panel reads without counting gridlines;
+a point's error bar is the ± std its table shows; a series of one point is not drawn (the table shows
+it), and a figure with no series of two points is not made."""
 
 from __future__ import annotations
 
@@ -76,8 +75,7 @@ def line_figure(
     path: Path,
     log_y: bool = True,
 ) -> list[Figure]:
-    """One panel, a line per series of (x, y, spread) points sorted by x, the spread as error bars; [] when
-    no series has two points."""
+    """One panel, a line per series of (x, y, error bar) points sorted by x; [] when no series has two."""
     series = {name: sorted(points) for name, points in series.items() if len(points) >= 2}
     if not series:
         return []
@@ -99,8 +97,7 @@ def line_figure(
 def _points(
     frame: pd.DataFrame, group: Sequence[str], x: str, y: str, name: str = "{}", spread: str = ""
 ) -> dict[str, list[tuple[float, float, float]]]:
-    """The ok rows' (x, y, `spread` column or 0) points, a series per value of `group`, named by `name` (a
-    format of the values)."""
+    """The ok rows' (x, y, `spread` or 0) points, a series per value of `group`, named by `name` (a format)."""
     ok = frame[frame["status"].astype(str) == "ok"] if "status" in frame.columns else frame
     series: dict[str, list[tuple[float, float]]] = {}
     for row in ok.to_dict("records"):

@@ -190,9 +190,8 @@ def render_document(
 def console_table(
     rows: Sequence[dict], *, title: str, columns: Sequence[str], label_columns: Sequence[str], settings: Sequence[str]
 ) -> str:
-    """A narrow Markdown document for a terminal: title, the `settings` (configuration columns) every row
-    shares in one line, a table of the settings that differ between rows and the `columns` a row fills
-    (the measured figures), then the notes a reader must see. The files keep every column."""
+    """A narrow Markdown document for a terminal: title, the `settings` every row shares in one line, a table
+    of the settings that differ and the `columns` some row fills, the notes a reader must see."""
     cells = {c: {format_cell(c, cell_value(row, c)) for row in rows} for c in dict.fromkeys([*settings, *columns])}
     shared = [c for c in columns if c in settings and len(cells[c]) == 1] if len(rows) > 1 else []
     differ = [c for c in settings if len(cells[c]) > 1]
