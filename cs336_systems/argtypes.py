@@ -67,9 +67,12 @@ class ArgumentParser(argparse.ArgumentParser):
         if sys.version_info >= (3, 14):  # argparse suggests a choice itself there; did_you_mean then adds nothing
             kwargs.setdefault("suggest_on_error", True)
         super().__init__(*args, formatter_class=HelpFormatter, **kwargs)
+
+    def format_help(self) -> str:
         head, colon, rest = (self.description or "").partition(": ")
         if colon and head.startswith("python -m "):
             self.description = f"{self.prog}: {rest}"
+        return super().format_help()
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {did_you_mean(self, message)}\n")

@@ -48,12 +48,16 @@ def test_report_tables_speedups_and_plots(results_csv, tmp_path, capsys):
 
 
 def test_a_plot_labels_contexts_as_measured_and_draws_the_tables_spread(results_csv, tmp_path, saved_figures):
-    """The step-time figure's x axis reads 8 and 16 (not 8.0), and each point's ± std, as the table shows it,
-    is an error bar as long as the row's std_ms."""
+    """The step-time figure's x axis reads 8 and 16 (not 8.0), its lines are named by model as the tables
+    name them, and each point's ± std, as the table shows it, is an error bar as long as the row's std_ms."""
     assert report.main([str(results_csv), "--output", str(tmp_path / "report.md")]) == 0
     figure = next(f for f in saved_figures if f.axes[0].get_xlabel() == "context length")
     ax = figure.axes[0]
     assert [label.get_text() for label in ax.get_xticklabels()] == ["8", "16"]
+    # a line per model and precision, named as the table names them
+    assert [text.get_text() for text in ax.get_legend().get_texts()] == [
+        f"custom d32 L2 ff64 V97, {p}" for p in ("fp32", "bf16")
+    ]
     rows = pd.read_csv(results_csv).query("status == 'ok' and pass_type == 'forward'")
     bars = next(c for c in ax.containers if c.has_yerr)  # the first series' (fp32's) ErrorbarContainer
     segments = np.array(bars.lines[2][0].get_segments())  # a bar per point: (x, y - std) to (x, y + std)

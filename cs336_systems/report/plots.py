@@ -20,7 +20,7 @@ from PIL import Image  # noqa: E402  (installed with matplotlib)
 
 from ..results import ResultWriteError, write_whole  # noqa: E402
 from .document import Figure, sig3  # noqa: E402
-from .fields import label_text  # noqa: E402
+from .fields import derive, label_text  # noqa: E402
 
 UNWRITTEN: list[str] = []  # why a figure is not in the report (a full disk): the CLI says so and exits 1
 
@@ -153,6 +153,7 @@ def warmup_plot(frame: pd.DataFrame, directory: Path, stem: str) -> list[Figure]
 
 def context_plot(frame: pd.DataFrame, directory: Path, stem: str, title: str) -> list[Figure]:
     """Step time against context length, a line per model (and whatever else varies)."""
+    frame = derive(frame, "benchmark")  # the `model` label, as the tables name each row's model
     group = ["model"] + [
         c for c in ("pass_type", "precision", "compile", "device_name") if c in frame and frame[c].nunique() > 1
     ]
