@@ -7,7 +7,11 @@ stderr and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import copy
+import difflib
 import os
+import re
+import sys
 from collections.abc import Iterable
 
 from . import terminal
@@ -33,16 +37,74 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 TIMERS = ("host", "cuda-event", "do-bench")
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help as written, with each flag's default as ArgumentDefaultsHelpFormatter shows it, less those
+    that say nothing (none, off, an empty list) and those the help names."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        values = action.default if isinstance(action.default, list | tuple) else [action.default]
+        shown = " ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values).replace("%", "%%")
+        said = action.nargs == 0 or "default" in text or f"({shown})" in text  # a switch's default is its absence
+        if said or action.default is argparse.SUPPRESS or all(v is None or v is False for v in values):
+            return text
+        return f"{text} (default: {shown})".lstrip()
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and action.option_strings:  # argparse gives a flag without help no line: its default
+            action = copy.copy(action)
+            action.help = self._get_help_string(action) or None
+        return super()._format_action(action)
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line: 'prog: error: message'. Every command builds
-    one, so this is where its output learns to fall back to ASCII (terminal.py, LANG=C)."""
+    """argparse, but a usage error is one line, 'prog: error: message' (did_you_mean). Every command builds
+    one, so this is where its output learns to fall back to ASCII (terminal.py, LANG=C), to show defaults
+    (HelpFormatter) and to name the tool as run (a docstring's `python -m cs336_systems.TOOL:` as prog)."""
 
     def __init__(self, *args, **kwargs):
         terminal.install()
-        super().__init__(*args, **kwargs)
+        if sys.version_info >= (3, 14):  # argparse suggests a choice itself there; did_you_mean then adds nothing
+            kwargs.setdefault("suggest_on_error", True)
+        super().__init__(*args, formatter_class=HelpFormatter, **kwargs)
+
+    def format_help(self) -> str:
+        head, colon, rest = (self.description or "").partition(": ")
+        if colon and head.startswith("python -m "):
+            self.description = f"{self.prog}: {rest}"
+        return super().format_help()
 
     def error(self, message: str):  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {did_you_mean(self, message)}\n")
+
+
+# Flags of one tool given to another: where they belong ("unrecognized arguments: --dry-run" on benchmark).
+ELSEWHERE = {
+    "--context-lengths": "a list is a sweep's: cs336-bench benchmark_direct or run_benchmarks",
+    "--model-sizes": "a list is a sweep's: cs336-bench benchmark_direct or run_benchmarks",
+    "--dry-run": "what a configuration needs, without running it: cs336-bench memory",
+}
+
+
+def did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
+    """argparse's error `message`, with the flag or choice a mistyped one is close to (difflib, as Python
+    3.14's suggest_on_error), and where a flag of another tool belongs (ELSEWHERE)."""
+    if choice := re.search(r"argument (\S+): invalid choice: '([^']*)'", message):
+        action = parser._option_string_actions.get(choice[1])
+        known = [str(c) for c in action.choices or ()] if action and "maybe you meant" not in message else []
+        guess = difflib.get_close_matches(choice[2], known, n=1)
+        return f"{message}; did you mean {guess[0]!r}?" if guess else message
+    if not message.startswith("unrecognized arguments: "):
+        return message
+    known = [
+        option for action in parser._actions for option in action.option_strings if action.help != argparse.SUPPRESS
+    ]
+    for flag in (word.split("=", 1)[0] for word in message.split()[2:] if word.startswith("--")):
+        guess = difflib.get_close_matches(flag, known, n=1)
+        hint = (f"; did you mean {guess[0]}?" if guess else "") + (f" ({ELSEWHERE[flag]})" if flag in ELSEWHERE else "")
+        if hint:
+            return message + hint
+    return message
 
 
 def add_timer_argument(parser, help: str) -> None:
@@ -155,6 +217,12 @@ def add_output_argument(parser, help: str, *, absolute: bool = True) -> None:
     parser.add_argument(
         "--output", action="append", type=output_path if absolute else None, default=[], metavar="PATH", help=help
     )
+
+
+def add_all_columns_argument(parser) -> None:
+    """`--all-columns`: the tool's table on the terminal with every column (Record.console)."""
+    help = "print every column of the rows' Markdown, not only the settings that differ between rows and the measures"
+    parser.add_argument("--all-columns", action="store_true", help=help)
 
 
 def as_flag_value(action: argparse.Action, value: object) -> object:

@@ -18,15 +18,16 @@ from . import jsontext, nvtx
 from .argtypes import (
     EXIT_FAILED,
     ArgumentParser,
+    add_all_columns_argument,
     as_flag_value,
     exit_status,
     given_flags,
     output_path,
-    positive_int,
 )
 from .benchmark_flags import (
     add_checkpoint_argument,
     add_execution_arguments,
+    add_model_arguments,
     add_optimizer_argument,
     add_shape_arguments,
     announce_size_table,
@@ -36,14 +37,13 @@ from .benchmark_flags import (
     size_table_of,
 )
 from .command import Command
-from .config import COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
+from .config import COMPILE_SCOPES, BenchmarkConfig
 from .contention import describe_rows
 from .device import DeviceError, resolve_device
 from .errors import UsageError
 from .factory import count_parameters_for
-from .models import ATTENTION_KINDS, SIZE_TABLES, ConfigError, ModelConfig
+from .models import SIZE_TABLES, ConfigError, ModelConfig
 from .monitor import add_monitor_arguments, check_monitor_arguments, monitored
-from .precision import PRECISIONS
 from .results import BenchmarkRecord, ResultSink, ResultWriteError, check_output_paths
 from .runner import run_benchmark
 from .size_tables import SizeTableChoice
@@ -58,13 +58,7 @@ PROG = prog("benchmark")
 def configuration_parser() -> ArgumentParser:
     """The flags of one configuration and how it runs (find_max and warmup_study build on them)."""
     parser = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--model-size", default="small", help="a name in --size-table's table (--list-sizes shows it; default small)"
-    )
-    parser.add_argument("--context-length", type=positive_int, default=512)
-    parser.add_argument("--batch-size", type=positive_int, default=4)
-    parser.add_argument("--pass-type", choices=PASS_TYPES, default="forward-backward")
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    add_model_arguments(parser)
     parser.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
     parser.add_argument(
         "--compile-scope",
@@ -73,7 +67,6 @@ def configuration_parser() -> ArgumentParser:
         help="with --compile: the whole model, or each block (regional compilation: identical blocks share one "
         "compiled graph, so compiling takes about num_layers times less)",
     )
-    parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
     parser.add_argument("--list-sizes", action="store_true", help="print --size-table's sizes and exit")
     parser.add_argument(
         "--config",
@@ -223,6 +216,7 @@ def build_parser() -> ArgumentParser:
     the sweep, child.add_child_arguments)."""
     parser = configuration_parser()
     add_timeout_argument(parser, "per step, model build and import of your code")
+    add_all_columns_argument(parser)
     return parser
 
 
@@ -255,16 +249,16 @@ def run(args: argparse.Namespace) -> int:
     config = config.replace(device=str(device))
     print("\n".join(describe_measurement([config])), file=sys.stderr, flush=True)
     with monitored(args.monitor, args.monitor_interval):
-        record = run_benchmark(config, memory_snapshot=args.memory_snapshot, timeout_s=args.timeout)
+        record = run_benchmark(config, memory_snapshot=args.memory_snapshot, timeout_s=args.timeout, announce=True)
     try:  # the row first: whatever the user's code did to stdout, the result is kept
         sink.write(record)
     except ResultWriteError as exc:  # a full disk: the row is shown below, the file kept whole
-        show(BenchmarkRecord.console([record.to_row()]))
+        show(BenchmarkRecord.console([record.to_row()], args.all_columns))
         show(f"{PROG}: error: {exc.strerror}", sys.stderr)
         return EXIT_FAILED
     finally:
         sink.close()
-    show(BenchmarkRecord.console([record.to_row()]))
+    show(BenchmarkRecord.console([record.to_row()], args.all_columns))
     if record.to_row().get("other_load_cores") is not None:  # measured: how busy the machine was meanwhile
         show(describe_rows([record.to_row()]), sys.stderr)
     for path in [*args.output, *([args.memory_snapshot] if args.memory_snapshot else [])]:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from . import cuda_graphs
 from .argtypes import (
+    PRECISIONS,
     add_device_argument,
     add_output_argument,
     positive_float,
@@ -18,10 +19,10 @@ from .argtypes import (
     step_count,
     warmup_count,
 )
-from .config import COMPILE_MODES, PARAM_DTYPES, PEAK_CHOICES, BenchmarkConfig
+from .config import COMPILE_MODES, PARAM_DTYPES, PASS_TYPES, PEAK_CHOICES, BenchmarkConfig
 from .device import DeviceError
 from .factory import check_user_model
-from .models import CHECKPOINT_WORDS, ConfigError, ModelConfig
+from .models import ATTENTION_KINDS, CHECKPOINT_WORDS, ConfigError, ModelConfig
 from .optimizer import check_user_optimizer
 from .size_tables import AUTO, SIZE_TABLE_CHOICES, SizeTableChoice, choose_size_table
 from .timing import add_timer_argument, timer_unsupported_reason
@@ -56,6 +57,17 @@ def add_checkpoint_argument(parser: argparse.ArgumentParser, plural: bool = Fals
         parser.add_argument(
             "--checkpoint-blocks", type=checkpoint_blocks, default=None, metavar="K", help=CHECKPOINT_HELP
         )
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, pass_type: bool = True) -> None:
+    """One configuration's model, batch and numerics, with the same defaults in every tool that takes one."""
+    parser.add_argument("--model-size", default="small", help="a name in --size-table's table")
+    parser.add_argument("--context-length", type=positive_int, default=512)
+    parser.add_argument("--batch-size", type=positive_int, default=4)
+    if pass_type:
+        parser.add_argument("--pass-type", choices=PASS_TYPES, default="forward-backward")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
 
 
 def add_optimizer_argument(parser: argparse.ArgumentParser) -> None:

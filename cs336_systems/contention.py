@@ -163,16 +163,16 @@ def describe_rows(rows: list[dict]) -> str:
     busy = [(cores, gpu) for cores, gpu in recorded if cores > BUSY_CORES or (gpu or 0) > 0]
     most = max(cores for cores, _ in recorded)
     threads = sorted({int(t) for r in rows if (t := _number(r.get("num_threads"))) is not None})
-    used = f" (the rows' torch used {'/'.join(map(str, threads))} threads)" if threads else ""
+    used = f" (the rows' torch used {'/'.join(map(str, threads))} thread{'s' * (threads != [1])})" if threads else ""
     if not busy:
         return (
-            f"The machine was quiet while the {len(recorded)} rows were measured: other processes kept at most "
-            f"{most:.1f} cores busy{used}."
+            f"The machine was quiet while the {'row was' if len(recorded) == 1 else f'{len(recorded)} rows were'} "
+            f"measured: other processes kept at most {most:.1f} cores busy{used}."
         )
     gpus = sum(1 for _, gpu in busy if gpu)
     return (
         f"Other processes kept up to {most:.1f} cores busy{used}"
         + (f", and shared the GPU during {gpus} rows" if gpus else "")
-        + f", during {len(busy)} of {len(recorded)} rows: those times are inflated, and no sentence below "
-        "compares them."
+        + (" while the row was measured" if len(recorded) == 1 else f", during {len(busy)} of {len(recorded)} rows")
+        + ": those times are inflated."
     )

@@ -36,6 +36,7 @@ from . import flops, jsontext
 from .contention import LoadMeter
 from .results import write_whole
 from .results.errors import ResultWriteError
+from .results.records import PEAK_READ_LOW
 
 PEAK_CACHE_ENV = "CS336_BENCH_CACHE"  # the directory of the calibrated peaks; default ~/.cache/cs336-bench
 # A calibration is kept only when other processes (and a hypervisor's steal) kept at most this many
@@ -179,7 +180,7 @@ def resolve_peak(
     if not usable_peak(value):
         return _measured(value, "measured", measured_at)
     if others > QUIET_CORES and peak == "auto":
-        note = f"{busy}: kept for this run only (a busy machine reads a low peak); `--peak calibrate` keeps one"
+        note = f"{busy}: kept for this run only ({PEAK_READ_LOW}); `--peak calibrate` keeps one"
         return Peak(value, "measured", measured_at, (note,))
     entry = {
         "tflops": value,
@@ -189,7 +190,7 @@ def resolve_peak(
         "cores": cores,
     }
     not_kept = cache.put(key, entry)
-    notes = ((f"{busy}: it may read low",) if others > QUIET_CORES else ()) + ((not_kept,) if not_kept else ())
+    notes = ((f"{busy}: {PEAK_READ_LOW}",) if others > QUIET_CORES else ()) + ((not_kept,) if not_kept else ())
     return Peak(value, "calibrated", measured_at, notes)
 
 

@@ -4,12 +4,19 @@ kept as one endless line."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import re
 import sys
+import textwrap
+import threading
 import time
+from collections.abc import Iterator
 
 from tqdm import tqdm
+
+from .terminal import show
 
 LOG_EVERY_S = 60.0  # in a log, a line between two finished units at most this often: a long unit shows it lives
 TERMINAL_EVERY_S = 10.0  # on a terminal, a slow configuration's line this often
@@ -22,6 +29,13 @@ def progress_bar(total: int, unit: str, description: str | None = None, initial:
     """The bar every tool shows on stderr: tqdm on a terminal, LogLines elsewhere."""
     bar = tqdm if sys.stderr.isatty() else LogLines
     return bar(total=total, initial=initial, desc=description, unit=unit, file=sys.stderr, dynamic_ncols=True)
+
+
+def postfix(text: str, width: int = 120) -> str:
+    """`text` for a bar's postfix: a bar inside it (a step's own progress line) as its count alone, and at
+    most `width` characters, cut between words."""
+    text = re.sub(r":\s+\d+%\|[^|]*\|\s*(\d+/\d+)[^\]]*\]?", r" \1", text)
+    return textwrap.shorten(text, width, placeholder=" ...")
 
 
 class LogLines(tqdm):
@@ -67,31 +81,57 @@ class LogLines(tqdm):
 
 
 class StepHeartbeat:
-    """While one configuration's steps run long (a large model on a CPU), a line on stderr now and
-    then: which step ended and how long it took. A configuration that ends within `every_s` says
-    nothing. Called between timed steps, never inside one."""
+    """A line on stderr at least every `every_s` seconds while one configuration runs (from a thread, within
+    `running()`: a step or a probe may be longer): its phase or last step. `phase(doing)` also says it at
+    once with `announce` (benchmark's one configuration); it is time_steps' after_step too."""
 
-    def __init__(self, label: str, every_s: float | None = None, clock=time.monotonic):
-        self.label, self.clock = label, clock
+    def __init__(self, label: str, every_s: float | None = None, clock=time.monotonic, announce: bool = False):
+        self.label, self.clock, self.announce = label, clock, announce
         self.every_s = every_s if every_s is not None else heartbeat_interval()
         self.started = self.last = clock()
+        self.doing = "starting"
+        self._lock = threading.Lock()
+
+    def phase(self, doing: str) -> None:
+        self.doing = doing
+        if self.announce:
+            self._say(f"{self.label}: {doing}")
 
     def __call__(self, kind: str, index: int, planned: int, ms: float) -> None:
-        now = self.clock()
-        if now - self.last < self.every_s:
-            return
-        self.last = now
         of = (
             f"of {planned}"
             if index <= planned
             else f"({planned} planned, then more until IQR/median reaches the target)"
         )
-        print(
-            f"{self.label}{STILL_MEASURING}{kind} step {index} {of} took {ms / 1e3:.1f} s "
-            f"({now - self.started:.0f} s since this configuration's first step)",
-            file=sys.stderr,
-            flush=True,
-        )
+        self.doing = f"{kind} step {index} {of} took {ms / 1e3:.1f} s"
+        self.beat()
+
+    def beat(self) -> None:
+        elapsed = self.clock() - self.started
+        self._say(f"{self.label}{STILL_MEASURING}{self.doing} ({elapsed:.0f} s since this configuration started)", True)
+
+    def _say(self, line: str, only_if_quiet: bool = False) -> None:
+        with self._lock:  # the thread's beat and the run's own line, one at a time
+            now = self.clock()
+            if not only_if_quiet or now - self.last >= self.every_s:
+                self.last = now
+                show(line, sys.stderr)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[StepHeartbeat]:
+        stop = threading.Event()
+
+        def beat_until_stopped() -> None:
+            while not stop.wait(1.0):
+                self.beat()
+
+        thread = threading.Thread(target=beat_until_stopped, name="cs336-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join()
 
 
 def heartbeat_interval() -> float:
@@ -103,7 +143,7 @@ def heartbeat_interval() -> float:
         asked = math.nan
     if math.isfinite(asked) and asked > 0:
         return asked
-    return TERMINAL_EVERY_S if sys.stderr.isatty() else LOG_EVERY_S
+    return TERMINAL_EVERY_S if sys.stderr.isatty() else LOG_EVERY_S / 2  # a line at least once a minute
 
 
 class HeartbeatRelay:

@@ -27,14 +27,20 @@ from tabulate import tabulate
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .argtypes import ArgumentParser, add_device_argument, add_output_argument, exit_status, positive_int
-from .benchmark_flags import add_shape_arguments, announce_size_table, model_config_from_args, size_table_of
+from .argtypes import ArgumentParser, add_device_argument, add_output_argument, exit_status
+from .benchmark_flags import (
+    add_model_arguments,
+    add_shape_arguments,
+    announce_size_table,
+    model_config_from_args,
+    size_table_of,
+)
 from .command import Command
 from .device import DeviceError, compile_unsupported_reason, failure_status, resolve_device
 from .layers import TransformerBlock
 from .memory.estimate import FP32, block_saved_bytes
-from .models import ATTENTION_KINDS, ConfigError, ModelConfig, TransformerLM
-from .precision import PRECISIONS, autocast, unsupported_reason
+from .models import ConfigError, ModelConfig, TransformerLM
+from .precision import autocast, unsupported_reason
 from .results import check_output_paths
 from .tools import prog
 from .units import MIB
@@ -272,11 +278,7 @@ def block_table(rows: list[SavedTensor]) -> str:
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
-    parser.add_argument("--model-size", default="small")
-    parser.add_argument("--context-length", type=positive_int, default=512)
-    parser.add_argument("--batch-size", type=positive_int, default=4)
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
+    add_model_arguments(parser, pass_type=False)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd block")
     parser.add_argument("--no-model", action="store_true", help="skip the whole model's totals")
     add_output_argument(

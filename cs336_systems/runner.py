@@ -19,12 +19,7 @@ from torch import nn
 from . import cuda_graphs, nvtx
 from .config import BenchmarkConfig
 from .contention import Load, machine_load, with_load
-from .device import (
-    compile_unsupported_reason,
-    failure_status,
-    release_memory,
-    resolve_device,
-)
+from .device import compile_unsupported_reason, failure_status, release_memory, resolve_device
 from .factory import build_model, count_parameters_for
 from .flops import flops_per_step, mfu
 from .memory import (
@@ -85,6 +80,7 @@ class Run:
     memory_snapshot: str | None  # CUDA: the allocator's history over the measured steps, dumped here
     user_code: str  # what a failure inside usercode.guarded is blamed on
     timeout_s: float | StepLimits | None
+    heartbeat: StepHeartbeat  # says what the run does next, and that a slow one lives
 
 
 @dataclass
@@ -154,6 +150,7 @@ def _time(run: Run, steps: Steps, memory: PhaseMemory) -> tuple[StepTimes, Load 
     during.enter_context(memory.whole())
     during.enter_context(cuda_memory_history(run.memory_snapshot, device))
     load = during.enter_context(machine_load(device))  # how busy other processes kept the machine
+    run.heartbeat.phase("the warmup steps, then the measured ones" if config.warmup_steps else "the measured steps")
     times = time_steps(
         steps.step,
         warmup_steps=config.warmup_steps,
@@ -163,7 +160,7 @@ def _time(run: Run, steps: Steps, memory: PhaseMemory) -> tuple[StepTimes, Load 
         phases=steps.phases,
         target_iqr_pct=config.target_iqr_pct,
         max_measure_s=config.max_measure_s,
-        after_step=StepHeartbeat(describe_config(config)),
+        after_step=run.heartbeat,
     )
     return times, load.load
 
@@ -172,6 +169,7 @@ def _steady_step(run: Run, model: nn.Module, steps: Steps, memory: PhaseMemory) 
     """One more step, traced: the steady state's memory and last loss. Its notes: an optimizer that
     changed nothing."""
     memory.new_step()
+    run.heartbeat.phase("one more step, traced: the steady state's memory")
     if steps.traced is None:  # one more replay, traced as a whole step
         with memory.phase("step"):
             steps.step()
@@ -217,6 +215,7 @@ def _measure(run: Run, model: nn.Module, rearm: Callable[[], None], seen: Measur
             seen.optimizer = optimizer_name(optimizer) if optimizer is not None else None
             steps = _eager_steps(run, runnable, optimizer, memory, rearm)
             if config.compile:
+                run.heartbeat.phase("compiling: the first step, timed apart as compile_s")
                 seen.compile_s = HostTimer(run.clock, synchronize).time_ms(steps.step) / 1e3
             elif config.pass_type == "train-step" and config.warmup_steps == 0 and config.timer != "do-bench":
                 seen.notes.append(OPTIMIZER_STATE_NOTE)  # do_bench's own first calls create the state, untimed
@@ -225,6 +224,7 @@ def _measure(run: Run, model: nn.Module, rearm: Callable[[], None], seen: Measur
         synchronize()
         seen.nonfinite_loss = bool(steps.losses) and not torch.isfinite(steps.losses[-1]).item()
         if config.profile_step:
+            run.heartbeat.phase("one more step under torch.profiler: kernels_per_step, device_busy_pct")
             median_ms = summarize(seen.times.measured_ms).median
             seen.profile = profile_step(steps.step, device, synchronize, step_ms=median_ms, clock=run.clock)
 
@@ -278,6 +278,7 @@ def _build_and_measure(run: Run, model: nn.Module | None, seen: Measured) -> Non
             with guarded(run.user_code, run.timeout_s) as rearm:
                 torch.manual_seed(config.seed)
                 if model is None:
+                    run.heartbeat.phase("building the model")
                     model = build_model(config.model, device, config.model_factory)
                     if config.model_factory:
                         check_model_output(model, config.model, device, f"--model-factory {config.model_factory}")
@@ -322,6 +323,7 @@ def _fill(record: BenchmarkRecord, run: Run, seen: Measured, model_flops: float 
             record.add_profile(seen.profile)
         # Throughput and MFU on the median step, the statistic every table leads with.
         record.tokens_per_s = per_second(run.config.tokens_per_step, record.median_ms)
+        run.heartbeat.phase(f"the MFU peak (--peak {run.config.peak}: as given, kept or probed)")
         peak = _peak_or_note(run.device, record.environment.device_name, run.config)
         record.peak_tflops, record.peak_source, record.peak_measured_at = peak.tflops, peak.source, peak.measured_at
         record.achieved_tflops, record.mfu = mfu(model_flops, record.median_ms, peak.tflops)
@@ -340,6 +342,7 @@ def run_benchmark(
     memory_baseline_bytes: int | None = None,
     memory_snapshot: str | None = None,
     timeout_s: float | StepLimits | None = DEFAULT_TIMEOUT,
+    announce: bool = False,
 ) -> BenchmarkRecord:
     """Measure one configuration.
 
@@ -353,7 +356,8 @@ def run_benchmark(
     """
     device = resolve_device(config.device)
     env = environment or collect_environment(device)
-    run = Run(config, device, clock, memory_snapshot, _user_code(config), timeout_s)
+    heartbeat = StepHeartbeat(describe_config(config), announce=announce)  # a line as each phase starts, with announce
+    run = Run(config, device, clock, memory_snapshot, _user_code(config), timeout_s, heartbeat)
     try:
         with guarded(run.user_code, timeout_s):  # a user's factory is built on the meta device here
             num_params = (
@@ -387,6 +391,7 @@ def run_benchmark(
         notes.append(f"this CPU has no native {config.precision} matmul: it is emulated and far slower than fp32")
     baseline, baseline_notes = _baseline(config, model, device, memory_baseline_bytes)
     seen = Measured(PhaseMemory(device, step_starts_at_forward=False), baseline, [*notes, *baseline_notes])
-    _build_and_measure(run, model, seen)
-    _fill(record, run, seen, step_flops.model_flops if step_flops is not None else None)
+    with heartbeat.running():
+        _build_and_measure(run, model, seen)
+        _fill(record, run, seen, step_flops.model_flops if step_flops is not None else None)
     return record

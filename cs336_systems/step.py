@@ -18,6 +18,7 @@ from torch import nn
 from . import cuda_graphs
 from .config import PASS_TYPES, BenchmarkConfig
 from .precision import autocast, grad_scaler
+from .units import counted
 from .user_model import ModelFactoryError
 
 CUDA_GRAPH_NOTE = (
@@ -157,7 +158,7 @@ def describe_measurement(configs: Sequence[BenchmarkConfig], threads: int | str 
     `threads` where other processes measure), how many warmup and measured steps, what one step covers,
     and what MFU divides by. `configs` share all but their shape, precision and pass type (a sweep's grid)."""
     first = configs[0]
-    threads = f" ({threads or torch.get_num_threads()} threads)" if first.device.startswith("cpu") else ""
+    threads = f" ({counted(threads or torch.get_num_threads(), 'thread')})" if first.device.startswith("cpu") else ""
     warmup, measured = first.warmup_steps, first.measure_steps
     samples = ("do_bench sample" if first.timer == "do-bench" else "step") + "s" * (measured != 1)
     peak = (

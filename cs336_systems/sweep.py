@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from . import benchmark_flags
-from .argtypes import EXIT_FAILED, EXIT_INTERRUPTED, ArgumentParser, exit_status, positive_int
+from .argtypes import EXIT_FAILED, EXIT_INTERRUPTED, ArgumentParser, add_all_columns_argument, exit_status, positive_int
 from .child import add_child_arguments, check_user_model_in_child, child_limits_from_args
 from .config import COMPILE_CHOICES, COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
 from .contention import describe_rows
@@ -289,7 +289,8 @@ class Writer:
 
 
 def _short_time(record: BenchmarkRecord) -> str:
-    return f"{record.mean_ms:.1f} ms" if record.mean_ms is not None else (record.error or "")[:40]
+    """The statistic the table leads with (the median), or why there is none."""
+    return f"median {record.median_ms:.1f} ms" if record.median_ms is not None else (record.error or "")[:40]
 
 
 def build_sweep_parser(prog: str, description: str, child_processes: bool) -> ArgumentParser:
@@ -297,6 +298,7 @@ def build_sweep_parser(prog: str, description: str, child_processes: bool) -> Ar
     parser = ArgumentParser(prog=prog, description=description)
     add_config_file_argument(parser)
     add_grid_arguments(parser)
+    add_all_columns_argument(parser)
     if child_processes:
         add_child_arguments(parser)
     add_executor_arguments(parser)
@@ -373,7 +375,7 @@ def run_sweep(args: argparse.Namespace, prog: str, execute, child_processes: boo
     shown = {BenchmarkRecord.row_key(row) for row in previous}  # a row re-run only for a file that lacked it shows once
     rows = [*previous, *(record.to_row() for record in writer.written if record.key() not in shown)]
     if rows:
-        show(BenchmarkRecord.markdown(rows))
+        show(BenchmarkRecord.console(rows, args.all_columns))
         fresh = [row for row in (r.to_row() for r in writer.written) if row.get("other_load_cores") is not None]
         if fresh:  # how busy the machine was while this run measured (contention.py)
             show(describe_rows(fresh), sys.stderr)

@@ -288,7 +288,7 @@ def _run(args, prog, configs, jobs, outputs, job_dir: JobDir, runner, settings) 
                     last = runner.poll() if runner.kind == "slurm" else Poll()
     rows = _grid_rows(configs, outputs)
     if rows:
-        show(BenchmarkRecord.markdown(rows))
+        show(BenchmarkRecord.console(rows, args.all_columns))
     live = last.live(names)
     if live:
         where = "in Slurm's queue" if runner.kind == "slurm" else "running"

@@ -1,9 +1,9 @@
 """The tools of this package, found on disk, and `cs336-bench TOOL ARGS` (= python -m PACKAGE.TOOL ARGS).
 
 A tool is a module that declares `main = Command(build_parser, run)` (command.py) or a subpackage
-with `__main__.py`; its one-line description is its docstring's first line. Nothing is imported to
-list them, and every tool is listed (a module run only by the tools themselves, memory_cap, is no
-Command, so no tool).
+with `__main__.py`, and such a module inside a tool's subpackage (`memory.timeline`); its one-line
+description is its docstring's first line. Nothing is imported to list them, and every tool is listed
+(a module run only by the tools themselves, memory_cap, is no Command, so no tool).
 
 The same files are importable under two top-level names: `cs336_systems` (python -m
 cs336_systems.TOOL) and `cs336_bench` (the `cs336-bench` command), whose `__path__` is this
@@ -15,6 +15,7 @@ is started under `top_package()`.
 from __future__ import annotations
 
 import ast
+import difflib
 import runpy
 import sys
 from pathlib import Path
@@ -72,6 +73,7 @@ def discover(root: Path = HERE) -> dict[str, str]:
         if path.is_dir() and (path / "__main__.py").is_file():
             init = path / "__init__.py"
             found[path.name] = _description(_parse(init)) if init.is_file() else ""
+            found |= {f"{path.name}.{name}": text for name, text in discover(path).items() if name != "cli"}
         elif path.suffix == ".py" and _declares_command(tree := _parse(path)):
             found[path.stem] = _description(tree)
     return found
@@ -103,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tool, *args = argv
     if tool not in tools:
-        print(f"{COMMAND}: error: unknown tool {tool!r}; one of: {', '.join(tools)}", file=sys.stderr)
+        guess = difflib.get_close_matches(tool, tools, n=1)
+        hint = f"did you mean {guess[0]!r}? " if guess else ""
+        print(f"{COMMAND}: error: unknown tool {tool!r}; {hint}one of: {', '.join(tools)}", file=sys.stderr)
         return 2
     # As `python -m` does: the current directory comes first, so the student's packages are theirs.
     if "" not in sys.path and str(Path.cwd()) not in sys.path[:1]:

@@ -1,4 +1,4 @@
-"""Byte sizes as people write them: '16GiB', '512MB', '1.5G', '4096'."""
+"""Byte sizes as people write them: '16GiB', '512MB', '1.5G', '4096'; counts as people say them: '1 thread'."""
 
 from __future__ import annotations
 
@@ -23,6 +23,11 @@ _UNITS = {
     "t": 2**40,
 }
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-z]*)\s*$")
+
+
+def counted(count: int | str, noun: str) -> str:
+    """'1 thread', '2 threads', "the job's threads" (a noun whose plural takes an s)."""
+    return f"{count} {noun}{'s' * (count != 1)}"
 
 
 def parse_bytes(text: str) -> int:

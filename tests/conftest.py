@@ -11,7 +11,8 @@ import torch
 from cs336_systems.peak_flops import PEAK_CACHE_ENV
 from tests.helpers import FIXTURES
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+if "OMP_NUM_THREADS" not in os.environ:  # .ci/run sets it (and a CPU name) to run tests as on another machine
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -1,10 +1,13 @@
+import re
+import shlex
 import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from cs336_systems import benchmark
-from tests.helpers import PYTHON, child_env, run_main
+from tests.helpers import PYTHON, REPO, child_env, run_main
 from tests.tiny import TINY
 
 
@@ -94,10 +97,97 @@ def test_the_dispatcher_runs_every_tool_module():
     tools = set()
     for info in pkgutil.walk_packages(cs336_systems.__path__, "cs336_systems."):
         name = info.name.removesuffix(".cli")
-        if name.count(".") != 1 or name.endswith("__main__"):
+        if name.count(".") > 2 or name.endswith("__main__"):
             continue
         module = importlib.import_module(info.name)
         if isinstance(getattr(module, "main", None), Command) and callable(getattr(module, "build_parser", None)):
-            tools.add(name.split(".")[1])
-    assert {"run_benchmarks", "benchmark_direct", "benchmark", "handout", "storage"} <= tools
+            tools.add(name.split(".", 1)[1])  # a tool package's own command-line tools too: memory.timeline
+    assert {"run_benchmarks", "benchmark_direct", "benchmark", "handout", "storage", "memory.timeline"} <= tools
     assert set(discover()) == tools
+
+
+def _parser_of(tool: str):
+    import importlib
+
+    module = importlib.import_module(f"cs336_systems.{tool}")
+    command = getattr(module, "main", None) or importlib.import_module(f"cs336_systems.{tool}.cli").main
+    return command.build_parser()
+
+
+def test_every_command_the_plan_prints_runs_as_printed(capsys):
+    """The handout's dry run prints each step as a student would type it: each names a tool the console
+    command knows (memory.timeline included) or a script that exists, with flags its parser accepts."""
+    from cs336_systems.handout import cli as handout_cli
+    from cs336_systems.tools import discover
+
+    assert handout_cli.main(["--edition", "2026", "--dry-run", "--assume-device", "H100 80GB"]) == 0
+    lines = capsys.readouterr().out.split("Commands:")[1].strip().splitlines()
+    tools = {}
+    for line in lines:
+        words = shlex.split(line.split(" > ")[0])
+        if words[0] == "bash":  # a script around benchmark (nsys): its flags are benchmark's
+            assert Path(words[1]).is_file(), line
+            tool, args = "benchmark", words[3:]
+        else:
+            assert words[0] == "cs336-bench" and words[1] in discover(), line
+            tool, args = words[1], words[2:]
+        tools[tool] = _parser_of(tool).parse_args(args)  # argparse exits on anything it cannot read
+    assert {"memory.timeline", "run_benchmarks", "ddp_bench", "attention_bench"} <= set(tools)
+
+
+def test_every_command_the_docs_and_help_texts_print_names_a_tool_and_its_flags():
+    """`cs336-bench TOOL --flag ...` in the README, the manual and each tool's --help: the tool is one the
+    console command runs and each flag is the tool's (placeholders such as TOOL and values are not read)."""
+    from cs336_systems.sweep import resume_command
+    from cs336_systems.tools import COMMAND, discover
+
+    texts = {path.name: path.read_text() for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]}
+    texts |= {f"{tool} --help": _parser_of(tool).format_help() for tool in discover()}
+    texts["a sweep's resume hint"] = resume_command(f"{COMMAND} run_benchmarks", ["--model-sizes", "small"])
+    seen = set()
+    for where, text in texts.items():
+        for match in re.finditer(r"cs336-bench ([a-z][\w.]*)([^`\n|;&>]*)", text):
+            tool, words = match[1], match[2].split(" -- ")[0].split()
+            assert tool in discover(), f"{where}: {match[0]}"
+            options = {option for action in _parser_of(tool)._actions for option in action.option_strings}
+            for flag in (word.split("=")[0].rstrip(".,:)") for word in words if word.startswith("--")):
+                assert flag in options, f"{where}: {match[0]}"
+            seen.add(tool)
+    assert {"benchmark", "handout", "memory", "run_benchmarks"} <= seen
+
+
+def test_the_console_command_runs_a_tool_inside_a_tool_package():
+    result = subprocess.run(
+        [PYTHON, "-m", "cs336_bench", "memory.timeline", "--help"], capture_output=True, text=True, env=child_env()
+    )
+    assert result.returncode == 0 and result.stdout.startswith("usage: cs336-bench memory.timeline"), result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["benchmrk"], "unknown tool 'benchmrk'; did you mean 'benchmark'?"),
+        (["--model-sise", "small"], "--model-sise small; did you mean --model-size?"),
+        (["--context-lengths", "128"], "did you mean --context-length? (a list is a sweep's: cs336-bench"),
+        (["--dry-run"], "without running it: cs336-bench memory)"),
+        (["--pass-type", "forward-backwards"], "did you mean 'forward-backward'?"),
+    ],
+)
+def test_a_mistyped_tool_flag_or_choice_is_answered_with_the_right_name(capsys, argv, said):
+    from cs336_systems.tools import main
+
+    code, _, err = run_main(main if argv[0] == "benchmrk" else benchmark.main, capsys, *argv)
+    assert code == 2
+    assert said in err and err.count("\n") == 1, err
+
+
+def test_help_shows_each_flags_default_and_the_tool_as_the_console_command_names_it(capsys):
+    parser = _parser_of("benchmark")
+    help_text = " ".join(parser.format_help().split())  # argparse wraps lines
+    for flag, default in [("--context-length", 512), ("--batch-size", 4), ("--pass-type", "forward-backward")]:
+        assert re.search(rf"{flag} \S+ \(default: {default}\)", help_text), flag
+    for flag, default in [("--precision", "fp32"), ("--warmup-steps", 5), ("--measure-steps", 10)]:
+        assert re.search(rf"{flag} \S+ \(default: {default}\)", help_text), flag
+    assert "(default: True)" not in help_text and "(default: None)" not in help_text  # a switch, no default
+    # as run (`cs336-bench benchmark` under the console command), whatever the docstring calls it
+    assert parser.description.startswith(f"{parser.prog}: time one configuration")

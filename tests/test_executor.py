@@ -59,7 +59,8 @@ def test_local_with_two_workers_writes_the_rows_inline_writes(tmp_path, capsys):
     )
     assert code == 0, err
     cores = len(os.sched_getaffinity(0))
-    assert f"local: 2 worker(s) at once, {max(1, cores // 2)} CPU thread(s) each" in err
+    threads = max(1, cores // 2)
+    assert f"local: 2 workers at once, {threads} CPU thread{'s' * (threads != 1)} each" in err
     a, b = read_results(inline).to_dict("records"), read_results(local).to_dict("records")
     assert len(a) == len(b) == 4
     by_key = {BenchmarkRecord.row_key(row): row for row in b}

@@ -179,7 +179,7 @@ def test_local_workers_give_the_steps_and_result_files_inline_gives(tmp_path, ca
     assert run_main(cli.main, capsys, *argv, "--output-dir", inline)[0] == 0
     code, _, err = run_main(cli.main, capsys, *argv, "--output-dir", local, "--executor", "local", "--workers", "2")
     assert code == 0, err
-    assert "local: 2 worker(s) at once" in err and "round 1: 3 step(s) submitted" in err
+    assert "local: 2 workers at once" in err and "round 1: 3 step(s) submitted" in err
     plans = [pd.read_csv(d / run.PLAN_FILE).set_index("step") for d in (inline, local)]
     assert plans[0]["outcome"].to_dict() == plans[1]["outcome"].to_dict() == dict.fromkeys(plans[0].index, "ok")
     assert set(plans[1]["executor"]) == {"local"} and set(plans[0]["executor"]) == {"inline"}

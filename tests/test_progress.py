@@ -2,6 +2,7 @@
 
 import io
 import sys
+import time
 
 from tqdm import tqdm
 
@@ -88,4 +89,35 @@ def test_the_parent_tells_the_child_how_often_to_say_it_lives(monkeypatch, capsy
     assert progress.heartbeat_interval() == 10.0
     for bad in ("", "soon", "nan", "-1"):
         monkeypatch.setenv(progress.HEARTBEAT_ENV, bad)
-        assert progress.heartbeat_interval() == progress.LOG_EVERY_S  # capsys: stderr is not a terminal
+        assert progress.heartbeat_interval() == progress.LOG_EVERY_S / 2  # capsys: stderr is not a terminal
+
+
+def test_a_phase_is_said_as_it_starts_and_a_long_one_lives_in_a_line_from_the_heartbeats_thread(monkeypatch):
+    """benchmark says each phase (building, warmup, the profiled step, the peak probe) as it starts; a phase
+    longer than the interval (a build, one step, a probe) gets a line from the heartbeat's own thread, so a
+    log never waits longer than the interval. The thread reads the clock; here the clock is the test's."""
+    log, clock = io.StringIO(), Clock()
+    monkeypatch.setattr(sys, "stderr", log)
+    beat = progress.StepHeartbeat("small fp32", every_s=30.0, clock=clock.monotonic, announce=True)
+    beat.phase("building the model")
+    with beat.running():
+        clock.now += 31  # the build is slow: the thread, which looks each second, says it lives
+        deadline = time.monotonic() + 60
+        while "still measuring" not in log.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        beat.phase("the measured steps")
+    assert log.getvalue().splitlines() == [
+        "small fp32: building the model",
+        "small fp32: still measuring: building the model (31 s since this configuration started)",
+        "small fp32: the measured steps",
+    ]
+    quiet = progress.StepHeartbeat("small fp32", every_s=30.0, clock=clock.monotonic)
+    quiet.phase("building the model")  # a sweep's configuration says nothing until it is slow
+    assert len(log.getvalue().splitlines()) == 3
+
+
+def test_a_postfix_holds_no_second_bar_and_is_cut_between_words():
+    line = "memory_profiling-a: custom sdpa fp32 T=8 forward:  25%|##5       | 1/4 [00:03<00:11,  3.80s/config]"
+    assert progress.postfix(line) == "memory_profiling-a: custom sdpa fp32 T=8 forward 1/4"
+    cut = progress.postfix("step: " + "measuring " * 20, width=40)
+    assert len(cut) <= 40 and cut.endswith("measuring ...")

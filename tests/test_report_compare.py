@@ -1,3 +1,4 @@
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -44,6 +45,24 @@ def test_report_tables_speedups_and_plots(results_csv, tmp_path, capsys):
     plots = sorted(output.parent.glob("report_*.png"))
     assert plots and all(p.stat().st_size > 1000 and f"]({p.name})" in text for p in plots)
     assert report.main(["--verify", str(output), str(results_csv)]) == 0
+
+
+def test_a_plot_labels_contexts_as_measured_and_draws_the_tables_spread(results_csv, tmp_path, saved_figures):
+    """The step-time figure's x axis reads 8 and 16 (not 8.0), its lines are named by model as the tables
+    name them, and each point's ± std, as the table shows it, is an error bar as long as the row's std_ms."""
+    assert report.main([str(results_csv), "--output", str(tmp_path / "report.md")]) == 0
+    figure = next(f for f in saved_figures if f.axes[0].get_xlabel() == "context length")
+    ax = figure.axes[0]
+    assert [label.get_text() for label in ax.get_xticklabels()] == ["8", "16"]
+    # a line per model and precision, named as the table names them
+    assert [text.get_text() for text in ax.get_legend().get_texts()] == [
+        f"custom d32 L2 ff64 V97, {p}" for p in ("fp32", "bf16")
+    ]
+    rows = pd.read_csv(results_csv).query("status == 'ok' and pass_type == 'forward'")
+    bars = next(c for c in ax.containers if c.has_yerr)  # the first series' (fp32's) ErrorbarContainer
+    segments = np.array(bars.lines[2][0].get_segments())  # a bar per point: (x, y - std) to (x, y + std)
+    half = (segments[:, 1, 1] - segments[:, 0, 1]) / 2
+    assert sorted(half) == pytest.approx(sorted(rows.query("precision == 'fp32'")["std_ms"]), rel=1e-6)
 
 
 def test_report_with_one_precision_two_custom_models_and_compile(results_csv, tmp_path):
@@ -108,15 +127,16 @@ def test_rows_of_one_configuration_from_two_gpus_stay_apart_and_the_report_says_
     """A Slurm sweep whose jobs landed on two kinds of GPU: one cell per device, never one merged cell,
     and the environment table names both."""
     rows = pd.read_csv(results_csv)
-    fp32 = rows[(rows["precision"] == "fp32") & (rows["status"] == "ok")].head(1).assign(mean_ms=2.5)
+    fp32 = rows[(rows["precision"] == "fp32") & (rows["status"] == "ok")].head(1)
+    fp32 = fp32.assign(device_name="NVIDIA H100 80GB HBM3", mean_ms=2.5)  # the test's names, not this machine's
     other = fp32.assign(device_name="NVIDIA A100-SXM4-80GB", mean_ms=7.5)
     merged = tmp_path / "two_gpus.csv"
     pd.concat([fp32, other]).to_csv(merged, index=False)
     output = tmp_path / "report.md"
     assert report.main([str(merged), "--output", str(output)]) == 0
     text = output.read_text()
-    device = str(fp32["device_name"].iloc[0])
-    assert f"| device        | {device}" in text and "NVIDIA A100-SXM4-80GB |" in text  # the environment table
-    for name, rows in ((device, fp32), ("NVIDIA A100-SXM4-80GB", other)):  # a step-time table per device
+    device_row = next(line for line in text.splitlines() if line.startswith("| device "))  # the environment table
+    assert [cell.strip() for cell in device_row.split("|")[2:-1]] == ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"]
+    for name, rows in (("NVIDIA H100 80GB HBM3", fp32), ("NVIDIA A100-SXM4-80GB", other)):  # a table per device
         table = text.split(f"#### forward step time, {name} (ms)")[1].split("####")[0]
         assert f"| {float(rows['mean_ms'].iloc[0]):.2f} ±" in table

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cs336_systems.results import BenchmarkRecord, ResultFileError, ResultSink, collect_environment, read_results
-from cs336_systems.results.environment import checkout_state
+from cs336_systems.results.environment import FAKE_CPU_NAME_ENV, checkout_state
 from cs336_systems.runner import run_benchmark
 from tests.helpers import tiny_benchmark_config
 
@@ -35,6 +35,13 @@ def test_environment_is_recorded(records):
         assert name in row
     assert row["torch_version"] == torch.__version__
     assert collect_environment(torch.device("cpu")).num_threads == torch.get_num_threads()
+
+
+def test_a_faked_cpu_name_is_the_one_rows_record(monkeypatch):
+    """CI runs tests again as on another CPU (.ci/run): rows carry the name it fakes, as device and CPU."""
+    monkeypatch.setenv(FAKE_CPU_NAME_ENV, "Intel(R) Xeon(R) Processor")
+    environment = collect_environment(torch.device("cpu"))
+    assert environment.device_name == environment.cpu_name == "Intel(R) Xeon(R) Processor"
 
 
 def test_csv_round_trip_appends_header_once(tmp_path, records):
@@ -260,9 +267,10 @@ def test_csv_written_with_the_old_column_order_is_appended_in_its_order(tmp_path
 
 
 def test_console_view_is_compact_and_keeps_the_notes(records):
-    text = BenchmarkRecord.console([record.to_row() for record in records])
+    rows = [record.to_row() for record in records]
+    text = BenchmarkRecord.console(rows)
     assert text.startswith("# cs336-bench benchmark results\n")
-    header = text.splitlines()[2]
+    header = next(line for line in text.splitlines() if line.startswith("| "))
     for name in ("median_ms", "iqr_pct", "tokens_per_s", "mfu", "peak_memory_gib", "status"):
         assert name in header
     assert "std_ms" not in header and "p90_ms" not in header
@@ -270,6 +278,20 @@ def test_console_view_is_compact_and_keeps_the_notes(records):
         len(BenchmarkRecord.console_columns) < len(BenchmarkRecord.markdown_columns) < len(BenchmarkRecord.row_fields())
     )
     assert "status unsupported" in text
+    # the settings both rows share are one line above the table, those that differ are columns
+    shared = f"every row: model_size custom, context_length {rows[0]['context_length']}, batch_size "
+    assert shared in text and "| precision " in header and "| batch_size" not in header
+    assert "| pass_type " in header  # not a console column, but it differs between the rows
+    every = next(line for line in BenchmarkRecord.console(rows, all_columns=True).splitlines() if line.startswith("| "))
+    assert [cell.strip() for cell in every.split("|")[1:-1]] == list(BenchmarkRecord.markdown_columns)
+
+
+def test_an_mfu_over_a_peak_read_on_a_busy_machine_says_so_on_its_line(records):
+    from cs336_systems.results.records import PEAK_READ_LOW
+
+    row = {**records[0].to_row(), "mfu": 0.295, "notes": f"other processes kept 1.3 of 2 cores busy ({PEAK_READ_LOW})"}
+    line = next(line for line in BenchmarkRecord.console([row]).splitlines() if line.startswith("| custom"))
+    assert "| 0.295 (high) |" in line
 
 
 def test_record_key_equals_the_configuration_key(records):

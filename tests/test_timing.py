@@ -331,6 +331,6 @@ def test_after_step_hears_each_step_outside_its_timing_and_a_slow_one_prints_a_l
     assert times.measured_ms == pytest.approx((2000.0, 2000.0, 9000.0))
     # a line only when 10 s passed since the last one: after the first step (12 s) and the last (13 s later)
     assert capsys.readouterr().err.splitlines() == [
-        "xl fp32: still measuring: warmup step 1 of 2 took 12.0 s (12 s since this configuration's first step)",
-        "xl fp32: still measuring: measured step 3 of 3 took 9.0 s (28 s since this configuration's first step)",
+        "xl fp32: still measuring: warmup step 1 of 2 took 12.0 s (12 s since this configuration started)",
+        "xl fp32: still measuring: measured step 3 of 3 took 9.0 s (28 s since this configuration started)",
     ]

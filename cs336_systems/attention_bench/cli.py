@@ -9,6 +9,7 @@ from ..adapters import add_adapters_argument
 from ..argtypes import (
     PRECISIONS,
     ArgumentParser,
+    add_all_columns_argument,
     add_device_argument,
     add_memory_limit_argument,
     add_output_argument,
@@ -98,6 +99,7 @@ def build_parser() -> ArgumentParser:
     add_memory_limit_argument(parser, allow_auto=True)
     parser.add_argument("--seed", type=int, default=0)
     add_output_argument(parser, help="write results to PATH (.csv, .md or .jsonl; repeatable)")
+    add_all_columns_argument(parser)
     parser.add_argument(
         "--plot", type=output_path, metavar="PATH.png", help="plot file (default: the first --output with suffix .png)"
     )

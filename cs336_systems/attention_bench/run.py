@@ -93,7 +93,7 @@ def run_grid(args: argparse.Namespace) -> int:
         if rows:
             print(AttentionRecord.markdown(rows), flush=True)
         raise
-    print(AttentionRecord.markdown(rows))
+    print(AttentionRecord.console(rows, args.all_columns))
     if rows:
         print(describe_rows(rows), file=sys.stderr)  # how busy the machine was, as benchmark and the sweeps end
     if plot_path is not None:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from ..lifetime import child_preexec, pid_running
 from ..placement import EXECUTOR_ENV
 from ..tools import module_name
+from ..units import counted
 from .evidence import exit_outcome
 from .jobs import EXITED, STEP_LOG, Attempt, Job, JobDir, Outcome
 from .runner import Poll, placement_of
@@ -40,9 +41,10 @@ class LocalRunner:
 
     def describe(self) -> str:
         s = self.settings
+        workers = f"local: {counted(s.workers, 'worker')} at once"
         if s.gpus:
-            return f"local: {s.workers} worker(s) at once, one GPU each (CUDA_VISIBLE_DEVICES {', '.join(s.gpus)})"
-        return f"local: {s.workers} worker(s) at once, {s.threads_per_worker} CPU thread(s) each (OMP_NUM_THREADS)"
+            return f"{workers}, one GPU each (CUDA_VISIBLE_DEVICES {', '.join(s.gpus)})"
+        return f"{workers}, {counted(s.threads_per_worker, 'CPU thread')} each (OMP_NUM_THREADS)"
 
     def environment(self, gpu: str | None) -> dict[str, str]:
         env = {EXECUTOR_ENV: "local", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}

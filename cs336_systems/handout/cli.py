@@ -52,7 +52,7 @@ step is a job (handout/jobs.py, docs/cluster.md): on this machine's GPUs at once
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog=PROG, description=DESCRIPTION)
     add_config_file_argument(parser)
     parser.add_argument("--edition", choices=tuple(EDITIONS), default="2026", help="which handout (2026)")
     parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]", help="where the steps run (auto)")

@@ -31,7 +31,7 @@ import pandas as pd
 
 from .. import jsontext
 from ..lifetime import child_preexec
-from ..progress import progress_bar
+from ..progress import postfix, progress_bar
 from ..results import open_to_write, write_whole
 from ..results.origin import named
 from ..units import format_bytes
@@ -324,7 +324,7 @@ def execute(
                 continue
 
             def show(line: str, step: Step = step) -> None:
-                bar.set_postfix_str(f"{step.id}: {line}"[:120])
+                bar.set_postfix_str(postfix(f"{step.id}: {line}"))
 
             try:
                 status, elapsed = run_step(step, output_dir, show, deadline)

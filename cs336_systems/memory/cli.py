@@ -15,16 +15,16 @@ from ..anomalies import fast_path_flags
 from ..argtypes import ArgumentParser, byte_size, positive_int
 from ..benchmark_flags import (
     add_checkpoint_argument,
+    add_model_arguments,
     add_shape_arguments,
     announce_size_table,
     model_config_from_args,
     size_table_of,
 )
 from ..command import Command
-from ..config import PARAM_DTYPES, PASS_TYPES
+from ..config import PARAM_DTYPES
 from ..errors import UsageError
-from ..models import ATTENTION_KINDS
-from ..precision import PRECISIONS
+from ..tools import prog
 from ..units import format_bytes
 from .estimate import FIND_MAX_LIMIT, MemoryEstimate, estimate_memory, find_max_by_prediction
 
@@ -69,15 +69,8 @@ def format_estimate(estimate: MemoryEstimate, title: str, param_dtype: str = "fp
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(
-        prog="python -m cs336_systems.memory", description="Predict the memory of one step of the built-in model."
-    )
-    parser.add_argument("--model-size", default="small")
-    parser.add_argument("--context-length", type=positive_int, default=512)
-    parser.add_argument("--batch-size", type=positive_int, default=4)
-    parser.add_argument("--pass-type", choices=PASS_TYPES, default="forward-backward")
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    parser.add_argument("--attention", choices=ATTENTION_KINDS, default="sdpa")
+    parser = ArgumentParser(prog=prog("memory"), description="Predict the memory of one step of the built-in model.")
+    add_model_arguments(parser)
     parser.add_argument(
         "--device-type",
         "--device",

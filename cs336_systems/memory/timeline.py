@@ -17,6 +17,7 @@ from pathlib import Path
 from ..command import Command
 from ..errors import UsageError
 from ..results.origin import named
+from ..tools import prog
 from ..units import GIB, MIB
 
 LIBRARY_PATHS = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python")  # not the user's frames
@@ -99,7 +100,7 @@ def plot_timeline(series: list[int], path: Path, title: str) -> None:
 def build_parser():
     from ..argtypes import ArgumentParser, positive_int
 
-    parser = ArgumentParser(prog="python -m cs336_systems.memory.timeline", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog=prog("memory.timeline"), description=__doc__.split("\n")[0])
     parser.add_argument("--snapshot", type=Path, required=True, help="a pickle from benchmark --memory-snapshot")
     parser.add_argument("--plot", type=Path, required=True, help="the active memory timeline (.png)")
     parser.add_argument("--output", help="the largest allocations and their frames (.csv)")

@@ -129,10 +129,6 @@ def row_notes(frame: pd.DataFrame) -> list[str]:
     return [f"{text} ({len(rows)} row{'s' * (len(rows) > 1)})" for text, rows in seen.items()]
 
 
-def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame[frame["status"].astype(str) == "ok"] if "status" in frame.columns else frame
-
-
 def has(frame: pd.DataFrame, column: str, value: str) -> bool:
     return column in frame.columns and any(
         label_text(column, r) == value for r in frame.to_dict("records") if not missing(r.get(column))

@@ -68,7 +68,7 @@ def _check_outputs(outputs: list[Path], tables_only: bool, inputs: list[str]) ->
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog=PROG, description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog=PROG, description=USAGE)
     parser.add_argument("results", nargs="+", help="result files (.csv, .jsonl; a handout_plan.csv)")
     parser.add_argument(
         "--output",

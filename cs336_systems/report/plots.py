@@ -1,6 +1,7 @@
 """PNG figures saved beside the report. A log axis is labelled at the values measured (and at
-1-2-5 steps between decades), so every panel reads without counting gridlines; a series of one
-point is not drawn (the table shows it), and a figure with no series of two points is not made."""
+1-2-5 steps between decades; context 64, not 64.0), so every panel reads without counting gridlines;
+a point's error bar is the ± std its table shows; a series of one point is not drawn (the table shows
+it), and a figure with no series of two points is not made."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from PIL import Image  # noqa: E402  (installed with matplotlib)
 
 from ..results import ResultWriteError, write_whole  # noqa: E402
 from .document import Figure, sig3  # noqa: E402
-from .fields import label_text  # noqa: E402
+from .fields import derive, label_text  # noqa: E402
 
 UNWRITTEN: list[str] = []  # why a figure is not in the report (a full disk): the CLI says so and exits 1
 
@@ -62,11 +63,11 @@ def _number(value: float) -> str:
         return f"{value / 1e6:g}M"
     if value >= 1e3 and value % 1e3 == 0 and value >= 1e4:
         return f"{value / 1e3:g}k"
-    return sig3(value)
+    return f"{value:.0f}" if float(value).is_integer() else sig3(value)
 
 
 def line_figure(
-    series: dict[str, list[tuple[float, float]]],
+    series: dict[str, list[tuple[float, float, float]]],
     *,
     title: str,
     xlabel: str,
@@ -74,15 +75,16 @@ def line_figure(
     path: Path,
     log_y: bool = True,
 ) -> list[Figure]:
-    """One panel, a line per series (points sorted by x); [] when no series has two points."""
+    """One panel, a line per series of (x, y, error bar) points sorted by x; [] when no series has two."""
     series = {name: sorted(points) for name, points in series.items() if len(points) >= 2}
     if not series:
         return []
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for name, points in series.items():
-        ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name or "measured")
-    xs = [x for points in series.values() for x, _ in points]
-    ys = [y for points in series.values() for _, y in points]
+        x, y, spread = zip(*points, strict=True)
+        ax.errorbar(x, y, yerr=spread if any(spread) else None, marker="o", capsize=3, label=name or "measured")
+    xs = [x for points in series.values() for x, _, _ in points]
+    ys = [y for points in series.values() for _, y, _ in points]
     log_axis(ax, "x", xs, exact=len(set(xs)) <= 10)
     if log_y:
         log_axis(ax, "y", ys)
@@ -93,16 +95,17 @@ def line_figure(
 
 
 def _points(
-    frame: pd.DataFrame, group: Sequence[str], x: str, y: str, name: str = "{}"
-) -> dict[str, list[tuple[float, float]]]:
-    """The ok rows' (x, y) points, a series per value of `group`, named by `name` (a format of the values)."""
+    frame: pd.DataFrame, group: Sequence[str], x: str, y: str, name: str = "{}", spread: str = ""
+) -> dict[str, list[tuple[float, float, float]]]:
+    """The ok rows' (x, y, `spread` or 0) points, a series per value of `group`, named by `name` (a format)."""
     ok = frame[frame["status"].astype(str) == "ok"] if "status" in frame.columns else frame
     series: dict[str, list[tuple[float, float]]] = {}
     for row in ok.to_dict("records"):
         xv, yv = pd.to_numeric(row.get(x), errors="coerce"), pd.to_numeric(row.get(y), errors="coerce")
         if pd.notna(xv) and pd.notna(yv):
             values = ", ".join(label_text(g, row) for g in group)
-            series.setdefault(name.format(values), []).append((float(xv), float(yv)))
+            error = pd.to_numeric(row.get(spread), errors="coerce")
+            series.setdefault(name.format(values), []).append((float(xv), float(yv), 0.0 if pd.isna(error) else error))
     return series
 
 
@@ -110,10 +113,10 @@ def attention_plot(frame: pd.DataFrame, directory: Path, stem: str) -> list[Figu
     group = [c for c in ("implementation", "precision") if frame[c].nunique() > 1] + ["head_dim"]
     name = "d={}" if group == ["head_dim"] else "{}"
     return line_figure(
-        _points(frame, group, "context_length", "forward_mean_ms", name),
+        _points(frame, group, "context_length", "forward_mean_ms", name, "forward_std_ms"),
         title="Attention forward time vs sequence length",
         xlabel="sequence length",
-        ylabel="forward (ms)",
+        ylabel="forward (ms), mean ± std",
         path=directory / f"{stem}_forward.png",
     )
 
@@ -141,6 +144,7 @@ def warmup_plot(frame: pd.DataFrame, directory: Path, stem: str) -> list[Figure]
         xlabel="step (warmup steps first)", ylabel="step time (ms)", title="Each step's time, by number of warmup steps"
     )
     ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    ax.set_ylim(bottom=0)  # how much slower the first steps are is a ratio: from zero, not from the fastest
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     title = "Each step's time, by number of warmup steps"
@@ -149,13 +153,14 @@ def warmup_plot(frame: pd.DataFrame, directory: Path, stem: str) -> list[Figure]
 
 def context_plot(frame: pd.DataFrame, directory: Path, stem: str, title: str) -> list[Figure]:
     """Step time against context length, a line per model (and whatever else varies)."""
+    frame = derive(frame, "benchmark")  # the `model` label, as the tables name each row's model
     group = ["model"] + [
         c for c in ("pass_type", "precision", "compile", "device_name") if c in frame and frame[c].nunique() > 1
     ]
     return line_figure(
-        _points(frame, group, "context_length", "mean_ms"),
+        _points(frame, group, "context_length", "mean_ms", spread="std_ms"),
         title=title,
         xlabel="context length",
-        ylabel="mean step time (ms)",
+        ylabel="step time (ms), mean ± std",
         path=directory / f"{stem}.png",
     )

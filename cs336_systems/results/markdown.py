@@ -191,8 +191,16 @@ def render_document(
     return "\n".join(parts) + "\n"
 
 
-def console_table(rows: Sequence[dict], *, title: str, columns: Sequence[str], label_columns: Sequence[str]) -> str:
-    """A narrow Markdown document for a terminal: title, table and the notes a reader must see."""
+def console_table(
+    rows: Sequence[dict], *, title: str, columns: Sequence[str], label_columns: Sequence[str], settings: Sequence[str]
+) -> str:
+    """A narrow Markdown document for a terminal: title, the `settings` every row shares in one line, a table
+    of the settings that differ and the `columns` some row fills, the notes a reader must see."""
+    cells = {c: {format_cell(c, cell_value(row, c)) for row in rows} for c in dict.fromkeys([*settings, *columns])}
+    shared = [c for c in columns if c in settings and len(cells[c]) == 1] if len(rows) > 1 else []
+    differ = [c for c in settings if len(cells[c]) > 1]
+    shown = [c for c in dict.fromkeys([*differ, *columns]) if c not in shared and cells[c] != {""}]
+    same = [f"every row: {', '.join(f'{c} {escape(cells[c].pop())}' for c in shared)}", ""] if shared else []
     notes = note_lines([escaped_fields(row) for row in rows], label_columns)
-    lines = [f"# {escape(title)}", "", markdown_table(rows, columns), *(f"- {line}" for line in notes)]
+    lines = [f"# {escape(title)}", "", *same, markdown_table(rows, shown), *(f"- {line}" for line in notes)]
     return "\n".join(lines) + "\n"

@@ -9,7 +9,6 @@ summary (`nsys stats`) never names itself, so it is always told that way.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 
 TOOL = "tool"
@@ -58,8 +57,3 @@ def legacy_tool(columns: Iterable[str]) -> str | None:
 def named(tool: str, rows: Iterable[dict]) -> list[dict]:
     """`rows` with the tool's name as their first column (a writer of rows of its own)."""
     return [{TOOL: tool, **{k: v for k, v in row.items() if k != TOOL}} for row in rows]
-
-
-def named_json(tool: str, summary: dict) -> str:
-    """A one-object JSON file (find_max's answer, monitor's run) that names its tool."""
-    return json.dumps({TOOL: tool, **summary}, indent=2, default=str) + "\n"

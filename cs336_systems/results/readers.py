@@ -116,15 +116,18 @@ def _with_tool(frame: pd.DataFrame) -> pd.DataFrame:
 def _with_placement(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows written before the placement columns (executor, Slurm job, GPU) existed: they are empty."""
     if "hostname" in frame.columns:
-        frame = _with_empty(frame, [name for name in ADDED_FIELDS if name not in frame.columns])
+        frame = _with_columns(frame, dict.fromkeys(ADDED_FIELDS))
     return frame
 
 
-def _with_empty(frame: pd.DataFrame, names: list[str]) -> pd.DataFrame:
-    """`frame` with empty columns `names` added at once (one by one, pandas fragments a wide frame)."""
-    if not names:
+def _with_columns(frame: pd.DataFrame, columns: dict[str, object]) -> pd.DataFrame:
+    """`frame` with those of `columns` (name: a value or a column) it lacks, added at once: one by one,
+    pandas fragments a wide frame (and says so in a PerformanceWarning)."""
+    added = {name: value for name, value in columns.items() if name not in frame.columns}
+    if not added:
         return frame
-    return pd.concat([frame, pd.DataFrame(dict.fromkeys(names), index=frame.index, dtype=object)], axis=1)
+    new = pd.DataFrame({k: v if isinstance(v, list | pd.Series) else [v] * len(frame) for k, v in added.items()})
+    return pd.concat([frame, new.set_axis(frame.index)], axis=1)
 
 
 def _with_spread_from_samples(frame: pd.DataFrame) -> pd.DataFrame:
@@ -132,11 +135,11 @@ def _with_spread_from_samples(frame: pd.DataFrame) -> pd.DataFrame:
         if samples not in frame.columns or f"{prefix}median_ms" not in frame.columns or f"{prefix}iqr_pct" in frame:
             continue
         summaries = [summarize(s) if isinstance(s, list) and s else None for s in frame[samples]]
-        if not any(summaries):  # a column of that name that holds no samples (a probe's step_ms)
-            continue
-        for statistic in ("iqr", "iqr_pct"):
-            column = f"{prefix}{statistic}" if statistic.endswith("_pct") else f"{prefix}{statistic}_ms"
-            frame[column] = [None if x is None else getattr(x, statistic) for x in summaries]
+        if any(summaries):  # else a column of that name that holds no samples (a probe's step_ms)
+            spread = {f"{prefix}iqr_ms": "iqr", f"{prefix}iqr_pct": "iqr_pct"}
+            frame = _with_columns(
+                frame, {c: [x if x is None else getattr(x, s) for x in summaries] for c, s in spread.items()}
+            )
     return frame
 
 
@@ -145,10 +148,7 @@ def _with_added_config_columns(frame: pd.DataFrame) -> pd.DataFrame:
     torch.compile's default mode (when compiled) and no CUDA graph, so they still match."""
     if "compile" not in frame.columns:
         return frame
-    if "compile_mode" not in frame.columns:
-        compiled = frame["compile"].astype(str).str.lower() == "true"
-        frame["compile_mode"] = compiled.map({True: "default", False: None}).astype(object)
-    if "cuda_graphs" not in frame.columns:
-        frame["cuda_graphs"] = False
-    # measured a fixed number of steps
-    return _with_empty(frame, [name for name in ADDED_BENCHMARK_COLUMNS if name not in frame.columns])
+    compiled = frame["compile"].astype(str).str.lower() == "true"
+    mode = compiled.map({True: "default", False: None}).astype(object)
+    # and measured a fixed number of steps (ADDED_BENCHMARK_COLUMNS empty)
+    return _with_columns(frame, {"compile_mode": mode, "cuda_graphs": False, **dict.fromkeys(ADDED_BENCHMARK_COLUMNS)})

@@ -21,12 +21,7 @@ from ..profiling import StepProfile
 from ..stats import CONVENTIONS, Summary, summarize
 from . import plausibility
 from .environment import ENVIRONMENT_FIELDS, Environment, utc_timestamp
-from .markdown import (
-    BENCHMARK_LABEL_COLUMNS,
-    console_table,
-    render_document,
-    row_label,
-)
+from .markdown import BENCHMARK_LABEL_COLUMNS, console_table, is_missing, render_document, row_label
 from .origin import TOOL
 
 if TYPE_CHECKING:  # for type names only
@@ -106,6 +101,7 @@ class Record:
     title: ClassVar[str] = "cs336-bench results"
     markdown_columns: ClassVar[tuple[str, ...]] = ("status",)
     label_columns: ClassVar[tuple[str, ...]] = ()
+    console_columns: ClassVar[tuple[str, ...]] = ()  # what a terminal shows of a row (default: markdown_columns)
     conventions: ClassVar[str] = CONVENTIONS
 
     @classmethod
@@ -149,6 +145,14 @@ class Record:
         return {**self.to_row(), **self._samples()}
 
     @classmethod
+    def console(cls, rows: Sequence[dict], all_columns: bool = False) -> str:
+        """The rows on a terminal: narrow (console_table), or the Markdown document with `all_columns`."""
+        if all_columns:
+            return cls.markdown(rows)
+        columns, settings = cls.console_columns or cls.markdown_columns, cls.identity_fields()
+        return console_table(rows, title=cls.title, columns=columns, label_columns=cls.label_columns, settings=settings)
+
+    @classmethod
     def markdown(cls, rows: Sequence[dict]) -> str:
         """The Markdown document for rows of this record type."""
         return render_document(
@@ -158,6 +162,10 @@ class Record:
             label_columns=cls.label_columns,
             conventions=cls.conventions,
         )
+
+
+# A row's note where its MFU's peak was measured while other processes kept the machine busy (peak_flops.py).
+PEAK_READ_LOW = "a busy machine reads a low peak, and so a high MFU"
 
 
 @dataclass
@@ -240,7 +248,7 @@ class BenchmarkRecord(OptimizerTiming, BackwardTiming, ForwardTiming, Timing, Re
         "device_busy_pct",
     )
     label_columns: ClassVar[tuple[str, ...]] = BENCHMARK_LABEL_COLUMNS
-    # What a terminal shows; every column stays in the files.
+    # What a terminal shows besides the settings that differ between rows; every column stays in the files.
     console_columns: ClassVar[tuple[str, ...]] = (
         "model_size",
         "context_length",
@@ -257,6 +265,13 @@ class BenchmarkRecord(OptimizerTiming, BackwardTiming, ForwardTiming, Timing, Re
     )
 
     @classmethod
+    def console(cls, rows: Sequence[dict], all_columns: bool = False) -> str:
+        """Record.console, where an MFU over a peak read on a busy machine says on its line that it reads high."""
+        high = [not is_missing(row.get("mfu")) and PEAK_READ_LOW in str(row.get("notes")) for row in rows]
+        rows = [{**row, "mfu": f"{row['mfu']:.3f} (high)"} if busy else row for row, busy in zip(rows, high)]
+        return super().console(rows, all_columns)
+
+    @classmethod
     def for_config(
         cls, config: BenchmarkConfig, device: torch.device, env: Environment | None, num_params: int | None
     ) -> BenchmarkRecord:
@@ -271,10 +286,6 @@ class BenchmarkRecord(OptimizerTiming, BackwardTiming, ForwardTiming, Timing, Re
             status="ok",
             environment=env,
         )
-
-    @classmethod
-    def console(cls, rows: Sequence[dict]) -> str:
-        return console_table(rows, title=cls.title, columns=cls.console_columns, label_columns=cls.label_columns)
 
     def add_summary(self, summary: Summary) -> None:
         fill_timing(self, summary)
