@@ -31,14 +31,14 @@ def sizes(frame: pd.DataFrame) -> list[str]:
 def allreduce_tables(frame: pd.DataFrame, heading: str = "") -> list:
     """Time and bus bandwidth per size and world size; `heading` ends both titles (", gloo")."""
     labels = [("ranks", "world_size")]
-    time = [Value(f"{s} (ms)", "mean_ms", "ms±", where={"size": s}) for s in sizes(frame)]
+    time = [Value(f"{s} (ms)", "median_ms", "ms", where={"size": s}) for s in sizes(frame)]
     bandwidth = [Value(f"{s} (GB/s)", "busbw_gbps", "sig3", where={"size": s}) for s in sizes(frame)]
     return [
         grid(
             frame,
             "allreduce_bench",
             title=f"All-reduce time{heading}",
-            caption="Mean ± std of the measured all-reduces, ms",
+            caption="Median of the measured all-reduces (the statistic the bandwidth below is computed on), ms",
             labels=labels,
             values=time,
         ),

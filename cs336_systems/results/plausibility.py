@@ -1,7 +1,10 @@
 """What a measured value can be, declared once: a duration or a byte count is never below zero, MFU
 is a share of the peak (at most 1), a share of a step is at most 100%, data-parallel ranks are never
 faster together than one process alone, and a difference of two noisy timings (DDP's exposed
-communication) is a result only where its steps resolve it from zero.
+communication) is a result only where its steps resolve it from zero. Relations between fields too:
+a phase's peak holds at least what the rank holds in it, a whole timed on its own is never below a
+part timed on its own (for every statistic), and every rate is on the statistic RATE_STATISTIC, which
+a table showing a rate shows too (report.grid refuses one that does not).
 
 A row that breaks a rule keeps its raw values in the result files and says which field and why in
 its notes; tables (report's grid, the tools' Markdown) show NOT_MEASURABLE in that cell, with the
@@ -27,7 +30,23 @@ NON_NEGATIVE = ("tokens_per_s", "samples_per_s", "achieved_tflops", "algbw_gbps"
 # DDP's exposed communication as a difference of two timings (ddp_bench's comm_method says so)
 DIFFERENCE_METHOD = "step - no_sync step"
 # a value computed from another: unusable where that one is
-DEPENDS_ON = {"comm_pct": "comm_ms"}
+DEPENDS_ON = {"comm_pct": "comm_ms", "end_to_end_tflops": "end_to_end_median_ms"}
+# a phase's peak (ddp_bench) holds at least these, counted from the rank's tensors: its parameters after
+# building, and their gradients before the optimizer step, and its state after it
+HELD = {"param_bytes_per_rank": "parameters", "grad_bytes_per_rank": "gradients"}
+HELD["optimizer_state_bytes_per_rank"] = "optimizer state"
+PEAK_HOLDS = {  # the peak's field: (its phase in words, what the rank holds then)
+    "peak_model_bytes": ("after building", list(HELD)[:1]),
+    "peak_before_optimizer_bytes": ("before the optimizer step", list(HELD)[:2]),
+    "peak_optimizer_bytes": ("after the optimizer step", list(HELD)),
+}
+# a whole timed on its own against its parts timed on their own (attention_bench's passes): for each
+# statistic of where the samples lie, the whole's is never below a part's
+WHOLE_OF_PARTS = {"end_to_end_": ("forward_", "backward_")}
+LOCATION_STATISTICS = ("median", "mean", "min", "max", "p10", "p90")
+# every rate (per second, TFLOP/s, MFU) is computed on this statistic of the steps (stats.per_second)
+RATE_STATISTIC = "median"
+RATES = ("tokens_per_s", "samples_per_s", "achieved_tflops", "algbw_gbps", "busbw_gbps", "mfu")
 
 
 def _number(value: object) -> float | None:
@@ -43,7 +62,7 @@ def _number(value: object) -> float | None:
 def _never_negative(field: str) -> bool:
     if field.endswith("_pct"):
         return False
-    return field.endswith(("_ms", "_s", "_bytes", "_bytes_above_baseline")) or field in NON_NEGATIVE
+    return field.endswith(("_ms", "_s", "_bytes")) or field in NON_NEGATIVE
 
 
 def _straddles_zero(samples: list[float]) -> bool:
@@ -80,11 +99,37 @@ def field_problem(field: str, value: object, row: Mapping) -> str | None:
             return f"exposed communication: per-step differences {low:+.1f}..{high:+.1f} ms straddle 0"
     if _never_negative(field) and number < 0:
         return f"{_readable(field, number)} is below zero (a difference of two noisy measurements)"
+    return _below_what_it_holds(field, number, row)
+
+
+def is_rate(field: str) -> bool:
+    return field in RATES or field.endswith("_tflops")
+
+
+def _below_what_it_holds(field: str, number: float, row: Mapping) -> str | None:
+    """A peak below the bytes its rank holds in that phase, or a whole below one of its parts."""
+    if field in PEAK_HOLDS:
+        phase, names = PEAK_HOLDS[field]
+        parts = [_number(row.get(name)) for name in names]
+        if None not in parts and number < sum(parts):
+            held = " + ".join(HELD[name] for name in names)
+            return f"the peak {phase}, {format_bytes(number)}, is below the {format_bytes(sum(parts))} the rank holds ({held})"
+    for whole, parts in WHOLE_OF_PARTS.items():
+        statistic = field.removeprefix(whole).removesuffix("_ms")
+        if not field.startswith(whole) or statistic not in LOCATION_STATISTICS:
+            continue
+        for part in parts:
+            value = _number(row.get(f"{part}{statistic}_ms"))
+            if value is not None and number < value:
+                return (
+                    f"{whole.rstrip('_').replace('_', '-')} {number:.3g} ms is below the {part.rstrip('_')}'s "
+                    f"{value:.3g} ms ({statistic}s of separate loops): their samples' noise, not the passes"
+                )
     return None
 
 
 def _readable(field: str, number: float) -> str:
-    """'peak optimizer above baseline -1.22 MiB' for peak_optimizer_bytes_above_baseline -1.28e6."""
+    """'peak optimizer 1.22 MiB' for peak_optimizer_bytes 1.28e6."""
     words = field.replace("_bytes", "").replace("_ms", "").replace("comm", "communication").replace("_", " ")
     if "_bytes" in field:
         return f"{words} {format_bytes(number)}"
