@@ -41,21 +41,29 @@ DDP_PROBLEMS = {
 }
 
 
+# The one-process step every data-parallel section measures its strategies against: one step (the plan
+# keeps one of a step id), whose row each section shows by reading its file; the others read it through
+# ddp_bench's --baseline instead of measuring one process again.
+BASELINE_STEP = "ddp_single"
+BASELINE_FILE = f"{BASELINE_STEP}.csv"
+
+
 def plan(problem: str, options: Options, target: Target) -> list[Step]:
-    """One ddp_bench step of the problem's strategies. A student's FSDP shards their own model's layer
-    classes, so it runs on their model (cs336_basics.model's, when the repository has it): in a step of
-    its own, so a model or strategy of theirs that fails costs only their rows, never the harness's
-    fsdp2 and single rows that answer (a)."""
+    """The one-process baseline, then one ddp_bench step of the problem's strategies against it. A
+    student's FSDP shards their own model's layer classes, so it runs on their model (cs336_basics.model's,
+    when the repository has it): in a step of its own, with its own one-process row (another model), so a
+    model or strategy of theirs that fails costs only their rows, never the harness's fsdp2 rows."""
     strategies, adapter_strategy, what = DDP_PROBLEMS[problem]
     theirs = [adapter_strategy] if adapter_strategy and options.adapters else []
+    baseline = _ddp_step(problem, BASELINE_STEP, ["single"], "one process, the baseline", options, target)
     if theirs == ["adapter-fsdp"] and not options.model_factory and defined_in_repository(STUDENT_MODEL):
         yours = _ddp_step(problem, f"{problem}-yours", theirs, what, options, target, STUDENT_MODEL)
         yours.reductions.insert(0, f"your model ({STUDENT_MODEL}), whose layers your FSDP wraps")
-        return [_ddp_step(problem, problem, strategies, what, options, target, None), yours]
-    step = _ddp_step(problem, problem, [*strategies, *theirs], what, options, target, options.model_factory)
+        return [baseline, _ddp_step(problem, problem, strategies, what, options, target, baseline=True), yours]
+    step = _ddp_step(problem, problem, [*strategies, *theirs], what, options, target, baseline=True)
     if adapter_strategy and not options.adapters:
         step.reductions.append(f"{adapter_strategy} (your implementation) needs --adapters; built-in strategies only")
-    return [step]
+    return [baseline, step]
 
 
 def _ddp_step(
@@ -65,8 +73,12 @@ def _ddp_step(
     what: str,
     options: Options,
     target: Target,
-    model_factory: str | None,
+    model_factory: str | None = None,
+    baseline: bool = False,
 ) -> Step:
+    """One ddp_bench run (`model_factory`: a student's model, else --model-factory's); `baseline`: against
+    BASELINE_STEP's one-process row, which the section shows too."""
+    model_factory = model_factory or options.model_factory
     scale = options.scale
     flags = {
         "--strategies": strategies,
@@ -89,8 +101,10 @@ def _ddp_step(
         module_name("ddp_bench"),
         flags,
         kind="ddp",
-        reads=(f"{step_id}.csv",),
+        reads=(f"{step_id}.csv", *([BASELINE_FILE] if baseline else [])),
     )
+    if baseline:
+        flags["--baseline"] = BASELINE_FILE
     if model_factory:
         flags["--model-factory"] = model_factory
     if options.optimizer:
@@ -174,16 +188,28 @@ def accounting(problem: Results, memory: str, timing: str, compared_with: str, t
     out = section(problem)
     rows = problem.rows("ddp_bench")
     if not rows.empty:
-        # each file's strategies against its own baseline (a student's step runs on their model)
-        files = [records(group, "ddp_bench") for _, group in rows.groupby("source", sort=False)]
+        files = against_their_baseline(rows)
         out.add(Heading(f"(a) {memory}"))
         out.add(distributed.held_table(rows, "Bytes each rank holds after a step"))
         out.add(distributed.peaks_table(rows, "Peak memory of a rank"))
+        out.add(distributed.breakdown_table(rows, "What a rank's memory holds at each peak"))
         out.add(Bullets([line for group in files for line in held_observations(group, compared_with)]))
         out.add(Heading(f"(b) {timing}"))
         out.add(distributed.ddp_time_table(rows, "Time per training step"))
         out.add(Bullets([line for group in files for line in time_observations(group)]))
     return finish(problem, out)
+
+
+def against_their_baseline(rows) -> list[list[dict]]:
+    """Each file's rows with the one-process row they are measured against: their own (a student's step
+    runs on their model), else the plan's one baseline (a file of only a one-process row)."""
+    files = [records(group, "ddp_bench") for _, group in rows.groupby("source", sort=False)]
+    shared = [group for group in files if {label_text("strategy", row) for row in group} == {"single"}]
+    return [
+        group + (shared[0] if shared and _step(group, "single") is None else [])
+        for group in files
+        if group not in shared
+    ]
 
 
 def write_sharding(problem: Results) -> Section:
