@@ -179,6 +179,7 @@ def _kernel_rows(frame: pd.DataFrame) -> pd.DataFrame:
         total = sum(float(k.get("total_ms") or 0) for k in kernels)
         for rank, kernel in enumerate(kernels, 1):
             ms = float(kernel.get("total_ms") or 0)
+            ahead = kernel.get("ahead_of_next")  # over several profiled steps (older rows: one step, no word)
             rows.append(
                 {
                     **row,
@@ -186,12 +187,13 @@ def _kernel_rows(frame: pd.DataFrame) -> pd.DataFrame:
                     "kernel": kernel.get("name"),
                     "kernel_calls": kernel.get("calls"),
                     "kernel_ms": ms,
-                    "kernel_share_pct": 100 * ms / total if total else None,
+                    # of all the step's operator time (older rows: of the listed ones)
+                    "kernel_share_pct": kernel.get("share_pct", 100 * ms / total if total else None),
+                    "kernel_ahead": None if ahead is None else ("yes" if ahead else "no"),
                 }
             )
-    return pd.DataFrame(
-        rows, columns=[*frame.columns, "kernel_rank", "kernel", "kernel_calls", "kernel_ms", "kernel_share_pct"]
-    )
+    columns = ["kernel_rank", "kernel", "kernel_calls", "kernel_ms", "kernel_share_pct", "kernel_ahead"]
+    return pd.DataFrame(rows, columns=[*frame.columns, *columns])
 
 
 def _truthy_text(value: object) -> str:

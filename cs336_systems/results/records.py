@@ -176,7 +176,7 @@ class BenchmarkRecord(OptimizerTiming, BackwardTiming, ForwardTiming, Timing, Re
     iqr_target_reached: bool | None = None  # with a target_iqr_pct: whether the steps got there before the cap
     tokens_per_s: float | None = None  # on the median step, as every rate (stats.per_second)
     compile_s: float | None = None
-    # the profiled step after the measured ones (profiling.py); None with --no-profile-step
+    # the profiled steps after the measured ones (profiling.py); None with --no-profile-step
     kernels_per_step: int | None = None
     device_busy_pct: float | None = None
     # work and utilisation (cs336_systems.flops), on the median step as tokens_per_s
@@ -212,7 +212,9 @@ class BenchmarkRecord(OptimizerTiming, BackwardTiming, ForwardTiming, Timing, Re
     forward_samples_ms: list[float] = samples_field()
     backward_samples_ms: list[float] = samples_field()
     optimizer_samples_ms: list[float] = samples_field()
-    top_kernels: list[dict] = samples_field()  # {"name", "calls", "total_ms"} of the profiled step
+    # the profiled steps' operators by median time, and their families (matmul, softmax, ...): profiling.py
+    top_kernels: list[dict] = samples_field()
+    kernel_families: list[dict] = samples_field()
 
     title: ClassVar[str] = "cs336-bench benchmark results"
     markdown_columns: ClassVar[tuple[str, ...]] = (
@@ -287,4 +289,4 @@ class BenchmarkRecord(OptimizerTiming, BackwardTiming, ForwardTiming, Timing, Re
 
     def add_profile(self, profile: StepProfile) -> None:
         self.kernels_per_step, self.device_busy_pct = profile.kernels_per_step, profile.device_busy_pct
-        self.top_kernels = list(profile.top_kernels)
+        self.top_kernels, self.kernel_families = list(profile.top_kernels), list(profile.families)
