@@ -2,9 +2,11 @@
 
     table       a known GPU's dense spec-sheet peak (flops.PEAK_TFLOPS_TABLE)
     calibrated  this machine's own: a matmul probe in the precision's dtype (flops.measure_peak_tflops),
-                measured once at a quiet moment (other processes kept under QUIET_CORES busy while it
-                ran) and kept with its date and the load then, so MFU stays comparable between runs
-                (`--peak calibrate` measures and keeps it again)
+                measured once at a quiet moment and kept with its date and the load then, so MFU stays
+                comparable between runs (`--peak calibrate` measures and keeps it again). Quiet is
+                judged on the probe itself (ProbeLoad): on a CPU its own CPU time over its wall time
+                and threads, which the kernel counts exactly, and other processes under QUIET_CORES;
+                a CPU peak below one kept for fewer threads is never kept, nor used
     measured    a probe for this run only (`--peak measure`, or a busy machine with nothing kept)
     user        `--peak-tflops`
     unknown     `--peak table` on a device the table does not know
@@ -19,13 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import math
 import os
 import socket
 import stat
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,7 +35,7 @@ from pathlib import Path
 import torch
 
 from . import flops, jsontext
-from .contention import LoadMeter
+from .contention import OWN_SHARE_FLOOR, LoadMeter
 from .results import write_whole
 from .results.errors import ResultWriteError
 
@@ -63,6 +65,17 @@ class Peak:
     source: str  # "table", "calibrated", "measured", "user" or "unknown"
     measured_at: str | None = None  # calibrated or measured: when (UTC, ISO 8601)
     notes: tuple[str, ...] = ()  # for the row: a calibration not kept, or kept at a busy moment
+    low: str | None = None  # why it reads low (an MFU over it reads high); None: measured quiet, or not measured
+    threads: int | None = None  # a CPU peak's: torch's threads when it was measured
+
+    def words(self) -> str:
+        """What MFU divides by, for a run's first lines: the peak, where it came from and when it was measured."""
+        if self.tflops is None:
+            return "no MFU: no peak to divide by"
+        threads = f" at {self.threads} threads" if self.threads else ""
+        when = f", measured {self.measured_at}" if self.measured_at else ""
+        low = f"; it reads low ({self.low}), so MFU over it reads high" if self.low else ""
+        return f"MFU divides by {self.tflops:.3g} TFLOP/s, the {self.source} peak{threads}{when}{low}"
 
 
 def load_average() -> float:
@@ -70,12 +83,36 @@ def load_average() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
 
-def busy_elsewhere(measure: Callable[[], float]) -> tuple[float, float]:
-    """measure()'s value, and how many cores other processes kept busy while it ran (contention's
-    measure, as every row's)."""
+@dataclass(frozen=True)
+class ProbeLoad:
+    """How the peak probe ran: other processes' cores (contention's meter, in the kernel's ticks) and, on
+    a CPU, the probe's own CPU time over its wall time and threads (exact: near 1 when it had its cores)."""
+
+    other_cores: float
+    cores: int
+    own_share: float | None = None
+    threads: int | None = None
+
+    def busy(self) -> str | None:
+        """Why the probe read less than this machine's peak, or None where it ran quiet."""
+        if self.own_share is not None and self.own_share < OWN_SHARE_FLOOR:
+            return f"the probe's {self.threads} threads ran {self.own_share:.0%} of its time: they waited for cores"
+        if self.other_cores > QUIET_CORES:
+            return f"other processes kept {self.other_cores:.1f} of {self.cores} cores busy while the probe ran"
+        return None
+
+
+@functools.cache
+def probe(device: torch.device, precision: str, threads: int | None) -> tuple[float, ProbeLoad]:
+    """The peak probe (flops.measure_peak_tflops, uncached) and how it ran, once per process and thread
+    count: a second look at a cached value would time nothing and read quiet."""
+    measure = getattr(flops.measure_peak_tflops, "__wrapped__", flops.measure_peak_tflops)
+    started, cpu = time.perf_counter(), time.process_time()
     with LoadMeter() as meter:
-        value = measure()
-    return value, meter.load.other_cores
+        value = measure(device, precision)
+    wall = max(time.perf_counter() - started, 1e-9)
+    share = (time.process_time() - cpu) / (wall * threads) if threads else None
+    return value, ProbeLoad(meter.load.other_cores, meter.load.cores, share, threads)
 
 
 @dataclass
@@ -91,9 +128,21 @@ class PeakCache:
     )
 
     @staticmethod
-    def key(device: torch.device, device_name: str, precision: str) -> str:
-        threads = f" threads={torch.get_num_threads()}" if device.type == "cpu" else ""
+    def key(device: torch.device, device_name: str, precision: str, threads: int | None = None) -> str:
+        threads = f" threads={threads or torch.get_num_threads()}" if device.type == "cpu" else ""
         return f"{socket.gethostname()} {device_name} {precision}{threads} torch={torch.__version__}"
+
+    def fewer_threads(self, device: torch.device, device_name: str, precision: str) -> tuple[int, dict] | None:
+        """The highest CPU peak kept for fewer threads than this run's, as (threads, entry): more threads
+        never multiply slower, so a peak below it was measured while the probe waited for its cores."""
+        if device.type != "cpu":
+            return None
+        kept = [
+            (t, e)
+            for t in range(1, torch.get_num_threads())
+            if (e := self.get(self.key(device, device_name, precision, t)))
+        ]
+        return max(kept, key=lambda found: found[1]["tflops"], default=None)
 
     def entries(self) -> dict[str, dict]:
         """The kept entries; {} for a file that is missing, unreadable, too large or not a JSON object."""
@@ -166,35 +215,58 @@ def resolve_peak(
     if peak == "table":
         return Peak(None, "unknown")
     now = lambda: datetime.now(timezone.utc).isoformat(timespec="seconds")  # noqa: E731
+    threads = torch.get_num_threads() if device.type == "cpu" else None
     if peak == "measure":
-        return _measured(flops.measure_peak_tflops(device, precision), "measured", now())
+        value, load = probe(device, precision, threads)
+        return _measured(value, "measured", now(), load.busy(), threads)
     cache = cache or PeakCache()
     key = cache.key(device, device_name, precision)
-    kept = cache.get(key)
-    if kept is not None and peak == "auto":
-        return Peak(float(kept["tflops"]), "calibrated", kept.get("measured_at"))
-    measured_at, cores = now(), os.cpu_count() or 1
-    value, others = busy_elsewhere(lambda: flops.measure_peak_tflops(device, precision))
-    busy = f"other processes kept {others:.1f} of {cores} cores busy while the MFU peak was measured"
+    kept, floor = cache.get(key), _floor(cache.fewer_threads(device, device_name, precision))
+    if kept is not None and peak == "auto" and floor(kept["tflops"]) is None:
+        return Peak(float(kept["tflops"]), "calibrated", kept.get("measured_at"), (), _kept_low(kept, threads), threads)
+    measured_at = now()
+    value, load = probe(device, precision, threads)
     if not usable_peak(value):
         return _measured(value, "measured", measured_at)
-    if others > QUIET_CORES and peak == "auto":
-        note = f"{busy}: kept for this run only (a busy machine reads a low peak); `--peak calibrate` keeps one"
-        return Peak(value, "measured", measured_at, (note,))
+    below = floor(value)  # never kept, even when asked: it cannot be this machine's peak
+    low = below or load.busy()
+    if low and (peak == "auto" or below):
+        note = f"the MFU peak was measured low ({low}): kept for this run only; `--peak calibrate` on a quiet machine"
+        return Peak(value, "measured", measured_at, (note,), low, threads)
     entry = {
         "tflops": value,
         "measured_at": measured_at,
         "load_average": round(load_average(), 2),
-        "other_processes_cores": round(others, 2),
-        "cores": cores,
+        "other_processes_cores": round(load.other_cores, 2),
+        "own_cpu_share": None if load.own_share is None else round(load.own_share, 2),
+        "cores": os.cpu_count() or 1,
     }
     not_kept = cache.put(key, entry)
-    notes = ((f"{busy}: it may read low",) if others > QUIET_CORES else ()) + ((not_kept,) if not_kept else ())
-    return Peak(value, "calibrated", measured_at, notes)
+    notes = ((f"{low}: it may read low",) if low else ()) + ((not_kept,) if not_kept else ())
+    return Peak(value, "calibrated", measured_at, notes, low, threads)
 
 
-def _measured(value: float, source: str, measured_at: str) -> Peak:
+def _floor(fewer: tuple[int, dict] | None):
+    """value -> why it is below the peak kept for fewer threads, or None."""
+
+    def below(value: float) -> str | None:
+        if fewer is None or value >= fewer[1]["tflops"]:
+            return None
+        threads, entry = fewer
+        return f"below the {entry['tflops']:.3g} TFLOP/s kept for {threads} thread(s) on {entry.get('measured_at')}"
+
+    return below
+
+
+def _kept_low(entry: dict, threads: int | None) -> str | None:
+    """Why a kept peak reads low: it was kept (asked) while the probe was busy."""
+    numbers = {k: v for k, v in entry.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    others, cores, share = (numbers.get(k) for k in ("other_processes_cores", "cores", "own_cpu_share"))
+    return ProbeLoad(others or 0.0, int(cores or 0), share, threads).busy()
+
+
+def _measured(value: float, source: str, measured_at: str, low: str | None = None, threads=None) -> Peak:
     """A probe's peak, or none with a note when the probe timed nothing (a zero or non-finite rate)."""
     if usable_peak(value):
-        return Peak(value, source, measured_at)
+        return Peak(value, source, measured_at, (), low, threads)
     return Peak(None, "unknown", measured_at, (f"no MFU: the peak probe measured {value!r} TFLOP/s",))

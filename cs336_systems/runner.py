@@ -324,6 +324,7 @@ def _fill(record: BenchmarkRecord, run: Run, seen: Measured, model_flops: float 
         record.tokens_per_s = per_second(run.config.tokens_per_step, record.median_ms)
         peak = _peak_or_note(run.device, record.environment.device_name, run.config)
         record.peak_tflops, record.peak_source, record.peak_measured_at = peak.tflops, peak.source, peak.measured_at
+        record.peak_low = peak.low
         record.achieved_tflops, record.mfu = mfu(model_flops, record.median_ms, peak.tflops)
         notes += peak.notes
         for column, value in memory_columns(seen.memory, seen.baseline_bytes).items():

@@ -1,7 +1,8 @@
 """What a measured value can be, declared once: a duration or a byte count is never below zero, MFU
 is a share of the peak (at most 1), a share of a step is at most 100%, data-parallel ranks are never
-faster together than one process alone, and a difference of two noisy timings (DDP's exposed
-communication) is a result only where its steps resolve it from zero. Relations between fields too:
+faster together than one process alone, a difference of two noisy timings (DDP's exposed
+communication) is a result only where its steps resolve it from zero, and MFU is one only over a
+peak that was not measured low (peak_flops: a busy probe, or below a peak of fewer threads). Relations between fields too:
 a phase's peak holds at least what the rank holds in it, a whole timed on its own is never below a
 part timed on its own (for every statistic), and every rate is on the statistic RATE_STATISTIC, which
 a table showing a rate shows too (report.grid refuses one that does not).
@@ -85,6 +86,8 @@ def field_problem(field: str, value: object, row: Mapping) -> str | None:
         return f"{field} is {number}"
     if field == "mfu" and not 0 <= number <= 1:
         return f"MFU {number:.3g} is not a share of the peak (0 to 1): the peak it divides by is wrong"
+    if field == "mfu" and isinstance(row.get("peak_low"), str) and row["peak_low"]:
+        return f"MFU over a peak measured low ({row['peak_low']}) reads high"
     if field in SHARES_PCT and not 0 <= number <= 100:
         return f"{_readable(field.removesuffix('_pct') + ' share', number)}% is not a share (0 to 100%)"
     if field == "scaling_efficiency" and number > 1:

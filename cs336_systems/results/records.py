@@ -186,6 +186,7 @@ class BenchmarkRecord(OptimizerTiming, BackwardTiming, ForwardTiming, Timing, Re
     peak_tflops: float | None = None
     peak_source: str | None = None  # table, calibrated (this machine's, kept), measured (this run's), user
     peak_measured_at: str | None = None  # calibrated or measured: when (rows with one time compare)
+    peak_low: str | None = None  # why that peak reads low (peak_flops.Peak.low): an MFU over it reads high
     mfu: float | None = None
     # memory (cs336_systems.memory): steady state = the last step, first = the first step run
     memory_source: str | None = None
