@@ -578,6 +578,8 @@ def test_the_data_parallel_prediction_counts_the_adamw_state_of_a_training_step(
     # FSDP divides parameters, gradients and AdamW state over the two ranks: it fits where DDP does not
     fsdp = by_id["fsdp_accounting"]
     assert fsdp.status == "run" and fsdp.predicted_peak_bytes < target.memory_bytes
+    # one process holds as much as one GPU's training step: no baseline step, each run has its own (oom) row
+    assert "ddp_single" not in by_id and "--baseline" not in fsdp.flags and fsdp.reads == ("fsdp_accounting.csv",)
 
 
 CPU = Target("AMD EPYC", "cpu", 24 * 2**30, 0, False, False, False, {"fp32": 0.5, "bf16": 0.1})

@@ -15,7 +15,7 @@ from ...stats import compare
 from ...tools import module_name
 from ...units import MIB
 from ..parameters import DDP_CPU_SHAPE, Options
-from ..plan import Step
+from ..plan import Step, fit_verdict, predict
 from ..target import Target
 from .base import Problem, Results, finish, section
 from .model_steps import STUDENT_MODEL, defined_in_repository
@@ -56,14 +56,17 @@ def plan(problem: str, options: Options, target: Target) -> list[Step]:
     strategies, adapter_strategy, what = DDP_PROBLEMS[problem]
     theirs = [adapter_strategy] if adapter_strategy and options.adapters else []
     baseline = _ddp_step(problem, BASELINE_STEP, ["single"], "one process, the baseline", options, target)
+    predict(baseline, target, user_model=options.model_factory is not None)
+    # one process that cannot fit is no step: each run then has its own one-process row, out of memory
+    planned = [baseline] if fit_verdict(baseline.predicted_peak_bytes, target)[0] != "no" else []
     if theirs == ["adapter-fsdp"] and not options.model_factory and defined_in_repository(STUDENT_MODEL):
         yours = _ddp_step(problem, f"{problem}-yours", theirs, what, options, target, STUDENT_MODEL)
         yours.reductions.insert(0, f"your model ({STUDENT_MODEL}), whose layers your FSDP wraps")
-        return [baseline, _ddp_step(problem, problem, strategies, what, options, target, baseline=True), yours]
-    step = _ddp_step(problem, problem, [*strategies, *theirs], what, options, target, baseline=True)
+        return [*planned, _ddp_step(problem, problem, strategies, what, options, target, baseline=bool(planned)), yours]
+    step = _ddp_step(problem, problem, [*strategies, *theirs], what, options, target, baseline=bool(planned))
     if adapter_strategy and not options.adapters:
         step.reductions.append(f"{adapter_strategy} (your implementation) needs --adapters; built-in strategies only")
-    return [baseline, step]
+    return [*planned, step]
 
 
 def _ddp_step(
