@@ -4,7 +4,7 @@
     calibrated  this machine's own: a matmul probe in the precision's dtype (flops.measure_peak_tflops),
                 measured once at a quiet moment and kept with its date and the load then, so MFU stays
                 comparable between runs (`--peak calibrate` measures and keeps it again). Quiet is
-                judged on the probe itself (ProbeLoad): on a CPU its own CPU time over its wall time
+                judged on the probe itself (`busy`): on a CPU its own CPU time over its wall time
                 and threads, which the kernel counts exactly, and other processes under QUIET_CORES;
                 a CPU peak below one kept for fewer threads is never kept, nor used
     measured    a probe for this run only (`--peak measure`, or a busy machine with nothing kept)
@@ -35,15 +35,14 @@ from pathlib import Path
 import torch
 
 from . import flops, jsontext
-from .contention import OWN_SHARE_FLOOR, LoadMeter
+from .contention import BUSY_CORES, OWN_SHARE_FLOOR, LoadMeter
 from .results import write_whole
 from .results.errors import ResultWriteError
 
 PEAK_CACHE_ENV = "CS336_BENCH_CACHE"  # the directory of the calibrated peaks; default ~/.cache/cs336-bench
-# A calibration is kept only when other processes (and a hypervisor's steal) kept at most this many
-# cores busy while the probe ran: a probe sharing the cores with another job reads low, and MFU high.
-# Not the load average: it counts this run's own steps of the last minute.
-QUIET_CORES = 0.25
+# A calibration is kept only when other processes (and a hypervisor's steal) kept at most this many cores
+# busy while the probe ran, as a row's load is judged (not the load average: it counts this run's own steps)
+QUIET_CORES = BUSY_CORES
 MAX_CACHE_BYTES = 1 << 20  # a few hundred entries fit in a few KiB: a larger file is not ours
 LOCK_WAIT_S = 10.0  # a writer that holds the cache's lock longer is stuck: this run keeps its peak to itself
 
@@ -65,17 +64,7 @@ class Peak:
     source: str  # "table", "calibrated", "measured", "user" or "unknown"
     measured_at: str | None = None  # calibrated or measured: when (UTC, ISO 8601)
     notes: tuple[str, ...] = ()  # for the row: a calibration not kept, or kept at a busy moment
-    low: str | None = None  # why it reads low (an MFU over it reads high); None: measured quiet, or not measured
-    threads: int | None = None  # a CPU peak's: torch's threads when it was measured
-
-    def words(self) -> str:
-        """What MFU divides by, for a run's first lines: the peak, where it came from and when it was measured."""
-        if self.tflops is None:
-            return "no MFU: no peak to divide by"
-        threads = f" at {self.threads} threads" if self.threads else ""
-        when = f", measured {self.measured_at}" if self.measured_at else ""
-        low = f"; it reads low ({self.low}), so MFU over it reads high" if self.low else ""
-        return f"MFU divides by {self.tflops:.3g} TFLOP/s, the {self.source} peak{threads}{when}{low}"
+    low: str | None = None  # why it reads low (an MFU over it reads high; a run's first lines say it)
 
 
 def load_average() -> float:
@@ -83,36 +72,31 @@ def load_average() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
 
-@dataclass(frozen=True)
-class ProbeLoad:
-    """How the peak probe ran: other processes' cores (contention's meter, in the kernel's ticks) and, on
-    a CPU, the probe's own CPU time over its wall time and threads (exact: near 1 when it had its cores)."""
+SHARE_AND_OTHERS = ("own_cpu_share", "other_processes_cores")  # a probe's, kept beside its peak
 
-    other_cores: float
-    cores: int
-    own_share: float | None = None
-    threads: int | None = None
 
-    def busy(self) -> str | None:
-        """Why the probe read less than this machine's peak, or None where it ran quiet."""
-        if self.own_share is not None and self.own_share < OWN_SHARE_FLOOR:
-            return f"the probe's {self.threads} threads ran {self.own_share:.0%} of its time: they waited for cores"
-        if self.other_cores > QUIET_CORES:
-            return f"other processes kept {self.other_cores:.1f} of {self.cores} cores busy while the probe ran"
-        return None
+def busy(probed: dict, threads: int | None) -> str | None:
+    """Why a probe (a kept peak's too) read less than this machine's peak, or None where it ran quiet: its
+    threads waited for cores (its own CPU time over wall time x threads: exact) or others held cores."""
+    share, others = (probed.get(k) if isinstance(probed.get(k), (int, float)) else 0 for k in SHARE_AND_OTHERS)
+    if share and share < OWN_SHARE_FLOOR:
+        return f"the probe's {threads} threads ran {share:.0%} of its time: they waited for cores"
+    if others > QUIET_CORES:
+        return f"other processes kept {others:.1f} of {probed.get('cores')} cores busy while the probe ran"
+    return None
 
 
 @functools.cache
-def probe(device: torch.device, precision: str, threads: int | None) -> tuple[float, ProbeLoad]:
-    """The peak probe (flops.measure_peak_tflops, uncached) and how it ran, once per process and thread
-    count: a second look at a cached value would time nothing and read quiet."""
+def probe(device: torch.device, precision: str, threads: int | None) -> dict:
+    """The peak probe (flops.measure_peak_tflops, uncached) and how it ran, as a kept peak's fields, once per
+    process and thread count: a second look at a cached value would time nothing and read quiet."""
     measure = getattr(flops.measure_peak_tflops, "__wrapped__", flops.measure_peak_tflops)
     started, cpu = time.perf_counter(), time.process_time()
     with LoadMeter() as meter:
         value = measure(device, precision)
-    wall = max(time.perf_counter() - started, 1e-9)
-    share = (time.process_time() - cpu) / (wall * threads) if threads else None
-    return value, ProbeLoad(meter.load.other_cores, meter.load.cores, share, threads)
+    share = (time.process_time() - cpu) / (max(time.perf_counter() - started, 1e-9) * threads) if threads else None
+    others, share = round(meter.load.other_cores, 2), share and round(share, 2)
+    return dict(tflops=value, other_processes_cores=others, own_cpu_share=share, cores=meter.load.cores)
 
 
 @dataclass
@@ -131,18 +115,6 @@ class PeakCache:
     def key(device: torch.device, device_name: str, precision: str, threads: int | None = None) -> str:
         threads = f" threads={threads or torch.get_num_threads()}" if device.type == "cpu" else ""
         return f"{socket.gethostname()} {device_name} {precision}{threads} torch={torch.__version__}"
-
-    def fewer_threads(self, device: torch.device, device_name: str, precision: str) -> tuple[int, dict] | None:
-        """The highest CPU peak kept for fewer threads than this run's, as (threads, entry): more threads
-        never multiply slower, so a peak below it was measured while the probe waited for its cores."""
-        if device.type != "cpu":
-            return None
-        kept = [
-            (t, e)
-            for t in range(1, torch.get_num_threads())
-            if (e := self.get(self.key(device, device_name, precision, t)))
-        ]
-        return max(kept, key=lambda found: found[1]["tflops"], default=None)
 
     def entries(self) -> dict[str, dict]:
         """The kept entries; {} for a file that is missing, unreadable, too large or not a JSON object."""
@@ -217,56 +189,36 @@ def resolve_peak(
     now = lambda: datetime.now(timezone.utc).isoformat(timespec="seconds")  # noqa: E731
     threads = torch.get_num_threads() if device.type == "cpu" else None
     if peak == "measure":
-        value, load = probe(device, precision, threads)
-        return _measured(value, "measured", now(), load.busy(), threads)
+        probed = probe(device, precision, threads)
+        return _measured(probed["tflops"], "measured", now(), busy(probed, threads))
     cache = cache or PeakCache()
     key = cache.key(device, device_name, precision)
-    kept, floor = cache.get(key), _floor(cache.fewer_threads(device, device_name, precision))
-    if kept is not None and peak == "auto" and floor(kept["tflops"]) is None:
-        return Peak(float(kept["tflops"]), "calibrated", kept.get("measured_at"), (), _kept_low(kept, threads), threads)
+    # the highest CPU peak kept for fewer threads (threads, entry): more threads never multiply slower
+    fewer = [(t, e) for t in range(1, threads or 1) if (e := cache.get(cache.key(device, device_name, precision, t)))]
+    kept, fewer = cache.get(key), max(fewer, key=lambda found: found[1]["tflops"], default=None)
+
+    def below(value: float) -> str | None:  # more threads never multiply slower: the probe waited for cores
+        if fewer is not None and value < fewer[1]["tflops"]:
+            return f"below the {fewer[1]['tflops']:.3g} TFLOP/s kept for {fewer[0]} thread(s) on {fewer[1].get('measured_at')}"
+        return None
+
+    if kept is not None and peak == "auto" and not below(kept["tflops"]):
+        return Peak(float(kept["tflops"]), "calibrated", kept.get("measured_at"), (), busy(kept, threads))
     measured_at = now()
-    value, load = probe(device, precision, threads)
-    if not usable_peak(value):
+    probed = probe(device, precision, threads)
+    if not usable_peak(value := probed["tflops"]):
         return _measured(value, "measured", measured_at)
-    below = floor(value)  # never kept, even when asked: it cannot be this machine's peak
-    low = below or load.busy()
-    if low and (peak == "auto" or below):
+    low = below(value) or busy(probed, threads)
+    if low and (peak == "auto" or below(value)):  # one below a peak of fewer threads is never kept, even asked
         note = f"the MFU peak was measured low ({low}): kept for this run only; `--peak calibrate` on a quiet machine"
-        return Peak(value, "measured", measured_at, (note,), low, threads)
-    entry = {
-        "tflops": value,
-        "measured_at": measured_at,
-        "load_average": round(load_average(), 2),
-        "other_processes_cores": round(load.other_cores, 2),
-        "own_cpu_share": None if load.own_share is None else round(load.own_share, 2),
-        "cores": os.cpu_count() or 1,
-    }
-    not_kept = cache.put(key, entry)
+        return Peak(value, "measured", measured_at, (note,), low)
+    not_kept = cache.put(key, {**probed, "measured_at": measured_at, "load_average": round(load_average(), 2)})
     notes = ((f"{low}: it may read low",) if low else ()) + ((not_kept,) if not_kept else ())
-    return Peak(value, "calibrated", measured_at, notes, low, threads)
+    return Peak(value, "calibrated", measured_at, notes, low)
 
 
-def _floor(fewer: tuple[int, dict] | None):
-    """value -> why it is below the peak kept for fewer threads, or None."""
-
-    def below(value: float) -> str | None:
-        if fewer is None or value >= fewer[1]["tflops"]:
-            return None
-        threads, entry = fewer
-        return f"below the {entry['tflops']:.3g} TFLOP/s kept for {threads} thread(s) on {entry.get('measured_at')}"
-
-    return below
-
-
-def _kept_low(entry: dict, threads: int | None) -> str | None:
-    """Why a kept peak reads low: it was kept (asked) while the probe was busy."""
-    numbers = {k: v for k, v in entry.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    others, cores, share = (numbers.get(k) for k in ("other_processes_cores", "cores", "own_cpu_share"))
-    return ProbeLoad(others or 0.0, int(cores or 0), share, threads).busy()
-
-
-def _measured(value: float, source: str, measured_at: str, low: str | None = None, threads=None) -> Peak:
+def _measured(value: float, source: str, measured_at: str, low: str | None = None) -> Peak:
     """A probe's peak, or none with a note when the probe timed nothing (a zero or non-finite rate)."""
     if usable_peak(value):
-        return Peak(value, source, measured_at, (), low, threads)
+        return Peak(value, source, measured_at, (), low)
     return Peak(None, "unknown", measured_at, (f"no MFU: the peak probe measured {value!r} TFLOP/s",))

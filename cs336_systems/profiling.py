@@ -1,35 +1,19 @@
 """A few extra steps under torch.profiler, after the measured ones: what the device did in them.
 
     kernels_per_step  device events in a step (CUDA kernels, memcpys, memsets); on a CPU, the
-                      operators the step dispatched (aten ops and autograd nodes, nested ones
-                      included), the CPU's analogue of launches
-    device_busy_pct   100 * |union of the kernel intervals| / step wall time: the share of
-                      the step in which the GPU ran anything (at most 100). None on a CPU
+                      operators the step dispatched (aten ops and autograd nodes, nested ones)
+    device_busy_pct   100 * |union of the kernel intervals| / step wall time (None on a CPU)
     top_kernels       the kernels (CPU: ops by self time) that took longest, summed by name
-    families          the matrix multiplies (mm, bmm, addmm, linear, matmul, einsum's lowering,
-                      GEMM kernels) counted together, softmax (the fused op, or on a CPU the ops
-                      run inside a Python function named softmax: a student's own exp/max/sum/div),
-                      and on a CPU the matrix multiplies run inside an attention function. Those
-                      functions are found by a profile hook that puts each call in a range of its
-                      name (FUNCTION): the profiler's own Python tracer (with_stack) keeps pointers
-                      to code objects that can be freed meanwhile, and then reads garbage names
+    families          matrix multiplies (MATMUL) together; softmax, fused or (CPU) what ran inside a
+                      Python function named softmax; (CPU) the matmuls inside an attention function
 
-Each figure is the median over PROFILED_STEPS steps, and each operator is ranked by its median; an
-operator that is not longer than the next in every profiled step is not ahead of it (`ahead_of_next`
-False): a preempted step, or a few microseconds apart, ranks nothing.
-
-The wall time is the measured steps' median when the caller passes it (`step_ms`): the
-profiler slows the host (it records every launch), so the profiled step's own wall time
-would understate how busy the device is in an unprofiled step. Intervals are unioned
-because kernels on different streams may overlap; a sum would count that time twice.
-The profiled steps run outside the timed ones, so their cost never reaches a timing sample.
-
-Only kernels, memcpys and memsets count. Recent PyTorch also reports each `record_function`
-range that launched kernels (`Optimizer.step#AdamW.step`, `Torch-Compiled Region`, DDP's
-ranges) as a CUDA-typed *user annotation* spanning its first to last kernel, gaps included:
-counting those would read "GPU busy ~100%" for a host-bound step, so they are dropped, as
-are events with no real timestamps (CUPTI 13.0 can emit zeros) and any part of a kernel
-outside its profiled window (the step and its final synchronize).
+Each is the median over PROFILED_STEPS steps; an operator not longer than the next in every step
+is not `ahead_of_next` (a preempted step ranks nothing). The wall time is the measured steps'
+median when the caller passes it (`step_ms`): the profiler slows the host. Intervals are unioned:
+kernels on different streams overlap. Only kernels, memcpys and memsets count: recent PyTorch
+reports each `record_function` range that launched kernels as a CUDA *user annotation* spanning
+first to last kernel, gaps included ("GPU busy ~100%" for a host-bound step), and CUPTI 13.0 can
+emit zero timestamps; a kernel counts only inside its step's window (the step and its synchronize).
 """
 
 from __future__ import annotations
@@ -37,13 +21,13 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+import pandas as pd
 import torch
 from torch.autograd import DeviceType
 
@@ -51,10 +35,8 @@ TOP_KERNELS = 10
 PROFILED_STEPS = 3
 WINDOW = "cs336_systems: profiled step"  # the range around each step and its synchronize
 FUNCTION, SCOPED = "function ", re.compile(r"softmax|attention")  # ranges around calls of the functions named so
-MATMUL = re.compile(
-    r"(?:^|::|_)(?:mm|bmm|addmm|baddbmm|addbmm|matmul|linear|einsum)(?:$|_|backward)|gemm|gemv|cutlass|xmma"
-)
-SOFTMAX, LOG_SOFTMAX = re.compile(r"softmax"), re.compile(r"log_?softmax")  # names are lowered first
+MATMUL = re.compile(r"(^|::|_)(mm|bmm|addmm|baddbmm|addbmm|matmul|linear|einsum)($|_|backward)|gemm|gemv|cutlass|xmma")
+SOFTMAX = re.compile(r"^(?!.*log_?softmax).*softmax")  # names are lowered first; log_softmax is cross-entropy's
 
 
 @dataclass(frozen=True)
@@ -65,30 +47,6 @@ class StepProfile:
     profiled_step_ms: float
     top_kernels: tuple[dict, ...]  # {"name", "calls", "total_ms", "share_pct", "step_ms", "ahead_of_next"}
     families: tuple[dict, ...] = ()  # {"family", "total_ms", "share_pct", "step_ms", "operators"}
-
-
-@dataclass
-class _Step:
-    """One profiled step: its kernels (CPU: operators), their time by name and by family, microseconds."""
-
-    kernels: int = 0
-    busy_us: float | None = None
-    by_name: dict[str, list] = field(default_factory=dict)  # name -> [calls, us]
-    by_family: dict[str, list] = field(default_factory=dict)  # family -> [us, {names}]
-
-    def add(self, name: str, us: float, families: Iterable[str]) -> None:
-        self.kernels += 1
-        entry = self.by_name.setdefault(name, [0, 0.0])
-        entry[0] += 1
-        entry[1] += us
-        for family in families:
-            total = self.by_family.setdefault(family, [0.0, set()])
-            total[0] += us
-            total[1].add(name)
-
-    @property
-    def total_us(self) -> float:
-        return sum(us for _, us in self.by_name.values())
 
 
 def union_length(intervals: Iterable[tuple[float, float]]) -> float:
@@ -102,38 +60,25 @@ def union_length(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
-def families_of(event) -> list[str]:
-    """The families an operator or kernel counts in: its own name's (matmul, softmax), and on a CPU the
-    Python functions it ran inside (a student's softmax made of exp, max, sum and div; the matrix
-    multiplies of an attention function)."""
-    name = event.name.lower()
-    found = []
-    if MATMUL.search(name):
-        found.append("matmul")
-    if _softmax(name):
-        found.append("softmax")
-    parent = getattr(event, "cpu_parent", None)
+def families_of(name: str, parent=None) -> list[str]:
+    """The families an operator or kernel counts in: its name's, and on a CPU the functions it ran in."""
+    found = [family for family, pattern in (("matmul", MATMUL), ("softmax", SOFTMAX)) if pattern.search(name.lower())]
     while parent is not None:
-        if parent.name.startswith(FUNCTION):
-            function = parent.name.removeprefix(FUNCTION).lower()
-            if _softmax(function) and "softmax" not in found:
-                found.append("softmax")
-            if "attention" in function and "matmul" in found and "attention_matmul" not in found:
-                found.append("attention_matmul")
+        function = parent.name.removeprefix(FUNCTION).lower() if parent.name.startswith(FUNCTION) else ""
+        if SOFTMAX.search(function):
+            found.append("softmax")
+        if "attention" in function and "matmul" in found:
+            found.append("attention_matmul")
         parent = parent.cpu_parent
-    return found
-
-
-def _softmax(name: str) -> bool:
-    return bool(SOFTMAX.search(name)) and not LOG_SOFTMAX.search(name)
+    return list(dict.fromkeys(found))
 
 
 def _windows(events: Sequence) -> list[tuple[float, float]]:
     """Each profiled step's window in the profiler's clock (WINDOW's host ranges), else one unbounded."""
-    found = sorted(
+    found = [
         (e.time_range.start, e.time_range.end) for e in events if e.name == WINDOW and e.device_type == DeviceType.CPU
-    )
-    return found or [(float("-inf"), float("inf"))]
+    ]
+    return sorted(found) or [(float("-inf"), float("inf"))]
 
 
 def device_kernels(events: Sequence, window: tuple[float, float] | None = None) -> list[tuple[str, float, float]]:
@@ -145,7 +90,7 @@ def device_kernels(events: Sequence, window: tuple[float, float] | None = None) 
         if e.device_type != DeviceType.CUDA or e.is_user_annotation:
             continue
         start, end = e.time_range.start, e.time_range.end
-        if start <= 0 or end < start or end < low or start > high:
+        if start <= 0 or end < start:
             continue
         start, end = max(start, low), min(end, high)
         if end >= start:
@@ -153,64 +98,42 @@ def device_kernels(events: Sequence, window: tuple[float, float] | None = None) 
     return kernels
 
 
-def _one_step(events: Sequence, device_type: str, window: tuple[float, float]) -> _Step:
-    step = _Step()
-    if device_type == "cuda":
-        kernels = device_kernels(events, window)
-        for name, start, end in kernels:
-            step.add(name, end - start, families_of(_Named(name)))
-        step.busy_us = union_length((start, end) for _, start, end in kernels) if kernels else None
-        return step
-    for e in events:
-        if e.device_type != DeviceType.CPU or e.is_user_annotation or e.name.startswith(FUNCTION):
+def _operators(events: Sequence, device_type: str, windows: list[tuple[float, float]]) -> pd.DataFrame:
+    """One row per kernel (CPU: operator, by self time) of each profiled step: step, name, us, start, end, families."""
+    rows = []
+    for step, window in enumerate(windows):
+        if device_type == "cuda":
+            rows += [(step, n, b - a, a, b, families_of(n)) for n, a, b in device_kernels(events, window)]
             continue
-        if e.name != WINDOW and window[0] <= e.time_range.start <= window[1]:
-            step.add(e.name, e.self_cpu_time_total, families_of(e))
-    return step
+        for e in events:
+            own = e.device_type == DeviceType.CPU and not e.is_user_annotation and not e.name.startswith(FUNCTION)
+            if own and e.name != WINDOW and window[0] <= e.time_range.start <= window[1]:
+                rows.append((step, e.name, e.self_cpu_time_total, 0.0, 0.0, families_of(e.name, e.cpu_parent)))
+    return pd.DataFrame(rows, columns=["step", "name", "us", "start", "end", "families"])
 
 
-@dataclass(frozen=True)
-class _Named:
-    name: str
+def _summary(ops: pd.DataFrame, steps: int, top: int) -> tuple[tuple[dict, ...], tuple[dict, ...]]:
+    """The `top` operators by their median ms over the steps (0 in a step without them), whether each was
+    longer than the next in every step, and each family's median ms, share and operators."""
+    table = ops.pivot_table(index="name", columns="step", values="us", aggfunc=["sum", "count"], fill_value=0)
+    ms, calls = (table[kind].reindex(columns=range(steps), fill_value=0) for kind in ("sum", "count"))
+    ms, totals = ms / 1e3, ms.sum() / 1e3
+    ranked = ms.median(axis=1).sort_values(ascending=False, kind="stable").index[: top + 1]
 
+    def timed(times: pd.Series) -> dict:
+        return {"total_ms": times.median(), "share_pct": (100 * times / totals).median(), "step_ms": times.tolist()}
 
-def _median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else 0.0
-
-
-def _ranked(steps: list[_Step], top: int) -> tuple[dict, ...]:
-    """The `top` operators by their median time over the steps (0 in a step without them), each with
-    whether it was longer than the next-ranked one in every step."""
-    names = dict.fromkeys(name for step in steps for name in step.by_name)
-    ms = {name: [step.by_name.get(name, [0, 0.0])[1] / 1e3 for step in steps] for name in names}
-    totals = [step.total_us / 1e3 for step in steps]
-    ranked = sorted(names, key=lambda name: -_median(ms[name]))[: top + 1]
-    entries = []
-    for index, name in enumerate(ranked[:top]):
-        after = ms[ranked[index + 1]] if index + 1 < len(ranked) else None
-        entries.append(
-            {
-                "name": name,
-                "calls": round(_median([step.by_name.get(name, [0, 0.0])[0] for step in steps])),
-                "total_ms": _median(ms[name]),
-                "share_pct": _median([100 * a / t for a, t in zip(ms[name], totals, strict=True) if t]),
-                "step_ms": ms[name],
-                "ahead_of_next": after is None or all(a > b for a, b in zip(ms[name], after, strict=True)),
-            }
-        )
-    return tuple(entries)
-
-
-def _families(steps: list[_Step]) -> tuple[dict, ...]:
-    found = []
-    for family in dict.fromkeys(f for step in steps for f in step.by_family):
-        ms = [step.by_family.get(family, [0.0, set()])[0] / 1e3 for step in steps]
-        shares = [100 * m / (step.total_us / 1e3) for m, step in zip(ms, steps, strict=True) if step.total_us]
-        names = sorted(set().union(*(step.by_family.get(family, [0.0, set()])[1] for step in steps)))
-        found.append(
-            {"family": family, "total_ms": _median(ms), "share_pct": _median(shares), "step_ms": ms, "operators": names}
-        )
-    return tuple(found)
+    kernels = tuple(
+        {"name": name, "calls": round(calls.loc[name].median()), **timed(ms.loc[name])}
+        | {"ahead_of_next": name == ranked[-1] or bool((ms.loc[name] > ms.loc[ranked[i + 1]]).all())}
+        for i, name in enumerate(ranked[:top])
+    )
+    families = ops.explode("families").dropna(subset="families").groupby("families", sort=False)
+    return kernels, tuple(
+        {"family": family, **timed((rows.groupby("step")["us"].sum() / 1e3).reindex(range(steps), fill_value=0))}
+        | {"operators": sorted(rows["name"].unique())}
+        for family, rows in families
+    )
 
 
 def summarize_events(
@@ -219,37 +142,38 @@ def summarize_events(
     """A StepProfile from torch.profiler FunctionEvents (anything with name, device_type,
     time_range.start/end in microseconds, is_user_annotation, self_cpu_time_total), one step per
     WINDOW range among them (all of them one step where there is none)."""
-    steps = [_one_step(events, device_type, window) for window in _windows(events)]
-    if device_type == "cuda" and not any(step.kernels for step in steps):
-        # every CUDA step launches kernels: the profiler could not see them (no CUPTI)
+    windows = _windows(events)
+    ops = _operators(events, device_type, windows)
+    if device_type == "cuda" and ops.empty:  # every CUDA step launches kernels: the profiler could not see them
         return StepProfile(None, None, None, profiled_step_ms or step_ms, ())
+    per_step = ops.groupby("step")
     busy_ms = busy_pct = None
     if device_type == "cuda":
-        busy_ms = _median([(step.busy_us or 0.0) / 1e3 for step in steps])
+        spans = per_step.apply(lambda rows: union_length(zip(rows["start"], rows["end"], strict=True)) / 1e3)
+        busy_ms = spans.reindex(range(len(windows)), fill_value=0).median()
         # the profiled step runs slower than the median it is divided by; busy cannot exceed the step
         busy_pct = min(100.0, 100.0 * busy_ms / step_ms) if step_ms > 0 else None
+    kernels, families = _summary(ops, len(windows), top) if not ops.empty else ((), ())
     return StepProfile(
-        kernels_per_step=round(_median([step.kernels for step in steps])),
+        kernels_per_step=round(per_step.size().reindex(range(len(windows)), fill_value=0).median()),
         device_busy_ms=busy_ms,
         device_busy_pct=busy_pct,
         profiled_step_ms=step_ms if profiled_step_ms is None else profiled_step_ms,
-        top_kernels=_ranked(steps, top),
-        families=_families(steps),
+        top_kernels=kernels,
+        families=families,
     )
 
 
 @contextlib.contextmanager
 def function_ranges() -> Iterator[None]:
-    """Each call of a Python function whose name SCOPED finds runs inside a profiler range named FUNCTION +
-    its name, so an operator's parents say which of them it ran in (a student's softmax, their attention)."""
-    opened: dict[int, object] = {}
+    """Each call of a Python function whose name SCOPED finds runs in a profiler range FUNCTION + its name."""
+    from torch.profiler import record_function
+
+    opened: dict[int, record_function] = {}
 
     def hook(frame, event: str, arg) -> None:
         if event == "call" and SCOPED.search(frame.f_code.co_name.lower()):
-            from torch.profiler import record_function
-
-            opened[id(frame)] = scope = record_function(FUNCTION + frame.f_code.co_name)
-            scope.__enter__()
+            opened[id(frame)] = record_function(FUNCTION + frame.f_code.co_name).__enter__()
         elif event == "return" and id(frame) in opened:
             opened.pop(id(frame)).__exit__(None, None, None)
 
@@ -320,7 +244,7 @@ def profile_step(
     finally:
         with kineto_lines_dropped():
             profiler.stop()
-    profiled_ms = _median(profiled)
+    profiled_ms = sorted(profiled)[len(profiled) // 2]
     return summarize_events(
         profiler.events(), device.type, step_ms if step_ms is not None else profiled_ms, profiled_ms, top
     )

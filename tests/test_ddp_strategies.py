@@ -334,11 +334,3 @@ def test_the_not_sharded_hint_names_only_a_model_the_repository_has(tmp_path, mo
     (tmp_path / "cs336_basics" / "model.py").write_text(defined)
     monkeypatch.syspath_prepend(str(tmp_path))
     assert handout_model_spec() == named
-
-
-def test_overlapping_collective_spans_count_the_time_any_was_in_flight():
-    """A student's asynchronous all-reduces overlap in gloo's threads: summed, their spans passed the step."""
-    from cs336_systems.ddp_bench.trainer import _covered_us
-
-    assert _covered_us([(0.0, 10.0), (5.0, 15.0), (20.0, 25.0), (21.0, 22.0)]) == 20.0
-    assert _covered_us([]) == 0.0

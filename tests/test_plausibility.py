@@ -48,7 +48,7 @@ EXPOSED = "step - no_sync step (exposed)"
                 "forward_median_ms": 0.7,
             },
             "end_to_end_mean_ms",
-            "end-to-end 0.76 ms is below the forward's 0.782 ms (means of separate loops)",
+            "end-to-end 0.76 ms is below the forward's 0.782 ms (means, separate loops)",
         ),
         ({"end_to_end_p10_ms": 1.0, "backward_p10_ms": 1.5}, "end_to_end_p10_ms", "below the backward's 1.5 ms"),
         ({"comm_pct": 120.0}, "comm_pct", "not a share"),

@@ -26,6 +26,7 @@ from tests.tiny import TINY_SHAPE
         ([(0, 30), (5, 10), (12, 20)], 30.0),  # nested
         ([(10, 20), (0, 10)], 20.0),  # touching, out of order
         ([(40, 50), (0, 5), (3, 8), (45, 60)], 28.0),
+        ([(0.0, 10.0), (5.0, 15.0), (20.0, 25.0), (21.0, 22.0)], 20.0),  # a student's overlapping all-reduces
     ],
 )
 def test_union_length(intervals, covered):

@@ -57,8 +57,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "--baseline",
         metavar="FILE",
-        help="the one-process row of an earlier ddp_bench run of this configuration (its .csv or .jsonl): "
-        "scaling is against it, and one process is not measured again",
+        help="an earlier run's .csv or .jsonl whose one-process row this run scales against (not measured again)",
     )
     parser.add_argument(
         "--bucket-cap-mb",
@@ -192,18 +191,15 @@ NOT_THE_BASELINES = ("strategy", "world_size", "bucket_cap_mb", "compute_dtype",
 
 
 def read_baseline(path: str, expected: dict) -> dict:
-    """The one-process row of `path` measured as this run would measure it (`expected`: its identity
-    fields); a UsageError where the file has none."""
+    """The one-process row of `path` measured as this run would (`expected`: its identity), else a UsageError."""
     fields = [name for name in DdpRecord.identity_fields() if name not in NOT_THE_BASELINES]
-    rows = read_results(path)
-    singles = [row for row in rows.to_dict("records") if row.get("strategy") == "single"]
-    for row in singles:
-        if row_key(row, fields) == row_key(expected, fields):
-            return row
-    if not singles:
-        raise ConfigError(f"--baseline {path}: no one-process row (strategy single) in it")
-    differs = [name for name in fields if row_key(singles[0], [name]) != row_key(expected, [name])]
-    raise ConfigError(f"--baseline {path}: its one-process row was measured otherwise ({', '.join(differs)})")
+    singles = [row for row in read_results(path).to_dict("records") if row.get("strategy") == "single"]
+    found = next((row for row in singles if row_key(row, fields) == row_key(expected, fields)), None)
+    if found is None:
+        differs = [name for name in fields if singles and row_key(singles[0], [name]) != row_key(expected, [name])]
+        why = f"its one-process row was measured otherwise ({', '.join(differs)})" if singles else "no one-process row"
+        raise ConfigError(f"--baseline {path}: {why}")
+    return found
 
 
 def check_adapters(args: argparse.Namespace) -> Adapters | None:

@@ -85,22 +85,19 @@ class DdpRecord(BackwardTiming, ForwardTiming, Timing, Record, ModelShape):
     param_bytes_per_rank: int | None = None  # counted from the tensors each rank holds
     grad_bytes_per_rank: int | None = None
     optimizer_state_bytes_per_rank: int | None = None
-    # a rank's tensors at the peak of each phase (memory.tensors: torch's MemTracker, counted from zero)
+    # a rank's tensors at the peak of each phase (memory.measure.TensorMemory: torch's MemTracker, counted from zero)
     peak_model_bytes: int | None = None  # building the model, wrapping it, making the optimizer
     peak_before_optimizer_bytes: int | None = None  # forward and backward
     peak_optimizer_bytes: int | None = None  # gradient sync (naive/flat/adapters) and optimizer step
-    # secondary: the process's own peak over those steps above what it held before building (allocator
-    # slack and torch's own buffers included), as memory_source says: rss_high_water_mark or cuda_allocator
-    process_peak_bytes: int | None = None
-    memory_source: str | None = None
+    process_peak_bytes: int | None = None  # secondary: the process's own, above its start (memory_source's)
+    memory_source: str | None = None  # rss_high_water_mark or cuda_allocator
     predicted_peak_bytes: int | None = None  # the estimator, state divided as the strategy divides it
     step_ms: list[float] = samples_field()  # per step, the slowest rank
     warmup_step_ms: list[float] = samples_field()
     no_sync_step_ms: list[float] = samples_field()
     comm_step_ms: list[float] = samples_field()
     rank_step_ms: list[list[float]] = samples_field()  # [rank][step]
-    # per phase, the bytes of each category at the peak of the rank whose peak is largest
-    memory_breakdown: list[dict] = samples_field()  # {"phase", "parameters", ..., "total"}
+    memory_breakdown: list[dict] = samples_field()  # {"phase", "parameters", ..., "total"}: the largest rank's
 
     title: ClassVar[str] = "DDP benchmark"
     markdown_columns: ClassVar[tuple[str, ...]] = (
@@ -296,15 +293,11 @@ def _check_sharding(record: DdpRecord, unit: DdpUnit, messages: list[dict], worl
 
 
 def _fill_memory(record: DdpRecord, messages: list[dict]) -> None:
-    """Each memory column is the max over ranks (the rank that needs the most sets the limit), each
-    phase's breakdown that rank's."""
+    """Each memory column is the max over ranks (the rank that needs the most sets the limit)."""
     for column, key in (
         ("param_bytes_per_rank", "param_bytes"),
         ("grad_bytes_per_rank", "grad_bytes"),
         ("optimizer_state_bytes_per_rank", "optimizer_state_bytes"),
-        ("peak_model_bytes", "peak_model_bytes"),
-        ("peak_before_optimizer_bytes", "peak_before_optimizer_bytes"),
-        ("peak_optimizer_bytes", "peak_optimizer_bytes"),
         ("process_peak_bytes", "process_peak_bytes"),
     ):
         values = [message[key] for message in messages if message[key] is not None]
@@ -312,28 +305,22 @@ def _fill_memory(record: DdpRecord, messages: list[dict]) -> None:
     record.memory_source = messages[0]["memory_source"]
     by_phase = zip(*(message["memory_breakdown"] for message in messages), strict=True)
     record.memory_breakdown = [max(ranks, key=lambda phase: phase["total"]) for ranks in by_phase]
+    record.peak_model_bytes, record.peak_before_optimizer_bytes, record.peak_optimizer_bytes = (
+        phase["total"] for phase in record.memory_breakdown
+    )
 
 
 def attach_baseline(record: DdpRecord, baseline: dict | None) -> None:
-    """Scaling against the one-process row (`baseline`: its row, this run's or one read with --baseline)."""
-    single = {name: _number((baseline or {}).get(name)) for name in ("samples_per_s", "median_ms")}
-    if None in single.values() or record.samples_per_s is None:
+    """Scaling against the one-process row (this run's, or one read with --baseline)."""
+    per_s, median_ms = ((baseline or {}).get(name) for name in ("samples_per_s", "median_ms"))
+    if not (_is_number(per_s) and _is_number(median_ms)) or record.samples_per_s is None:
         if record.status == "ok":
             record.notes = "; ".join(filter(None, [record.notes, "no scaling efficiency: the single baseline failed"]))
         return
-    record.baseline_samples_per_s = single["samples_per_s"]
-    record.scaling_efficiency = scaling_efficiency(record.samples_per_s, record.world_size, single["samples_per_s"])
+    record.baseline_samples_per_s = per_s
+    record.scaling_efficiency = scaling_efficiency(record.samples_per_s, record.world_size, per_s)
     if record.no_sync_median_ms is not None:
-        record.compute_slowdown = record.no_sync_median_ms / single["median_ms"]
-
-
-def _number(value: object) -> float | None:
-    """A row's number (a file's int64, float64 or text), None where empty."""
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(number) else number
+        record.compute_slowdown = record.no_sync_median_ms / median_ms
 
 
 def _is_number(value: object) -> bool:

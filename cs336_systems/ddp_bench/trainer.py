@@ -17,9 +17,10 @@ from ..config import BenchmarkConfig
 from ..distributed import BarrierFirst, RankContext
 from ..factory import build_model
 from ..memory import PhaseMemory, current_memory_bytes, pin_mmap_threshold, rss_high_water_mark_available
-from ..memory.tensors import BUILT, PHASES, TensorMemory
+from ..memory.measure import BUILT, PHASES, TensorMemory
 from ..optimizer import load_user_optimizer
 from ..precision import autocast, precision_mode
+from ..profiling import union_length
 from ..step import combine_phases, make_step
 from ..timing import (
     HostTimer,
@@ -218,21 +219,11 @@ def collective_time_ms(trainer: Trainer, device: torch.device) -> dict[str, floa
             for kind in totals:
                 if kind in key:
                     spans[kind].append((event.time_range.start, event.time_range.end))
-    return {kind: _covered_us(spans[kind]) / 1e3 for kind in totals}
+    return {kind: union_length(spans[kind]) / 1e3 for kind in totals}
 
 
 def _collective_kind(name: str) -> str:
     return name.lower().replace("allgather", "all_gather").replace("reducescatter", "reduce_scatter")
-
-
-def _covered_us(spans: list[tuple[float, float]]) -> float:
-    """The length of the union of (start, end) spans."""
-    covered, reach = 0.0, float("-inf")
-    for start, end in sorted(spans):
-        if end > reach:
-            covered += end - max(start, reach)
-            reach = end
-    return covered
 
 
 def time_interleaved(
@@ -284,10 +275,8 @@ def measured_trainer(ctx: RankContext, unit: DdpUnit) -> tuple[Trainer, dict]:
         for _ in range(MEMORY_STEPS):
             trainer.step()
     tensors.on = False
-    peaks = [tensors.peaks.get(phase, {}).get("total") for phase in PHASES]
     return trainer, {
-        **dict(zip(("peak_model_bytes", "peak_before_optimizer_bytes", "peak_optimizer_bytes"), peaks, strict=True)),
-        "memory_breakdown": [{"phase": phase, **tensors.peaks[phase]} for phase in PHASES if phase in tensors.peaks],
+        "memory_breakdown": [{"phase": phase, **tensors.peaks[phase]} for phase in PHASES],
         "process_peak_bytes": process.measured_peak[0] - baseline if seen else None,
         "memory_source": process.source if seen else None,
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..memory.measure import CATEGORIES
 from .document import byte_unit
 from .fields import derive, label_text
 from .grid import Value, grid, head_of
@@ -22,17 +23,8 @@ PEAKS = (  # a rank's tensors at the peak of each phase of a step (torch's MemTr
     ("process", "process_peak_bytes"),
     ("predicted", "predicted_peak_bytes"),
 )
-# what a rank's tensors hold at each phase's peak (memory.tensors.CATEGORIES), a column each
-BREAKDOWN = (
-    ("parameters", "parameters_bytes"),
-    ("gradients", "gradients_bytes"),
-    ("optimizer state", "optimizer_state_bytes"),
-    ("activations", "activations_bytes"),
-    ("temporaries", "temporaries_bytes"),
-    ("buffers", "buffers_bytes"),
-    ("other", "other_bytes"),
-    ("total", "total_bytes"),
-)
+# what a rank's tensors hold at each phase's peak, a column each
+BREAKDOWN = [(name.replace("_", " "), f"{name}_bytes") for name in (*CATEGORIES.values(), "total")]
 
 
 def sizes(frame: pd.DataFrame) -> list[str]:
@@ -101,9 +93,8 @@ def ddp_time_table(frame: pd.DataFrame, title: str) -> pd.DataFrame:
     methods = frame["comm_method"].dropna().astype(str).unique() if "comm_method" in frame.columns else []
     said = [method for method in methods if head_of(method) != method]  # the column shows their first words
     notes = ["Communication measured as: " + "; ".join(said) + "."] if said else []
-    single = frame["strategy"] == "single" if "strategy" in frame.columns else pd.Series(False, index=frame.index)
-    apart = set(frame.loc[single, "source"]) - set(frame.loc[~single, "source"]) if "source" in frame else set()
-    if apart:  # one process measured once in the plan, shown wherever it is compared with
+    single, source = (frame.get(name, pd.Series("", index=frame.index)) for name in ("strategy", "source"))
+    if apart := set(source[single == "single"]) - set(source[single != "single"]):  # measured once in the plan
         notes.append(f"single: the row of {', '.join(sorted(apart))}, one measurement every section shows.")
     return grid(frame, "ddp_bench", title=title, caption=caption, labels=list(STRATEGY), values=values, footnotes=notes)
 
@@ -138,11 +129,9 @@ def peaks_table(frame: pd.DataFrame, title: str) -> pd.DataFrame | None:
 def breakdown_table(frame: pd.DataFrame, title: str) -> pd.DataFrame | None:
     """What a rank's tensors held at each phase's peak, by category (the handout's breakdown)."""
     caption = (
-        "Bytes of one rank's tensors at the peak of each phase, by what they hold (torch's MemTracker; the rank "
-        "whose peak is largest): activations are tensors made outside backward and the optimizer step (a "
-        "strategy's communication buffers after backward too), temporaries those made in backward (the "
-        "activations' gradients) or while building; other: what the model holds that is none of its parameters "
-        "or buffers (DDP's gradient buckets, an unregistered copy of the weights)"
+        "Bytes of one rank's tensors at each phase's peak (torch's MemTracker; the rank whose peak is largest): "
+        "activations, made outside backward and the optimizer step (communication buffers too); temporaries, in "
+        "backward or while building; other, what the model holds besides (DDP's buckets, a copy of the weights)"
     )
     rows = derive(frame, "memory_phases")
     return _bytes_table(rows, "memory_phases", title, caption, [*STRATEGY, ("phase", "phase")], BREAKDOWN)

@@ -116,7 +116,6 @@ def model_label(row: dict) -> str:
 
 
 PHASES = ("forward", "backward", "optimizer")
-PEAK_COLUMNS = ("peak_model_bytes", "peak_before_optimizer_bytes", "peak_optimizer_bytes")  # ddp_bench's
 
 
 def _phase_spread(samples: object) -> tuple[float | None, float | None]:
@@ -139,13 +138,10 @@ def derive(frame: pd.DataFrame, tool: str) -> pd.DataFrame:
         return frame if "kernel_rank" in frame.columns else _kernel_rows(derive(frame, "benchmark"))
     if tool == "memory_phases":  # once: rows already one per phase stay as they are
         return frame if "phase" in frame.columns else _phase_rows(derive(frame, "ddp_bench"))
-    if tool == "ddp_bench" and "memory_baseline_bytes" in frame.columns:
-        frame = frame.copy()  # a file of before MemTracker: its peaks were the RSS, which holds torch itself
+    if tool == "ddp_bench" and "memory_baseline_bytes" in frame.columns:  # a file of RSS peaks, torch's own included
         baseline = pd.to_numeric(frame["memory_baseline_bytes"], errors="coerce")
-        for column in PEAK_COLUMNS:
-            if column in frame.columns:
-                frame[column] = pd.to_numeric(frame[column], errors="coerce") - baseline
-        frame = frame.drop(columns="memory_baseline_bytes")
+        peaks = {c: pd.to_numeric(frame[c], errors="coerce") - baseline for c in frame.columns if c.startswith("peak_")}
+        frame = frame.drop(columns="memory_baseline_bytes").assign(**peaks)
     if tool == "benchmark":
         for phase in PHASES:
             samples = f"{phase}_samples_ms"

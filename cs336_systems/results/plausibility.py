@@ -1,11 +1,9 @@
 """What a measured value can be, declared once: a duration or a byte count is never below zero, MFU
 is a share of the peak (at most 1), a share of a step is at most 100%, data-parallel ranks are never
 faster together than one process alone, a difference of two noisy timings (DDP's exposed
-communication) is a result only where its steps resolve it from zero, and MFU is one only over a
-peak that was not measured low (peak_flops: a busy probe, or below a peak of fewer threads). Relations between fields too:
-a phase's peak holds at least what the rank holds in it, a whole timed on its own is never below a
-part timed on its own (for every statistic), and every rate is on the statistic RATE_STATISTIC, which
-a table showing a rate shows too (report.grid refuses one that does not).
+communication) is a result only where its steps resolve it from zero, MFU only over a peak not
+measured low (peak_flops), a phase's peak holds at least what its rank holds then, a whole timed on
+its own is never below a part timed on its own, and a rate is on RATE_STATISTIC (report.grid shows it).
 
 A row that breaks a rule keeps its raw values in the result files and says which field and why in
 its notes; tables (report's grid, the tools' Markdown) show NOT_MEASURABLE in that cell, with the
@@ -32,22 +30,15 @@ NON_NEGATIVE = ("tokens_per_s", "samples_per_s", "achieved_tflops", "algbw_gbps"
 DIFFERENCE_METHOD = "step - no_sync step"
 # a value computed from another: unusable where that one is
 DEPENDS_ON = {"comm_pct": "comm_ms", "end_to_end_tflops": "end_to_end_median_ms"}
-# a phase's peak (ddp_bench) holds at least these, counted from the rank's tensors: its parameters after
-# building, and their gradients before the optimizer step, and its state after it
-HELD = {"param_bytes_per_rank": "parameters", "grad_bytes_per_rank": "gradients"}
+# ddp_bench: a phase's peak (in words) holds at least its rank's parameters, + gradients, + optimizer state
+HELD = dict(param_bytes_per_rank="parameters", grad_bytes_per_rank="gradients")
 HELD["optimizer_state_bytes_per_rank"] = "optimizer state"
-PEAK_HOLDS = {  # the peak's field: (its phase in words, what the rank holds then)
-    "peak_model_bytes": ("after building", list(HELD)[:1]),
-    "peak_before_optimizer_bytes": ("before the optimizer step", list(HELD)[:2]),
-    "peak_optimizer_bytes": ("after the optimizer step", list(HELD)),
-}
-# a whole timed on its own against its parts timed on their own (attention_bench's passes): for each
-# statistic of where the samples lie, the whole's is never below a part's
-WHOLE_OF_PARTS = {"end_to_end_": ("forward_", "backward_")}
-LOCATION_STATISTICS = ("median", "mean", "min", "max", "p10", "p90")
-# every rate (per second, TFLOP/s, MFU) is computed on this statistic of the steps (stats.per_second)
-RATE_STATISTIC = "median"
-RATES = ("tokens_per_s", "samples_per_s", "achieved_tflops", "algbw_gbps", "busbw_gbps", "mfu")
+PEAK_HOLDS = {"peak_model_bytes": "after building", "peak_before_optimizer_bytes": "before the optimizer step"}
+PEAK_HOLDS["peak_optimizer_bytes"] = "after the optimizer step"
+# a whole and its parts each timed in loops of their own (attention_bench): for each statistic, whole >= part
+WHOLE_OF_PARTS, LOCATIONS = {"end_to_end_": ("forward_", "backward_")}, ("median", "mean", "min", "max", "p10", "p90")
+# every rate (per second, TFLOP/s, MFU) is on this statistic of the steps (stats.per_second)
+RATE_STATISTIC, RATES = "median", ("tokens_per_s", "samples_per_s", "algbw_gbps", "busbw_gbps", "mfu")
 
 
 def _number(value: object) -> float | None:
@@ -112,22 +103,19 @@ def is_rate(field: str) -> bool:
 def _below_what_it_holds(field: str, number: float, row: Mapping) -> str | None:
     """A peak below the bytes its rank holds in that phase, or a whole below one of its parts."""
     if field in PEAK_HOLDS:
-        phase, names = PEAK_HOLDS[field]
-        parts = [_number(row.get(name)) for name in names]
-        if None not in parts and number < sum(parts):
-            held = " + ".join(HELD[name] for name in names)
-            return f"the peak {phase}, {format_bytes(number)}, is below the {format_bytes(sum(parts))} the rank holds ({held})"
-    for whole, parts in WHOLE_OF_PARTS.items():
-        statistic = field.removeprefix(whole).removesuffix("_ms")
-        if not field.startswith(whole) or statistic not in LOCATION_STATISTICS:
-            continue
-        for part in parts:
-            value = _number(row.get(f"{part}{statistic}_ms"))
-            if value is not None and number < value:
-                return (
-                    f"{whole.rstrip('_').replace('_', '-')} {number:.3g} ms is below the {part.rstrip('_')}'s "
-                    f"{value:.3g} ms ({statistic}s of separate loops): their samples' noise, not the passes"
-                )
+        names = list(HELD)[: list(PEAK_HOLDS).index(field) + 1]
+        held = [_number(row.get(name)) for name in names]
+        if None not in held and number < sum(held):
+            what = f"{format_bytes(sum(held))} the rank holds ({' + '.join(HELD[name] for name in names)})"
+            return f"the peak {PEAK_HOLDS[field]}, {format_bytes(number)}, is below the {what}"
+    whole = next((w for w in WHOLE_OF_PARTS if field.startswith(w)), None)
+    statistic = field.removeprefix(whole or "").removesuffix("_ms")
+    for part in WHOLE_OF_PARTS.get(whole, ()) if statistic in LOCATIONS else ():
+        value = _number(row.get(f"{part}{statistic}_ms"))
+        if value is not None and number < value:
+            return (
+                f"end-to-end {number:.3g} ms is below the {part[:-1]}'s {value:.3g} ms ({statistic}s, separate loops)"
+            )
     return None
 
 

@@ -41,18 +41,16 @@ DDP_PROBLEMS = {
 }
 
 
-# The one-process step every data-parallel section measures its strategies against: one step (the plan
-# keeps one of a step id), whose row each section shows by reading its file; the others read it through
-# ddp_bench's --baseline instead of measuring one process again.
-BASELINE_STEP = "ddp_single"
-BASELINE_FILE = f"{BASELINE_STEP}.csv"
+# one process, measured once: every data-parallel step reads its row (--baseline) and shows it (the plan keeps
+# one step of an id)
+BASELINE_STEP, BASELINE_FILE = "ddp_single", "ddp_single.csv"
 
 
 def plan(problem: str, options: Options, target: Target) -> list[Step]:
-    """The one-process baseline, then one ddp_bench step of the problem's strategies against it. A
-    student's FSDP shards their own model's layer classes, so it runs on their model (cs336_basics.model's,
-    when the repository has it): in a step of its own, with its own one-process row (another model), so a
-    model or strategy of theirs that fails costs only their rows, never the harness's fsdp2 rows."""
+    """The one-process baseline, then one ddp_bench step of the problem's strategies. A student's FSDP
+    shards their own model's layer classes, so it runs on their model (cs336_basics.model's, when the
+    repository has it): in a step of its own (with its own one process), so a model or strategy of theirs
+    that fails costs only their rows, never the harness's fsdp2 and single rows that answer (a)."""
     strategies, adapter_strategy, what = DDP_PROBLEMS[problem]
     theirs = [adapter_strategy] if adapter_strategy and options.adapters else []
     baseline = _ddp_step(problem, BASELINE_STEP, ["single"], "one process, the baseline", options, target)
@@ -79,8 +77,6 @@ def _ddp_step(
     model_factory: str | None = None,
     baseline: bool = False,
 ) -> Step:
-    """One ddp_bench run (`model_factory`: a student's model, else --model-factory's); `baseline`: against
-    BASELINE_STEP's one-process row, which the section shows too."""
     model_factory = model_factory or options.model_factory
     scale = options.scale
     flags = {
@@ -204,14 +200,11 @@ def accounting(problem: Results, memory: str, timing: str, compared_with: str, t
 
 
 def against_their_baseline(rows) -> list[list[dict]]:
-    """Each file's rows with the one-process row they are measured against: their own (a student's step
-    runs on their model), else the plan's one baseline (a file of only a one-process row)."""
+    """Each file's rows with their one-process row: their own (a student's model), else the plan's one."""
     files = [records(group, "ddp_bench") for _, group in rows.groupby("source", sort=False)]
     shared = [group for group in files if {label_text("strategy", row) for row in group} == {"single"}]
     return [
-        group + (shared[0] if shared and _step(group, "single") is None else [])
-        for group in files
-        if group not in shared
+        group + (shared[0] if shared and not _step(group, "single") else []) for group in files if group not in shared
     ]
 
 

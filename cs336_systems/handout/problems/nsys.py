@@ -238,19 +238,21 @@ def kernel_observations(rows: list[dict]) -> list[str]:
     lines = []
     for pass_type in ("forward", "train-step", "forward-backward"):
         mine = [r for r in rows if label_text("pass_type", r) == pass_type]
-        for row in [r for r in mine if label_text("kernel_rank", r) == "1"][:2]:
-            where = f"(b) {pass_type}, {row.get('model')} context {label_text('context_length', row)}"
-            second = next((r for r in mine if _same_step(r, row) and label_text("kernel_rank", r) == "2"), None)
-            if row.get("kernel_ahead") == "no" and second is not None:
-                lines.append(
-                    f"{where}: `{row['kernel']}` and `{second['kernel']}` take the most, and the profiled steps "
-                    "disagree which takes longer: not ranked."
-                )
-                continue
-            lines.append(
-                f"{where}: the longest is `{row['kernel']}` ({label_text('kernel_calls', row)} calls, "
-                f"{sig3(number(row, 'kernel_share_pct'))}% of the step's operator time)."
+        for i in [i for i, r in enumerate(mine) if label_text("kernel_rank", r) == "1"][:2]:
+            row, where = (
+                mine[i],
+                f"(b) {pass_type}, {mine[i].get('model')} context {label_text('context_length', mine[i])}",
             )
+            if row.get("kernel_ahead") == "no" and i + 1 < len(mine):  # rank 2 follows its rank 1
+                lines.append(
+                    f"{where}: `{row['kernel']}` and `{mine[i + 1]['kernel']}` take the most, and the "
+                    "profiled steps disagree which takes longer: not ranked."
+                )
+            else:
+                lines.append(
+                    f"{where}: the longest is `{row['kernel']}` ({label_text('kernel_calls', row)} calls, "
+                    f"{sig3(number(row, 'kernel_share_pct'))}% of the step's operator time)."
+                )
     others = {}
     for row in rows:  # (c) what besides the matrix multiplies takes time in a forward pass
         if label_text("pass_type", row) == "forward" and not _is_matmul(row["kernel"]):
@@ -262,31 +264,27 @@ def kernel_observations(rows: list[dict]) -> list[str]:
             f"(c) Besides matrix multiplies, the forward pass spends the most in {shown} of its operator time."
         )
     profiled = {(label_text("pass_type", r), label_text("context_length", r), r.get("model")): r for r in rows}
-    for (pass_type, context, _), row in profiled.items():
-        if pass_type == "forward":
-            lines.append(softmax_text(context, _families(row), row))
-    shares = {}
+    lines += [softmax_text(context, row) for (pass_type, context, _), row in profiled.items() if pass_type == "forward"]
+    shares: dict[str, list] = {}
     for (pass_type, _, _), row in profiled.items():
-        matmul = _families(row).get("matmul")
-        if matmul:
-            shares.setdefault(pass_type, []).append(number(matmul, "share_pct") or 0)
+        if matmul := _families(row).get("matmul"):
+            shares.setdefault(pass_type, []).append(f"{number(matmul, 'share_pct'):.0f}")
     if {"forward", "train-step"} <= set(shares):
         lines.append(
             "(d) Matrix multiplies (mm, bmm, addmm, linear, matmul and einsum, counted together) are "
-            f"{_span(shares['forward'])}% of the operator time in a forward pass and {_span(shares['train-step'])}% "
-            "in a training step (median over the profiled steps)."
+            f"{'/'.join(shares['forward'])}% of the operator time in a forward pass and "
+            f"{'/'.join(shares['train-step'])}% in a training step (median over the profiled steps)."
         )
     return lines
 
 
-def softmax_text(context: str, families: dict[str, dict], row: dict) -> str:
+def softmax_text(context: str, row: dict) -> str:
     """(e) softmax against attention's matrix multiplies in one forward, from the families' per-step times."""
-    softmax, matmuls = families.get("softmax"), families.get("attention_matmul")
+    softmax, matmuls = (_families(row).get(name) for name in ("softmax", "attention_matmul"))
     if not softmax or not matmuls:
-        missing = "softmax" if not softmax else "attention's own matrix multiplies"
         return (
-            f"(e) Context {context}, forward: {missing} could not be told apart in this profile (on a GPU the "
-            "kernels carry no Python function), so the two are not compared here."
+            f"(e) Context {context}, forward: softmax and attention's own matrix multiplies cannot be told apart in "
+            "this profile (on a GPU its kernels name no Python function), so the two are not compared here."
         )
     head_dim = (number(row, "d_model") or 0) / (number(row, "num_heads") or 1)
     flops = (
@@ -295,12 +293,10 @@ def softmax_text(context: str, families: dict[str, dict], row: dict) -> str:
         if head_dim
         else ""
     )
-    pairs = list(zip(matmuls["step_ms"], softmax["step_ms"], strict=True))
-    a, s = number(matmuls, "total_ms") or 0, number(softmax, "total_ms") or 0
-    if all(m > t for m, t in pairs) or all(m < t for m, t in pairs):
-        ratio = f"{times(a / s)} its time in each of the {len(pairs)} profiled steps" if s else "all of it"
-    else:
-        ratio = f"the {len(pairs)} profiled steps disagree which is longer"
+    steps, a, s = len(softmax["step_ms"]), number(matmuls, "total_ms") or 0, number(softmax, "total_ms") or 0
+    longer = {m > t for m, t in zip(matmuls["step_ms"], softmax["step_ms"], strict=True)}
+    ratio = f"{times(a / s)} its time in each of the {steps} profiled steps" if len(longer) == 1 and s else ""
+    ratio = ratio or f"the {steps} profiled steps disagree which is longer"
     ops = ", ".join(f"`{name}`" for name in softmax["operators"])
     return (
         f"(e) Context {context}, forward: softmax ({ops}) takes {sig3(s)} ms against {sig3(a)} ms for attention's "
@@ -311,15 +307,6 @@ def softmax_text(context: str, families: dict[str, dict], row: dict) -> str:
 def _families(row: dict) -> dict[str, dict]:
     found = row.get("kernel_families")
     return {f["family"]: f for f in found if isinstance(f, dict)} if isinstance(found, list) else {}
-
-
-def _same_step(a: dict, b: dict) -> bool:
-    return all(label_text(n, a) == label_text(n, b) for n in ("pass_type", "context_length", "model", "source"))
-
-
-def _span(values: list[float]) -> str:
-    low, high = min(values), max(values)
-    return f"{low:.0f}" if round(low) == round(high) else f"{low:.0f}-{high:.0f}"
 
 
 def _is_matmul(kernel: object) -> bool:
