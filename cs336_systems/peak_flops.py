@@ -2,9 +2,11 @@
 
     table       a known GPU's dense spec-sheet peak (flops.PEAK_TFLOPS_TABLE)
     calibrated  this machine's own: a matmul probe in the precision's dtype (flops.measure_peak_tflops),
-                measured once at a quiet moment (other processes kept under QUIET_CORES busy while it
-                ran) and kept with its date and the load then, so MFU stays comparable between runs
-                (`--peak calibrate` measures and keeps it again)
+                measured once at a quiet moment and kept with its date and the load then, so MFU stays
+                comparable between runs (`--peak calibrate` measures and keeps it again). Quiet is
+                judged on the probe itself (`busy`): on a CPU its own CPU time over its wall time
+                and threads, which the kernel counts exactly, and other processes under QUIET_CORES;
+                a CPU peak below one kept for fewer threads is never kept, nor used
     measured    a probe for this run only (`--peak measure`, or a busy machine with nothing kept)
     user        `--peak-tflops`
     unknown     `--peak table` on a device the table does not know
@@ -19,13 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import math
 import os
 import socket
 import stat
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,16 +35,14 @@ from pathlib import Path
 import torch
 
 from . import flops, jsontext
-from .contention import LoadMeter
+from .contention import BUSY_CORES, OWN_SHARE_FLOOR, LoadMeter
 from .results import write_whole
 from .results.errors import ResultWriteError
-from .results.records import PEAK_READ_LOW
 
 PEAK_CACHE_ENV = "CS336_BENCH_CACHE"  # the directory of the calibrated peaks; default ~/.cache/cs336-bench
-# A calibration is kept only when other processes (and a hypervisor's steal) kept at most this many
-# cores busy while the probe ran: a probe sharing the cores with another job reads low, and MFU high.
-# Not the load average: it counts this run's own steps of the last minute.
-QUIET_CORES = 0.25
+# A calibration is kept only when other processes (and a hypervisor's steal) kept at most this many cores
+# busy while the probe ran, as a row's load is judged (not the load average: it counts this run's own steps)
+QUIET_CORES = BUSY_CORES
 MAX_CACHE_BYTES = 1 << 20  # a few hundred entries fit in a few KiB: a larger file is not ours
 LOCK_WAIT_S = 10.0  # a writer that holds the cache's lock longer is stuck: this run keeps its peak to itself
 
@@ -64,6 +64,7 @@ class Peak:
     source: str  # "table", "calibrated", "measured", "user" or "unknown"
     measured_at: str | None = None  # calibrated or measured: when (UTC, ISO 8601)
     notes: tuple[str, ...] = ()  # for the row: a calibration not kept, or kept at a busy moment
+    low: str | None = None  # why it reads low (an MFU over it reads high; a run's first lines say it)
 
 
 def load_average() -> float:
@@ -71,12 +72,31 @@ def load_average() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
 
-def busy_elsewhere(measure: Callable[[], float]) -> tuple[float, float]:
-    """measure()'s value, and how many cores other processes kept busy while it ran (contention's
-    measure, as every row's)."""
+SHARE_AND_OTHERS = ("own_cpu_share", "other_processes_cores")  # a probe's, kept beside its peak
+
+
+def busy(probed: dict, threads: int | None) -> str | None:
+    """Why a probe (a kept peak's too) read less than this machine's peak, or None where it ran quiet: its
+    threads waited for cores (its own CPU time over wall time x threads: exact) or others held cores."""
+    share, others = (probed.get(k) if isinstance(probed.get(k), (int, float)) else 0 for k in SHARE_AND_OTHERS)
+    if share and share < OWN_SHARE_FLOOR:
+        return f"the probe's {threads} threads ran {share:.0%} of its time: they waited for cores"
+    if others > QUIET_CORES:
+        return f"other processes kept {others:.1f} of {probed.get('cores')} cores busy while the probe ran"
+    return None
+
+
+@functools.cache
+def probe(device: torch.device, precision: str, threads: int | None) -> dict:
+    """The peak probe (flops.measure_peak_tflops, uncached) and how it ran, as a kept peak's fields, once per
+    process and thread count: a second look at a cached value would time nothing and read quiet."""
+    measure = getattr(flops.measure_peak_tflops, "__wrapped__", flops.measure_peak_tflops)
+    started, cpu = time.perf_counter(), time.process_time()
     with LoadMeter() as meter:
-        value = measure()
-    return value, meter.load.other_cores
+        value = measure(device, precision)
+    share = (time.process_time() - cpu) / (max(time.perf_counter() - started, 1e-9) * threads) if threads else None
+    others, share = round(meter.load.other_cores, 2), share and round(share, 2)
+    return dict(tflops=value, other_processes_cores=others, own_cpu_share=share, cores=meter.load.cores)
 
 
 @dataclass
@@ -92,8 +112,8 @@ class PeakCache:
     )
 
     @staticmethod
-    def key(device: torch.device, device_name: str, precision: str) -> str:
-        threads = f" threads={torch.get_num_threads()}" if device.type == "cpu" else ""
+    def key(device: torch.device, device_name: str, precision: str, threads: int | None = None) -> str:
+        threads = f" threads={threads or torch.get_num_threads()}" if device.type == "cpu" else ""
         return f"{socket.gethostname()} {device_name} {precision}{threads} torch={torch.__version__}"
 
     def entries(self) -> dict[str, dict]:
@@ -167,35 +187,38 @@ def resolve_peak(
     if peak == "table":
         return Peak(None, "unknown")
     now = lambda: datetime.now(timezone.utc).isoformat(timespec="seconds")  # noqa: E731
+    threads = torch.get_num_threads() if device.type == "cpu" else None
     if peak == "measure":
-        return _measured(flops.measure_peak_tflops(device, precision), "measured", now())
+        probed = probe(device, precision, threads)
+        return _measured(probed["tflops"], "measured", now(), busy(probed, threads))
     cache = cache or PeakCache()
     key = cache.key(device, device_name, precision)
-    kept = cache.get(key)
-    if kept is not None and peak == "auto":
-        return Peak(float(kept["tflops"]), "calibrated", kept.get("measured_at"))
-    measured_at, cores = now(), os.cpu_count() or 1
-    value, others = busy_elsewhere(lambda: flops.measure_peak_tflops(device, precision))
-    busy = f"other processes kept {others:.1f} of {cores} cores busy while the MFU peak was measured"
-    if not usable_peak(value):
+    # the highest CPU peak kept for fewer threads (threads, entry): more threads never multiply slower
+    fewer = [(t, e) for t in range(1, threads or 1) if (e := cache.get(cache.key(device, device_name, precision, t)))]
+    kept, fewer = cache.get(key), max(fewer, key=lambda found: found[1]["tflops"], default=None)
+
+    def below(value: float) -> str | None:  # more threads never multiply slower: the probe waited for cores
+        if fewer is not None and value < fewer[1]["tflops"]:
+            return f"below the {fewer[1]['tflops']:.3g} TFLOP/s kept for {fewer[0]} thread(s) on {fewer[1].get('measured_at')}"
+        return None
+
+    if kept is not None and peak == "auto" and not below(kept["tflops"]):
+        return Peak(float(kept["tflops"]), "calibrated", kept.get("measured_at"), (), busy(kept, threads))
+    measured_at = now()
+    probed = probe(device, precision, threads)
+    if not usable_peak(value := probed["tflops"]):
         return _measured(value, "measured", measured_at)
-    if others > QUIET_CORES and peak == "auto":
-        note = f"{busy}: kept for this run only ({PEAK_READ_LOW}); `--peak calibrate` keeps one"
-        return Peak(value, "measured", measured_at, (note,))
-    entry = {
-        "tflops": value,
-        "measured_at": measured_at,
-        "load_average": round(load_average(), 2),
-        "other_processes_cores": round(others, 2),
-        "cores": cores,
-    }
-    not_kept = cache.put(key, entry)
-    notes = ((f"{busy}: {PEAK_READ_LOW}",) if others > QUIET_CORES else ()) + ((not_kept,) if not_kept else ())
-    return Peak(value, "calibrated", measured_at, notes)
+    low = below(value) or busy(probed, threads)
+    if low and (peak == "auto" or below(value)):  # one below a peak of fewer threads is never kept, even asked
+        note = f"the MFU peak was measured low ({low}), so MFU reads high: kept for this run only; `--peak calibrate` on a quiet machine"
+        return Peak(value, "measured", measured_at, (note,), low)
+    not_kept = cache.put(key, {**probed, "measured_at": measured_at, "load_average": round(load_average(), 2)})
+    notes = ((f"{low}: the peak reads low, and so MFU high",) if low else ()) + ((not_kept,) if not_kept else ())
+    return Peak(value, "calibrated", measured_at, notes, low)
 
 
-def _measured(value: float, source: str, measured_at: str) -> Peak:
+def _measured(value: float, source: str, measured_at: str, low: str | None = None) -> Peak:
     """A probe's peak, or none with a note when the probe timed nothing (a zero or non-finite rate)."""
     if usable_peak(value):
-        return Peak(value, source, measured_at)
+        return Peak(value, source, measured_at, (), low)
     return Peak(None, "unknown", measured_at, (f"no MFU: the peak probe measured {value!r} TFLOP/s",))

@@ -326,6 +326,7 @@ def _fill(record: BenchmarkRecord, run: Run, seen: Measured, model_flops: float 
         run.heartbeat.phase(f"the MFU peak (--peak {run.config.peak}: as given, kept or probed)")
         peak = _peak_or_note(run.device, record.environment.device_name, run.config)
         record.peak_tflops, record.peak_source, record.peak_measured_at = peak.tflops, peak.source, peak.measured_at
+        record.peak_low = peak.low
         record.achieved_tflops, record.mfu = mfu(model_flops, record.median_ms, peak.tflops)
         notes += peak.notes
         for column, value in memory_columns(seen.memory, seen.baseline_bytes).items():

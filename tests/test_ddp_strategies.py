@@ -6,6 +6,7 @@ import socket
 import subprocess
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
@@ -78,10 +79,13 @@ def test_every_strategy_row_is_checked_timed_and_measured(tmp_path, capsys):
         "2",
         "--output",
         csv,
+        "--output",
+        tmp_path / "ddp.jsonl",
     )
     assert code == 0, err
     rows = read_results(csv).set_index("strategy")
     assert list(rows.index) == ["single", *EVERY] and set(rows["status"]) == {"ok"}
+    breakdown = read_results(tmp_path / "ddp.jsonl").set_index("strategy")["memory_breakdown"]
     strategies = rows.loc[EVERY]
     assert (strategies["check_max_diff"] <= strategies["check_tolerance"]).all()
     assert (strategies["mean_ms"] > 0).all() and strategies["comm_ms"].notna().all()
@@ -108,9 +112,29 @@ def test_every_strategy_row_is_checked_timed_and_measured(tmp_path, capsys):
     for column, whole in (("param_bytes_per_rank", params), ("optimizer_state_bytes_per_rank", 2 * params)):
         assert fsdp2[column] == pytest.approx(whole / 2, rel=0.1)
     assert fsdp2["predicted_peak_bytes"] < zero1["predicted_peak_bytes"] < ddp["predicted_peak_bytes"]
-    for row in (ddp, zero1, fsdp2):
-        assert row["memory_source"] == "rss_high_water_mark"
-        assert row["peak_before_optimizer_bytes"] >= row["memory_baseline_bytes"] > 0
+    # the tiny model by hand: embedding and head 97 x 32 each, per block 4 x 32^2 + 3 x 32 x 64 + 2 x 32, a norm
+    assert params == 4 * (2 * 97 * 32 + 2 * (4 * 32 * 32 + 3 * 32 * 64 + 2 * 32) + 32)
+    # every phase's peak holds what the rank holds then, counted from zero (tensors, not the process's RSS)
+    for strategy, row in strategies.iterrows():
+        held = row["param_bytes_per_rank"], row["grad_bytes_per_rank"], row["optimizer_state_bytes_per_rank"]
+        assert row["peak_model_bytes"] >= held[0] and row["peak_before_optimizer_bytes"] >= sum(held[:2]), strategy
+        assert row["peak_optimizer_bytes"] >= sum(held), strategy
+        assert row["memory_source"] == "rss_high_water_mark" and pd.notna(row["process_peak_bytes"])  # secondary
+    assert rows.loc["single", "peak_optimizer_bytes"] >= 4 * params  # parameters, gradients, AdamW's two
+    assert ddp["peak_model_bytes"] < 10 * params  # not a process's few hundred MB of torch
+    for sharded in ("fsdp2", "adapter-fsdp"):  # a rank holds about half: shown, and never below it
+        assert params / 2 <= rows.loc[sharded, "peak_model_bytes"]
+    # the handout's breakdown per rank: the three moments, each by category, adding up to the peak
+    phases = {entry["phase"]: entry for entry in breakdown["zero1"]}
+    assert list(phases) == ["after building", "before optimizer step", "after optimizer step"]
+    for entry in phases.values():
+        assert entry["total"] == sum(v for k, v in entry.items() if k not in ("phase", "total"))
+    assert phases["after building"]["parameters"] == params and phases["after building"]["optimizer_state"] == 0
+    assert phases["after optimizer step"]["gradients"] == params
+    assert phases["after optimizer step"]["optimizer_state"] == pytest.approx(params, rel=0.25)  # ZeRO: half
+    assert {e["phase"]: e for e in breakdown["ddp"]}["after optimizer step"]["optimizer_state"] >= 2 * params
+    fsdp_built = breakdown["fsdp2"][0]
+    assert fsdp_built["parameters"] == pytest.approx(params / 2, rel=0.1)  # each rank's DTensor shards
 
 
 def test_a_strategy_that_diverges_is_wrong_and_not_timed(tmp_path, capsys):
@@ -169,6 +193,29 @@ def test_an_unimplemented_adapter_is_skipped(tmp_path, capsys):
 def test_strategy_usage_errors_are_one_line(args, message, capsys):
     code, _, err = run_main(ddp_bench.main, capsys, *args, *TINY_DDP)
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_one_process_is_measured_once_and_read_by_the_runs_that_compare_with_it(tmp_path, capsys):
+    single, flat = tmp_path / "single.csv", tmp_path / "flat.csv"
+    run = ["--world-size", "2", *TINY_DDP]
+    assert run_main(ddp_bench.main, capsys, *run, "--strategies", "single", "--output", single)[0] == 0
+    code, _, err = run_main(
+        ddp_bench.main, capsys, *run, "--strategies", "flat", "--baseline", single, "--output", flat
+    )
+    assert code == 0, err
+    baseline, rows = read_results(single), read_results(flat)
+    assert list(baseline["strategy"]) == ["single"] and list(rows["strategy"]) == ["flat"]  # not measured again
+    row = rows.iloc[0]
+    assert row["baseline_samples_per_s"] == baseline.iloc[0]["samples_per_s"]
+    assert row["scaling_efficiency"] == pytest.approx(row["samples_per_s"] / (2 * row["baseline_samples_per_s"]))
+    # a one-process row measured otherwise stands for nothing here; one with --strategies single is a contradiction
+    for args, words in (
+        (["--measure-steps", "3", "--strategies", "flat", "--baseline", single], "measured otherwise (measure_steps)"),
+        (["--strategies", "single", "--baseline", single], "does not go with --strategies single"),
+        (["--strategies", "flat", "--baseline", flat], "no one-process row"),
+    ):
+        code, _, err = run_main(ddp_bench.main, capsys, *run, *args)
+        assert code == 2 and words in err and err.count("\n") <= 2 and "Traceback" not in err, err
 
 
 def free_port() -> int:
@@ -287,11 +334,3 @@ def test_the_not_sharded_hint_names_only_a_model_the_repository_has(tmp_path, mo
     (tmp_path / "cs336_basics" / "model.py").write_text(defined)
     monkeypatch.syspath_prepend(str(tmp_path))
     assert handout_model_spec() == named
-
-
-def test_overlapping_collective_spans_count_the_time_any_was_in_flight():
-    """A student's asynchronous all-reduces overlap in gloo's threads: summed, their spans passed the step."""
-    from cs336_systems.ddp_bench.trainer import _covered_us
-
-    assert _covered_us([(0.0, 10.0), (5.0, 15.0), (20.0, 25.0), (21.0, 22.0)]) == 20.0
-    assert _covered_us([]) == 0.0

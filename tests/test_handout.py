@@ -578,9 +578,69 @@ def test_the_data_parallel_prediction_counts_the_adamw_state_of_a_training_step(
     # FSDP divides parameters, gradients and AdamW state over the two ranks: it fits where DDP does not
     fsdp = by_id["fsdp_accounting"]
     assert fsdp.status == "run" and fsdp.predicted_peak_bytes < target.memory_bytes
+    # one process holds as much as one GPU's training step: no baseline step, each run has its own (oom) row
+    assert "ddp_single" not in by_id and "--baseline" not in fsdp.flags and fsdp.reads == ("fsdp_accounting.csv",)
 
 
 CPU = Target("AMD EPYC", "cpu", 24 * 2**30, 0, False, False, False, {"fp32": 0.5, "bf16": 0.1})
+
+
+@pytest.mark.parametrize("edition", ["2025", "2026"])
+def test_one_process_is_one_step_of_the_plan_that_every_data_parallel_step_reads(edition):
+    from cs336_systems.handout.plan import benchmark_configs
+    from cs336_systems.handout.problems import data_parallel
+
+    steps = build_steps(Options(edition, SMALL, "cpu", "tests.adapters"), CPU, list(measured_problems(edition)))
+    ddp = [step for step in steps if step.kind == "ddp"]
+    [baseline] = [step for step in ddp if step.flags["--strategies"] == ["single"]]
+    assert baseline.id == data_parallel.BASELINE_STEP and baseline.problem == "naive_ddp_benchmarking"
+    others = [step for step in ddp if step is not baseline]
+    assert len(others) == len([p for p in data_parallel.DDP_PROBLEMS if p in EDITIONS[edition]])
+    for step in others:  # each against that one row, the configuration it was measured at
+        assert step.flags["--baseline"] == data_parallel.BASELINE_FILE in step.reads and step.inputs()
+        assert benchmark_configs(step) == benchmark_configs(baseline)
+        assert step.flags.get("--optimizer") == baseline.flags.get("--optimizer")
+        assert "single" not in step.flags["--strategies"]
+        # ddp_bench runs no one-process unit for it; the prediction counts none
+        assert not [u for u in units_of(step) if u.strategy == "single"]
+
+
+def test_every_data_parallel_section_shows_the_one_process_row_it_was_measured_against(tmp_path):
+    from cs336_systems.handout.problems import data_parallel
+    from cs336_systems.handout.writeup import write_up
+    from cs336_systems.report.cli import main as report_main
+    from cs336_systems.report.verify import parse_tables
+    from cs336_systems.results import read_results
+
+    labels = ["naive_ddp_benchmarking", "minimal_ddp_flat_benchmarking", "optimizer_state_sharding_accounting"]
+    steps = build_steps(Options("2026", SMALL, "cpu"), CPU, labels)
+    out = tmp_path / "out"
+    out.mkdir()
+    for step in steps:  # the committed rows, each step's strategies in its file, the one process in the baseline's
+        committed = read_results(REPO / "writeup" / "2026" / f"{step.problem}.csv")
+        mine = committed["strategy"].isin(step.flags["--strategies"])
+        committed[mine].to_csv(out / f"{step.id}.csv", index=False)
+    outcomes = {step.id: {"outcome": "ok", "exit_status": 0} for step in steps}
+    run.write_plan(out / run.PLAN_FILE, run.plan_rows(steps, CPU, out, outcomes, "2026", "small"))
+    assert write_up(out, [], [".md"]) == []
+    text = (out / "writeup.md").read_text()
+    single = read_results(out / data_parallel.BASELINE_FILE).iloc[0]
+    shown = []
+    for label in labels:
+        section = text[text.index(f"\n## {label}:") :].split("\n## ")[1]
+        table = next(t for t in parse_tables(section) if t.title == "Time per training step")
+        [row] = [row for row in table.rows if row[0] == "single"]
+        shown.append(row[table.header.index("step (ms)")])
+        assert f"single: the row of {data_parallel.BASELINE_STEP}" in section  # which row, in every section
+    assert len(set(shown)) == 1 and shown[0].startswith(f"{single['median_ms']:.3g}")
+    assert report_main(["--verify", str(out / "writeup.md"), str(out / run.PLAN_FILE)]) == 0
+
+
+def units_of(step):
+    from cs336_systems.ddp_bench.cli import config_from_args, units_for
+
+    args = step.args()
+    return units_for(args, config_from_args(args, "cpu"), 2, first=True)
 
 
 def test_a_small_cpu_plan_says_what_it_cannot_measure_and_keeps_the_command(tmp_path):
@@ -760,16 +820,20 @@ def test_a_students_fsdp_on_their_model_costs_only_its_own_rows(tmp_path, monkey
 
     monkeypatch.setattr(data_parallel, "defined_in_repository", lambda spec: spec == STUDENT_MODEL)
     steps = build_steps(Options("2026", SMALL, "cpu", "tests.adapters"), CPU, ["fsdp_accounting"])
-    ours, yours = steps
+    baseline, ours, yours = steps
+    assert baseline.id == data_parallel.BASELINE_STEP and ours.flags["--baseline"] == data_parallel.BASELINE_FILE
     assert ours.id == "fsdp_accounting" and ours.flags["--strategies"] == ["fsdp2"]
     assert "--model-factory" not in ours.flags and "--adapters" not in ours.flags
     assert yours.flags["--strategies"] == ["adapter-fsdp"] and yours.flags["--model-factory"] == STUDENT_MODEL
+    assert "--baseline" not in yours.flags  # their model: its own one-process row
     assert set(ours.outputs()).isdisjoint(yours.outputs())
-    # the harness's step ran (the committed rows); the student's was refused: no rows
+    # the baseline and the harness's step ran (the committed rows); the student's was refused: no rows
     out = tmp_path / "out"
     out.mkdir()
     shutil.copy(REPO / "writeup" / "2026" / "fsdp_accounting.csv", out / "fsdp_accounting.csv")
-    outcomes = {ours.id: {"outcome": "ok", "exit_status": 0}, yours.id: {"outcome": "refused", "exit_status": 2}}
+    shutil.copy(REPO / "writeup" / "2026" / "fsdp_accounting.csv", out / data_parallel.BASELINE_FILE)
+    outcomes = {step.id: {"outcome": "ok", "exit_status": 0} for step in (baseline, ours)}
+    outcomes[yours.id] = {"outcome": "refused", "exit_status": 2}
     run.write_plan(out / run.PLAN_FILE, run.plan_rows(steps, CPU, out, outcomes, "2026", "small"))
     assert write_up(out, [], [".md"]) == []
     text = (out / "writeup.md").read_text()

@@ -19,11 +19,38 @@ EXPOSED = "step - no_sync step (exposed)"
         ({"mfu": 2.0}, "mfu", "not a share of the peak"),
         ({"mfu": -0.1}, "mfu", "not a share of the peak"),
         ({"median_ms": -3.0}, "median_ms", "below zero"),
-        (
-            {"peak_model_bytes_above_baseline": -139460.0},
-            "peak_model_bytes_above_baseline",
-            "peak model above baseline -136.19 KiB is below zero",
+        ({"peak_optimizer_bytes": -139460.0}, "peak_optimizer_bytes", "peak optimizer -136.19 KiB is below zero"),
+        (  # the RSS high-water mark above a 400 MB baseline saw 0.0195 MiB while the rank held 1.26 MiB
+            {"peak_model_bytes": 20480, "param_bytes_per_rank": 1321206},
+            "peak_model_bytes",
+            "the peak after building, 20.00 KiB, is below the 1.26 MiB the rank holds (parameters)",
         ),
+        (
+            {"peak_before_optimizer_bytes": 2548039, "param_bytes_per_rank": 1316044, "grad_bytes_per_rank": 1316044},
+            "peak_before_optimizer_bytes",
+            "is below the 2.51 MiB the rank holds (parameters + gradients)",
+        ),
+        (
+            {
+                "peak_optimizer_bytes": 4 * 2**20,
+                "param_bytes_per_rank": 2**20,
+                "grad_bytes_per_rank": 2**20,
+                "optimizer_state_bytes_per_rank": 2 * 2**20 + 1,
+            },
+            "peak_optimizer_bytes",
+            "below the 4.00 MiB the rank holds (parameters + gradients + optimizer state)",
+        ),
+        (  # an attention row: the means of outlier-laden samples put end-to-end below forward
+            {
+                "end_to_end_mean_ms": 0.760,
+                "forward_mean_ms": 0.782,
+                "end_to_end_median_ms": 2.0,
+                "forward_median_ms": 0.7,
+            },
+            "end_to_end_mean_ms",
+            "end-to-end 0.76 ms is below the forward's 0.782 ms (means, separate loops)",
+        ),
+        ({"end_to_end_p10_ms": 1.0, "backward_p10_ms": 1.5}, "end_to_end_p10_ms", "below the backward's 1.5 ms"),
         ({"comm_pct": 120.0}, "comm_pct", "not a share"),
         ({"scaling_efficiency": 1.10}, "scaling_efficiency", "faster than one process alone"),
         (
@@ -41,6 +68,14 @@ def test_each_rule_names_the_field_and_why(row, field, words):
 
 def test_plausible_values_pass_and_a_share_depends_on_its_source():
     assert plausibility.problems({"mfu": 0.53, "median_ms": 649.6, "comm_pct": 40.0, "scaling_efficiency": 0.95}) == {}
+    held = {"param_bytes_per_rank": 100, "grad_bytes_per_rank": 100, "optimizer_state_bytes_per_rank": 200}
+    peaks = {"peak_model_bytes": 100, "peak_before_optimizer_bytes": 200, "peak_optimizer_bytes": 400}
+    assert plausibility.problems({**held, **peaks}) == {}  # exactly what is held: possible
+    assert plausibility.problems(peaks) == {}  # nothing to hold it against
+    timed = {"end_to_end_median_ms": 3.0, "forward_median_ms": 1.0, "backward_median_ms": 2.0, "end_to_end_tflops": 1}
+    assert plausibility.problems(timed) == {}
+    below = plausibility.problems({**timed, "end_to_end_median_ms": 1.9})  # below backward alone
+    assert set(below) == {"end_to_end_median_ms", "end_to_end_tflops"}  # its rate is on that median
     resolved = {"comm_ms": 10.0, "comm_method": EXPOSED, "comm_step_ms": [9.0, 10.0, 11.0, 10.5, 9.5]}
     assert plausibility.problems(resolved) == {}
     timed = {"comm_ms": 10.9, "comm_method": "all-gather + reduce-scatter time", "comm_step_ms": [10.9]}
@@ -139,3 +174,29 @@ def test_a_failed_rows_note_names_it_by_the_fewest_labels_that_tell_the_rows_apa
         "flash-pytorch d 16 seq 64 bf16; flash-pytorch d 16 seq 128 bf16: error: forward: RuntimeError: dtypes differ."
         in table.footnotes
     )
+
+
+def test_a_table_that_shows_a_rate_beside_times_shows_the_statistic_the_rate_is_on():
+    # the all-reduce's bus bandwidth is on the median step: beside a table of means it is not checkable
+    row = {"tool": "allreduce_bench", "world_size": 2, "size": "1MB", "status": "ok"}
+    frame = pd.DataFrame([{**row, "mean_ms": 2.0, "median_ms": 1.0, "busbw_gbps": 1.0}]).assign(source="rows.csv")
+    labels = [("ranks", "world_size")]
+    with pytest.raises(ValueError, match="shows a rate beside mean times"):
+        grid(
+            frame,
+            "allreduce_bench",
+            title="t",
+            labels=labels,
+            values=[Value("t", "mean_ms", "ms±"), Value("bw", "busbw_gbps", "sig3")],
+        )
+    grid(
+        frame,
+        "allreduce_bench",
+        title="t",
+        labels=labels,
+        values=[Value("t", "median_ms", "ms"), Value("bw", "busbw_gbps", "sig3")],
+    )
+    from cs336_systems.report.distributed import allreduce_tables
+
+    time, bandwidth = allreduce_tables(frame.assign(size_bytes=2**20))
+    assert time.spec.values[0].field == "median_ms" and bandwidth.spec.values[0].field == "busbw_gbps"

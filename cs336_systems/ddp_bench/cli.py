@@ -20,10 +20,11 @@ from ..command import Command, add_argument_with_aliases
 from ..config import BenchmarkConfig
 from ..distributed.driver import launch_from_args, launch_parser, run_rows
 from ..factory import check_user_model
+from ..identity import row_key
 from ..models import ATTENTION_KINDS, ConfigError
 from ..optimizer import check_user_optimizer
 from ..precision import PRECISIONS, unsupported_reason
-from ..results import ResultSink, check_output_paths
+from ..results import ResultSink, check_output_paths, read_results
 from ..size_tables import SizeTableChoice
 from ..tools import prog
 from .record import (
@@ -48,9 +49,15 @@ def build_parser() -> ArgumentParser:
         "--strategies",
         "--strategy",
         nargs="+",
-        choices=STRATEGIES,
+        choices=("single", *STRATEGIES),
         default=["ddp"],
-        help="ddp, naive, flat, zero1, fsdp2; adapter-* need --adapters (default ddp)",
+        help="ddp, naive, flat, zero1, fsdp2; adapter-* need --adapters; single: the one-process baseline alone "
+        "(default ddp)",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="FILE",
+        help="an earlier run's .csv or .jsonl whose one-process row this run scales against (not measured again)",
     )
     parser.add_argument(
         "--bucket-cap-mb",
@@ -112,10 +119,10 @@ def units_for(
     (`loaded`: the student's adapters, check_adapters)."""
     base_batch = args.base_batch_size or config.batch_size
     units = []
-    if first:
+    if first and not args.baseline:
         units.append(DdpUnit("single", config, ranks=1, optimizer=args.optimizer, lr=args.base_lr))
     lr = scaled_learning_rates(args.base_lr, base_batch, config.batch_size * world_size)[0]
-    for strategy in args.strategies:
+    for strategy in [s for s in args.strategies if s != "single"]:
         if not first and loaded and missing_adapter(strategy, loaded):
             continue  # the other edition's strategy: its one skipped row is the first group's
         for bucket in (args.bucket_cap_mb or [None]) if strategy in BUCKETED else [None]:
@@ -167,6 +174,8 @@ FSDP = ("fsdp2", "adapter-fsdp")  # the strategies --fsdp-compute-dtype applies 
 
 def check_flags_apply(args: argparse.Namespace) -> None:
     """A flag none of the chosen strategies uses is refused, not silently ignored."""
+    if args.baseline and "single" in args.strategies:
+        raise ConfigError("--baseline stands for measuring one process: it does not go with --strategies single")
     for flag, given, applies in (
         ("--bucket-cap-mb", args.bucket_cap_mb, BUCKETED),
         ("--fsdp-compute-dtype", args.fsdp_compute_dtype, FSDP),
@@ -175,6 +184,22 @@ def check_flags_apply(args: argparse.Namespace) -> None:
             raise ConfigError(
                 f"{flag} applies only to --strategies {', '.join(applies)}; none of {' '.join(args.strategies)} uses it"
             )
+
+
+# what a one-process row of another run must share with this run's to stand for it (the rest is the strategy's)
+NOT_THE_BASELINES = ("strategy", "world_size", "bucket_cap_mb", "compute_dtype", "adapters")
+
+
+def read_baseline(path: str, expected: dict) -> dict:
+    """The one-process row of `path` measured as this run would (`expected`: its identity), else a UsageError."""
+    fields = [name for name in DdpRecord.identity_fields() if name not in NOT_THE_BASELINES]
+    singles = [row for row in read_results(path).to_dict("records") if row.get("strategy") == "single"]
+    found = next((row for row in singles if row_key(row, fields) == row_key(expected, fields)), None)
+    if found is None:
+        differs = [name for name in fields if singles and row_key(singles[0], [name]) != row_key(expected, [name])]
+        why = f"its one-process row was measured otherwise ({', '.join(differs)})" if singles else "no one-process row"
+        raise ConfigError(f"--baseline {path}: {why}")
+    return found
 
 
 def check_adapters(args: argparse.Namespace) -> Adapters | None:
@@ -203,12 +228,15 @@ def run(args: argparse.Namespace) -> int:
         announce_size_table(table)
 
     lr_fields = dict(base_lr=args.base_lr, base_batch_size=args.base_batch_size or args.batch_size)
-    baseline: list[DdpRecord] = []  # the single-process row, once it has run
+    baseline: list[dict] = []  # the single-process row, once it has run (or read, measured once elsewhere)
+    if args.baseline:
+        single = {**config.identity(), **launch.base_fields(1), **lr_fields, "optimizer": args.optimizer}
+        baseline.append(read_baseline(args.baseline, single))
 
     def row(unit: DdpUnit, result, base: dict, environment) -> DdpRecord:
         record = record_for(unit, result, {**base, **lr_fields}, environment)
         if unit.strategy == "single":
-            baseline[:] = [record]
+            baseline[:] = [record.to_row()]
         attach_baseline(record, baseline[0] if baseline else None)
         return record
 

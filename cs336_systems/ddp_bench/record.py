@@ -85,17 +85,19 @@ class DdpRecord(BackwardTiming, ForwardTiming, Timing, Record, ModelShape):
     param_bytes_per_rank: int | None = None  # counted from the tensors each rank holds
     grad_bytes_per_rank: int | None = None
     optimizer_state_bytes_per_rank: int | None = None
-    memory_source: str | None = None  # cuda_allocator or rss_high_water_mark (absolute, not above baseline)
-    memory_baseline_bytes: int | None = None  # before the model was built
+    # a rank's tensors at the peak of each phase (memory.measure.TensorMemory: torch's MemTracker, counted from zero)
     peak_model_bytes: int | None = None  # building the model, wrapping it, making the optimizer
     peak_before_optimizer_bytes: int | None = None  # forward and backward
     peak_optimizer_bytes: int | None = None  # gradient sync (naive/flat/adapters) and optimizer step
+    process_peak_bytes: int | None = None  # secondary: the process's own, above its start (memory_source's)
+    memory_source: str | None = None  # rss_high_water_mark or cuda_allocator
     predicted_peak_bytes: int | None = None  # the estimator, state divided as the strategy divides it
     step_ms: list[float] = samples_field()  # per step, the slowest rank
     warmup_step_ms: list[float] = samples_field()
     no_sync_step_ms: list[float] = samples_field()
     comm_step_ms: list[float] = samples_field()
     rank_step_ms: list[list[float]] = samples_field()  # [rank][step]
+    memory_breakdown: list[dict] = samples_field()  # {"phase", "parameters", ..., "total"}: the largest rank's
 
     title: ClassVar[str] = "DDP benchmark"
     markdown_columns: ClassVar[tuple[str, ...]] = (
@@ -296,25 +298,29 @@ def _fill_memory(record: DdpRecord, messages: list[dict]) -> None:
         ("param_bytes_per_rank", "param_bytes"),
         ("grad_bytes_per_rank", "grad_bytes"),
         ("optimizer_state_bytes_per_rank", "optimizer_state_bytes"),
-        ("memory_baseline_bytes", "memory_baseline_bytes"),
-        ("peak_model_bytes", "peak_model_bytes"),
-        ("peak_before_optimizer_bytes", "peak_before_optimizer_bytes"),
-        ("peak_optimizer_bytes", "peak_optimizer_bytes"),
+        ("process_peak_bytes", "process_peak_bytes"),
     ):
         values = [message[key] for message in messages if message[key] is not None]
         setattr(record, column, max(values) if values else None)
     record.memory_source = messages[0]["memory_source"]
+    by_phase = zip(*(message["memory_breakdown"] for message in messages), strict=True)
+    record.memory_breakdown = [max(ranks, key=lambda phase: phase["total"]) for ranks in by_phase]
+    record.peak_model_bytes, record.peak_before_optimizer_bytes, record.peak_optimizer_bytes = (
+        phase["total"] for phase in record.memory_breakdown
+    )
 
 
-def attach_baseline(record: DdpRecord, baseline: DdpRecord | None) -> None:
-    if baseline is None or baseline.samples_per_s is None or record.samples_per_s is None:
+def attach_baseline(record: DdpRecord, baseline: dict | None) -> None:
+    """Scaling against the one-process row (this run's, or one read with --baseline)."""
+    per_s, median_ms = ((baseline or {}).get(name) for name in ("samples_per_s", "median_ms"))
+    if not (_is_number(per_s) and _is_number(median_ms)) or record.samples_per_s is None:
         if record.status == "ok":
             record.notes = "; ".join(filter(None, [record.notes, "no scaling efficiency: the single baseline failed"]))
         return
-    record.baseline_samples_per_s = baseline.samples_per_s
-    record.scaling_efficiency = scaling_efficiency(record.samples_per_s, record.world_size, baseline.samples_per_s)
+    record.baseline_samples_per_s = per_s
+    record.scaling_efficiency = scaling_efficiency(record.samples_per_s, record.world_size, per_s)
     if record.no_sync_median_ms is not None:
-        record.compute_slowdown = record.no_sync_median_ms / baseline.median_ms
+        record.compute_slowdown = record.no_sync_median_ms / median_ms
 
 
 def _is_number(value: object) -> bool:

@@ -17,8 +17,10 @@ from ..config import BenchmarkConfig
 from ..distributed import BarrierFirst, RankContext
 from ..factory import build_model
 from ..memory import PhaseMemory, current_memory_bytes, pin_mmap_threshold, rss_high_water_mark_available
+from ..memory.measure import BUILT, PHASES, TensorMemory
 from ..optimizer import load_user_optimizer
 from ..precision import autocast, precision_mode
+from ..profiling import union_length
 from ..step import combine_phases, make_step
 from ..timing import (
     HostTimer,
@@ -217,21 +219,11 @@ def collective_time_ms(trainer: Trainer, device: torch.device) -> dict[str, floa
             for kind in totals:
                 if kind in key:
                     spans[kind].append((event.time_range.start, event.time_range.end))
-    return {kind: _covered_us(spans[kind]) / 1e3 for kind in totals}
+    return {kind: union_length(spans[kind]) / 1e3 for kind in totals}
 
 
 def _collective_kind(name: str) -> str:
     return name.lower().replace("allgather", "all_gather").replace("reducescatter", "reduce_scatter")
-
-
-def _covered_us(spans: list[tuple[float, float]]) -> float:
-    """The length of the union of (start, end) spans."""
-    covered, reach = 0.0, float("-inf")
-    for start, end in sorted(spans):
-        if end > reach:
-            covered += end - max(start, reach)
-            reach = end
-    return covered
 
 
 def time_interleaved(
@@ -266,9 +258,28 @@ def _finite(ctx: RankContext, unit: DdpUnit, module: torch.nn.Module) -> bool:
     return verdict.item() == 0.0
 
 
-def _peak(memory: PhaseMemory, names: tuple[str, ...]) -> int | None:
-    values = [step[name][0] for step in memory.steps for name in names if name in step]
-    return max(values) if values else None
+MEMORY_STEPS = 2  # untimed, before the warmup: the first creates the optimizer state, the second is steady
+
+
+def measured_trainer(ctx: RankContext, unit: DdpUnit) -> tuple[Trainer, dict]:
+    """This rank's trainer, and its memory: its tensors' bytes by category at each phase's peak (built,
+    then MEMORY_STEPS steps under TensorMemory), and the process's own peak over the same span, above what
+    it held before (RSS high-water mark on a CPU, the CUDA allocator's peak on a GPU: a secondary figure)."""
+    tensors, process = TensorMemory(ctx.device), PhaseMemory(ctx.device)
+    seen = ctx.device.type == "cuda" or rss_high_water_mark_available()
+    baseline = current_memory_bytes(ctx.device)
+    with process.whole():
+        with tensors.phase(BUILT):
+            trainer = Trainer(ctx, unit, phase=tensors.phase)
+        tensors.built(trainer.model)
+        for _ in range(MEMORY_STEPS):
+            trainer.step()
+    tensors.on = False
+    return trainer, {
+        "memory_breakdown": [{"phase": phase, **tensors.peaks[phase]} for phase in PHASES],
+        "process_peak_bytes": process.measured_peak[0] - baseline if seen else None,
+        "memory_source": process.source if seen else None,
+    }
 
 
 def ddp_worker(ctx: RankContext, unit: DdpUnit) -> dict | None:
@@ -276,7 +287,6 @@ def ddp_worker(ctx: RankContext, unit: DdpUnit) -> dict | None:
     if ctx.rank >= unit.ranks:
         return None
     config = unit.config
-    measured = ctx.device.type == "cuda" or rss_high_water_mark_available()
     if ctx.device.type == "cpu":
         pin_mmap_threshold()  # freed tensors leave RSS: the check's model does not inflate the peaks
     try:
@@ -287,10 +297,7 @@ def ddp_worker(ctx: RankContext, unit: DdpUnit) -> dict | None:
                 message["check_max_diff"] = check_step(ctx, unit)
                 if not message["check_max_diff"] <= message["check_tolerance"]:
                     return {**message, "wrong": True}
-            memory = PhaseMemory(ctx.device)
-            baseline = current_memory_bytes(ctx.device)
-            with memory.whole():
-                trainer = Trainer(ctx, unit, phase=memory.phase if measured else None)
+            trainer, memory = measured_trainer(ctx, unit)
             timer = HostTimer(synchronize=device_synchronizer(ctx.device))
             if unit.ranks > 1:
                 timer = BarrierFirst(timer, ctx.barrier)
@@ -327,11 +334,7 @@ def ddp_worker(ctx: RankContext, unit: DdpUnit) -> dict | None:
         "phase_ms": {name: list(ms) for name, ms in synced.phase_ms.items()},  # per measured step
         "comm_ms": comm_ms,
         "collective_ms": collectives,
-        "memory_baseline_bytes": baseline if measured else None,
-        "peak_model_bytes": memory.measured_peak[0] if measured else None,
-        "peak_before_optimizer_bytes": _peak(memory, ("forward", "backward")) if measured else None,
-        "peak_optimizer_bytes": _peak(memory, ("optimizer",)) if measured else None,
-        "memory_source": memory.source if measured else None,
+        **memory,
         "param_bytes": held.param_bytes,
         "grad_bytes": held.grad_bytes,
         "optimizer_state_bytes": held.optimizer_state_bytes,

@@ -38,7 +38,7 @@ DO_BENCH_CALLS = 7  # steps one do_bench sample runs at least: 5 to estimate, 1 
 BORDERLINE = 1.10  # predicted up to 10% over the device still runs (the estimator is within a few %)
 
 PATH_FLAGS = ("--output", "--output-dir", "--plot", "--summary", "--memory-snapshot")
-INPUT_FLAGS = ("--snapshot",)  # a file an earlier step wrote: inside the output directory, not an output
+INPUT_FLAGS = ("--snapshot", "--baseline")  # a file an earlier step wrote: inside the output directory, not an output
 SWEEP = module_name("benchmark_direct")  # the grid's parser (run_benchmarks' is the same grid)
 CHILD_PER_CONFIG = module_name("run_benchmarks")  # the sweep that runs each configuration in a process of its own
 SWEEPS = (SWEEP, CHILD_PER_CONFIG)
@@ -274,11 +274,12 @@ def predict_warmup(step: Step, target: Target, user_model: bool) -> tuple[float,
 
 
 def predict_ddp(step: Step, target: Target, user_model: bool) -> tuple[float, int | None]:
-    """ddp_bench: the single-process baseline, then each strategy (and bucket size) on its ranks; a
+    """ddp_bench: the single-process baseline (unless read, --baseline), then each strategy (and bucket size); a
     rank's memory as each strategy divides it (a student's model estimated as the built-in one)."""
     configs = _model_configs(step)
     args = step.args()
-    units = 1 + len(args.strategies) * len(args.bucket_cap_mb or [None])
+    strategies = [s for s in args.strategies if s != "single"]
+    units = (0 if args.baseline else 1) + len(strategies) * len(args.bucket_cap_mb or [None])
     per_unit = sum(_steps_seconds(target, c) for c in configs) * 1.5 + CONFIG_S[target.type]
     seconds = units * per_unit + 3 * STARTUP_S[target.type]
     return seconds, data_parallel_peak(args, configs[0].replace(model_factory=None))

@@ -1,4 +1,4 @@
-"""The memory of a running step, measured per phase: CUDA allocator counters or CPU RSS."""
+"""The memory of a running step, measured per phase: CUDA allocator counters or CPU RSS, or tensors by kind."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch import nn
 
 from ..device import libc
 
@@ -127,6 +128,74 @@ class PhaseMemory:
         self._reset()
         yield
         self.measured_peak = self._peak()
+
+
+# -- tensors by what they hold (torch's MemTracker): every storage made while it is on, an FSDP2 DTensor as
+# its local shard, a storage FSDP resizes to nothing as nothing; counted from zero, so one process and every
+# rank share one baseline (a resident set starts at the few hundred MB torch takes). Its Python dispatch slows
+# a step: measured in steps of their own, never the timed ones.
+
+# MemTracker's name for what a tensor holds -> ours (a row's breakdown, its table's columns)
+CATEGORIES = dict(Parameter="parameters", Gradient="gradients", Optstate="optimizer_state", Activation="activations")
+CATEGORIES.update(Temp="temporaries", Buffer="buffers", Other="other")
+# the handout's three moments (optimizer_state_sharding_accounting (a)); make_step's phases end in them
+BUILT, BEFORE_STEP, AFTER_STEP = PHASES = ("after building", "before optimizer step", "after optimizer step")
+STEP_SPANS = {"forward": BEFORE_STEP, "backward": BEFORE_STEP, "optimizer": AFTER_STEP}
+
+
+class TensorMemory:
+    """`with memory.phase(BUILT): build()`, `memory.built(model)`, then steps with `memory.phase` as
+    make_step's phase callback (forward and backward one span: the peak before the optimizer step).
+    `peaks[phase]`: each category's bytes at the phase's peak, and their `total` (the larger peak of
+    a phase run again)."""
+
+    def __init__(self, device: torch.device):
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        self.tracker, self.device, self.on = MemTracker(), device, True  # off: phase() does nothing
+        self.peaks: dict[str, dict[str, int]] = {}
+        self._open = contextlib.ExitStack()
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if not self.on:
+            yield
+            return
+        if name == "forward":
+            self.tracker.reset_mod_stats()  # a new step: else the tracker refuses the model's second forward
+        if name != "backward":  # backward goes on in the span its forward opened
+            self._open.enter_context(self.tracker)  # entering starts a new peak from what is held now
+        try:
+            yield
+        except BaseException:
+            self._open.close()
+            raise
+        if name != "forward":
+            self._open.close()
+            peak = self._breakdown(self.tracker.get_tracker_snapshot("peak"))
+            span = STEP_SPANS.get(name, name)
+            if peak["total"] >= self.peaks.get(span, {}).get("total", -1):
+                self.peaks[span] = peak
+
+    def built(self, model: nn.Module) -> None:
+        """Label what building left: the model's parameters and buffers, and the rest it holds (a student's
+        unregistered copy of the weights, DDP's buckets, the batch) as other, not activations; the phase's
+        peak above what is held now was temporary."""
+        from torch.distributed._tools.mem_tracker import _MemRefType, _UpdateType
+
+        self.tracker.track_external(model)
+        for winfo, _ in list(self.tracker._WINFO.values()):  # no public way to relabel a storage
+            if winfo.reftype in (_MemRefType.ACT, _MemRefType.TEMP):
+                old, winfo.reftype = winfo.reftype, _MemRefType.OTH
+                self.tracker._update_snap(_UpdateType.REF, winfo, old_reftype=old)
+        held = self._breakdown(self.tracker.get_tracker_snapshot("current"))
+        peak = max(self.peaks.get(BUILT, {}).get("total", 0), held["total"])
+        self.peaks[BUILT] = {**held, "temporaries": held["temporaries"] + peak - held["total"], "total": peak}
+
+    def _breakdown(self, snapshot: dict) -> dict[str, int]:
+        device = snapshot.get(self.device) or {}
+        shown = {ours: int(device.get(theirs, 0)) for theirs, ours in CATEGORIES.items()}
+        return {**shown, "total": sum(shown.values())}
 
 
 def step_peak(step: dict[str, tuple[int, int | None]]) -> tuple[int, int | None]:

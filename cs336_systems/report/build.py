@@ -179,4 +179,5 @@ def ddp_section(frame: pd.DataFrame) -> Section:
         section.add(distributed.ddp_time_table(rows, f"Time per training step: {source}"))
         section.add(distributed.held_table(rows, f"Bytes each rank holds: {source}"))
         section.add(distributed.peaks_table(rows, f"Peak memory of a rank: {source}"))
+        section.add(distributed.breakdown_table(rows, f"What a rank's memory holds at each peak: {source}"))
     return section

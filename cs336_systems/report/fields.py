@@ -42,6 +42,8 @@ def _tool_identity() -> dict[str, tuple[str, ...]]:
         **{record.tool: _identity(record, *more) for record, more in by_record.items()},
         # the torch profiler's operators of a benchmark row's profiled step, one row each (derive)
         "kernels": _identity(BenchmarkRecord, "size_table", "device_name", "kernel_rank", "kernel"),
+        # a ddp_bench row's memory at each phase's peak, one row per phase (derive)
+        "memory_phases": _identity(DdpRecord, "device_name", "phase"),
     }
 
 
@@ -114,7 +116,6 @@ def model_label(row: dict) -> str:
 
 
 PHASES = ("forward", "backward", "optimizer")
-PEAK_COLUMNS = ("peak_model_bytes", "peak_before_optimizer_bytes", "peak_optimizer_bytes")  # ddp_bench's
 
 
 def _phase_spread(samples: object) -> tuple[float | None, float | None]:
@@ -135,12 +136,12 @@ def derive(frame: pd.DataFrame, tool: str) -> pd.DataFrame:
         frame["model"] = [model_label(row) if any(f in row for f in MODEL_FIELDS) else "" for row in records]
     if tool == "kernels":  # once: rows already one per operator stay as they are
         return frame if "kernel_rank" in frame.columns else _kernel_rows(derive(frame, "benchmark"))
-    if tool == "ddp_bench" and "memory_baseline_bytes" in frame.columns:
-        frame = frame.copy()  # a CPU's RSS holds torch itself: the step's own memory is above the baseline
+    if tool == "memory_phases":  # once: rows already one per phase stay as they are
+        return frame if "phase" in frame.columns else _phase_rows(derive(frame, "ddp_bench"))
+    if tool == "ddp_bench" and "memory_baseline_bytes" in frame.columns:  # a file of RSS peaks, torch's own included
         baseline = pd.to_numeric(frame["memory_baseline_bytes"], errors="coerce")
-        for column in PEAK_COLUMNS:
-            if column in frame.columns:
-                frame[f"{column}_above_baseline"] = pd.to_numeric(frame[column], errors="coerce") - baseline
+        peaks = {c: pd.to_numeric(frame[c], errors="coerce") - baseline for c in frame.columns if c.startswith("peak_")}
+        frame = frame.drop(columns="memory_baseline_bytes").assign(**peaks)
     if tool == "benchmark":
         for phase in PHASES:
             samples = f"{phase}_samples_ms"
@@ -150,6 +151,17 @@ def derive(frame: pd.DataFrame, tool: str) -> pd.DataFrame:
                 frame[f"{phase}_std_ms"] = [s for s, _ in spread]
                 frame[f"{phase}_cv_pct"] = [c for _, c in spread]
     return frame
+
+
+def _phase_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per phase of each row's `memory_breakdown` (a JSONL row's), its categories as `*_bytes` columns."""
+    rows = [
+        {**row, "phase": entry.get("phase"), **{f"{k}_bytes": v for k, v in entry.items() if k != "phase"}}
+        for row in frame.to_dict("records")
+        for entry in (row.get("memory_breakdown") if isinstance(row.get("memory_breakdown"), list) else [])
+        if isinstance(entry, dict)
+    ]
+    return pd.DataFrame(rows, columns=list(dict.fromkeys([*frame.columns, "phase", *(k for r in rows for k in r)])))
 
 
 def _kernel_rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -163,6 +175,7 @@ def _kernel_rows(frame: pd.DataFrame) -> pd.DataFrame:
         total = sum(float(k.get("total_ms") or 0) for k in kernels)
         for rank, kernel in enumerate(kernels, 1):
             ms = float(kernel.get("total_ms") or 0)
+            ahead = kernel.get("ahead_of_next")  # over several profiled steps (older rows: one step, no word)
             rows.append(
                 {
                     **row,
@@ -170,12 +183,13 @@ def _kernel_rows(frame: pd.DataFrame) -> pd.DataFrame:
                     "kernel": kernel.get("name"),
                     "kernel_calls": kernel.get("calls"),
                     "kernel_ms": ms,
-                    "kernel_share_pct": 100 * ms / total if total else None,
+                    # of all the step's operator time (older rows: of the listed ones)
+                    "kernel_share_pct": kernel.get("share_pct", 100 * ms / total if total else None),
+                    "kernel_ahead": None if ahead is None else ("yes" if ahead else "no"),
                 }
             )
-    return pd.DataFrame(
-        rows, columns=[*frame.columns, "kernel_rank", "kernel", "kernel_calls", "kernel_ms", "kernel_share_pct"]
-    )
+    columns = ["kernel_rank", "kernel", "kernel_calls", "kernel_ms", "kernel_share_pct", "kernel_ahead"]
+    return pd.DataFrame(rows, columns=[*frame.columns, *columns])
 
 
 def _truthy_text(value: object) -> str:

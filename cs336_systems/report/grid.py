@@ -239,6 +239,7 @@ def _grid(frame, tool, title, labels, values, caption, name, footnotes, keep_emp
         table = table[[c for c in table.columns if c in [h for h, _ in labels] or table[c].ne("").any()]]
     table = table.set_index(labels[0][0]) if labels else table
     shown = [v for v in values if v.header in table.columns]
+    _rates_on_their_statistic(title, shown)
     sources = list(dict.fromkeys(str(s) for s in frame.get("source", pd.Series(dtype=object)).dropna()))
     spec = Spec(tool, sources, fixed, [tuple(x) for x in labels], shown, title, caption, list(groups))
     text = caption_text(caption, sources, fixed, tool)
@@ -296,6 +297,15 @@ def cell_value(members: list[dict], value: Value, key: tuple) -> str:
 
 
 STATISTIC_OF_FORMAT = {"ms": "median", "ms±": "mean"}  # the statistic a timing format shows (its noise rule's)
+
+
+def _rates_on_their_statistic(title: str, values: Sequence[Value]) -> None:
+    """A table that shows a rate beside timings shows the statistic the rate is computed on (a bug else)."""
+    shown = {STATISTIC_OF_FORMAT[v.fmt] for v in values if v.fmt in STATISTIC_OF_FORMAT}
+    if shown and plausibility.RATE_STATISTIC not in shown and any(plausibility.is_rate(v.field) for v in values):
+        raise ValueError(
+            f"{title!r} shows a rate beside {'/'.join(shown)} times: show its {plausibility.RATE_STATISTIC}"
+        )
 
 
 def _mark_footnotes(table: pd.DataFrame, values: Sequence[Value] = ()) -> list[str]:

@@ -67,9 +67,10 @@ def read_results(path: str | Path, dtype: dict | None = None) -> pd.DataFrame:
     return as_todays_rows(frame)
 
 
-# Benchmark columns added since files were written: such a row measured a fixed number of steps (empty);
-# a file appended to gains them (files.CsvWriter), as it gains the environment's ADDED_FIELDS.
-ADDED_BENCHMARK_COLUMNS = ("target_iqr_pct", "iqr_target_reached")
+# Benchmark columns added since files were written: such a row measured a fixed number of steps and
+# judged no peak (empty); a file appended to gains them (files.CsvWriter), as it gains the environment's
+# ADDED_FIELDS.
+ADDED_BENCHMARK_COLUMNS = ("target_iqr_pct", "iqr_target_reached", "peak_low")
 
 # Columns renamed since, for rows only one tool writes: (a column that marks that tool's rows, old, new).
 RENAMED_COLUMNS = (

@@ -164,10 +164,6 @@ class Record:
         )
 
 
-# A row's note where its MFU's peak was measured while other processes kept the machine busy (peak_flops.py).
-PEAK_READ_LOW = "a busy machine reads a low peak, and so a high MFU"
-
-
 @dataclass
 class BenchmarkRecord(OptimizerTiming, BackwardTiming, ForwardTiming, Timing, Record, BenchmarkIdentity):
     """One configuration of `benchmark`: what was asked (config.BenchmarkIdentity's columns,
@@ -184,7 +180,7 @@ class BenchmarkRecord(OptimizerTiming, BackwardTiming, ForwardTiming, Timing, Re
     iqr_target_reached: bool | None = None  # with a target_iqr_pct: whether the steps got there before the cap
     tokens_per_s: float | None = None  # on the median step, as every rate (stats.per_second)
     compile_s: float | None = None
-    # the profiled step after the measured ones (profiling.py); None with --no-profile-step
+    # the profiled steps after the measured ones (profiling.py); None with --no-profile-step
     kernels_per_step: int | None = None
     device_busy_pct: float | None = None
     # work and utilisation (cs336_systems.flops), on the median step as tokens_per_s
@@ -194,6 +190,7 @@ class BenchmarkRecord(OptimizerTiming, BackwardTiming, ForwardTiming, Timing, Re
     peak_tflops: float | None = None
     peak_source: str | None = None  # table, calibrated (this machine's, kept), measured (this run's), user
     peak_measured_at: str | None = None  # calibrated or measured: when (rows with one time compare)
+    peak_low: str | None = None  # why that peak reads low (peak_flops.Peak.low): an MFU over it reads high
     mfu: float | None = None
     # memory (cs336_systems.memory): steady state = the last step, first = the first step run
     memory_source: str | None = None
@@ -220,7 +217,9 @@ class BenchmarkRecord(OptimizerTiming, BackwardTiming, ForwardTiming, Timing, Re
     forward_samples_ms: list[float] = samples_field()
     backward_samples_ms: list[float] = samples_field()
     optimizer_samples_ms: list[float] = samples_field()
-    top_kernels: list[dict] = samples_field()  # {"name", "calls", "total_ms"} of the profiled step
+    # the profiled steps' operators by median time, and their families (matmul, softmax, ...): profiling.py
+    top_kernels: list[dict] = samples_field()
+    kernel_families: list[dict] = samples_field()
 
     title: ClassVar[str] = "cs336-bench benchmark results"
     markdown_columns: ClassVar[tuple[str, ...]] = (
@@ -267,7 +266,7 @@ class BenchmarkRecord(OptimizerTiming, BackwardTiming, ForwardTiming, Timing, Re
     @classmethod
     def console(cls, rows: Sequence[dict], all_columns: bool = False) -> str:
         """Record.console, where an MFU over a peak read on a busy machine says on its line that it reads high."""
-        high = [not is_missing(row.get("mfu")) and PEAK_READ_LOW in str(row.get("notes")) for row in rows]
+        high = [not is_missing(row.get("mfu")) and bool(row.get("peak_low")) for row in rows]
         rows = [{**row, "mfu": f"{row['mfu']:.3f} (high)"} if busy else row for row, busy in zip(rows, high)]
         return super().console(rows, all_columns)
 
@@ -298,4 +297,4 @@ class BenchmarkRecord(OptimizerTiming, BackwardTiming, ForwardTiming, Timing, Re
 
     def add_profile(self, profile: StepProfile) -> None:
         self.kernels_per_step, self.device_busy_pct = profile.kernels_per_step, profile.device_busy_pct
-        self.top_kernels = list(profile.top_kernels)
+        self.top_kernels, self.kernel_families = list(profile.top_kernels), list(profile.families)

@@ -101,8 +101,8 @@ def build_steps(options: Options, target: Target, labels: list[str]) -> list[Ste
     """The plan: every step of the chosen problems in the handout's order, predicted and judged."""
     steps: list[Step] = []
     for problem in of_edition(options.edition, MEASURED):
-        if problem.label in labels:
-            steps += problem.plan(options, target)
+        if problem.label in labels:  # a step several problems share (one measurement) is the first's
+            steps += [step for step in problem.plan(options, target) if step.id not in {s.id for s in steps}]
     for step in steps:
         if step.status == "run":
             try:

@@ -86,13 +86,11 @@ class Results:
     def rows(self, tool: str, contains: str = "") -> pd.DataFrame:
         """The rows `tool` wrote for the steps whose id contains `contains`, from every file they read."""
         frames = []
-        for step in self.steps:
-            if contains not in str(step["step"]):
-                continue
-            for name in reads(step):
-                frame = self.files.get(name)
-                if frame is not None and not frame.empty and tool_of(frame) == tool:
-                    frames.append(frame)
+        names = [name for step in self.steps if contains in str(step["step"]) for name in reads(step)]
+        for name in dict.fromkeys(names):  # a file two steps read (the one baseline) once
+            frame = self.files.get(name)
+            if frame is not None and not frame.empty and tool_of(frame) == tool:
+                frames.append(frame)
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

@@ -15,7 +15,7 @@ from ...stats import compare
 from ...tools import module_name
 from ...units import MIB
 from ..parameters import DDP_CPU_SHAPE, Options
-from ..plan import Step
+from ..plan import Step, fit_verdict, predict
 from ..target import Target
 from .base import Problem, Results, finish, section
 from .model_steps import STUDENT_MODEL, defined_in_repository
@@ -41,21 +41,30 @@ DDP_PROBLEMS = {
 }
 
 
+# one process, measured once: every data-parallel step reads its row (--baseline) and shows it (the plan keeps
+# one step of an id)
+BASELINE_STEP, BASELINE_FILE = "ddp_single", "ddp_single.csv"
+
+
 def plan(problem: str, options: Options, target: Target) -> list[Step]:
-    """One ddp_bench step of the problem's strategies. A student's FSDP shards their own model's layer
-    classes, so it runs on their model (cs336_basics.model's, when the repository has it): in a step of
-    its own, so a model or strategy of theirs that fails costs only their rows, never the harness's
-    fsdp2 and single rows that answer (a)."""
+    """The one-process baseline, then one ddp_bench step of the problem's strategies. A student's FSDP
+    shards their own model's layer classes, so it runs on their model (cs336_basics.model's, when the
+    repository has it): in a step of its own (with its own one process), so a model or strategy of theirs
+    that fails costs only their rows, never the harness's fsdp2 and single rows that answer (a)."""
     strategies, adapter_strategy, what = DDP_PROBLEMS[problem]
     theirs = [adapter_strategy] if adapter_strategy and options.adapters else []
+    baseline = _ddp_step(problem, BASELINE_STEP, ["single"], "one process, the baseline", options, target)
+    predict(baseline, target, user_model=options.model_factory is not None)
+    # one process that cannot fit is no step: each run then has its own one-process row, out of memory
+    planned = [baseline] if fit_verdict(baseline.predicted_peak_bytes, target)[0] != "no" else []
     if theirs == ["adapter-fsdp"] and not options.model_factory and defined_in_repository(STUDENT_MODEL):
         yours = _ddp_step(problem, f"{problem}-yours", theirs, what, options, target, STUDENT_MODEL)
         yours.reductions.insert(0, f"your model ({STUDENT_MODEL}), whose layers your FSDP wraps")
-        return [_ddp_step(problem, problem, strategies, what, options, target, None), yours]
-    step = _ddp_step(problem, problem, [*strategies, *theirs], what, options, target, options.model_factory)
+        return [*planned, _ddp_step(problem, problem, strategies, what, options, target, baseline=bool(planned)), yours]
+    step = _ddp_step(problem, problem, [*strategies, *theirs], what, options, target, baseline=bool(planned))
     if adapter_strategy and not options.adapters:
         step.reductions.append(f"{adapter_strategy} (your implementation) needs --adapters; built-in strategies only")
-    return [step]
+    return [*planned, step]
 
 
 def _ddp_step(
@@ -65,8 +74,10 @@ def _ddp_step(
     what: str,
     options: Options,
     target: Target,
-    model_factory: str | None,
+    model_factory: str | None = None,
+    baseline: bool = False,
 ) -> Step:
+    model_factory = model_factory or options.model_factory
     scale = options.scale
     flags = {
         "--strategies": strategies,
@@ -89,8 +100,10 @@ def _ddp_step(
         module_name("ddp_bench"),
         flags,
         kind="ddp",
-        reads=(f"{step_id}.csv",),
+        reads=(f"{step_id}.csv", *([BASELINE_FILE] if baseline else [])),
     )
+    if baseline:
+        flags["--baseline"] = BASELINE_FILE
     if model_factory:
         flags["--model-factory"] = model_factory
     if options.optimizer:
@@ -174,16 +187,25 @@ def accounting(problem: Results, memory: str, timing: str, compared_with: str, t
     out = section(problem)
     rows = problem.rows("ddp_bench")
     if not rows.empty:
-        # each file's strategies against its own baseline (a student's step runs on their model)
-        files = [records(group, "ddp_bench") for _, group in rows.groupby("source", sort=False)]
+        files = against_their_baseline(rows)
         out.add(Heading(f"(a) {memory}"))
         out.add(distributed.held_table(rows, "Bytes each rank holds after a step"))
         out.add(distributed.peaks_table(rows, "Peak memory of a rank"))
+        out.add(distributed.breakdown_table(rows, "What a rank's memory holds at each peak"))
         out.add(Bullets([line for group in files for line in held_observations(group, compared_with)]))
         out.add(Heading(f"(b) {timing}"))
         out.add(distributed.ddp_time_table(rows, "Time per training step"))
         out.add(Bullets([line for group in files for line in time_observations(group)]))
     return finish(problem, out)
+
+
+def against_their_baseline(rows) -> list[list[dict]]:
+    """Each file's rows with their one-process row: their own (a student's model), else the plan's one."""
+    files = [records(group, "ddp_bench") for _, group in rows.groupby("source", sort=False)]
+    shared = [group for group in files if {label_text("strategy", row) for row in group} == {"single"}]
+    return [
+        group + (shared[0] if shared and not _step(group, "single") else []) for group in files if group not in shared
+    ]
 
 
 def write_sharding(problem: Results) -> Section:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ...profiling import MATMUL
 from ...report.document import Bullets, Heading, Section, Text, sig3
 from ...report.fields import derive, label_text
 from ...report.grid import Value, grid
@@ -139,7 +140,6 @@ def _torch_profiler_sweep(
 
 
 TOP_OPERATORS = 6  # per profiled step in the write-up (the rows keep ten)
-MATMUL = ("mm", "matmul", "addmm", "bmm", "gemm", "linear", "cutlass", "sm90_xmma", "ampere_")
 
 
 def kernel_rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -207,7 +207,7 @@ def nsys_observations(rows: list[dict]) -> list[str]:
         return []
     top = max(rows, key=lambda r: number(r, "Total Time (ns)") or 0)
     total = sum(number(r, "Total Time (ns)") or 0 for r in rows)
-    mm = sum(number(r, "Total Time (ns)") or 0 for r in rows if any(m in str(r["Name"]).lower() for m in MATMUL))
+    mm = sum(number(r, "Total Time (ns)") or 0 for r in rows if _is_matmul(r["Name"]))
     lines = [
         f"The longest kernel is `{top['Name']}`: {sig3(number(top, 'Time (%)'))}% of kernel time, {label_text('Instances', top)} launches."
     ]
@@ -221,13 +221,15 @@ def kernel_table(frame: pd.DataFrame, title: str):
         frame,
         "kernels",
         title=title,
-        caption="The profiled step's operators (kernels on a GPU), summed by name: calls, total ms per step, and "
-        "share of the profiler's ten longest",
+        caption="The profiled steps' operators (kernels on a GPU), summed by name in each step and ranked by their "
+        "median over the steps: calls, ms and share of all the step's operator time; ahead: longer than the next "
+        "in every profiled step (no: the steps disagree, the order of the two is not resolved)",
         labels=[("pass", "pass_type"), ("rank", "kernel_rank"), ("operator", "kernel")],
         values=[
             Value("calls", "kernel_calls", "int"),
             Value("total (ms)", "kernel_ms", "sig3"),
             Value("share (%)", "kernel_share_pct", "sig3"),
+            Value("ahead", "kernel_ahead", "text"),
         ],
     )
 
@@ -235,12 +237,22 @@ def kernel_table(frame: pd.DataFrame, title: str):
 def kernel_observations(rows: list[dict]) -> list[str]:
     lines = []
     for pass_type in ("forward", "train-step", "forward-backward"):
-        mine = [r for r in rows if label_text("pass_type", r) == pass_type and label_text("kernel_rank", r) == "1"]
-        for row in mine[:2]:
-            lines.append(
-                f"(b) {pass_type}, {row.get('model')} context {label_text('context_length', row)}: the longest is "
-                f"`{row['kernel']}` ({label_text('kernel_calls', row)} calls, {sig3(number(row, 'kernel_share_pct'))}% of the listed time)."
+        mine = [r for r in rows if label_text("pass_type", r) == pass_type]
+        for i in [i for i, r in enumerate(mine) if label_text("kernel_rank", r) == "1"][:2]:
+            row, where = (
+                mine[i],
+                f"(b) {pass_type}, {mine[i].get('model')} context {label_text('context_length', mine[i])}",
             )
+            if row.get("kernel_ahead") == "no" and i + 1 < len(mine):  # rank 2 follows its rank 1
+                lines.append(
+                    f"{where}: `{row['kernel']}` and `{mine[i + 1]['kernel']}` take the most, and the "
+                    "profiled steps disagree which takes longer: not ranked."
+                )
+            else:
+                lines.append(
+                    f"{where}: the longest is `{row['kernel']}` ({label_text('kernel_calls', row)} calls, "
+                    f"{sig3(number(row, 'kernel_share_pct'))}% of the step's operator time)."
+                )
     others = {}
     for row in rows:  # (c) what besides the matrix multiplies takes time in a forward pass
         if label_text("pass_type", row) == "forward" and not _is_matmul(row["kernel"]):
@@ -248,49 +260,57 @@ def kernel_observations(rows: list[dict]) -> list[str]:
     if others:
         top = sorted(others.items(), key=lambda kv: -kv[1])[:3]
         shown = ", ".join(f"`{name}` (up to {sig3(share)}%)" for name, share in top)
-        lines.append(f"(c) Besides matrix multiplies, the forward pass spends the most in {shown} of the listed time.")
-    for context in dict.fromkeys(label_text("context_length", r) for r in rows):
-        forward = [
-            r for r in rows if label_text("pass_type", r) == "forward" and label_text("context_length", r) == context
-        ]
-        softmax = sum(number(r, "kernel_ms") or 0 for r in forward if "softmax" in str(r["kernel"]))
-        bmm = sum(number(r, "kernel_ms") or 0 for r in forward if "bmm" in str(r["kernel"]))
-        if softmax and bmm:
-            head_dim = (number(forward[0], "d_model") or 0) / (number(forward[0], "num_heads") or 1)
-            flops = (
-                f"; the two matmuls do {4 * head_dim / 5:.0f}x the softmax's FLOPs (4 x head dim {head_dim:.0f} / 5, "
-                "counting about five operations per score)"
-                if head_dim
-                else ""
-            )
-            lines.append(
-                f"(e) Context {context}, forward: softmax takes {sig3(softmax)} ms against {sig3(bmm)} ms for attention's "
-                f"batched matrix multiplies ({times(bmm / softmax)} its time){flops}."
-            )
-        elif forward:
-            lines.append(
-                f"(e) Context {context}, forward: "
-                + ("softmax" if not softmax else "attention's batched matrix multiply")
-                + " is not among the profiler's longest operators at this small shape, so the two cannot be compared "
-                "here; at the handout's sizes and contexts attention grows as the sequence squared."
-            )
-    by_pass: dict[str, list[float]] = {}
-    for pass_type in ("forward", "train-step"):
-        picked = [r for r in rows if label_text("pass_type", r) == pass_type]
-        total = sum(number(r, "kernel_ms") or 0 for r in picked)
-        mm = sum(number(r, "kernel_ms") or 0 for r in picked if _is_matmul(r["kernel"]))
-        if total:
-            by_pass[pass_type] = [100 * mm / total]
-    if len(by_pass) == 2:
         lines.append(
-            f"(d) Matrix multiplies are {by_pass['forward'][0]:.0f}% of the listed operator time in a forward pass and "
-            f"{by_pass['train-step'][0]:.0f}% in a training step."
+            f"(c) Besides matrix multiplies, the forward pass spends the most in {shown} of its operator time."
+        )
+    profiled = {(label_text("pass_type", r), label_text("context_length", r), r.get("model")): r for r in rows}
+    lines += [softmax_text(context, row) for (pass_type, context, _), row in profiled.items() if pass_type == "forward"]
+    shares: dict[str, list] = {}
+    for (pass_type, _, _), row in profiled.items():
+        if matmul := _families(row).get("matmul"):
+            shares.setdefault(pass_type, []).append(f"{number(matmul, 'share_pct'):.0f}")
+    if {"forward", "train-step"} <= set(shares):
+        lines.append(
+            "(d) Matrix multiplies (mm, bmm, addmm, linear, matmul and einsum, counted together) are "
+            f"{'/'.join(shares['forward'])}% of the operator time in a forward pass and "
+            f"{'/'.join(shares['train-step'])}% in a training step (median over the profiled steps)."
         )
     return lines
 
 
+def softmax_text(context: str, row: dict) -> str:
+    """(e) softmax against attention's matrix multiplies in one forward, from the families' per-step times."""
+    softmax, matmuls = (_families(row).get(name) for name in ("softmax", "attention_matmul"))
+    if not softmax or not matmuls:
+        return (
+            f"(e) Context {context}, forward: softmax and attention's own matrix multiplies cannot be told apart in "
+            "this profile (on a GPU its kernels name no Python function), so the two are not compared here."
+        )
+    head_dim = (number(row, "d_model") or 0) / (number(row, "num_heads") or 1)
+    flops = (
+        f"; the two matmuls do {4 * head_dim / 5:.0f}x the softmax's FLOPs (4 x head dim {head_dim:.0f} / 5, "
+        "counting about five operations per score)"
+        if head_dim
+        else ""
+    )
+    steps, a, s = len(softmax["step_ms"]), number(matmuls, "total_ms") or 0, number(softmax, "total_ms") or 0
+    longer = {m > t for m, t in zip(matmuls["step_ms"], softmax["step_ms"], strict=True)}
+    ratio = f"{times(a / s)} its time in each of the {steps} profiled steps" if len(longer) == 1 and s else ""
+    ratio = ratio or f"the {steps} profiled steps disagree which is longer"
+    ops = ", ".join(f"`{name}`" for name in softmax["operators"])
+    return (
+        f"(e) Context {context}, forward: softmax ({ops}) takes {sig3(s)} ms against {sig3(a)} ms for attention's "
+        f"matrix multiplies ({ratio}){flops}."
+    )
+
+
+def _families(row: dict) -> dict[str, dict]:
+    found = row.get("kernel_families")
+    return {f["family"]: f for f in found if isinstance(f, dict)} if isinstance(found, list) else {}
+
+
 def _is_matmul(kernel: object) -> bool:
-    return any(m in str(kernel).lower() for m in MATMUL)
+    return bool(MATMUL.search(str(kernel).lower()))
 
 
 PROBLEM = Problem(LABEL, "Nsight Systems Profiling", plan=plan, write=write)
