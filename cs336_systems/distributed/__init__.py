@@ -30,7 +30,8 @@ cores: gloo's communication thread then shares the one core with the compute thr
 our 2-core machine a 4-byte all-reduce's p90 went from 0.14 ms (unpinned) to 3.9 ms (pinned).
 
 Test-only: CS336_SYSTEMS_INJECT_FAILURE="RANK:MODE" makes that rank fail at the start of
-every unit, MODE being `raise` (an exception), `exit` (dies without a word) or `hang`.
+every unit, MODE being `raise` (an exception), `exit` (dies without a word) or `hang`; `join`
+(torchrun's variables) makes it hang before it joins the group.
 """
 
 from __future__ import annotations
