@@ -4,6 +4,8 @@
   spawn.py     run_spawned: one process per rank started here, messages through pipes
   torchrun.py  run_under_torchrun: the ranks torchrun started
   ranks.py     per-step timings from every rank (slowest rank, barrier before each step)
+  links.py     every rank's host, the ring's links probed, the ring all-reduce predicted from them
+  slurm_job.py --executor slurm: the run as one Slurm job whose tasks are the ranks (several nodes)
   driver.py    the shared flags, world sizes, rank-0 sink and row loop of allreduce_bench and ddp_bench
 
 A benchmark is a worker function `worker(ctx, unit) -> message` and a list of units (one
