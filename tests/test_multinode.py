@@ -236,3 +236,13 @@ def test_a_cut_link_ends_the_job_at_the_collective_timeout(tmp_path, nodes):
     assert first["status"] == "ok" and second["status"] == "error"
     assert "a peer sent nothing within the collective timeout, --timeout + --init-timeout = 10 s" in second["error"]
     _nothing_left(tmp_path)
+
+
+@cluster
+def test_a_job_no_partition_can_start_is_one_line_and_cancelled(tmp_path, nodes):
+    command = [PYTHON, "-m", "cs336_systems.allreduce_bench", *JOB[:-1], "debug", "--sizes", "4B"]  # one node there
+    done = subprocess.run(command, capture_output=True, text=True, env=child_env(), cwd=tmp_path, timeout=HANG_GUARD_S)
+    assert done.returncode == 2 and "Slurm will not start job" in done.stderr and "--slurm-partition" in done.stderr
+    job_id = done.stderr.split("Slurm will not start job ")[1].split()[0]
+    queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=60)
+    assert queued.stdout.strip() in ("", "CANCELLED", "COMPLETING"), queued.stdout
