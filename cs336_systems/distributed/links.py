@@ -1,20 +1,9 @@
-"""Where the ranks run and the links between them: every rank's host, each ring link's latency and
-bandwidth measured before the units, and the ring all-reduce's time predicted from them.
-
-The probe (ranks on more than one host, or --probe-links): for each link of the ring in turn (rank r to
-r + 1, the path a ring all-reduce's data takes; each direction of a pair is a link of its own), its sender
-times PINGS round trips of a 4-byte message (one-way latency: half the fastest, as a busy machine only adds
-to it) and PROBE_REPEATS sends of PROBE_BYTES, each answered by 4 bytes (bandwidth: the bytes over the
-median time less one round trip), while the other ranks wait. A link is measured alone: a bottleneck that
-links share (a switch's uplink) is not seen.
-
-The model of a ring all-reduce of S bytes over n ranks (gloo's and NCCL's ring): 2(n - 1) steps, each
-moving S/n bytes over every link at once, so the slowest link sets the pace,
-
-    t = 2(n - 1) * latency + 2(n - 1)/n * S / bandwidth
-
-with the ring's largest latency and smallest bandwidth; k all-reduces of S bytes in all (DDP's buckets,
-naive's one per parameter) pay the latency k times.
+"""Where the ranks run and the links between them: every rank's host, each ring link (rank r to r + 1)
+probed before the units when the ranks span hosts (latency: half the fastest of PINGS round trips of 4
+bytes; bandwidth: PROBE_BYTES over the median of PROBE_REPEATS sends, less a round trip; one link at a
+time), and the ring all-reduce predicted from them: 2(n - 1) steps of S/n bytes over every link at once,
+t = 2(n - 1) x latency + 2(n - 1)/n x S / bandwidth with the ring's largest latency and smallest bandwidth
+(k all-reduces sharing S pay the latency k times). What it leaves out: docs/distributed.md.
 """
 
 from __future__ import annotations
