@@ -222,9 +222,9 @@ def _kill_group(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def record_from_row(row: dict) -> BenchmarkRecord:
+def record_from_row(row: dict, record_type: type = BenchmarkRecord):
     """The child's JSONL line back into a record, environment and raw samples included."""
-    names = {f.name for f in dataclasses.fields(BenchmarkRecord)} - {"environment"}
-    record = BenchmarkRecord(**{name: row[name] for name in names if name in row})
+    names = {f.name for f in dataclasses.fields(record_type)} - {"environment"}
+    record = record_type(**{name: row[name] for name in names if name in row})
     record.environment = Environment(**{name: row.get(name) for name in ENVIRONMENT_FIELDS})
     return record

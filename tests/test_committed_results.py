@@ -40,6 +40,7 @@ TODAY = {
 # `bash scripts/dev/gpu_session.sh core` (GPU) rewrite them on a quiet machine. Empty this as they land:
 # the test below fails for a file listed here that already has today's columns.
 AWAITING_REGENERATION = {
+    "allreduce_gloo_cpu.csv": "cpu_results.sh allreduce",  # rows gained where their ranks ran and the link model
     "attention_cpu.csv": "cpu_results.sh attention",
     "ddp_gloo_cpu.csv": "cpu_results.sh ddp",  # a rerun on 2026-11-24 was too noisy to replace it (single step CV 19%)
     "gpu_sweep_h100.csv": "gpu_session.sh core (needs a GPU)",

@@ -281,6 +281,7 @@ def test_allreduce_bench_under_torchrun(tmp_path):
         "--sizes",
         "1MB",
         *STEPS,
+        "--probe-links",
         "--output",
         str(csv),
     ]
@@ -288,6 +289,11 @@ def test_allreduce_bench_under_torchrun(tmp_path):
     assert process.returncode == 0, process.stderr[-2000:]
     [row] = read_results(csv).to_dict("records")
     assert (row["status"], row["launcher"], row["world_size"]) == ("ok", "torchrun", 2)
+    # the links probed first (one host: asked for), the size predicted from them by the ring model
+    assert (row["nodes"], row["tasks_per_node"], row["rank_hosts"]) == (1, 2, f"{row['hostname']},{row['hostname']}")
+    assert row["link_gbps"] > 0 and row["link_latency_ms"] > 0
+    predicted = 2 * row["link_latency_ms"] + 10**6 / (row["link_gbps"] * 1e9) * 1e3
+    assert row["predicted_ms"] == pytest.approx(predicted)
 
 
 @pytest.mark.parametrize(

@@ -16,17 +16,17 @@ from ..command import Command, add_argument_with_aliases
 from ..distributed import LaunchError
 from ..distributed.driver import launch_from_args, launch_parser, run_rows
 from ..results import ResultSink, check_output_path, check_output_paths
-from ..tools import prog
 from .plot import plot_bandwidth
 from .record import AllReduceRecord, describe, record_for
 from .worker import AllReduceUnit, allreduce_worker, parse_size
 
-PROG = prog("allreduce_bench")
 DEFAULT_SIZES = ("1MB", "10MB", "100MB", "1GB")
 
 
 def build_parser() -> ArgumentParser:
-    parser = launch_parser(PROG, "time torch.distributed.all_reduce by world size and size", default_timeout_s=300.0)
+    parser = launch_parser(
+        "allreduce_bench", "time torch.distributed.all_reduce by world size and size", default_timeout_s=300.0
+    )
     add_argument_with_aliases(
         parser,
         "--sizes",
@@ -60,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
         AllReduceUnit(size, size_bytes, args.warmup_steps, args.measure_steps, args.memory_limit)
         for size, size_bytes in args.sizes
     ]
-    records = run_rows(launch, allreduce_worker, lambda world_size, first: units, record_for, sink.write, describe)
+    records = run_rows(
+        launch, allreduce_worker, lambda world_size, first: units, record_for, sink.write, describe, AllReduceRecord
+    )
     if not records:  # a torchrun rank other than 0
         return 0
     rows = [record.to_row() for record in records]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..distributed import GroupResult, max_over_ranks, oversubscription_note
+from ..distributed.links import RankColumns, bus_factor
 from ..results import Environment, Record, Timing, fill_timing, identity_field, samples_field
 from ..results.records import MARKDOWN_TIMING
 from ..stats import per_second, summarize
@@ -13,9 +14,10 @@ from .worker import BYTES_PER_ELEMENT, DTYPE, AllReduceUnit
 
 
 @dataclass
-class AllReduceRecord(Timing, Record):
+class AllReduceRecord(RankColumns, Timing, Record):
     """One (world size, size) of the all-reduce benchmark; latency statistics over the measured
-    steps, each step's latency being the slowest rank's (status, error, notes: Record's)."""
+    steps, each step's latency being the slowest rank's (status, error, notes: Record's; where the
+    ranks ran and the links probed: RankColumns')."""
 
     tool: ClassVar[str] = "allreduce_bench"
 
@@ -32,6 +34,8 @@ class AllReduceRecord(Timing, Record):
     num_elements: int
     algbw_gbps: float | None = None  # on the median step, as every rate (stats.per_second)
     busbw_gbps: float | None = None
+    predicted_ms: float | None = None  # the ring model on the probed links (distributed/links.py)
+    predicted_busbw_gbps: float | None = None
     step_ms: list[float] = samples_field()  # per step, the slowest rank
     warmup_step_ms: list[float] = samples_field()
     rank_step_ms: list[list[float]] = samples_field()  # [rank][step]
@@ -46,14 +50,12 @@ class AllReduceRecord(Timing, Record):
         *MARKDOWN_TIMING,
         "algbw_gbps",
         "busbw_gbps",
+        "predicted_busbw_gbps",
+        "link_gbps",
+        "nodes",
         "threads_per_rank",
     )
     label_columns: ClassVar[tuple[str, ...]] = ("backend", "world_size", "size")
-
-
-def bus_factor(world_size: int) -> float:
-    """2 (n - 1) / n: the fraction of the data each rank sends (and receives) in a ring all-reduce."""
-    return 2 * (world_size - 1) / world_size
 
 
 def bandwidths_gbps(size_bytes: int, median_ms: float, world_size: int) -> tuple[float, float]:
@@ -94,6 +96,9 @@ def record_for(
             summary = summarize(record.step_ms)
             fill_timing(record, summary)
             record.algbw_gbps, record.busbw_gbps = bandwidths_gbps(record.size_bytes, summary.median, world_size)
+    if result.links is not None:
+        record.predicted_ms = result.links.ring_allreduce_ms(record.size_bytes, world_size)
+        record.predicted_busbw_gbps = bandwidths_gbps(record.size_bytes, record.predicted_ms, world_size)[1]
     record.notes = "; ".join(notes) or None
     return record
 
@@ -102,4 +107,8 @@ def describe(unit: AllReduceUnit, record: AllReduceRecord) -> str:
     """The progress line of one row."""
     if record.status != "ok":
         return f"n={record.world_size} {unit.size}: {record.status}: {record.error}"
-    return f"n={record.world_size} {unit.size}: median {record.median_ms:.3f} ms, busbw {record.busbw_gbps:.2f} GB/s"
+    predicted = f" (predicted {record.predicted_busbw_gbps:.3g})" if record.predicted_busbw_gbps else ""
+    return (
+        f"n={record.world_size} {unit.size}: median {record.median_ms:.3f} ms, "
+        f"busbw {record.busbw_gbps:.3g} GB/s{predicted}"
+    )

@@ -26,7 +26,6 @@ from ..optimizer import check_user_optimizer
 from ..precision import PRECISIONS, unsupported_reason
 from ..results import ResultSink, check_output_paths, read_results
 from ..size_tables import SizeTableChoice
-from ..tools import prog
 from .record import (
     DdpRecord,
     attach_baseline,
@@ -37,12 +36,10 @@ from .record import (
 from .strategies import ADAPTER_STRATEGIES, COMPUTE_DTYPES, STRATEGIES, missing_adapter
 from .trainer import DDP_DEFAULT_BUCKET_CAP_MB, OPTIMIZERS, DdpUnit, ddp_worker
 
-PROG = prog("ddp_bench")
-
 
 def build_parser() -> ArgumentParser:
     parser = launch_parser(
-        PROG, "our training step under data parallelism, and what it scales to", default_timeout_s=600.0
+        "ddp_bench", "our training step under data parallelism, and what it scales to", default_timeout_s=600.0
     )
     add_argument_with_aliases(
         parser,
@@ -247,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
         row,
         sink.write,
         describe,
+        DdpRecord,
     )
     if not records:  # a torchrun rank other than 0
         return 0

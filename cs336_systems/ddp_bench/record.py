@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from ..config import ModelShape
 from ..distributed import GroupResult, max_over_ranks, mean_over_ranks, oversubscription_note
+from ..distributed.links import RankColumns
 from ..results import Environment, Record, Timing, fill_timing, identity_field, samples_field, timing_columns
 from ..results.records import markdown_timing
 from ..stats import per_second, percent_of, summarize
@@ -36,7 +37,7 @@ ForwardTiming, BackwardTiming = timing_columns("forward_"), timing_columns("back
 
 
 @dataclass
-class DdpRecord(BackwardTiming, ForwardTiming, Timing, Record, ModelShape):
+class DdpRecord(RankColumns, BackwardTiming, ForwardTiming, Timing, Record, ModelShape):
     """One (world size, strategy, bucket size) of the DDP benchmark; step-time statistics, each
     step's time being the slowest rank's (model shape: ModelShape's; status, error, notes: Record's).
     Rates and shares are on the median step (stats.per_second, stats.percent_of)."""
@@ -70,6 +71,8 @@ class DdpRecord(BackwardTiming, ForwardTiming, Timing, Record, ModelShape):
     comm_ms: float | None = None  # the median of the steps' communication
     comm_pct: float | None = None
     comm_method: str | None = None
+    # the gradients' all-reduces on the probed links (distributed/links.py): all of it, hidden or not
+    predicted_comm_ms: float | None = None
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
     baseline_samples_per_s: float | None = None
@@ -103,6 +106,7 @@ class DdpRecord(BackwardTiming, ForwardTiming, Timing, Record, ModelShape):
     markdown_columns: ClassVar[tuple[str, ...]] = (
         "strategy",
         "world_size",
+        "nodes",
         "batch_size",
         "global_batch",
         "bucket_cap_mb",
@@ -110,6 +114,7 @@ class DdpRecord(BackwardTiming, ForwardTiming, Timing, Record, ModelShape):
         *markdown_timing()[:4],
         "no_sync_median_ms",
         "comm_ms",
+        "predicted_comm_ms",
         "comm_pct",
         "samples_per_s",
         "scaling_efficiency",
@@ -156,6 +161,8 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
     config = unit.config
     uses_buckets = unit.strategy in ("ddp", "zero1", "adapter-ddp-bucketed")
     world_size = 1 if unit.strategy == "single" else base["world_size"]
+    if world_size == 1 and base.get("rank_hosts"):  # the baseline ran on rank 0 alone
+        base = {**base, "nodes": 1, "tasks_per_node": 1, "rank_hosts": base["rank_hosts"].split(",")[0]}
     global_batch = config.batch_size * world_size
     lr_linear, lr_sqrt = scaled_learning_rates(base["base_lr"], base["base_batch_size"], global_batch)
     record = DdpRecord(
@@ -237,6 +244,10 @@ def record_for(unit: DdpUnit, result: GroupResult, base: dict, environment: Envi
         if record.comm_step_ms:
             record.comm_ms = summarize(record.comm_step_ms).median
             record.comm_pct = percent_of(record.comm_ms, summary.median)
+        if result.links is not None and first.get("allreduces"):
+            record.predicted_comm_ms = result.links.ring_allreduce_ms(
+                first["grad_bytes"], world_size, first["allreduces"]
+            )
     return record
 
 

@@ -143,6 +143,11 @@ class Strategy:
     def full_parameters(self, model: nn.Module, module: nn.Module) -> dict[str, torch.Tensor]:
         return {name: full_tensor(p.detach()) for name, p in module.named_parameters()}
 
+    def allreduces(self, model: nn.Module) -> int | None:
+        """How many all-reduces share the gradients' bytes each step (the latency the links model pays),
+        after a step; None where the strategy's communication is no such all-reduce (or unknown: a student's)."""
+        return None
+
 
 class Naive(Strategy):
     name, timed_comm, skip_sync = "naive", True, True
@@ -154,12 +159,18 @@ class Naive(Strategy):
     def after_backward(self, model, optimizer):
         all_reduce_each(model)
 
+    def allreduces(self, model):
+        return sum(1 for parameter in model.parameters() if parameter.grad is not None)
+
 
 class Flat(Naive):
     name = "flat"
 
     def after_backward(self, model, optimizer):
         all_reduce_flat(model)
+
+    def allreduces(self, model):
+        return 1
 
 
 class Ddp(Strategy):
@@ -178,6 +189,10 @@ class Ddp(Strategy):
     def unsynced(self, model):
         with model.no_sync():
             yield
+
+    def allreduces(self, model):  # its buckets (as DDP's own logging counts them)
+        sizes = str(getattr(model, "_get_ddp_logging_data", dict)().get("bucket_sizes") or "")
+        return len(sizes.split(",")) if sizes else None
 
 
 class Zero1(Ddp):

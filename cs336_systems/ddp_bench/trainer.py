@@ -337,5 +337,6 @@ def ddp_worker(ctx: RankContext, unit: DdpUnit) -> dict | None:
         **memory,
         "param_bytes": held.param_bytes,
         "grad_bytes": held.grad_bytes,
+        "allreduces": trainer.strategy.allreduces(trainer.model),
         "optimizer_state_bytes": held.optimizer_state_bytes,
     }

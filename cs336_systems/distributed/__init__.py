@@ -4,6 +4,8 @@
   spawn.py     run_spawned: one process per rank started here, messages through pipes
   torchrun.py  run_under_torchrun: the ranks torchrun started
   ranks.py     per-step timings from every rank (slowest rank, barrier before each step)
+  links.py     every rank's host, the ring's links probed, the ring all-reduce predicted from them
+  slurm_job.py --executor slurm: the run as one Slurm job whose tasks are the ranks (several nodes)
   driver.py    the shared flags, world sizes, rank-0 sink and row loop of allreduce_bench and ddp_bench
 
 A benchmark is a worker function `worker(ctx, unit) -> message` and a list of units (one
@@ -30,7 +32,8 @@ cores: gloo's communication thread then shares the one core with the compute thr
 our 2-core machine a 4-byte all-reduce's p90 went from 0.14 ms (unpinned) to 3.9 ms (pinned).
 
 Test-only: CS336_SYSTEMS_INJECT_FAILURE="RANK:MODE" makes that rank fail at the start of
-every unit, MODE being `raise` (an exception), `exit` (dies without a word) or `hang`.
+every unit, MODE being `raise` (an exception), `exit` (dies without a word) or `hang`; `join`
+(torchrun's variables) makes it hang before it joins the group.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ record; a failed group is a row with status error / oom / timeout, never a raise
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,9 @@ from ..argtypes import ArgumentParser, add_device_argument, add_output_argument,
 from ..command import add_argument_with_aliases
 from ..contention import LoadMeter, with_load
 from ..loading import hung_imports_shared
+from ..placement import EXECUTOR_ENV
 from ..results import Environment, collect_environment
+from ..tools import prog
 from ..usercode import DefaultLimit, timeout_seconds
 from .group import (
     BACKENDS,
@@ -31,8 +34,10 @@ from .group import (
     check_launch,
     default_threads_per_rank,
     device_for,
+    maybe_inject_failure,
     parse_rank_device,
 )
+from .slurm_job import MultiNodeJob, add_job_arguments, check_single_node, multinode_job, run_job
 from .spawn import run_spawned
 from .torchrun import (
     check_torchrun_environment,
@@ -46,10 +51,11 @@ from .torchrun import (
 )
 
 
-def launch_parser(prog: str, description: str, *, default_timeout_s: float) -> ArgumentParser:
+def launch_parser(tool: str, description: str, *, default_timeout_s: float) -> ArgumentParser:
     """A distributed tool's parser, opening with the flags every one of them shares, spelled as every
     other tool spells them."""
-    parser = ArgumentParser(prog=prog, description=description)
+    parser = ArgumentParser(prog=prog(tool), description=description)
+    parser.set_defaults(launch_tool=tool)  # the job's command line is this tool's (slurm_job.py)
     parser.add_argument(
         "--backend", choices=BACKENDS, default="gloo", help="gloo (CPU, or CUDA tensors) or nccl (CUDA)"
     )
@@ -83,7 +89,14 @@ def launch_parser(prog: str, description: str, *, default_timeout_s: float) -> A
         metavar="SECONDS",
         help=f"for starting the ranks and joining the group ({DEFAULT_INIT_TIMEOUT_S:g})",
     )
+    parser.add_argument(
+        "--probe-links",
+        action="store_true",
+        help="on one host too: probe each link between ranks first and predict every all-reduce from the links "
+        "(ranks on several hosts: always)",
+    )
     add_output_argument(parser, help=".csv, .md or .jsonl; repeatable")
+    add_job_arguments(parser)
     return parser
 
 
@@ -98,6 +111,8 @@ class Launch:
     torchrun: bool
     timeout_s: float
     init_timeout_s: float
+    probe_links: bool = False
+    job: MultiNodeJob | None = None  # --executor slurm: the run is this Slurm job, its tasks the ranks
 
     @property
     def rank0(self) -> bool:
@@ -106,6 +121,8 @@ class Launch:
 
     @property
     def first_device(self) -> torch.device:
+        if self.job:  # the nodes' device, not this machine's
+            return torch.device(parse_rank_device(self.device, self.backend)[0])
         return device_for(self.backend, 0, self.device)
 
     def spec(self, world_size: int) -> LaunchSpec:
@@ -116,6 +133,7 @@ class Launch:
             init_timeout_s=self.init_timeout_s,
             collective_timeout_s=self.timeout_s + self.init_timeout_s,
             device=self.device,
+            probe_links=self.probe_links,
         )
 
     def base_fields(self, world_size: int) -> dict[str, Any]:
@@ -124,7 +142,7 @@ class Launch:
             backend=self.backend,
             device=self.first_device.type,
             world_size=world_size,
-            launcher="torchrun" if self.torchrun else "spawn",
+            launcher="spawn" if not self.torchrun else "slurm" if os.environ.get(EXECUTOR_ENV) else "torchrun",
             threads_per_rank=self.threads_per_rank,
         )
 
@@ -158,6 +176,11 @@ def resolve_world_sizes(asked: list[int] | None, backend: str, device: str, torc
 
 def launch_from_args(args: argparse.Namespace, *, unique_sorted: bool = False) -> Launch:
     """The Launch of the shared flags; LaunchError (a user error) when this machine cannot run it."""
+    timeouts = (args.timeout, args.init_timeout, args.probe_links)
+    if args.executor == "slurm":  # the ranks are one Slurm job's tasks: nothing of this machine's is asked
+        job = multinode_job(args)
+        return Launch(args.backend, args.device, (job.world_size,), args.threads_per_rank or 1, False, *timeouts, job)
+    check_single_node(args)
     torchrun = under_torchrun()
     if torchrun:
         check_torchrun_environment()
@@ -170,8 +193,9 @@ def launch_from_args(args: argparse.Namespace, *, unique_sorted: bool = False) -
         torchrun_threads_per_rank() if torchrun else default_threads_per_rank(max(world_sizes))
     )
     if torchrun:  # last: every other refusal comes before we wait for peers
+        maybe_inject_failure(torchrun_rank(), joining=True)
         join_rendezvous(args.init_timeout, args.timeout + args.init_timeout)
-    return Launch(args.backend, args.device, tuple(world_sizes), threads, torchrun, args.timeout, args.init_timeout)
+    return Launch(args.backend, args.device, tuple(world_sizes), threads, torchrun, *timeouts)
 
 
 def _unit_load(launch: Launch) -> LoadMeter:
@@ -190,10 +214,14 @@ def run_rows(
     record_for: Callable[[Any, GroupResult, dict, Environment | None], Any],
     write: Callable[[Any], None],
     describe: Callable[[Any, Any], str],
+    record_type: type,
 ) -> list:
     """Every world size in turn: its units (`units_for(world_size, first)`) run on a fresh group,
     each unit's GroupResult becomes a record, written and announced on stderr as it comes. A rank
-    of torchrun other than 0 returns no records."""
+    of torchrun other than 0 returns no records; --executor slurm runs them all as one job."""
+    if launch.job:
+        units, base = units_for(launch.job.world_size, True), launch.base_fields(launch.job.world_size)
+        return run_job(launch.job, units, record_type, record_for, base, write, describe)
     fallback = None if launch.torchrun else collect_environment(launch.first_device)
     records = []
     with hung_imports_shared():  # a user import that hung in one unit's ranks is not waited for again
@@ -202,7 +230,7 @@ def run_rows(
             meter = _unit_load(launch)  # from one unit's row to the next: the ranks are this process's own
             for unit, result in launch.run(worker, units, world_size):
                 meter.__exit__(None, None, None)
-                record = record_for(unit, result, launch.base_fields(world_size), fallback)
+                record = record_for(unit, result, {**launch.base_fields(world_size), **result.columns}, fallback)
                 if not launch.torchrun:
                     record.environment = with_load(record.environment, meter.load)
                 meter = _unit_load(launch)

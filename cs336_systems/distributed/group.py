@@ -23,6 +23,7 @@ BACKENDS = ("gloo", "nccl")
 INJECT_FAILURE_ENV = "CS336_SYSTEMS_INJECT_FAILURE"
 DEFAULT_INIT_TIMEOUT_S = 120.0  # spawning N ranks that each import torch, then the rendezvous
 _SOURCE_LOCATION = re.compile(r"^\[[^\]]+\.(?:cc|cpp|h):\d+\] ")  # gloo's "[/path/pair.cc:537] " prefix
+_GLOO_HINT = re.compile(r" This is typically caused by .*$")  # gloo's advice after a lost peer, and an emoji
 
 
 class LaunchError(UsageError):
@@ -55,6 +56,7 @@ class LaunchSpec:
     init_timeout_s: float = DEFAULT_INIT_TIMEOUT_S
     collective_timeout_s: float = 600.0  # torch.distributed's own timeout: a backstop behind ours
     device: str = "auto"  # auto (the backend's own), cpu, cuda or cuda:N (rank r on cuda:N+r)
+    probe_links: bool = False  # probe the ring's links on one host too (links.py; across hosts always)
 
 
 @dataclass
@@ -65,6 +67,8 @@ class GroupResult:
     messages: list[Any] = field(default_factory=list)
     error: str | None = None
     environment: Environment | None = None  # rank 0's
+    columns: dict = field(default_factory=dict)  # where the ranks ran, the links probed (links.rank_columns)
+    links: Any = None  # links.Links when probed
 
 
 Worker = Callable[[RankContext, Any], Any]
@@ -212,14 +216,14 @@ def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.div_(dist.get_world_size())
 
 
-def maybe_inject_failure(rank: int) -> None:
-    """Test-only: fail this rank as CS336_SYSTEMS_INJECT_FAILURE says."""
+def maybe_inject_failure(rank: int, joining: bool = False) -> None:
+    """Test-only: fail this rank as CS336_SYSTEMS_INJECT_FAILURE says (`join`: hang before joining the group)."""
     target, _, mode = os.environ.get(INJECT_FAILURE_ENV, "").partition(":")
-    if not target or int(target) != rank:
+    if not target or int(target) != rank or (mode == "join") != joining:
         return
     if mode == "exit":
         os._exit(3)
-    if mode == "hang":
+    if mode in ("hang", "join"):
         while True:
             time.sleep(60)
     raise RuntimeError(f"injected failure on rank {rank} ({INJECT_FAILURE_ENV})")
@@ -227,4 +231,4 @@ def maybe_inject_failure(rank: int) -> None:
 
 def _describe_failure(exc: BaseException) -> tuple[str, str]:
     status = "oom" if is_out_of_memory(exc) else "timeout" if isinstance(exc, UserCodeTimeout) else "error"
-    return status, f"{type(exc).__name__}: {_SOURCE_LOCATION.sub('', first_line(exc))}"
+    return status, f"{type(exc).__name__}: {_GLOO_HINT.sub('', _SOURCE_LOCATION.sub('', first_line(exc)))}"

@@ -29,6 +29,7 @@ from .group import (
     loopback_interface,
     maybe_inject_failure,
 )
+from .links import hosts_and_links, rank_columns
 
 EXIT_GRACE_S = 10.0  # how long finished ranks get to leave the group before they are killed
 FAILURE_GRACE_S = 2.0  # after one rank fails, how long the others get to say how they failed
@@ -52,7 +53,8 @@ def _rank_main(
         store = local_store(int(os.environ["MASTER_PORT"]), spec.world_size, rank, spec.init_timeout_s)
         ctx = init_group(spec, rank, local_rank=rank, launcher="spawn", store=store)
         store.set_timeout(dt.timedelta(seconds=spec.collective_timeout_s))
-        conn.send(("ready", collect_environment(ctx.device) if rank == 0 else None))
+        placed = hosts_and_links(ctx.device, spec.probe_links)
+        conn.send(("ready", (collect_environment(ctx.device), *placed) if rank == 0 else None))
         for unit in units:
             maybe_inject_failure(rank)
             conn.send(("ok", worker(ctx, unit)))
@@ -84,6 +86,7 @@ class SpawnedGroup:
     def __init__(self, spec: LaunchSpec, worker: Worker, units: Sequence[Any]):
         self.spec = spec
         self.environment: Environment | None = None
+        self.placed: dict = {}  # GroupResult's columns and links, once the ranks are ready
         context = mp.get_context("spawn")
         port = find_free_port()
         variables = {
@@ -153,7 +156,7 @@ class SpawnedGroup:
         if waiting:
             ranks = ", ".join(str(r) for r in sorted(waiting))
             return GroupResult("timeout", error=f"no result from rank(s) {ranks} within {timeout_s:g} s ({what})")
-        return GroupResult("ok", messages=messages, environment=self.environment)
+        return GroupResult("ok", messages=messages, environment=self.environment, **self.placed)
 
     def _poll(self, rank: int, kind: str) -> tuple[bool, Any] | None:
         """(True, message) or (False, (when, status, failure)) from `rank`; None while it is busy."""
@@ -178,7 +181,8 @@ class SpawnedGroup:
     def wait_ready(self) -> GroupResult:
         result = self._next("ready", self.spec.init_timeout_s, "starting the ranks and init_process_group")
         if result.status == "ok":
-            self.environment = result.messages[0]
+            self.environment, peers, links = result.messages[0]
+            self.placed = dict(columns=rank_columns(peers, links), links=links)
             result.environment = self.environment
         return result
 

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..argtypes import MAX_PORT
+from ..placement import EXECUTOR_ENV
 from ..results import collect_environment
 from .group import (
     GroupResult,
@@ -25,11 +26,13 @@ from .group import (
     leave_group,
     maybe_inject_failure,
 )
+from .links import hosts_and_links, name_peers, rank_columns
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 STALE_HINT = "left over from another launch? unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT"
+SLURM_HINT = "a rank of the Slurm job did not start, or cannot reach the first node (its link, a firewall)"
 
 
 def under_torchrun() -> bool:
@@ -95,7 +98,7 @@ def join_rendezvous(init_timeout_s: float, collective_timeout_s: float) -> None:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise LaunchError(
             f"no rendezvous with the other {torchrun_world_size() - 1} rank(s) at {address} within --init-timeout "
-            f"{init_timeout_s:g} s ({first}); {STALE_HINT}"
+            f"{init_timeout_s:g} s ({first}); {SLURM_HINT if os.environ.get(EXECUTOR_ENV) else STALE_HINT}"
         ) from None
     store.set_timeout(dt.timedelta(seconds=collective_timeout_s))
     _store[:] = [store]
@@ -130,8 +133,13 @@ def run_under_torchrun(worker: Worker, units: Sequence[Any], spec: LaunchSpec) -
     torch.set_num_threads(spec.threads_per_rank)
     ctx = init_group(spec, rank, local_rank, launcher="torchrun", store=_store.pop() if _store else None)
     environment = collect_environment(ctx.device) if rank == 0 else None
+    placed: dict = {}
+    peers: list = []
     for unit in units:
         try:
+            if not placed:  # in the first unit's try: a peer lost while probing fails it
+                peers, links = hosts_and_links(ctx.device, spec.probe_links)
+                placed = dict(columns=rank_columns(peers, links), links=links)
             maybe_inject_failure(rank)
             message = worker(ctx, unit)
             messages: list[Any] = [None] * ctx.world_size
@@ -140,8 +148,9 @@ def run_under_torchrun(worker: Worker, units: Sequence[Any], spec: LaunchSpec) -
             if rank != 0:
                 raise  # torchrun sees this rank fail and stops the others
             status, error = _describe_failure(exc)
-            yield unit, GroupResult(status, error=f"rank 0: {error}", environment=environment)
+            error = f"rank 0: {name_peers(error, peers, spec.collective_timeout_s)}"
+            yield unit, GroupResult(status, error=error, environment=environment, **placed)
             return
         if rank == 0:
-            yield unit, GroupResult("ok", messages=messages, environment=environment)
+            yield unit, GroupResult("ok", messages=messages, environment=environment, **placed)
     leave_group(ctx)

@@ -36,6 +36,8 @@ class SlurmRequest:
     setup: tuple[str, ...] = ()
     array_parallelism: int | None = None
     nodelist: str | None = None  # every job on this node (the handout's --slurm-same-node)
+    nodes: int = 1  # a distributed tool's one job: its tasks are the ranks (distributed/slurm_job.py)
+    tasks_per_node: int = 1
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ def add_executor_arguments(
     kinds: tuple[str, ...] = EXECUTORS,
     job_dir_default: str = "OUTPUT.jobs beside the first .csv/.jsonl --output",
     dry_run: bool = True,
+    executor_help: str | None = None,
 ) -> None:
     """The executor's flags; `dry_run` False for a tool whose own --dry-run shows its jobs too (the handout)."""
     group = parser.add_argument_group("executor (where the configurations run: docs/cluster.md)")
@@ -92,7 +95,8 @@ def add_executor_arguments(
         "--executor",
         choices=kinds,
         default="inline",
-        help="inline: here, one after another (default); local: each configuration a process on this machine, "
+        help=executor_help
+        or "inline: here, one after another (default); local: each configuration a process on this machine, "
         "--workers at once, one GPU each; slurm: each configuration a Slurm job (one job array, through submitit)",
     )
     group.add_argument(
@@ -129,6 +133,7 @@ def add_executor_arguments(
     )
     slurm.add_argument(
         "--slurm-gpus-per-job",
+        "--slurm-gpus-per-node",
         type=non_negative_int,
         metavar="N",
         help="GPUs on one node per job (default: 1, or 0 with --device cpu)",

@@ -69,7 +69,7 @@ class SlurmRunner:
         asked = [
             f"partition {r.partition}" if r.partition else "the default partition",
             f"{r.time_min} min",
-            f"{r.gpus_per_job} GPU(s)",
+            f"{r.gpus_per_job} GPU(s)" + (f" on each of {r.nodes} nodes" if r.nodes > 1 else ""),
             *([f"{r.cpus_per_task} CPU(s)"] if r.cpus_per_task else []),
             *([f"mem {r.mem}"] if r.mem else []),
             *([f"node {r.nodelist}"] if r.nodelist else []),
@@ -89,6 +89,8 @@ class SlurmRunner:
             "constraint": r.constraint,
             "array_parallelism": r.array_parallelism,
             "nodelist": r.nodelist,
+            "nodes": r.nodes if r.nodes > 1 else None,
+            "ntasks_per_node": r.tasks_per_node if r.tasks_per_node > 1 else None,
         }
         params.update({k: v for k, v in optional.items() if v is not None})
         if r.setup:

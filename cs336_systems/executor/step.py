@@ -43,10 +43,17 @@ def run_step(
     """Run `command` with its output in DIRECTORY/step.log, between the two markers; its exit status (or
     128 + the signal that ended it). SIGTERM (scancel, a local worker stopped) is passed on to it."""
     directory.mkdir(parents=True, exist_ok=True)
-    variables = {**os.environ, **(env or {})}
-    cores = variables.get("SLURM_CPUS_PER_TASK") or variables.get("SLURM_CPUS_ON_NODE")
+    ranks = rank_variables()
+    variables = {**os.environ, **(env or {}), **ranks}
+    per_node = int(ranks.get("LOCAL_WORLD_SIZE", 1))
+    cores = variables.get("SLURM_CPUS_PER_TASK") or int(variables.get("SLURM_CPUS_ON_NODE") or 0) // per_node
     if cores and not variables.get("OMP_NUM_THREADS"):
-        variables["OMP_NUM_THREADS"] = cores  # torch's threads: the cores Slurm gave the job, not the node's
+        variables["OMP_NUM_THREADS"] = str(cores)  # torch's threads: the cores Slurm gave the task, not the node's
+    if ranks.get("RANK", "0") != "0":  # another rank of a job of several tasks: its own log, no markers
+        with open(directory / f"rank{ranks['RANK']}.{STEP_LOG}", "ab") as log:
+            return subprocess.run(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=variables
+            ).returncode
     where = placement("cuda" if visible_gpus(variables) else None, 0, variables)
     write_marker(
         directory / STARTED,
@@ -107,6 +114,20 @@ def run_step(
         },
     )
     return code
+
+
+def rank_variables() -> dict[str, str]:
+    """In a Slurm job of several tasks (a distributed tool's): torchrun's variables for this task, from Slurm's
+    (submitit's TorchDistributedEnvironment: MASTER_ADDR the first node of SLURM_JOB_NODELIST, MASTER_PORT
+    drawn from the job id, RANK = SLURM_PROCID); none in a job of one task."""
+    if int(os.environ.get("SLURM_NTASKS") or 1) < 2 or "SLURM_PROCID" not in os.environ:
+        return {}
+    from submitit.helpers import TorchDistributedEnvironment
+
+    os.environ.setdefault("SUBMITIT_EXECUTOR", "slurm")  # the job environment it reads
+    ranks = TorchDistributedEnvironment()
+    names = ("master_addr", "master_port", "rank", "world_size", "local_rank", "local_world_size")
+    return {name.upper(): str(getattr(ranks, name)) for name in names}
 
 
 def _kill_group(process: subprocess.Popen) -> None:

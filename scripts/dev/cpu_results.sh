@@ -16,7 +16,7 @@ py=${PYTHON:-python}
 r=results
 c=results/checks
 all_stages=(stability timing model memory probe_overhead bad_inputs sweep cap find_max warmup allreduce ddp
-  ddp_strategies input monitor probe attention flash precision writeup h100)
+  ddp_strategies multinode input monitor probe attention flash precision writeup h100)
 # writeup_report (not in the list above): the write-up made again from writeup/2026's own plan and rows,
 # nothing measured, after a change to report/
 if [ "${1:-}" = "--list" ]; then
@@ -28,6 +28,14 @@ if ! git diff --quiet HEAD -- . ":(exclude)results" ":(exclude)writeup" 2>/dev/n
 fi
 
 failed=()
+# `with_load COMMAND...`: the command, with the machine's load before and after it in results/multinode_gloo_cpu.txt
+with_load() {
+  { echo "\$ $*"; echo "before: $(uptime)"; } >>$r/multinode_gloo_cpu.txt
+  local status=0
+  "$@" || status=$?
+  echo "after:  $(uptime) (exit $status)" >>$r/multinode_gloo_cpu.txt
+  return $status
+}
 # A stage that fails (a script whose target was missed exits 1) is reported and the next runs.
 stage() {
   local name=$1
@@ -88,6 +96,23 @@ run_stage() {
         --batch-size 4 --output $r/ddp_gloo_cpu.csv --output $r/ddp_gloo_cpu.jsonl --output $r/ddp_gloo_cpu.md
       stage concurrent_matmul bash -o pipefail -c \
         "$py scripts/checks/concurrent_matmul.py --processes 2 --trials 3 | tee $c/concurrent_matmul_cpu.txt"
+      ;;
+    multinode)
+      # one Slurm job over 2 emulated hosts (scripts/dev/slurm_cluster.sh, as root), their links limited to
+      # 200 Mbit/s then 1 Gbit/s; the emulated nodes are removed after (the one-node cluster stays)
+      rm -f $r/multinode_*.csv $r/multinode_*.jsonl $r/multinode_*.md $r/multinode_gloo_cpu.txt
+      local job=(--backend gloo --executor slurm --slurm-nodes 2 --slurm-partition multi --job-dir /tmp/cs336-multinode.jobs)
+      for rate in 200mbit 1gbit; do
+        bash scripts/dev/slurm_cluster.sh start --nodes 2 --link-rate $rate
+        echo "# links at $rate: bash scripts/dev/slurm_cluster.sh start --nodes 2 --link-rate $rate" >>$r/multinode_gloo_cpu.txt
+        local a=$r/multinode_allreduce_$rate d=$r/multinode_ddp_$rate
+        stage multinode_allreduce_$rate with_load $py -m cs336_systems.allreduce_bench "${job[@]}" \
+          --sizes 1MB 16MB 64MB 256MB --warmup-steps 2 --measure-steps 10 --output $a.csv --output $a.jsonl --output $a.md
+        stage multinode_ddp_$rate with_load $py -m cs336_systems.ddp_bench "${job[@]}" --strategies ddp naive flat \
+          --d-model 256 --d-ff 1024 --num-layers 4 --num-heads 4 --context-length 128 --batch-size 4 \
+          --warmup-steps 2 --measure-steps 5 --output $d.csv --output $d.jsonl --output $d.md
+      done
+      bash scripts/dev/slurm_cluster.sh remove-nodes
       ;;
     ddp_strategies)
       rm -f $r/ddp_strategies_cpu.csv $r/ddp_strategies_cpu.jsonl $r/ddp_strategies_cpu.md
