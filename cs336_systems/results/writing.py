@@ -100,8 +100,7 @@ def repair_cut_line(path: Path) -> str | None:
         start = data.rfind(b"\n") + 1
         first, last = data.split(b"\n", 1)[0].decode(errors="replace"), data[start:].decode(errors="replace")
         line = data.count(b"\n") + 1
-        whole = validate.complete_jsonl_line if path.suffix == ".jsonl" else validate.complete_csv_line
-        if start > 0 and whole(first, last) or path.suffix == ".jsonl" and start == 0 and whole(last, last):
+        if validate.whole_last_line(path.suffix, first, last):
             handle.write(b"\n")
             return f"{path}:{line}: the last row lacked its newline; kept it and added the newline"
         handle.truncate(start)
