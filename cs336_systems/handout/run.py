@@ -32,7 +32,7 @@ import pandas as pd
 from .. import jsontext
 from ..lifetime import child_preexec
 from ..progress import postfix, progress_bar
-from ..results import open_to_write, write_whole
+from ..results import ResultFileError, open_to_write, write_whole
 from ..results.origin import named
 from ..results.writing import MADE, file_sha256, made_sums, record_made
 from ..units import format_bytes
@@ -194,17 +194,28 @@ def outcome_of(exit_status: int) -> str:
 
 
 def prepare(step: Step, output_dir: Path) -> list[str]:
-    """The command to run now: a sweep continues its own outputs; any other tool starts from none."""
+    """The command to run now: a sweep continues its own outputs (measured as this plan measures them: a plan
+    changed since, another --budget say, starts them again); any other tool starts from none."""
     marker = marker_path(output_dir, step)
     marker.unlink(missing_ok=True)
     command = step.command(output_dir)
-    if step.resumable:
+    if step.resumable and not _measured_otherwise(step, output_dir):
         return [*command, "--resume"]
     ours = written(output_dir)
     for name in step.outputs():
         if name in ours:  # never a file handout did not write (outputs.check_output_dir refused those)
             (output_dir / name).unlink(missing_ok=True)
     return command
+
+
+def _measured_otherwise(step: Step, output_dir: Path) -> bool:
+    """Whether a sweep's outputs hold rows measured with other settings than the step's (the sweep refuses them)."""
+    from ..sweep import existing_rows, other_protocol
+    from .plan import benchmark_configs
+
+    with contextlib.suppress(ResultFileError):  # a damaged file: the tool names it
+        return bool(other_protocol(benchmark_configs(step), existing_rows(output_dir / n for n in step.outputs())))
+    return False
 
 
 def log_name(step: Step) -> str:
