@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 
 from tabulate import tabulate
 
@@ -20,6 +21,7 @@ from .argtypes import ArgumentParser, positive_float
 from .command import Command
 from .report.fields import model_label
 from .results import BenchmarkRecord, ResultFileError, read_results, validate
+from .results.readers import CUT
 from .results.records import NONFINITE_LOSS_NOTE
 from .tools import prog
 
@@ -33,6 +35,8 @@ ENVIRONMENT_SHOWN = ("device_name", "torch_version", "cuda_version", "num_thread
 def _rows(path: str) -> dict[tuple, dict]:
     validate.check_not_rendering(path)
     frame = read_results(path)  # a file that is not a readable result file: ResultFileError naming it
+    if frame.attrs.get(CUT):
+        print(f"{PROG}: {frame.attrs[CUT]}", file=sys.stderr)
     missing = [
         name for name in (*BenchmarkRecord.identity_fields(), "status", "median_ms") if name not in frame.columns
     ]

@@ -12,9 +12,10 @@
     unknown     `--peak table` on a device the table does not know
 
 The kept peaks are one JSON file, $CS336_BENCH_CACHE/peak_tflops.json (default
-~/.cache/cs336-bench/), a key per host, device, precision, CPU threads and torch version. The file is
-a convenience: one that cannot be read is "not cached" (calibrate again), one that cannot be written
-is a note on the row; writers take turns (flock) and each writes its own temporary file.
+$XDG_CACHE_HOME/cs336-bench/, else ~/.cache/cs336-bench/), a key per host, device, precision, CPU
+threads and torch version. The file is a convenience: one that cannot be read is "not cached"
+(calibrate again), one that cannot be written is a note on the row; writers take turns (flock) and
+each writes its own temporary file.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from .contention import BUSY_CORES, OWN_SHARE_FLOOR, LoadMeter
 from .results import write_whole
 from .results.errors import ResultWriteError
 
-PEAK_CACHE_ENV = "CS336_BENCH_CACHE"  # the directory of the calibrated peaks; default ~/.cache/cs336-bench
+PEAK_CACHE_ENV = "CS336_BENCH_CACHE"  # the directory of the calibrated peaks; default $XDG_CACHE_HOME/cs336-bench
 # A calibration is kept only when other processes (and a hypervisor's steal) kept at most this many cores
 # busy while the probe ran, as a row's load is judged (not the load average: it counts this run's own steps)
 QUIET_CORES = BUSY_CORES
@@ -99,15 +100,19 @@ def probe(device: torch.device, precision: str, threads: int | None) -> dict:
     return dict(tflops=value, other_processes_cores=others, own_cpu_share=share, cores=meter.load.cores)
 
 
+def xdg_cache_home() -> str:
+    return xdg if os.path.isabs(xdg := os.environ.get("XDG_CACHE_HOME", "")) else str(Path.home() / ".cache")
+
+
 @dataclass
 class PeakCache:
     """This machine's calibrated peaks, one JSON file: a key per (host, device, precision, threads,
     torch version), each holding the TFLOP/s, when it was measured, the load average and how many cores
     other processes kept busy while it ran."""
 
-    path: Path = field(
+    path: Path = field(  # $XDG_CACHE_HOME only when absolute, as its spec says
         default_factory=lambda: (
-            Path(os.environ.get(PEAK_CACHE_ENV) or Path.home() / ".cache" / "cs336-bench") / "peak_tflops.json"
+            Path(os.environ.get(PEAK_CACHE_ENV) or Path(xdg_cache_home()) / "cs336-bench") / "peak_tflops.json"
         )
     )
 

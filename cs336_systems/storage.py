@@ -118,14 +118,19 @@ class HttpStore:
             return response.read()
 
 
+ITEMS_MARK = ".cs336-bench-items"  # in a --data-dir: its item files are loader_bench's to write again
+
+
 def check_data_dir(root: str | Path, num_items: int) -> None:
-    """--data-dir before any work: a directory (or none yet), and no item file there a link or not a file
-    (the items are written there, never through a link). StorageError (one line) otherwise."""
+    """--data-dir before any work: a directory (or none yet), and no item file there a link, not a file, or
+    one that loader_bench did not write (the items are written there, over no file of the user's, never through
+    a link). StorageError (one line) otherwise."""
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise StorageError(f"--data-dir {root}: not a directory")
     if not root.is_dir():
         return
+    ours = (root / ITEMS_MARK).is_file()
     for index in range(num_items):
         path = item_path(root, index)
         with contextlib.suppress(FileNotFoundError):
@@ -133,6 +138,8 @@ def check_data_dir(root: str | Path, num_items: int) -> None:
             if not stat.S_ISREG(mode):
                 what = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
                 raise StorageError(f"--data-dir {root}: {path.name} is {what}; item files are written only as files")
+            if not ours:
+                raise StorageError(f"--data-dir {root}: {path.name} is there and loader_bench did not write it")
 
 
 def write_items(root: str | Path, num_items: int, item_bytes: int, seed: int = 0) -> None:
@@ -141,6 +148,7 @@ def write_items(root: str | Path, num_items: int, item_bytes: int, seed: int = 0
     root = Path(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(root / ITEMS_MARK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644))
         for index in range(num_items):
             fd = os.open(item_path(root, index), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
             with os.fdopen(fd, "wb") as handle:

@@ -24,12 +24,13 @@ from tqdm import tqdm
 from . import benchmark_flags
 from .argtypes import EXIT_FAILED, EXIT_INTERRUPTED, ArgumentParser, add_all_columns_argument, exit_status, positive_int
 from .child import add_child_arguments, check_user_model_in_child, child_limits_from_args
-from .config import COMPILE_CHOICES, COMPILE_SCOPES, PASS_TYPES, BenchmarkConfig
+from .config import COMPILE_CHOICES, COMPILE_SCOPES, IDENTITY_FIELDS, MODEL_SHAPE_FIELDS, PASS_TYPES, BenchmarkConfig
 from .contention import describe_rows
 from .device import resolve_device
 from .executor import add_executor_arguments, settings_from_args
 from .executor.evidence import SLURM_TIME_LIMIT
 from .flagfile import add_config_file_argument
+from .identity import identity_value
 from .lifetime import OurInterrupt
 from .models import ATTENTION_KINDS
 from .monitor import add_monitor_arguments, check_monitor_arguments, monitored
@@ -179,9 +180,45 @@ def pending_configs(
             raise ResultFileError(
                 f"{path} already has {len(rows)} rows: pass --resume to continue it, or use a new file"
             )
+        if differ := other_protocol(configs, rows):
+            raise ResultFileError(
+                f"--resume {path}: its rows were measured with {', '.join(differ)}: resume with those settings, "
+                "or write to a new file"
+            )
     keys = [final_keys(rows) for rows in held.values()]
     done = set.intersection(*keys) if keys else set()
     return [config for config in configs if config.key() not in done]
+
+
+# A resumed grid may grow (another size, context, pass...); every other identity column says how a row was
+# measured and must be this run's: the model's shape compared within its size, compile settings within compiled
+# rows, the optimizer within train steps.
+GRID = {"model_size", "attention", "checkpoint_blocks", "precision", "compile", "context_length", "batch_size"}
+WITHIN = {**dict.fromkeys(MODEL_SHAPE_FIELDS, "model_size"), "compile_scope": "compile", "compile_mode": "compile"}
+
+
+def other_protocol(configs: Sequence[BenchmarkConfig], rows: Iterable[dict]) -> list[str]:
+    """Each setting the rows already in a file were measured with that this run's grid lacks, in column order:
+    'measure_steps 3 (this run: 4)'."""
+
+    def key(row: dict, name: str) -> tuple[str, str]:  # a column, and the value of the one it is compared within
+        return name, identity_value(row.get({**WITHIN, "optimizer_factory": "pass_type"}.get(name, "")))
+
+    mine: dict[tuple, set[str]] = {}
+    for identity in (config.identity() for config in configs):
+        for name in IDENTITY_FIELDS:
+            mine.setdefault(key(identity, name), set()).add(identity_value(identity[name]))
+    differ: dict[str, str] = {}
+    for row in rows:
+        for name in (name for name in IDENTITY_FIELDS if name not in {*GRID, "pass_type"}):
+            ours, theirs = mine.get(key(row, name), ()), identity_value(row.get(name))
+            if ours and theirs not in ours:
+                differ.setdefault(name, f"{name} {_shown(theirs)} (this run: {' or '.join(sorted(map(_shown, ours)))})")
+    return [differ[name] for name in IDENTITY_FIELDS if name in differ]
+
+
+def _shown(value: str) -> str:
+    return value.removesuffix(".0") or "unset"
 
 
 def holds(held: dict[Path, list[dict]]) -> dict[Path, set]:

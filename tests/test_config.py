@@ -172,6 +172,7 @@ def test_every_setting_is_identity_or_said_not_to_be_and_every_identity_column_i
         ({"context_length": "8"}, None),  # a number written as text: read as the flag reads it
         ({"context_length": "eight"}, "context_length (as --context-length): expected an integer, got 'eight'"),
         ({"context_length": [8]}, "context_length (as --context-length): expected a single value"),
+        ({"context_length": "128"}, "--context-length 128 is longer than the model supports"),  # read, then checked
     ],
 )
 def test_a_context_length_given_as_text_in_config_is_read_or_refused_as_the_flag(tmp_path, capsys, changes, message):

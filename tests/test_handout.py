@@ -339,7 +339,10 @@ def test_a_write_up_that_failed_exits_1(tmp_path, monkeypatch, capsys):
     assert "error: the write-up is incomplete" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("plant", ["theirs", "link", "logs_link", "markers_file", "marker_dir", "locked"])
+PLANTS = ["theirs", "link", "logs_link", "markers_file", "marker_dir", "locked", "ledger_link", "partial_link"]
+
+
+@pytest.mark.parametrize("plant", PLANTS)
 def test_handout_writes_nothing_through_a_link_nor_over_a_file_it_did_not_write(tmp_path, monkeypatch, capsys, plant):
     out, argv = _handout_dir(tmp_path, monkeypatch)
     out.mkdir()
@@ -352,6 +355,8 @@ def test_handout_writes_nothing_through_a_link_nor_over_a_file_it_did_not_write(
         "markers_file": ".handout is a file where handout keeps a directory",
         "marker_dir": ".handout/pytorch_attention.json is not a regular file",
         "locked": "another handout runs there",
+        "ledger_link": ".handout/written is a symbolic link",  # read, it would name the victim's lines as handout's
+        "partial_link": "pytorch_attention.csv is a symbolic link",  # a plan that ran partly, an output replaced
     }[plant]
     if plant == "theirs":
         (out / "pytorch_attention.csv").write_text("theirs\n")
@@ -361,6 +366,13 @@ def test_handout_writes_nothing_through_a_link_nor_over_a_file_it_did_not_write(
         (out / "logs").symlink_to(tmp_path)
     elif plant == "markers_file":
         (out / ".handout").write_text("")
+    elif plant == "ledger_link":
+        (out / ".handout").mkdir()
+        (out / ".handout" / "written").symlink_to(victim)
+    elif plant == "partial_link":
+        (out / ".handout").mkdir()
+        outputs.claim(out, [run.PLAN_FILE, "pytorch_attention.csv"])
+        (out / "pytorch_attention.csv").symlink_to(victim)
     elif plant == "marker_dir":  # a done marker's name taken by a directory
         (out / ".handout" / "pytorch_attention.json").mkdir(parents=True)
         outputs.claim(out, [".handout/pytorch_attention.json"])

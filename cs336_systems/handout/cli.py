@@ -16,6 +16,7 @@ from ..contention import LoadMeter
 from ..errors import UsageError
 from ..executor import add_executor_arguments
 from ..flagfile import add_config_file_argument
+from ..results.writing import MADE, place_of
 from ..usercode import timeout_seconds
 from .budget import fit_budget, format_seconds, parse_duration, total_seconds, wall_seconds
 from .executing import (
@@ -320,7 +321,7 @@ def _without_user_model(steps: list, factory: str, why: str) -> list:
 
 def written_names(steps, output_dir: Path) -> list[str]:
     """Every file this run may write in `output_dir` (outputs.check_output_dir checks them first)."""
-    names = [PLAN_FILE, CHECKLIST_FILE, *(f"{WRITEUP}{suffix}" for suffix in (".md", ".tex", ".typ", ".pdf"))]
+    names = [PLAN_FILE, CHECKLIST_FILE, MADE, *(f"{WRITEUP}{suffix}" for suffix in (".md", ".tex", ".typ", ".pdf"))]
     names += [path.name for path in output_dir.glob(f"{WRITEUP}_*.png")]  # the write-up's figures
     for step in steps:
         if step.status == "run":
@@ -341,7 +342,11 @@ def write_report(output_dir: Path, note: str) -> bool:
             f'{PROG}: no PDF: the typst package is not installed (pip install "typst>=0.14"); writing .md, .tex, .typ',
             file=sys.stderr,
         )
-    claim(output_dir, [CHECKLIST_FILE, *(f"{WRITEUP}{suffix}" for suffix in formats)])
+
+    def places() -> list[Path]:  # a write-up the student edited is kept, the new one beside it (writing.place_of)
+        return [place_of(output_dir / f"{WRITEUP}{suffix}") for suffix in formats]
+
+    claim(output_dir, [CHECKLIST_FILE, MADE, *(path.name for path in places())])
     problems = write_up(output_dir, [note], formats)
     claim(output_dir, [path.name for path in output_dir.glob(f"{WRITEUP}_*.png")])  # its figures
     for problem in problems:
@@ -349,8 +354,8 @@ def write_report(output_dir: Path, note: str) -> bool:
     if problems:
         print(f"{PROG}: error: the write-up is incomplete; the results are in {output_dir}", file=sys.stderr)
         return False
-    print(f"wrote {', '.join(str(output_dir / f'{WRITEUP}{s}') for s in formats)}", file=sys.stderr)
-    status = report_main(["--verify", str(output_dir / f"{WRITEUP}.md"), str(output_dir / PLAN_FILE)])
+    print(f"wrote {', '.join(map(str, places()))}", file=sys.stderr)
+    status = report_main(["--verify", str(places()[0]), str(output_dir / PLAN_FILE)])
     if status != 0:
         print(f"{PROG}: error: the write-up does not verify against its results (see above)", file=sys.stderr)
     return status == 0

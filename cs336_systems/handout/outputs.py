@@ -14,7 +14,6 @@ one handout per directory at a time.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 from collections.abc import Callable, Iterable
@@ -60,17 +59,6 @@ def claim(output_dir: Path, names: Iterable[str]) -> None:
             raise OutputDirError(f"--output-dir {output_dir}: {exc.strerror}") from None
 
 
-def _refuse_link_or_file(path: Path, output_dir: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        mode = os.lstat(path).st_mode
-        if stat.S_ISLNK(mode):
-            raise OutputDirError(
-                f"--output-dir {output_dir}: {path.name} is a symbolic link; handout writes nothing through one"
-            )
-        if not stat.S_ISDIR(mode):
-            raise OutputDirError(f"--output-dir {output_dir}: {path.name} is a file where handout keeps a directory")
-
-
 def check_output_dir(output_dir: Path, names: Iterable[str], legacy: Callable[[], Iterable[str]] = tuple) -> None:
     """Before any step runs: `output_dir` made and writable, its .handout/ and logs/ real directories,
     and none of `names` (what this run will write) a link or a file handout did not write. A directory
@@ -86,12 +74,13 @@ def check_output_dir(output_dir: Path, names: Iterable[str], legacy: Callable[[]
     if not os.access(output_dir, os.W_OK | os.X_OK):
         raise OutputDirError(f"--output-dir {output_dir}: cannot write in it")
     for directory in (MARKERS, LOGS):
-        _refuse_link_or_file(output_dir / directory, output_dir)
+        _present(output_dir, directory, directory=True)
         try:
             (output_dir / directory).mkdir(exist_ok=True)
         except OSError as exc:
             raise OutputDirError(f"--output-dir {output_dir}: cannot create {directory}/ ({exc.strerror})") from None
-    present = [name for name in dict.fromkeys(names) if _present_file(output_dir, name)]
+    _present(output_dir, f"{MARKERS}/{LEDGER}")  # the ledger is read and appended to: never through a link
+    present = [name for name in dict.fromkeys(names) if _present(output_dir, name)]
     if not ledger_path(output_dir).exists() and any((output_dir / MARKERS).iterdir()):
         claim(output_dir, legacy())  # written by a handout from before the ledger
     ours = written(output_dir)
@@ -113,8 +102,8 @@ def refuse_file(output_dir: Path) -> None:
         raise OutputDirError(f"--output-dir {output_dir}: cannot look at it ({exc.strerror})") from None
 
 
-def _present_file(output_dir: Path, name: str) -> bool:
-    """Whether `name` is there (a regular file); a link or anything else there is refused."""
+def _present(output_dir: Path, name: str, directory: bool = False) -> bool:
+    """Whether `name` is there, a regular file (`directory`: a directory); a link or anything else is refused."""
     try:
         mode = os.lstat(output_dir / name).st_mode
     except FileNotFoundError:
@@ -125,9 +114,10 @@ def _present_file(output_dir: Path, name: str) -> bool:
         raise OutputDirError(
             f"--output-dir {output_dir}: {name} is a symbolic link; handout writes nothing through one: remove it"
         )
-    if not stat.S_ISREG(mode):
-        raise OutputDirError(f"--output-dir {output_dir}: {name} is not a regular file; remove it")
-    return True
+    if (stat.S_ISDIR if directory else stat.S_ISREG)(mode):
+        return True
+    why = "a file where handout keeps a directory" if directory else "not a regular file; remove it"
+    raise OutputDirError(f"--output-dir {output_dir}: {name} is {why}")
 
 
 def lock(output_dir: Path, plan_file: str) -> OutputLock:

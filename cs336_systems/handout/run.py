@@ -1,6 +1,7 @@
 """Running a plan: each step is its tool's own command in a child process, so a crash, an OOM or a
 hang ends that step only. A step that ran (its rows written, failed ones included) leaves a done marker
-(its exact command, outcome, and the size and sha256 of each output) in OUTPUT_DIR/.handout/; the same
+(its exact command, outcome and the size of each output) in OUTPUT_DIR/.handout/, and each output's sha256
+in OUTPUT_DIR/.cs336-bench.sha256 (results.writing.MADE, which `report --verify` checks too); the same
 command later skips it while its outputs are there and as it finished them, continues a sweep the tool
 can resume (--resume), and runs any other step again from empty outputs (a crashed or refused one too),
 so no row is written twice. An output changed after its step finished (cut short, deleted, or edited in
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import hashlib
 import json
 import os
 import signal
@@ -32,8 +32,9 @@ import pandas as pd
 from .. import jsontext
 from ..lifetime import child_preexec
 from ..progress import postfix, progress_bar
-from ..results import open_to_write, write_whole
+from ..results import ResultFileError, open_to_write, write_whole
 from ..results.origin import named
+from ..results.writing import MADE, file_sha256, made_sums, record_made
 from ..units import format_bytes
 from .budget import format_seconds
 from .outputs import LOGS, MARKERS, claim, written
@@ -58,19 +59,15 @@ def _load_marker(output_dir: Path, step: Step) -> dict | None:
 
 
 def changed_outputs(output_dir: Path, step: Step) -> list[str] | None:
-    """The outputs of `step` that are not as its done marker recorded them (missing, another size or
-    sha256; a marker from before those: empty); None when no marker records this very command (a changed
-    plan runs the step again)."""
+    """The outputs of `step` that are not as it finished them (missing, another size or sha256 than its
+    marker and results.writing.MADE recorded; a marker from before those: empty); None when no marker records
+    this very command (a changed plan runs the step again)."""
     marker = _load_marker(output_dir, step)
     if marker is None or marker.get("command") != step.shell(output_dir):
         return None
     sizes = marker["outputs"] if isinstance(marker.get("outputs"), dict) else dict.fromkeys(step.outputs())
-    sums = marker.get("sha256") if isinstance(marker.get("sha256"), dict) else {}
-    changed = []
-    for name, size in sizes.items():
-        if not _as_recorded(output_dir / str(name), size, sums.get(name)):
-            changed.append(name)
-    return changed
+    sums = marker["sha256"] if isinstance(marker.get("sha256"), dict) else made_sums(output_dir)  # older: its own
+    return [name for name, size in sizes.items() if not _as_recorded(output_dir / str(name), size, sums.get(name))]
 
 
 def _as_recorded(path: Path, size: int | None, sha256: str | None) -> bool:
@@ -81,7 +78,7 @@ def _as_recorded(path: Path, size: int | None, sha256: str | None) -> bool:
         return False
     if not stat.S_ISREG(actual.st_mode) or (actual.st_size != size if size is not None else not actual.st_size):
         return False
-    return sha256 is None or _sha256(path) == sha256
+    return sha256 is None or file_sha256(path) == sha256
 
 
 def read_marker(output_dir: Path, step: Step) -> dict | None:
@@ -91,24 +88,16 @@ def read_marker(output_dir: Path, step: Step) -> dict | None:
     return None if changed is None or changed else _load_marker(output_dir, step)
 
 
-def _sha256(path: Path) -> str | None:
-    digest = hashlib.sha256()
-    try:
-        with path.open("rb") as handle:
-            while chunk := handle.read(1 << 20):
-                digest.update(chunk)
-    except OSError:
-        return None
-    return digest.hexdigest()
-
-
 def mark_done(output_dir: Path, step: Step, outcome: dict) -> None:
-    """The step's done marker: `outcome` (its command, exit status, time, where it ran) and the size and
-    sha256 of each output now in `output_dir`, which read_marker checks before trusting it."""
+    """The step's done marker: `outcome` (its command, exit status, time, where it ran) and the size of each
+    output now in `output_dir`; each output's sha256 goes to results.writing.MADE (read_marker checks both,
+    `report --verify` the sha256)."""
     files = [name for name in step.outputs() if (output_dir / name).is_file()]
+    claim(output_dir, [MADE])
+    for name in files:
+        record_made(output_dir / name)
     sizes = {name: (output_dir / name).stat().st_size for name in files}
-    sums = {name: _sha256(output_dir / name) for name in files}
-    write_whole(marker_path(output_dir, step), json.dumps({**outcome, "outputs": sizes, "sha256": sums}))
+    write_whole(marker_path(output_dir, step), json.dumps({**outcome, "outputs": sizes}))
 
 
 def recorded_by_markers(steps: list[Step], output_dir: Path) -> list[str]:
@@ -205,17 +194,28 @@ def outcome_of(exit_status: int) -> str:
 
 
 def prepare(step: Step, output_dir: Path) -> list[str]:
-    """The command to run now: a sweep continues its own outputs; any other tool starts from none."""
+    """The command to run now: a sweep continues its own outputs (measured as this plan measures them: a plan
+    changed since, another --budget say, starts them again); any other tool starts from none."""
     marker = marker_path(output_dir, step)
     marker.unlink(missing_ok=True)
     command = step.command(output_dir)
-    if step.resumable:
+    if step.resumable and not _measured_otherwise(step, output_dir):
         return [*command, "--resume"]
     ours = written(output_dir)
     for name in step.outputs():
         if name in ours:  # never a file handout did not write (outputs.check_output_dir refused those)
             (output_dir / name).unlink(missing_ok=True)
     return command
+
+
+def _measured_otherwise(step: Step, output_dir: Path) -> bool:
+    """Whether a sweep's outputs hold rows measured with other settings than the step's (the sweep refuses them)."""
+    from ..sweep import existing_rows, other_protocol
+    from .plan import benchmark_configs
+
+    with contextlib.suppress(ResultFileError):  # a damaged file: the tool names it
+        return bool(other_protocol(benchmark_configs(step), existing_rows(output_dir / n for n in step.outputs())))
+    return False
 
 
 def log_name(step: Step) -> str:

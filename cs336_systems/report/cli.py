@@ -16,6 +16,7 @@ from ..command import Command
 from ..errors import UsageError
 from ..results import ResultFileError, ResultWriteError, check_distinct, check_output_path, write_whole
 from ..results.origin import TOOL_NAMES
+from ..results.writing import MADE, file_sha256, made_sums, place_of, record_made
 from ..tools import prog
 from . import plots
 from .build import build_document
@@ -149,29 +150,33 @@ def _inside(path: str | Path, directory: Path) -> bool:
 
 
 def write(document, output: Path, tables_only: bool) -> list[Path]:
+    """The document (or each table, `tables_only`) in `output`'s format; a file there that is not as this
+    project made it (the user's own, or edited since) is kept, and the new one written beside it, said in a line."""
     directory = output.parent
     if tables_only:
         render = {".md": table_markdown, ".tex": table_latex, ".typ": table_typst}[output.suffix]
-        paths = []
-        for table in document.tables():
-            path = directory / f"{output.stem}_{table.name}{output.suffix}"
-            write_whole(path, render(table))
-            paths.append(path)
-        return paths
-    if output.suffix == ".md":
-        write_whole(output, document_markdown(document, directory))
-    elif output.suffix == ".tex":
-        write_whole(output, document_latex(document, directory))
-    elif output.suffix == ".typ":
-        write_whole(output, document_typst(document, directory))
+        made = [
+            (directory / f"{output.stem}_{table.name}{output.suffix}", render(table)) for table in document.tables()
+        ]
+    elif output.suffix == ".pdf":
+        made = [(output, compile_pdf(document_typst(document, directory), directory))]
     else:
-        compile_pdf(document_typst(document, directory), output)
-    return [output]
+        render = {".md": document_markdown, ".tex": document_latex, ".typ": document_typst}[output.suffix]
+        made = [(output, render(document, directory))]
+    paths = []
+    for path, text in made:
+        if (place := place_of(path)) != path:  # the user's own, or edited since
+            print(f"{path}: not as cs336-bench made it: kept; the new one is {place}", file=sys.stderr)
+        write_whole(place, text)
+        record_made(place)
+        paths.append(place)
+    return paths
 
 
-def result_files(raws: list[str]) -> tuple[dict[str, pd.DataFrame], list[str]]:
+def result_files(raws: list[str]) -> tuple[dict[str, pd.DataFrame], list[str], dict[str, Path]]:
     """Every given file's rows by file name, and the files an index file (a handout plan) names, read
-    from beside it. The same file given twice (by itself and through a plan) is read once."""
+    from beside it; one line per file that cannot be read; where each was read. The same file given twice
+    (by itself and through a plan) is read once."""
     frames: dict[str, pd.DataFrame] = {}
     where: dict[str, Path] = {}
     problems: list[str] = []
@@ -197,7 +202,7 @@ def result_files(raws: list[str]) -> tuple[dict[str, pd.DataFrame], list[str]]:
     for name, frame in list(frames.items()):
         source = str(frame["source"].iloc[0]) if not frame.empty else name
         frames.setdefault(source, frame)
-    return frames, problems
+    return frames, problems, where
 
 
 def _sources(table) -> list[str]:
@@ -209,15 +214,20 @@ def run_verify(writeup: Path, raws: list[str]) -> int:
 
     if writeup.suffix != ".md" or not writeup.is_file():
         raise UsageError(f"--verify {writeup}: expected a Markdown write-up (.md) that exists")
-    frames, problems = result_files(raws)
+    frames, problems, where = result_files(raws)
     if problems:
         raise UsageError(problems[0])
     # an index file (a handout plan) brings the files beside it that the write-up names (its checklist)
     folders = {Path(raw).parent for raw in raws if "reads" in frames.get(Path(raw).name, pd.DataFrame()).columns}
     named = {name for table in parse_tables(writeup.read_text(errors="replace")) for name in _sources(table)}
     beside = [str(folder / name) for folder in folders for name in named - set(frames) if (folder / name).is_file()]
-    more, _ = result_files(beside)
+    more, _, more_where = result_files(beside)
     checked, failures = verify(writeup, {**more, **frames})
+    # a file whose sha256 the tool that made it recorded (a handout step's output) is still what it made
+    for name, given in {**more_where, **where}.items():
+        path = given.parent / str(next(iter({**more, **frames}[name]["source"]), name))  # a plan's CSV: its JSONL
+        if (made := made_sums(path.parent).get(path.name)) is not None and made != file_sha256(path):
+            failures.append(f"{path}: changed since its tool made it (its sha256 is not the one in {MADE})")
     for line in failures:
         print(f"{PROG}: {writeup}: {line}", file=sys.stderr)
     if failures:

@@ -7,12 +7,13 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .. import jsontext
-from ..results import ResultFileError, read_results, validate
+from ..results import ENVIRONMENT_FIELDS, ResultFileError, read_results, validate
 from ..results.origin import TOOL, TOOL_NAMES
-from ..results.readers import as_todays_rows
+from ..results.readers import CUT, as_todays_rows
 
 # Written by torch as text ("13.0") or an int (91900): read as text so pandas never makes 13.000 of them.
 VERSION_COLUMNS = ("cuda_version", "cudnn_version", "torch_version", "python_version", "git_commit")
@@ -64,6 +65,18 @@ def tool_of(frame: pd.DataFrame) -> str | None:
     return str(names[0]) if len(names) == 1 and str(names[0]) in TOOL_NAMES else None
 
 
+# Numbers a row is given rather than measures (its settings, the machine's)
+GIVEN_NUMBERS = {"peak_tflops", "predicted_memory_bytes", "memory_limit_bytes", "bucket_cap_mb", "size_bytes"}
+
+
+def measured_nothing(frame: pd.DataFrame) -> pd.Series:
+    """Which rows say ok yet hold no measured number: every time, byte count, rate and share NaN or empty."""
+    names = [c for c in frame.columns if c.endswith(validate.NUMERIC_SUFFIXES) and c not in GIVEN_NUMBERS]
+    names = [c for c in names if c not in ENVIRONMENT_FIELDS and c != "target_iqr_pct"]
+    numbers = frame[names].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=float)
+    return frame.get("status", pd.Series(index=frame.index)).eq("ok") & bool(names) & ~np.isfinite(numbers).any(axis=1)
+
+
 def load_each(paths: Sequence[str | Path]) -> tuple[dict[str, pd.DataFrame], list[str]]:
     """Rows per tool, in the order given, and one line for each file left out (unreadable, empty,
     or written by no tool of this project), so one stray file never costs the rest."""
@@ -75,6 +88,11 @@ def load_each(paths: Sequence[str | Path]) -> tuple[dict[str, pd.DataFrame], lis
         except ResultFileError as exc:
             problems.append(str(exc))
             continue
+        problems += [frame.attrs[CUT]] if frame.attrs.get(CUT) else []
+        if (nothing := measured_nothing(frame)).any():
+            problems.append(f"{path}: {nothing.sum()} of {len(frame)} rows say ok and hold no measured number (NaN)")
+            if (frame := frame[~nothing]).empty:
+                continue
         tool = tool_of(frame)
         if tool is None:
             problems.append(f"{path}: not the output of any tool of this project ({', '.join(TOOL_NAMES)})")

@@ -5,26 +5,32 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..results.markdown import escape
 from .document import Bullets, Document, Figure, Heading, Table, Text
 from .spec import spec_comment
 
 
+def cell(text: object) -> str:
+    """A cell as Markdown shows it (results.markdown.escape); a '|' would split it: escaped, as --verify reads it."""
+    return escape(str(text)).replace("|", "\\|")
+
+
 def _pipe_safe(frame):
-    """A '|' inside a cell would split it: escaped, as --verify reads it back."""
-    frame = frame.map(lambda cell: str(cell).replace("|", "\\|"))
-    frame.index = [str(i).replace("|", "\\|") for i in frame.index]
-    frame.index.name = None if frame.index.name is None else str(frame.index.name)
+    name = frame.index.name
+    frame = frame.map(cell)
+    frame.columns = [cell(c) for c in frame.columns]
+    frame.index = [cell(i) for i in frame.index]
+    frame.index.name = None if name is None else cell(name)
     return frame
 
 
 def table_markdown(table: Table, heading: bool = True) -> str:
-    lines = [f"#### {table.title}", ""] if heading else []
+    lines = [f"#### {cell(table.title)}", ""] if heading else []
     if table.caption:
-        lines += [f"*{table.caption}*", ""]
+        lines += [f"*{cell(table.caption)}*", ""]
     if table.spec is not None:
         lines.append(spec_comment(table.spec))
     frame = _pipe_safe(table.frame)
-    frame.index.name = table.frame.index.name
     lines += [frame.to_markdown(disable_numparse=True, index=table.frame.index.name is not None), ""]
     lines += [*(f"{note}  " for note in table.footnotes), ""] if table.footnotes else []
     return "\n".join(lines)

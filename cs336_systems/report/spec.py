@@ -10,6 +10,7 @@ rebuilt whole and a row deleted, duplicated or relabelled in the Markdown no lon
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 
 SPEC_MARK = "cells"  # <!-- cells {...} --> before a Markdown table: its spec
@@ -74,7 +75,8 @@ class Spec:
 
 def spec_comment(spec: Spec) -> str:
     """The spec as an HTML comment (invisible where the Markdown is rendered)."""
-    text = spec.to_json().replace("--", "-\\u002d")  # '--' may not appear inside a comment
+    # '--' may not appear inside a comment; nor is a result's '<script>' written there (JSON reads both back)
+    text = re.sub(r"<(?=[A-Za-z/!?])", r"\\u003c", spec.to_json().replace("--", "-\\u002d"))
     return f"<!-- {SPEC_MARK} {text} -->"
 
 

@@ -11,7 +11,6 @@ import os
 import tempfile
 from pathlib import Path
 
-from ..results import write_whole
 from .document import Bullets, Document, Figure, Heading, Table, Text
 
 # No creation date in the PDF: the same results make the same bytes.
@@ -130,13 +129,13 @@ def document_typst(document: Document, directory: Path) -> str:
     return "".join(out)
 
 
-def compile_pdf(source: str, output: Path) -> None:
-    """Compile `source` as if it were a file beside `output`, so image paths resolve."""
+def compile_pdf(source: str, directory: Path) -> bytes:
+    """The PDF of `source` compiled as if it were a file in `directory`, so image paths resolve."""
     import typst  # the [pdf] extra; main() checks it is installed before anything is written
 
-    with tempfile.NamedTemporaryFile("w", suffix=".typ", dir=output.parent, delete=False) as handle:
+    with tempfile.NamedTemporaryFile("w", suffix=".typ", dir=directory, delete=False) as handle:
         handle.write(source)
     try:
-        write_whole(output, typst.compile(handle.name, pdf_tags=False))  # tags triple the size; never through a link
+        return typst.compile(handle.name, pdf_tags=False)  # tags triple the size
     finally:
         os.unlink(handle.name)

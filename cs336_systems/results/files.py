@@ -82,18 +82,7 @@ class OutputLock:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 os.close(fd)
                 raise ResultFileError(f"{output}: its lock file {self.path.name} is not a regular file; remove it")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
-                if not wait:
-                    os.close(fd)
-                    raise OutputLockedError(
-                        f"{output} is being written by process {holder} (lock {self.path.name}); "
-                        f"wait for it to finish{self.wait_hint}"
-                    ) from None
-                print(f"waiting for process {holder} to finish writing {output}", file=sys.stderr, flush=True)
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            self._flock(fd, output, wait)
             # The previous holder removes the sidecar on release: make sure ours is the one at the path.
             try:
                 current = os.fstat(fd).st_ino == os.stat(self.path).st_ino
@@ -111,18 +100,22 @@ class OutputLock:
             fd = os.open(output, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             return None
+        self._flock(fd, output, wait, "another process under another name of the same file (a hard link)")
+        return fd
+
+    def _flock(self, fd: int, output: Path, wait: bool, holder: str | None = None) -> None:
+        """`fd` locked now, or (`wait`) once its holder (None: the process the sidecar names) lets go, said in a
+        line; else OutputLockedError naming the holder."""
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() if holder is None else ""
+            holder = holder or f"process {pid or 'another process'} (lock {self.path.name})"
             if not wait:
                 os.close(fd)
-                raise OutputLockedError(
-                    f"{output} is being written by another process under another name of the same file (a hard "
-                    f"link); wait for it to finish{self.wait_hint}"
-                ) from None
-            print(f"waiting for another process to finish writing {output}", file=sys.stderr, flush=True)
+                raise OutputLockedError(f"{output} is being written by {holder}; wait for it{self.wait_hint}") from None
+            print(f"waiting for {holder} to finish writing {output}", file=sys.stderr, flush=True)
             fcntl.flock(fd, fcntl.LOCK_EX)
-        return fd
 
     def hold_file(self, output: Path) -> None:
         """The first row created `output`: lock it too (a hard link made to it from now on is kept out)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -55,10 +56,14 @@ def is_missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
 
 
+_MARKUP = re.compile(r"<(?=[A-Za-z/!?])|&(?=#?\w)")  # what opens an HTML tag, comment or entity
+
+
 def escape(text: str) -> str:
-    """A result's text in Markdown, shown as written: `<`, `>` and `&` as entities, so a device name
-    or an error holding `<script>` is text, not HTML (files.read_markdown reads them back)."""
-    return html.escape(text, quote=False)
+    """A result's text in Markdown, shown as written: a `<` that would open an HTML tag or comment and an `&`
+    that would make an entity as entities (a `<script>` or a `-->` is text, not HTML), a line break as a space
+    (it would end a table row); readers.read_markdown and report --verify read them back."""
+    return _MARKUP.sub(lambda match: html.escape(match.group()), " ".join(str(text).splitlines()))
 
 
 def escaped_fields(row: dict) -> dict:

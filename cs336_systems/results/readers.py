@@ -45,26 +45,37 @@ def read_markdown(path: str | Path) -> pd.DataFrame:
     return frame
 
 
+CUT = "cut"  # a frame's attrs[CUT]: the line saying its file's cut last line was left out (or None)
+
+
 def read_results(path: str | Path, dtype: dict | None = None) -> pd.DataFrame:
     """Rows of a .csv, .jsonl or .md result file as a DataFrame. Each line is checked first
-    (results.validate): a damaged file raises ResultFileError naming the file and line."""
+    (results.validate): a damaged file raises ResultFileError naming the file and line; a last line that a
+    writer was stopped in is left out (the file is not changed) and said in attrs[CUT]."""
     path = Path(path)
     if path.suffix not in OUTPUT_SUFFIXES:
         raise ResultFileError(f"{path}: unknown suffix, expected one of {', '.join(OUTPUT_SUFFIXES)}")
     if path.suffix == ".md":
         return read_markdown(path)  # a rendering: only its columns
     text = validate.read_text(path)
+    cut, first, last = None, text.split("\n", 1)[0], text.rsplit("\n", 1)[-1]
+    if text and not text.endswith("\n") and not validate.whole_last_line(path.suffix, first, last):
+        cut = f"{path}:{text.count(chr(10)) + 1}: its last line, cut short (a writer stopped mid-row): read without it"
+        text = text[: text.rfind("\n") + 1]
     if path.suffix == ".csv":
         validate.check_csv(path, text)
         if not text.strip():
             return pd.DataFrame()
         try:
-            return as_todays_rows(pd.read_csv(io.StringIO(text), dtype=dtype))
+            frame = pd.read_csv(io.StringIO(text), dtype=dtype)
         except (pd.errors.ParserError, ValueError) as exc:
             raise ResultFileError(f"{path}: damaged CSV ({str(exc).strip().split('. ')[-1]})") from None
-    validate.check_jsonl(path, text)
-    frame = pd.read_json(io.StringIO(text), lines=True, dtype=False) if text.strip() else pd.DataFrame()
-    return as_todays_rows(frame)
+    else:
+        validate.check_jsonl(path, text)
+        frame = pd.read_json(io.StringIO(text), lines=True, dtype=False) if text.strip() else pd.DataFrame()
+    frame = as_todays_rows(frame)
+    frame.attrs[CUT] = cut
+    return frame
 
 
 # Benchmark columns added since files were written: such a row measured a fixed number of steps and

@@ -191,23 +191,17 @@ def check_jsonl(path: Path, text: str) -> None:
         _check_numbers(path, number, {k: v for k, v in value.items() if not isinstance(v, list | dict)})
 
 
-def complete_csv_line(header_line: str, line: str) -> bool:
-    """Whether a last CSV line without its newline is still a whole row (the header's field
-    count and numbers where numbers belong), so it is kept instead of dropped."""
+def whole_last_line(suffix: str, first: str, last: str) -> bool:
+    """Whether a last line that lacks its newline is still a whole row (kept) rather than one a writer was
+    stopped in (left out): a JSONL object with line 1's (`first`) keys; a CSV line with the header's field
+    count and numbers where numbers belong."""
     try:
-        header = next(csv_rows([header_line]))
-        cells = next(csv_rows(io.StringIO(line, newline="")))
-    except (StopIteration, csv.Error):
+        if suffix == ".jsonl":
+            value, keys = jsontext.loads(last), jsontext.loads(first)
+            return isinstance(value, dict) and isinstance(keys, dict) and set(value) == set(keys)
+        header, cells = next(csv_rows([first])), next(csv_rows(io.StringIO(last, newline="")))
+    except (StopIteration, csv.Error, json.JSONDecodeError):
         return False
-    if line.count('"') % 2 or len(cells) != len(header):
+    if first == last or last.count('"') % 2 or len(cells) != len(header):
         return False
     return not any(is_numeric_column(name) and _bad_number(value) for name, value in zip(header, cells, strict=True))
-
-
-def complete_jsonl_line(first_line: str, line: str) -> bool:
-    """Whether a last JSONL line without its newline is a whole object with line 1's keys."""
-    try:
-        value, first = jsontext.loads(line), jsontext.loads(first_line)
-    except json.JSONDecodeError:
-        return False
-    return isinstance(value, dict) and isinstance(first, dict) and set(value) == set(first)

@@ -1,6 +1,7 @@
 """How a result file is written: a row appended as one `write` of a whole line (truncated back on a
 failure, so a file never holds half a row), a whole file replaced atomically (a temp file beside it,
-then a rename: the one writer of whole files, every tool's), and the fault hooks the tests inject.
+then a rename: the one writer of whole files, every tool's), the record of what a tool made (MADE), and
+the fault hooks the tests inject.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import errno
+import hashlib
 import io
 import math
 import os
@@ -100,8 +102,7 @@ def repair_cut_line(path: Path) -> str | None:
         start = data.rfind(b"\n") + 1
         first, last = data.split(b"\n", 1)[0].decode(errors="replace"), data[start:].decode(errors="replace")
         line = data.count(b"\n") + 1
-        whole = validate.complete_jsonl_line if path.suffix == ".jsonl" else validate.complete_csv_line
-        if start > 0 and whole(first, last) or path.suffix == ".jsonl" and start == 0 and whole(last, last):
+        if validate.whole_last_line(path.suffix, first, last):
             handle.write(b"\n")
             return f"{path}:{line}: the last row lacked its newline; kept it and added the newline"
         handle.truncate(start)
@@ -176,3 +177,39 @@ def write_whole(path: Path, text: str | bytes, *, unique: bool = False) -> None:
                 temporary.unlink(missing_ok=True)
         kept = "kept as it was" if path.exists() else "not written"
         raise ResultWriteError(exc.errno, f"{path}: could not write ({exc.strerror}); {kept}") from exc
+
+
+# -- what a tool made: a file's sha256 when the tool finished it, so "changed since" is decidable --------
+
+MADE = ".cs336-bench.sha256"  # beside the files: 'SHA256  NAME' lines (sha256sum's), the last one per name counts
+
+
+def file_sha256(path: Path) -> str | None:
+    """The file's sha256 (None: it cannot be read)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def made_sums(directory: Path) -> dict[str, str]:
+    """What each file a tool made in `directory` held when it was made (its sha256, by name)."""
+    try:
+        lines = (directory / MADE).read_text(errors="replace").splitlines()
+    except OSError:
+        return {}
+    return {name: digest for digest, _, name in (line.partition("  ") for line in lines) if name}
+
+
+def record_made(path: Path) -> None:
+    """`path` holds what its tool made, as it is now (its sha256 in MADE beside it, never written through a link)."""
+    append_line(path.parent / MADE, f"{file_sha256(path)}  {path.name}\n", inject=False)
+
+
+def place_of(path: Path) -> Path:
+    """Where a document meant for `path` is written: there, unless a file is there that is not as a tool of
+    this project made it (the user's own, or edited since); then beside it, NAME.new.SUFFIX (new2, ...)."""
+    for place in (path, *(path.with_name(f"{path.stem}.new{n if n > 1 else ''}{path.suffix}") for n in range(1, 100))):
+        if not place.exists() or made_sums(place.parent).get(place.name) == file_sha256(place):
+            return place
+    raise ResultWriteError(errno.EEXIST, f"{path}: 99 edited copies beside it (NAME.new*.SUFFIX); move them away")

@@ -161,7 +161,7 @@ run_stage() {
       stage writeup bash -c "cd '$student' && $py -m cs336_bench handout --edition 2026 --scale small \
         --device cpu --adapters tests/adapters.py"
       cp -r "$student"/results/handout-2026-* writeup/2026 && rm -rf "$student"  # named after the CPU
-      rm -rf writeup/2026/logs writeup/2026/.handout writeup/2026/*.tex writeup/2026/*.typ
+      rm -rf writeup/2026/logs writeup/2026/.handout writeup/2026/.cs336-bench.sha256 writeup/2026/*.tex writeup/2026/*.typ
       # the tools' own pages and plots are not the write-up's: only what writeup.md shows, and the rows
       for f in writeup/2026/*.md writeup/2026/*.png; do
         name=$(basename "$f")
@@ -169,8 +169,10 @@ run_stage() {
       done
       ;;
     writeup_report)
+      # handout writes beside a write-up it did not record as its own (a student's edits are kept): record it
+      (cd writeup/2026 && sha256sum writeup.md >.cs336-bench.sha256)
       stage writeup_report $py -m cs336_bench handout --write-up --output-dir writeup/2026
-      rm -rf writeup/2026/.handout writeup/2026/*.tex writeup/2026/*.typ
+      rm -rf writeup/2026/.handout writeup/2026/.cs336-bench.sha256 writeup/2026/*.tex writeup/2026/*.typ
       ;;
     h100)
       # the H100 sweep of an earlier commit, reported as it is beside the write-up
@@ -180,6 +182,7 @@ run_stage() {
         --summary writeup/h100/launches.txt
       stage h100 $py -m cs336_systems.report $r/gpu_sweep_h100.csv --output writeup/h100/report.md \
         --output writeup/h100/report.pdf --note "$(cat writeup/h100/launches.txt)"
+      rm -f writeup/h100/.cs336-bench.sha256
       ;;
     *) echo "scripts/dev/cpu_results.sh: error: unknown stage '$1'" >&2; exit 2 ;;
   esac
