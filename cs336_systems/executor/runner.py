@@ -39,6 +39,14 @@ def placement_of(attempt: Attempt, node: str | None = None) -> dict:
     return {**found, "hostname": started.get("hostname") or node}
 
 
+def removed(attempt: Attempt) -> tuple[str, str] | None:
+    """(outcome, error) of an attempt that ended after its directory was removed (its files lost: it runs again),
+    else None."""
+    if attempt.directory.is_dir():
+        return None
+    return "cancelled", f"its files were removed while it ran ({attempt.directory}); the same command runs it again"
+
+
 def collect(
     poll: Callable[[], Poll],
     merge: Callable[[Sequence[Outcome]], None],

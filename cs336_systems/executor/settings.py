@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -237,8 +238,10 @@ def _local(args: argparse.Namespace, device: str, cuda_count: int, common: dict)
     if device == "cpu":
         if args.gpus:
             raise UsageError("--gpus picks the workers' GPUs: not with --device cpu")
-        workers = args.workers or 1
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = min(args.workers or 1, cores)  # each worker a core at least: more only share them (and memory)
+        if workers < (args.workers or 1):
+            print(f"--workers {args.workers}: {workers}, one per core this process may use", file=sys.stderr)
         threads = max(1, cores // workers)
         return ExecutorSettings(**common, device="cpu", workers=workers, threads_per_worker=threads)
     if device.startswith("cuda:"):

@@ -26,7 +26,10 @@ def _refuse(flag: str, raw: object, why: str) -> ResultFileError:
 
 def check_path_limits(path: Path, flag: str, raw: object) -> None:
     """The name and the path fit the filesystem's limits with the sidecar's extra characters (a file a
-    tool writes at `path`, given as `raw` to `flag`); ResultFileError otherwise."""
+    tool writes at `path`, given as `raw` to `flag`), and holds no control character (a newline would end a
+    line of a script or a comment that names it); ResultFileError otherwise."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in str(path)):
+        raise _refuse(flag, repr(str(raw)), "a control character (a newline, a tab...) in a path: give one without")
     extra = len(LOCK_PREFIX) + len(LOCK_SUFFIX)
     name_max, path_max = 255, 4096  # POSIX's usual values, for a directory we cannot ask
     for parent in path.absolute().parents:  # the nearest directory that exists knows its filesystem's limits
