@@ -3,6 +3,7 @@ links, another user's), control characters in paths, --workers past the cores, a
 later process got, a second local submitter killed, the job directory removed mid-run, and how a Slurm job
 that left no trace reads. The real Slurm's faults are in test_executor_slurm_faults.py."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ import psutil
 import pytest
 
 from cs336_systems import benchmark_direct
-from cs336_systems.executor import Attempt, ExecutorSettings, JobDir
+from cs336_systems.executor import Attempt, ExecutorSettings, Job, JobDir
 from cs336_systems.executor.evidence import ended_outcome, queue_state
 from cs336_systems.executor.local import LocalRunner
 from cs336_systems.results import read_results
@@ -130,6 +131,34 @@ def test_a_slurm_job_that_never_started_and_left_no_trace_runs_again():
         == "queued"
     )
     assert (queue_state("RUNNING", "None"), queue_state("COMPLETED")) == ("running", None)
+
+
+def test_a_pending_job_scontrol_forgot_runs_again_and_one_it_cannot_answer_for_is_waited_for(tmp_path, monkeypatch):
+    """The --no-wait flow on a cluster without accounting: a job cancelled while it pended, collected after
+    MinJobAge, is known to nothing (squeue, scontrol, sacct, its log). A scontrol that cannot reach the
+    controller says nothing either way: that job is polled again, not settled."""
+    pytest.importorskip("submitit")
+    from cs336_systems.executor.slurm import SlurmRunner
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+    def fake(name: str, said: str, code: int) -> None:
+        (bin_dir / name).write_text(f"#!/bin/sh\necho '{said}' >&2\nexit {code}\n")
+        (bin_dir / name).chmod(0o755)
+
+    job_dir = JobDir(tmp_path / "jobs")
+    (attempt,) = job_dir.new_attempts([Job("a", ("true",))], "slurm")
+    job_dir.record_submitted([dataclasses.replace(attempt, job_id="77_3")])
+    fake("squeue", "", 0)  # answers, without the job
+    fake("sacct", "Slurm accounting storage is disabled", 1)
+    fake("scontrol", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)", 1)
+    poll = SlurmRunner(ExecutorSettings(kind="slurm"), job_dir).poll()
+    assert not poll.outcomes and [a.key for a in poll.running] == [("a", "1")]
+    fake("scontrol", "slurm_load_jobs error: Invalid job id specified", 1)
+    (outcome,) = SlurmRunner(ExecutorSettings(kind="slurm"), job_dir).poll().outcomes
+    assert outcome.kind == "cancelled" and "left the queue before it started" in outcome.error
 
 
 def _wait_for(condition, what: str, timeout_s: float = 120) -> None:

@@ -40,11 +40,10 @@ def placement_of(attempt: Attempt, node: str | None = None) -> dict:
 
 
 def removed(attempt: Attempt) -> tuple[str, str] | None:
-    """(outcome, error) of an attempt that ended after its directory was removed (its files lost: it runs again),
-    else None."""
-    if attempt.directory.is_dir():
-        return None
-    return "cancelled", f"its files were removed while it ran ({attempt.directory}); the same command runs it again"
+    """(outcome, error) of an attempt whose directory was removed while it ran (its files lost: it runs again)."""
+    if not attempt.directory.is_dir():
+        return "cancelled", f"its files were removed while it ran ({attempt.directory}); the same command runs it again"
+    return None
 
 
 def collect(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..argtypes import non_negative_int, positive_int
 from ..errors import UsageError
+from .jobs import JobDir
 
 EXECUTORS = ("inline", "local", "slurm")
 DEFAULT_SLURM_TIME_MIN = 60
@@ -204,7 +205,8 @@ def settings_from_args(args: argparse.Namespace, cuda_count: int = 0) -> Executo
         if args.job_dir is not None:
             raise UsageError("--job-dir is for --executor local or slurm (inline writes no job files)")
         return ExecutorSettings()
-    common = dict(kind=kind, job_dir=args.job_dir, wait=args.wait, dry_run=args.dry_run)
+    job_dir = args.job_dir and JobDir(args.job_dir).path  # checked before any work (a file, a link, another user's)
+    common = dict(kind=kind, job_dir=job_dir, wait=args.wait, dry_run=args.dry_run)
     if kind == "local":
         return _local(args, device, cuda_count, common)
     if device.startswith("cuda:"):

