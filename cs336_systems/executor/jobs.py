@@ -117,10 +117,16 @@ class JobDir:
         self.path = Path(path).absolute()
         if any(ord(c) < 32 or ord(c) == 127 for c in str(self.path)):
             raise UsageError(f"job directory {str(self.path)!r}: a control character in a path; give one without")
-        for path in (self.path, self.ledger, self.path / JOBS, self.slurm_folder):
-            _check_ours(path, stat.S_IFREG if path == self.ledger else stat.S_IFDIR)
+        self.check()
         self.known: dict[tuple[str, str], Attempt] = {}  # submitted by this process
         self.settled_here: set[tuple[str, str]] = set()
+
+    def check(self, make: bool = False) -> None:
+        """The directory (`make`: made first, as another user may have since) and its parts are this user's alone."""
+        for part in (self.path, self.path / JOBS) if make else ():
+            part.mkdir(mode=0o755, parents=True, exist_ok=True)  # whatever the umask: no other user writes here
+        for path in (self.path, self.ledger, self.path / JOBS, self.slurm_folder):
+            _check_ours(path, stat.S_IFREG if path == self.ledger else stat.S_IFDIR)
 
     @property
     def ledger(self) -> Path:
@@ -149,7 +155,7 @@ class JobDir:
         return [entry for entry in found if isinstance(entry, dict) and isinstance(entry.get("job"), str)]
 
     def _append(self, entries: Iterable[dict]) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.check(make=True)
         text = "".join(json.dumps(entry, default=str) + "\n" for entry in entries)
         if text:  # never through a link planted at its name
             fd = os.open(self.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -185,6 +191,7 @@ class JobDir:
             if number.isdigit():
                 used[name] = max(used.get(name, 0), int(number))
         fresh = []
+        self.check(make=True)
         for job in jobs:
             number = used.get(job.name, 0) + 1
             while self.attempt_directory(job.name, str(number)).exists():  # made by a submission that failed

@@ -150,7 +150,7 @@ class SlurmRunner:
         from submitit.core.utils import FailedJobError, FailedSubmissionError
 
         attempts = self.job_dir.new_attempts(jobs, self.kind)
-        self.job_dir.slurm_folder.mkdir(parents=True, exist_ok=True)
+        self.job_dir.slurm_folder.mkdir(mode=0o755, parents=True, exist_ok=True)
         env = self.environment()
         functions = [
             StepFunction(str(a.directory), tuple(job.command_in(a.directory)), job.timeout_s, env)
