@@ -104,9 +104,9 @@ def test_two_identical_find_max_at_once_run_one_search_and_survive_a_cut_ledger_
         )
         for _ in range(2)
     ]
-    for search in both:
-        out, err = search.communicate(timeout=300)
-        assert search.returncode == 0 and "largest batch-size that runs: 4" in out, err
+    said = [search.communicate(timeout=300) for search in both]
+    for search, (out, _) in zip(both, said, strict=True):
+        assert search.returncode == 0 and "largest batch-size that runs: 4" in out, (said, _ledger(output))
     assert list(read_results(output)["batch_size"]) == [2, 4]  # one search's probes, once
     assert [e["event"] for e in _ledger(output)] == ["submitted", "settled"]
 

@@ -35,9 +35,9 @@ ATTEMPT_DIR = "{attempt_dir}"  # in a Job's command: replaced by the attempt's o
 LEDGER, JOBS, SLURM = "ledger.jsonl", "jobs", "slurm"
 STARTED, EXITED, STEP_LOG = "started.json", "exit.json", "step.log"
 # How an attempt ended, as an Outcome's `kind`: the command ran to its end (any exit status); a limit
-# ended it (the job's --timeout, or Slurm's time limit); Slurm cancelled or preempted it; it ended
-# without a trace of why (error); its submitting process was stopped before it ran (abandoned: nothing
-# to merge, the job runs again).
+# ended it (the job's --timeout, or Slurm's time limit: evidence.SLURM_TIME_LIMIT); Slurm cancelled or
+# preempted it (or it is lost: gone before it started without a trace, its files removed; it runs again);
+# it ended without a trace of why (error); its submitting process was stopped first (abandoned: no row).
 OUTCOMES = ("exited", "timeout", "cancelled", "preempted", "error", "abandoned")
 
 

@@ -178,7 +178,6 @@ class SlurmRunner:
         if not mine:
             return poll
         live = self._queue()
-        unplaceable = []
         for attempt in mine:
             marker = attempt.marker(EXITED)
             if marker is not None and marker.get("returncode") == 0 and not marker.get("timed_out"):
@@ -190,7 +189,7 @@ class SlurmRunner:
                 state, node = self._final_state(attempt.job_id)
             where = queue_state(state, reason)
             if where == "never":
-                unplaceable.append(attempt)
+                self.stop([attempt])
                 why = f"Slurm can never start the job as asked ({reason}: more than the partition or its limits allow)"
                 why += "; cancelled: change the --slurm-* request, then run the same command again"
                 poll.outcomes.append(Outcome(attempt, "cancelled", None, why, placement_of(attempt)))
@@ -207,8 +206,6 @@ class SlurmRunner:
                 node = node or from_log(log)[1]
                 code = marker.get("returncode") if marker else None
                 poll.outcomes.append(Outcome(attempt, kind, code, error, placement_of(attempt, node)))
-        if unplaceable:
-            self.stop(unplaceable)
         return poll
 
     def stop(self, attempts: Sequence[Attempt]) -> None:
@@ -250,11 +247,7 @@ class SlurmRunner:
         """(state, node) of a job that left the queue: scontrol while it remembers the job, else sacct. A
         scontrol that does not answer (a busy controller) leaves the job RUNNING until a later poll asks again."""
         shown = self._run(["scontrol", "show", "job", "-o", job_id])
-        if (
-            shown is None
-            or shown.returncode != 0
-            and not re.search("Invalid job id|not found", shown.stdout + shown.stderr)
-        ):
+        if shown is None or shown.returncode and not re.search("Invalid job id|not found", shown.stdout + shown.stderr):
             return "RUNNING", None
         if shown.returncode == 0 and "JobState=" in shown.stdout:
             fields = parse_scontrol(shown.stdout)
