@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -105,12 +106,15 @@ def check_output_path(raw: str | Path, flag: str = "--output", suffixes: Sequenc
     if lock_mode is not None and not stat.S_ISREG(lock_mode):
         why = "a symbolic link" if stat.S_ISLNK(lock_mode) else "not a regular file"
         raise _refuse(flag, raw, f"its lock file {lock_path(path).name} is {why}; remove it")
-    try:
-        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644))
+    try:  # a new file probed beside it: one made and removed at its name could be another writer's first rows
+        if mode is None:
+            fd, probe = tempfile.mkstemp(dir=path.parent, prefix=".")
+            os.close(fd)
+            os.unlink(probe)
+        else:
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK))
     except OSError as exc:
         raise _refuse(flag, raw, f"cannot write there ({exc.strerror})") from None
-    if mode is None:
-        path.unlink()  # checked, not created: a failed run leaves no empty file behind
     return path
 
 
