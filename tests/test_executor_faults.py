@@ -161,6 +161,19 @@ def test_a_pending_job_scontrol_forgot_runs_again_and_one_it_cannot_answer_for_i
     assert outcome.kind == "cancelled" and "left the queue before it started" in outcome.error
 
 
+def test_checking_a_new_output_never_makes_a_file_at_its_name(tmp_path, monkeypatch):
+    """A second command's check, made while the first creates the output, must not remove the first's rows."""
+    from cs336_systems.results.paths import check_output_path
+
+    made, real_open = [], os.open
+    monkeypatch.setattr(
+        os, "open", lambda path, flags, *more: made.append((str(path), flags)) or real_open(path, flags, *more)
+    )
+    check_output_path(tmp_path / "out.csv")
+    assert not [path for path, flags in made if flags & os.O_CREAT and path == str(tmp_path / "out.csv")], made
+    assert list(tmp_path.iterdir()) == []
+
+
 def _wait_for(condition, what: str, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
