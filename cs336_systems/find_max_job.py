@@ -11,6 +11,7 @@ that finished, and submits the search again after a job that was cancelled, pree
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import shlex
@@ -56,14 +57,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) ->
     print(f"{runner.describe()}; the whole search is one job", file=sys.stderr)
 
     def merge(outcomes: list[Outcome]) -> None:
-        with ResultSink(outputs, wait_lock=True) as sink:
+        with ResultSink(outputs, wait_lock=True) as held:  # (within the first pass's: one process shares a lock)
             _, settled = job_dir.attempts()
             for outcome in outcomes:
                 if outcome.attempt.key in settled:
                     continue
                 with stop.writing():
                     for record in records_of(outcome):
-                        sink.write(record)
+                        held.write(record)
                     answer = outcome.attempt.directory / SUMMARY
                     status = ANSWERED if answer.exists() else outcome.kind
                     if answer.exists():
@@ -73,15 +74,17 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) ->
                     job_dir.record_settled(outcome, status)
 
     with stop.installed():
-        first = runner.poll()
-        merge(first.outcomes)
-        if _answered(job_dir, name):
-            print(
-                f"answered before, by the job in {job_dir.path}; --job-dir elsewhere to search again", file=sys.stderr
-            )
-        elif not first.live({name}):
-            (attempt,) = runner.submit([job])
-            print(f"submitted the search as Slurm job {attempt.job_id}; jobs in {job_dir.path}", file=sys.stderr)
+        with ResultSink(outputs, wait_lock=True):  # one search at a time: a second command finds it in flight
+            first = runner.poll()
+            merge(first.outcomes)
+            if _answer(job_dir, name, summary) is not None:
+                print(
+                    f"answered before, by the job in {job_dir.path}; --job-dir elsewhere to search again",
+                    file=sys.stderr,
+                )
+            elif not first.live({name}):
+                (attempt,) = runner.submit([job])
+                print(f"submitted the search as Slurm job {attempt.job_id}; jobs in {job_dir.path}", file=sys.stderr)
         last = collect(
             runner.poll, merge, {name}, wait=settings.wait, stopped=lambda: stop.requested, show=lambda poll: None
         )
@@ -89,15 +92,25 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) ->
         again = f"{prog} {shlex.join(args.argv)}"
         print(f"the search is still in Slurm's queue; the same command collects it:\n  {again}", file=sys.stderr)
         return stop.exit_status if stop.requested else EXIT_OK
-    if not _answered(job_dir, name):
+    answer = _answer(job_dir, name, summary)
+    if answer is None:
         print(f"{prog}: no answer; the same command submits the search again", file=sys.stderr)
         return EXIT_FAILED
-    return _print_answer(jsontext.loads(summary.read_text()), summary)
+    return _print_answer(answer, summary)
 
 
-def _answered(job_dir: JobDir, name: str) -> bool:
-    entries = [jsontext.loads(line) for line in job_dir.ledger.read_text().splitlines()] if job_dir.exists() else []
-    return any(e.get("event") == "settled" and e.get("job") == name and e.get("status") == ANSWERED for e in entries)
+def _answer(job_dir: JobDir, name: str, summary: Path) -> dict | None:
+    """The answer of the search's job that ended with one (--summary, written again from the job's copy if removed)."""
+    copies = [
+        job_dir.attempt_directory(name, str(e.get("attempt"))) / SUMMARY
+        for e in job_dir.entries()
+        if (e.get("event"), e.get("job"), e.get("status")) == ("settled", name, ANSWERED)
+    ]
+    with contextlib.suppress(OSError, ValueError):
+        if copies and not summary.is_file():
+            write_whole(summary, copies[-1].read_text())
+        return jsontext.loads(summary.read_text()) if copies else None
+    return None
 
 
 def _print_answer(answer: dict, summary: Path) -> int:

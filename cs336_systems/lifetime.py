@@ -160,15 +160,18 @@ def _handlers(handlers: dict) -> Iterator[bool]:
             signal.signal(sig, handler)
 
 
-def pid_running(pid: int) -> bool:
-    """Whether process `pid` exists here (one we may not signal counts as running)."""
+def pid_running(pid: int, started: float | None = None) -> bool:
+    """Whether process `pid` runs here (one we may not inspect counts), and, given its `started` (psutil's
+    create_time), is that process: not a later one given its pid."""
+    import psutil
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        made = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.Error:
         return True
-    return True
+    return started is None or abs(made - started) < 1.0
 
 
 def _ours(entry: Path) -> bool:

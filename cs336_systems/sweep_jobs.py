@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from . import benchmark_flags, jsontext
-from .argtypes import EXIT_OK, exit_status
+from .argtypes import EXIT_FAILED, EXIT_OK, exit_status
 from .child import ChildLimits, benchmark_arguments, child_limits_from_args, failed_record, record_from_row
 from .config import BenchmarkConfig
 from .errors import UsageError
@@ -63,14 +63,9 @@ from .sweep import (
 from .terminal import show
 
 ROWS = "rows.jsonl"
-# A row's status for an attempt that ended without writing one, by how it ended.
-STATUS_OF = {
-    "exited": "error",
-    "error": "error",
-    "timeout": "timeout",
-    "cancelled": "cancelled",
-    "preempted": "preempted",
-}
+# A row's status for an attempt that ended without writing one, by how it ended (timeout, cancelled and
+# preempted are their own status).
+STATUS_OF = {"exited": "error", "error": "error"}
 
 
 def job_name(config: BenchmarkConfig) -> str:
@@ -115,10 +110,8 @@ def records_of(outcome: Outcome, payload: dict | None = None) -> list[BenchmarkR
     limits = ChildLimits(memory_limit_bytes=(payload or outcome.attempt.payload).get("memory_limit_bytes"))
     records = []
     for line in text.splitlines():
-        try:
+        with contextlib.suppress(ValueError, TypeError):  # a line cut by a killed job: not a row
             records.append(limits.annotate(record_from_row(jsontext.loads(line))))
-        except (ValueError, TypeError):  # a line cut by a killed job: not a row
-            continue
     return records
 
 
@@ -128,7 +121,9 @@ def failure_record(outcome: Outcome, payload: dict) -> BenchmarkRecord:
     num_params = None if config.model_factory else count_parameters_for(config.model)
     error = outcome.error or "the job ended without writing a row (exit status 0)"
     limits = ChildLimits(memory_limit_bytes=payload.get("memory_limit_bytes"))
-    return limits.annotate(failed_record(config, environment_of(outcome), STATUS_OF[outcome.kind], error, num_params))
+    return limits.annotate(
+        failed_record(config, environment_of(outcome), STATUS_OF.get(outcome.kind, outcome.kind), error, num_params)
+    )
 
 
 FIRST_MERGE_PATIENCE_S = 10.0  # how long a first merge waits out another collector's merge
@@ -240,20 +235,11 @@ def _run(args, prog, configs, jobs, outputs, job_dir: JobDir, runner, settings) 
     if continuing and not args.resume:
         print(f"continuing the sweep whose jobs are in {job_dir.path} (as --resume)", file=sys.stderr)
     with stop.installed():
-        sink = merger.open()  # the first pass: merge what ended, then submit what is left
         try:
-            pending_configs(configs, rows_by_output(outputs), args.resume or continuing)  # refuses a foreign file
-            first = runner.poll()
-            merger.merge(first.outcomes, sink)
-            in_flight = {attempt.name for attempt in (*first.queued, *first.running)}
-            pending = pending_configs(configs, rows_by_output(outputs), True)
-            todo = [config for config in pending if job_name(config) not in in_flight]
-            submitted = runner.submit([jobs[job_name(config)] for config in todo]) if todo else []
+            first, pending, submitted = _pass(merger, runner, configs, jobs, args.resume or continuing)
         except ResultWriteError as exc:
             return _write_failed(prog, args, exc)
-        finally:
-            sink.close()
-        flying = len(pending) - len(todo)
+        flying = len(pending) - len(submitted)
         print(
             f"{len(configs)} configurations: {len(configs) - len(pending)} already done, {flying} in flight, "
             f"{len(submitted)} submitted{_ids(submitted)}; jobs in {job_dir.path}",
@@ -269,16 +255,25 @@ def _run(args, prog, configs, jobs, outputs, job_dir: JobDir, runner, settings) 
                     return False
                 return stop.requested
 
+            rerun: set[str] = set()
             with progress(flying + len(submitted), prog) as bar:
                 try:
-                    last = collect(
-                        runner.poll,
-                        _counting(merger, names, counts),
-                        names,
-                        wait=settings.wait,
-                        stopped=stopped,
-                        show=_progress(bar, names, counts),
-                    )
+                    while True:
+                        last = collect(
+                            runner.poll,
+                            _counting(merger, names, counts),
+                            names,
+                            wait=settings.wait,
+                            stopped=stopped,
+                            show=_progress(bar, names, counts),
+                        )
+                        if not settings.wait or stop.requested or last.live(names):
+                            break
+                        last, _, again = _pass(merger, runner, configs, jobs, True, rerun)
+                        if not again:
+                            break
+                        bar.total += len(again)
+                        bar.write(f"{len(again)} job(s) of a stopped submitter, no row: submitted again", sys.stderr)
                 except ResultWriteError as exc:
                     runner.close()
                     return _write_failed(prog, args, exc)
@@ -301,7 +296,38 @@ def _run(args, prog, configs, jobs, outputs, job_dir: JobDir, runner, settings) 
         print(f"configurations to redo ({', '.join(redo)}): run the same command again", file=sys.stderr)
     if stop.requested:
         return stop.exit_status
+    keys, flying = _keys(rows), {attempt.name for attempt in live}
+    missing = sum(config.key() not in keys and job_name(config) not in flying for config in configs)
+    if missing and recorded_outputs(outputs):
+        print(f"{prog}: {missing} configuration(s) have no row: run the same command again", file=sys.stderr)
+        return EXIT_FAILED
     return exit_status(row.get("status") for row in rows)
+
+
+def _pass(merger: Merger, runner, configs, jobs: dict, resume: bool, rerun: set[str] | None = None):
+    """Under the outputs' lock: merge every attempt that ended, then submit each configuration that has no final
+    row and is not in flight; (the poll, the configurations pending, the attempts submitted). `rerun`, a later
+    pass: only those with no row at all (their job ended with another submitting process), once a run each."""
+    sink = merger.open()
+    try:
+        pending_configs(configs, rows_by_output(merger.outputs), resume)  # refuses a foreign file
+        poll = runner.poll()
+        merger.merge(poll.outcomes, sink)
+        in_flight = {attempt.name for attempt in (*poll.queued, *poll.running)}
+        held = rows_by_output(merger.outputs)
+        pending = pending_configs(configs, held, True)
+        todo = [config for config in pending if job_name(config) not in in_flight]
+        if rerun is not None:
+            written = _keys(row for rows in held.values() for row in rows) if held else {c.key() for c in configs}
+            todo = [c for c in todo if c.key() not in written and job_name(c) not in rerun]
+            rerun.update(job_name(config) for config in todo)
+        return poll, pending, runner.submit([jobs[job_name(config)] for config in todo]) if todo else []
+    finally:
+        sink.close()
+
+
+def _keys(rows) -> set[tuple]:
+    return {BenchmarkRecord.row_key(row) for row in rows}
 
 
 def _ids(attempts) -> str:
@@ -345,8 +371,6 @@ def _grid_rows(configs: Sequence[BenchmarkConfig], outputs: Sequence[Path]) -> l
 
 
 def _write_failed(prog: str, args, exc: ResultWriteError) -> int:
-    from .argtypes import EXIT_FAILED
-
     print(f"{prog}: error: {exc.strerror}", file=sys.stderr)
     print(
         f"The jobs' rows stay in their files. Free space, then run again:\n  {resume_command(prog, args.argv)}",

@@ -24,16 +24,7 @@ is the caller's, and only the submitting process does it, under the lock of its 
     collect(runner.poll, merge, names, wait=..., ...)      # the same, until none of `names` is queued or running
     runner.close()                                         # local: stop the workers; slurm: nothing (jobs live on)
 
-An Outcome's kind: exited (the command ran to its end; its exit status and last log line), timeout (the
-job's own timeout_s, or Slurm's time limit: evidence.SLURM_TIME_LIMIT), cancelled, preempted, error (it
-ended without a trace of why), abandoned (local: its submitting process stopped first; nothing to merge).
-
-The handout (handout/jobs.py): each plan step is one Job (name: the step's id and its exact command, hashed,
-as its done marker records it; command: the step's tool with its outputs under {attempt_dir}); when its
-outcome is `exited` with status 0 or 1 (rows written), the handout moves the attempt's files into OUTPUT_DIR
-and writes the step's done marker, then settles the attempt; any other end leaves the step to run again, as
-a crashed step does inline. --slurm-same-node is SlurmRequest.nodelist (sbatch --nodelist) of the node its
-first job (the one that finds the nodes' device) ran on.
+An Outcome's kind: jobs.OUTCOMES; how the handout settles its steps: handout/jobs.py.
 
 Modules: settings (flags), jobs (Job, Attempt, Outcome, JobDir: the ledger and attempt directories),
 step (what runs around a command, in a job or a worker), evidence (how an attempt ended, from its

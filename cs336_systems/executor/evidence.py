@@ -24,6 +24,20 @@ SLURM_LINE = re.compile(
 )
 # The start of a row's error for a job Slurm ended at its time limit: resume runs such a row again.
 SLURM_TIME_LIMIT = "Slurm ended the job at its time limit"
+# Why a job pends (squeue's %r) when it can never start as asked (and any "...PerJob..." limit); ReqNodeNotAvail
+# and PartitionNodeLimit also mean a node down or drained for now: those wait.
+NEVER_STARTS = frozenset(
+    ("PartitionConfig", "PartitionTimeLimit", "BadConstraints", "InvalidAccount", "InvalidQOS", "DependencyNeverSatisfied")
+)  # fmt: skip
+
+
+def queue_state(state: str | None, reason: str | None = None) -> str | None:
+    """A Slurm state as 'queued', 'running', None (ended), or 'never': pending for a reason it never outgrows."""
+    if state not in LIVE_STATES:
+        return None
+    if state not in QUEUED_STATES:
+        return "running"
+    return "never" if reason in NEVER_STARTS or "PerJob" in (reason or "") else "queued"
 
 
 def parse_scontrol(text: str) -> dict[str, str]:
@@ -60,10 +74,11 @@ def from_log(text: str) -> tuple[str | None, str | None]:
 
 
 def ended_outcome(
-    state: str | None, log_text: str, exit_marker: dict | None, time_limit_min: int | None
+    state: str | None, log_text: str, exit_marker: dict | None, time_limit_min: int | None, started: bool = True
 ) -> tuple[str, str | None]:
     """(outcome, error) of a Slurm job that has left the queue: the scheduler's state first (a cancelled step
-    still writes its exit marker), then Slurm's line in the log, then the step's exit marker."""
+    still writes its exit marker), then Slurm's line in the log, then the step's exit marker. One that never
+    `started` and left no state (a pending array task cancelled alone...) runs again, as a cancelled one."""
     outcome = STATE_OUTCOMES.get(normalise_state(state or ""))
     if outcome is None:
         outcome = from_log(log_text)[0]
@@ -78,6 +93,8 @@ def ended_outcome(
         return "cancelled", f"Slurm ended the job ({exit_marker['terminated_by']}); the same command runs it again"
     if exit_marker is not None:
         return exit_outcome(exit_marker)
+    if not started and not state:
+        return "cancelled", "the Slurm job left the queue before it started, with no record of why; it runs again"
     named = f"Slurm state {normalise_state(state)}" if state else "no Slurm state left (sacct, scontrol)"
     return "error", f"the job ended without finishing its step ({named}); see its log"
 

@@ -23,7 +23,7 @@ from ..tools import module_name
 from ..units import counted
 from .evidence import exit_outcome
 from .jobs import EXITED, STEP_LOG, Attempt, Job, JobDir, Outcome
-from .runner import Poll, placement_of
+from .runner import Poll, placement_of, removed
 from .settings import ExecutorSettings
 
 STOP_GRACE_S = 15.0  # a stopped worker's command may finish writing its row
@@ -79,6 +79,7 @@ class LocalRunner:
     def _start(self) -> None:
         while self.waiting and self.free:
             (attempt, job), gpu = self.waiting.pop(0), self.free.pop(0)
+            attempt.directory.mkdir(parents=True, exist_ok=True)  # made again if the job directory was removed
             with open(attempt.directory / STEP_LOG, "ab") as log:  # the worker's own errors, if any
                 process = subprocess.Popen(
                     self.worker_command(attempt.directory, job),
@@ -118,7 +119,8 @@ class LocalRunner:
             elif attempt.key in self.exit_codes:  # the worker ended before writing its exit marker
                 code = self.exit_codes[attempt.key]
                 error = f"the local worker ended with status {code} before its step ended: {attempt.log_tail()}"
-                poll.outcomes.append(Outcome(attempt, "error", code, error, placement_of(attempt)))
+                kind, error = removed(attempt) or ("error", error)
+                poll.outcomes.append(Outcome(attempt, kind, code, error, placement_of(attempt)))
             elif attempt.executor == "local" and _alive_elsewhere(attempt):
                 poll.running.append(attempt)  # another submitting process's worker
             elif attempt.executor == "local":
@@ -157,7 +159,7 @@ def _alive_elsewhere(attempt: Attempt) -> bool:
     """Whether the process that submitted this local attempt still runs (then its worker may too)."""
     if attempt.submitter is None:
         return False
-    host, pid = attempt.submitter
+    host, pid, started = (*attempt.submitter, None)[:3]
     if host != socket.gethostname():
         return True  # not ours to judge; its own process settles it
-    return pid != os.getpid() and pid_running(pid)
+    return pid != os.getpid() and pid_running(pid, started)  # its pid given to a later process: gone

@@ -39,6 +39,13 @@ def placement_of(attempt: Attempt, node: str | None = None) -> dict:
     return {**found, "hostname": started.get("hostname") or node}
 
 
+def removed(attempt: Attempt) -> tuple[str, str] | None:
+    """(outcome, error) of an attempt whose directory was removed while it ran (its files lost: it runs again)."""
+    if not attempt.directory.is_dir():
+        return "cancelled", f"its files were removed while it ran ({attempt.directory}); the same command runs it again"
+    return None
+
+
 def collect(
     poll: Callable[[], Poll],
     merge: Callable[[Sequence[Outcome]], None],

@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..argtypes import non_negative_int, positive_int
 from ..errors import UsageError
+from .jobs import JobDir
 
 EXECUTORS = ("inline", "local", "slurm")
 DEFAULT_SLURM_TIME_MIN = 60
@@ -208,7 +210,8 @@ def settings_from_args(args: argparse.Namespace, cuda_count: int = 0) -> Executo
         if args.job_dir is not None:
             raise UsageError("--job-dir is for --executor local or slurm (inline writes no job files)")
         return ExecutorSettings()
-    common = dict(kind=kind, job_dir=args.job_dir, wait=args.wait, dry_run=args.dry_run)
+    job_dir = args.job_dir and JobDir(args.job_dir).path  # checked before any work (a file, a link, another user's)
+    common = dict(kind=kind, job_dir=job_dir, wait=args.wait, dry_run=args.dry_run)
     if kind == "local":
         return _local(args, device, cuda_count, common)
     if device.startswith("cuda:"):
@@ -242,8 +245,10 @@ def _local(args: argparse.Namespace, device: str, cuda_count: int, common: dict)
     if device == "cpu":
         if args.gpus:
             raise UsageError("--gpus picks the workers' GPUs: not with --device cpu")
-        workers = args.workers or 1
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = min(args.workers or 1, cores)  # each worker a core at least: more only share them (and memory)
+        if workers < (args.workers or 1):
+            print(f"--workers {args.workers}: {workers}, one per core this process may use", file=sys.stderr)
         threads = max(1, cores // workers)
         return ExecutorSettings(**common, device="cpu", workers=workers, threads_per_worker=threads)
     if device.startswith("cuda:"):

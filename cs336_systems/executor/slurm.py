@@ -1,10 +1,12 @@
 """--executor slurm: each job a Slurm job, one submission one job array (submitit), each array task running
 step.StepFunction around its job's command on the node it was given.
 
-While a job lives, `squeue` says whether it is queued or running. Once it has left the queue, its outcome
-comes from, in turn: the step's exit marker when the command ended with status 0; the scheduler's final
-state (`scontrol show job`, kept MinJobAge seconds, then `sacct` where accounting is on: TIMEOUT,
-CANCELLED, PREEMPTED); Slurm's own line in the job's log (evidence.from_log); the exit marker.
+While a job lives, `squeue` says whether it is queued or running; one it does not list (a site's wrapper,
+another view) is asked of `scontrol` before it counts as ended, and one that pends for a reason it never
+outgrows (evidence.NEVER_STARTS: more CPUs than a node has...) is cancelled, its row saying why. Once it has
+left the queue, its outcome comes from, in turn: the step's exit marker when the command ended with status 0;
+the scheduler's final state (`scontrol show job`, kept MinJobAge seconds, then `sacct` where accounting is
+on: TIMEOUT, CANCELLED, PREEMPTED); Slurm's own line in the job's log (evidence.from_log); the exit marker.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import dataclasses
 import io
 import os
 import pwd
+import re
 import shlex
 import shutil
 import subprocess
@@ -23,9 +26,9 @@ from collections.abc import Sequence
 from ..errors import UsageError
 from ..placement import EXECUTOR_ENV
 from ..tools import module_name
-from .evidence import QUEUED_STATES, ended_outcome, exit_outcome, from_log, normalise_state, parse_scontrol
-from .jobs import ATTEMPT_DIR, EXITED, Attempt, Job, JobDir, Outcome
-from .runner import Poll, placement_of
+from .evidence import ended_outcome, exit_outcome, from_log, normalise_state, parse_scontrol, queue_state
+from .jobs import ATTEMPT_DIR, EXITED, STARTED, Attempt, Job, JobDir, Outcome
+from .runner import Poll, placement_of, removed
 from .settings import ExecutorSettings
 from .step import StepFunction
 
@@ -124,7 +127,8 @@ class SlurmRunner:
             timeout = ["--timeout", f"{job.timeout_s:g}"] if job.timeout_s else []
             command = [*map(shlex.quote, step), '"$dir"', *map(shlex.quote, timeout), "--"]
             command += [_shell_word(part) for part in job.command]
-            lines += [f"{index})  # {job.label or job.name}", f"  dir={directory}", f"  {' '.join(command)} ;;"]
+            label = " ".join((job.label or job.name).split())  # a comment ends at a newline: none in it
+            lines += [f"{index})  # {label}", f"  dir={directory}", f"  {' '.join(command)} ;;"]
         lines.append("esac")
         params = self.parameters()
         text = _make_sbatch_string(
@@ -148,7 +152,7 @@ class SlurmRunner:
         from submitit.core.utils import FailedJobError, FailedSubmissionError
 
         attempts = self.job_dir.new_attempts(jobs, self.kind)
-        self.job_dir.slurm_folder.mkdir(parents=True, exist_ok=True)
+        self.job_dir.slurm_folder.mkdir(mode=0o755, parents=True, exist_ok=True)
         env = self.environment()
         functions = [
             StepFunction(str(a.directory), tuple(job.command_in(a.directory)), job.timeout_s, env)
@@ -178,20 +182,29 @@ class SlurmRunner:
         live = self._queue()
         for attempt in mine:
             marker = attempt.marker(EXITED)
-            job_id = attempt.job_id or _hand_job_id(attempt)
             if marker is not None and marker.get("returncode") == 0 and not marker.get("timed_out"):
                 poll.outcomes.append(Outcome(attempt, "exited", 0, None, placement_of(attempt)))
-            elif live is None or (job_id is not None and job_id in live):
-                state = live.get(job_id, "RUNNING") if live is not None else "RUNNING"
-                (poll.queued if state in QUEUED_STATES else poll.running).append(attempt)
+                continue
+            job_id = attempt.job_id or _hand_job_id(attempt)
+            state, reason, node = (live or {}).get(job_id, ("RUNNING" if live is None else None, None, None))
+            if state is None and attempt.job_id is not None:  # not in squeue's answer: ended, unless scontrol knows
+                state, node = self._final_state(attempt.job_id)
+            where = queue_state(state, reason)
+            if where == "never":
+                self.stop([attempt])
+                why = f"Slurm can never start the job as asked ({reason}: more than the partition or its limits allow)"
+                why += "; cancelled: change the --slurm-* request, then run the same command again"
+                poll.outcomes.append(Outcome(attempt, "cancelled", None, why, placement_of(attempt)))
+            elif where:
+                (poll.queued if where == "queued" else poll.running).append(attempt)
             elif attempt.job_id is None:  # submitted by hand: its exit marker is all there is
                 if marker is not None:
                     kind, error = exit_outcome(marker)
                     poll.outcomes.append(Outcome(attempt, kind, marker.get("returncode"), error, placement_of(attempt)))
             else:
-                state, node = self._final_state(attempt.job_id)
                 log = self._log(attempt.job_id)
-                kind, error = ended_outcome(state, log, marker, self.request.time_min)
+                started = attempt.marker(STARTED) is not None
+                kind, error = removed(attempt) or ended_outcome(state, log, marker, self.request.time_min, started)
                 node = node or from_log(log)[1]
                 code = marker.get("returncode") if marker else None
                 poll.outcomes.append(Outcome(attempt, kind, code, error, placement_of(attempt, node)))
@@ -212,11 +225,11 @@ class SlurmRunner:
         except (OSError, subprocess.SubprocessError):
             return None
 
-    def _queue(self) -> dict[str, str] | None:
-        """{job id (ARRAYJOB_TASK for array tasks): state} of this user's jobs in the queue; None when squeue
-        does not answer (then every job counts as still running, and the next poll asks again)."""
+    def _queue(self) -> dict[str, tuple[str, str, None]] | None:
+        """{job id (ARRAYJOB_TASK for array tasks): (state, why it pends, None)} of this user's jobs in the queue;
+        None when squeue does not answer (then every job counts as still running, and the next poll asks again)."""
         user = pwd.getpwuid(os.getuid()).pw_name
-        done = self._run(["squeue", "-h", "-r", "-u", user, "-o", "%i|%T"])
+        done = self._run(["squeue", "-h", "-r", "-u", user, "-o", "%i|%T|%r"])
         if done is None or done.returncode != 0:
             if not self.squeue_failed:
                 why = (done.stderr.strip().splitlines() or ["no answer"])[-1] if done else "did not run"
@@ -226,22 +239,26 @@ class SlurmRunner:
         self.squeue_failed = False
         states = {}
         for line in done.stdout.splitlines():
-            job, _, state = line.strip().partition("|")
+            job, _, rest = line.strip().partition("|")
+            state, _, reason = rest.partition("|")
             if job:
-                states[job] = normalise_state(state)
+                states[job] = (normalise_state(state), reason.strip(), None)
         return states
 
     def _final_state(self, job_id: str) -> tuple[str | None, str | None]:
-        """(state, node) of a job that left the queue: scontrol while it remembers the job, else sacct."""
+        """(state, node) of a job that left the queue: scontrol while it remembers the job, else sacct. A
+        scontrol that does not answer (a busy controller) leaves the job RUNNING until a later poll asks again."""
         shown = self._run(["scontrol", "show", "job", "-o", job_id])
-        if shown is not None and shown.returncode == 0 and "JobState=" in shown.stdout:
+        if shown is None or shown.returncode and not re.search("Invalid job id|not found", shown.stdout + shown.stderr):
+            return "RUNNING", None
+        if shown.returncode == 0 and "JobState=" in shown.stdout:
             fields = parse_scontrol(shown.stdout)
             node = fields.get("NodeList")
-            return fields.get("JobState"), node if node and node != "(null)" else None
+            return normalise_state(fields.get("JobState") or ""), node if node and node != "(null)" else None
         accounted = self._run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State,NodeList"])
         if accounted is not None and accounted.returncode == 0 and accounted.stdout.strip():
             state, _, node = accounted.stdout.strip().splitlines()[0].partition("|")
-            return state, node if node and node != "None assigned" else None
+            return normalise_state(state), node if node and node != "None assigned" else None
         return None, None
 
     def _log(self, job_id: str) -> str:

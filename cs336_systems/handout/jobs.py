@@ -37,7 +37,7 @@ from ..executor import ATTEMPT_DIR, Job, JobDir, Outcome, Poll, collect
 from ..executor.jobs import EXITED, STARTED, STEP_LOG
 from ..progress import progress_bar
 from ..results import open_to_write
-from .outputs import MARKERS, OutputDirError, claim, written
+from .outputs import MARKERS, claim, written
 from .plan import Step
 from .run import (
     BUDGET_STOPPED,
@@ -74,20 +74,15 @@ def job_name(step: Step, output_dir: Path) -> str:
 def step_job(step: Step, output_dir: Path) -> Job:
     """The step as a Job: its outputs in the attempt's directory, the earlier steps' it reads in OUTPUT_DIR;
     a tool that prints its result has its stdout kept in the attempt's copy of that file."""
-    command = step.command(Path(ATTEMPT_DIR), inputs_dir=output_dir)
+    command = step.command(Path(ATTEMPT_DIR), inputs_dir=output_dir.absolute())  # the job's setup may `cd`
     if step.capture:
         command = ["sh", "-c", 'exec "$@" > "$0"', f"{ATTEMPT_DIR}/{step.capture}", *command]
     return Job(job_name(step, output_dir), tuple(command), label=step.id, payload={"step": step.id})
 
 
 def job_dir_of(output_dir: Path, given: Path | None) -> JobDir:
-    """--job-dir, else OUTPUT_DIR/.handout/jobs (never through a link planted there)."""
-    if given is not None:
-        return JobDir(given)
-    path = output_dir / JOBS
-    if path.is_symlink() or (path.exists() and not path.is_dir()):
-        raise OutputDirError(f"--output-dir {output_dir}: {JOBS} is not a directory handout made; remove it")
-    return JobDir(path)
+    """--job-dir, else OUTPUT_DIR/.handout/executor (never through a link planted there: JobDir)."""
+    return JobDir(output_dir / JOBS if given is None else given)
 
 
 # -- settling an attempt ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -26,7 +27,10 @@ def _refuse(flag: str, raw: object, why: str) -> ResultFileError:
 
 def check_path_limits(path: Path, flag: str, raw: object) -> None:
     """The name and the path fit the filesystem's limits with the sidecar's extra characters (a file a
-    tool writes at `path`, given as `raw` to `flag`); ResultFileError otherwise."""
+    tool writes at `path`, given as `raw` to `flag`), and holds no control character (a newline would end a
+    line of a script or a comment that names it); ResultFileError otherwise."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in str(path)):
+        raise _refuse(flag, repr(str(raw)), "a control character (a newline, a tab...) in a path: give one without")
     extra = len(LOCK_PREFIX) + len(LOCK_SUFFIX)
     name_max, path_max = 255, 4096  # POSIX's usual values, for a directory we cannot ask
     for parent in path.absolute().parents:  # the nearest directory that exists knows its filesystem's limits
@@ -102,12 +106,15 @@ def check_output_path(raw: str | Path, flag: str = "--output", suffixes: Sequenc
     if lock_mode is not None and not stat.S_ISREG(lock_mode):
         why = "a symbolic link" if stat.S_ISLNK(lock_mode) else "not a regular file"
         raise _refuse(flag, raw, f"its lock file {lock_path(path).name} is {why}; remove it")
-    try:
-        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644))
+    try:  # a new file probed beside it: one made and removed at its name could be another writer's first rows
+        if mode is None:
+            fd, probe = tempfile.mkstemp(dir=path.parent, prefix=".")
+            os.close(fd)
+            os.unlink(probe)
+        else:
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK))
     except OSError as exc:
         raise _refuse(flag, raw, f"cannot write there ({exc.strerror})") from None
-    if mode is None:
-        path.unlink()  # checked, not created: a failed run leaves no empty file behind
     return path
 
 
