@@ -96,7 +96,7 @@ def test_workers_past_the_cores_are_capped_and_said(tmp_path, capsys, monkeypatc
     args = [*ONE, "--executor", "local", "--workers", "10000", "--dry-run", "--output", tmp_path / "o.csv"]
     code, out, err = run_main(benchmark_direct.main, capsys, *args)
     assert code == 0 and "--workers 10000: 2, one per core" in err, err
-    assert out.startswith("# local: 2 worker(s) at once, 1 CPU thread(s) each")
+    assert out.startswith("# local: 2 workers at once, 1 CPU thread each")
 
 
 def test_a_local_submitter_whose_pid_a_later_process_got_is_gone(tmp_path):

@@ -242,7 +242,9 @@ def test_a_cut_link_ends_the_job_at_the_collective_timeout(tmp_path, nodes):
 def test_a_job_no_partition_can_start_is_one_line_and_cancelled(tmp_path, nodes):
     command = [PYTHON, "-m", "cs336_systems.allreduce_bench", *JOB[:-1], "debug", "--sizes", "4B"]  # one node there
     done = subprocess.run(command, capture_output=True, text=True, env=child_env(), cwd=tmp_path, timeout=HANG_GUARD_S)
-    assert done.returncode == 2 and "Slurm will not start job" in done.stderr and "--slurm-partition" in done.stderr
-    job_id = done.stderr.split("Slurm will not start job ")[1].split()[0]
+    # the executor's rule for any job Slurm can never place: cancelled, a row that says why and what to change
+    assert done.returncode == 1 and "Slurm can never start the job as asked" in done.stderr, done.stderr
+    assert "change the --slurm-* request" in done.stderr
+    job_id = done.stderr.split("Slurm job ")[1].split()[0].rstrip(":;")
     queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=60)
     assert queued.stdout.strip() in ("", "CANCELLED", "COMPLETING"), queued.stdout

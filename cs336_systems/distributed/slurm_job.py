@@ -15,7 +15,6 @@ import argparse
 import hashlib
 import importlib
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -35,8 +34,6 @@ from ..tools import module_name
 from .group import GroupResult, parse_rank_device
 
 ROWS, POLL_S = "rows.jsonl", 1.0
-# squeue's reasons for a job no node will ever start
-NEVER_STARTS = ("PartitionNodeLimit", "PartitionConfig", "PartitionTimeLimit", "BadConstraints")
 JOB_FLAGS = ("slurm_nodes", "slurm_tasks_per_node")
 
 
@@ -156,8 +153,6 @@ def run_job(
             else:
                 poll = runner.poll()
                 outcome = next((o for o in poll.outcomes if o.attempt.key == attempt.key), None)
-                if any(queued.key == attempt.key for queued in poll.queued):
-                    _check_startable(attempt.job_id, request)
                 time.sleep(0 if outcome else POLL_S)
     finally:
         runner.stop([attempt])  # the ranks still running, on every node that answers
@@ -173,15 +168,3 @@ def run_job(
     for unit in units[len(records) :]:
         add(record_for(unit, result, base, environment))
     return records
-
-
-def _check_startable(job_id: str, request) -> None:
-    """A queued job that Slurm says no node can ever take (too few nodes in its partition...) is a user's
-    error: one line, the job cancelled on the way out."""
-    done = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%r"], capture_output=True, text=True, timeout=60)
-    if (reason := done.stdout.strip()) in NEVER_STARTS:
-        where = f"partition {request.partition}" if request.partition else "the default partition"
-        raise UsageError(
-            f"Slurm will not start job {job_id} ({request.nodes} node(s) in {where}): {reason}; "
-            "sinfo lists the partitions and their nodes, --slurm-partition names one"
-        )
