@@ -61,9 +61,12 @@ def mean_std(row: dict, name: str) -> str:
 
 
 def median(row: dict, name: str) -> str:
-    """The median of a timing column, † by IQR/median (torch.utils.benchmark's rule)."""
+    """'median (IQR)' of a timing column (a *_median_ms field), † by IQR/median (torch.utils.benchmark's rule)."""
     value = _number(row, name)
-    return "" if value is None else sig3(value) + _noise_mark(row, name, "median")
+    if value is None:
+        return ""
+    iqr = _number(row, f"{_stats_prefix(name)}iqr_ms")
+    return sig3(value) + ("" if iqr is None else f" ({sig3(iqr)})") + _noise_mark(row, name, "median")
 
 
 def _scaled(scale: float) -> Callable[[dict, str], str]:
@@ -82,7 +85,7 @@ def _percent_of_fraction(row: dict, name: str) -> str:
 FORMATS: dict[str, Callable[[dict, str], str]] = {
     "sig3": lambda row, name: "" if (v := _number(row, name)) is None else sig3(v),
     "ms±": mean_std,  # a *_mean_ms field
-    "ms": median,  # a *_median_ms field
+    "ms": median,  # a *_median_ms field, with its IQR
     "GiB": _scaled(2**30),
     "MiB": _scaled(2**20),
     "KiB": _scaled(2**10),
