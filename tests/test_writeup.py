@@ -153,7 +153,7 @@ def test_warmup_observations_read_each_run_against_its_own_later_steps():
     )
     assert lines[2].startswith("After 2 warmup steps the first measured step took 11.2 ms, 1.07x the median")
     assert "just above that run's later steps (10.0 to 11.0 ms), by less than their spread" in lines[2]
-    assert "other processes kept up to 1.5 cores busy meanwhile" in lines[2]
+    assert "other processes kept up to 1.5 cores busy while these rows were measured, so a slow" in lines[2]
     assert lines[3].startswith("After 5 warmup steps the first measured step took 10.0 ms, 1.00x")
     assert "within the range of that run's later steps" in lines[3]
     assert lines[4].startswith("The runs' medians of their later steps range from 10.0 to 11.0 ms:")

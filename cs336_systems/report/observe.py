@@ -1,13 +1,8 @@
-"""Observations: sentences computed from measured rows, never an interpretation, each a claim that
-`report --verify` makes again.
-
-Every sentence that ranks or sizes two timings ("1.9x as fast", "1.55x the time", "29% of a step") is
-a `Claim` made by one function, `versus`, from the rows' per-step samples, and put in words by one
-renderer, `say`: resolved (its interval excludes 1: the difference, with the interval), the same (the
-whole interval within SAME_BAND_PCT of 1), cannot tell (neither: how wide the interval is), or not
-compared (why: the load, too few steps). A block of sentences is made by a registered maker from the
-rows of named files (`observations`): its spec, written beside it, lets `report --verify` make it again.
-A helper that cannot find its rows returns None, and the sentence is left out rather than guessed."""
+"""Observations: sentences computed from measured rows, never an interpretation. Each ranking or sizing
+of two timings ("1.9x as fast", "1.55x the time", "29% of a step") is a `Claim` made by one function,
+`versus`, from the rows' per-step samples, and worded by one renderer, `say`. Each block of sentences
+is a registered maker's (`observations`), its spec beside it so that `report --verify` says it again.
+A helper that cannot find its rows returns None: the sentence is left out rather than guessed."""
 
 from __future__ import annotations
 
@@ -15,6 +10,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from ..contention import BUSY_CORES, describe_rows
@@ -49,14 +45,11 @@ def pick(rows: Iterable[dict], **labels: str) -> dict | None:
     return found[0] if len(found) == 1 else None
 
 
-def span(values: Sequence[float], unit: str = "x") -> str:
-    """'1.9x' or '1.9x to 2.4x'."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return ""
-    low, high = min(values), max(values)
-    show = times if unit == "x" else (lambda v: f"{sig3(v)}{unit}")
-    return show(low) if show(low) == show(high) else f"{show(low)} to {show(high)}"
+def span(values: Iterable[float], show: Callable[[float], str] = times, both: bool = False) -> str:
+    """'1.9x' or '1.9x to 2.4x' (`both`: the two ends even where they read alike, as an interval)."""
+    values = sorted(v for v in values if v is not None)
+    low, high = (show(values[0]), show(values[-1])) if values else ("", "")
+    return low if low == high and not both else f"{low} to {high}"
 
 
 def change(new: float, old: float) -> str:
@@ -68,13 +61,7 @@ def slope(points: Sequence[tuple[float, float]]) -> float | None:
     """Least-squares slope of log(y) on log(x): 1 linear, 2 quadratic; None from fewer than three
     lengths (two points always make a line, so they say nothing of its shape)."""
     points = [(x, y) for x, y in points if x and y and x > 0 and y > 0]
-    if len({x for x, _ in points}) < 3:
-        return None
-    xs = [math.log(x) for x, _ in points]
-    ys = [math.log(y) for _, y in points]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else None
+    return float(np.polyfit(*np.log(points).T, 1)[0]) if len({x for x, _ in points}) >= 3 else None
 
 
 # -- claims: the one function that compares two timings, and the one renderer ---------------------
@@ -108,15 +95,10 @@ class Claim:
         return 100 * max(self.high - self.ratio, self.ratio - self.low) / self.ratio
 
 
-def busy_loads(rows: Iterable[dict]) -> list[float]:
-    """The other processes' load (cores) of each row measured while they kept the machine busy."""
-    loads = [number(r, "other_load_cores") for r in rows]
-    return [load for load in loads if load is not None and load > BUSY_CORES]
-
-
 def under_load(rows: list[dict]) -> str:
     """Why these rows' times are compared with nothing ('' where none was measured on a busy machine)."""
-    busy, gpus = busy_loads(rows), any(number(r, "gpu_other_processes") for r in rows)
+    busy = [load for r in rows if (load := number(r, "other_load_cores")) is not None and load > BUSY_CORES]
+    gpus = any(number(r, "gpu_other_processes") for r in rows)
     if not (busy or gpus):
         return ""
     what = f"up to {max(busy):.1f} cores" if busy else "the GPU"
@@ -153,15 +135,11 @@ def versus(
         if min(len(mine), len(theirs)) < MIN_SAMPLES:
             return Claim(why_not=f"too few steps: {len(mine)} and {len(theirs)}", statistic=statistic)
         found = compare(mine, theirs, statistic)
-    else:
-        spread = ("iqr_ms", 0.5) if statistic == "median" else ("std_ms", 1.0)
-
-        def center_and_half(row: dict, name: str) -> tuple:
-            prefix = f"{name}_" if name else ""
-            half = number(row, f"{prefix}{spread[0]}")
-            return number(row, f"{prefix}{statistic}_ms"), None if half is None else half * spread[1]
-
-        found = compare_spreads(*center_and_half(a, phase), *center_and_half(b, of))
+    else:  # the statistic and half its spread: IQR / 2 of a median, the std of a mean
+        spread, scale = ("iqr_ms", 0.5) if statistic == "median" else ("std_ms", 1.0)
+        ends = [(f"{p}_" if p else "", row) for p, row in ((phase, a), (of, b))]
+        ends = [(number(r, f"{p}{statistic}_ms"), (number(r, f"{p}{spread}") or math.nan) * scale) for p, r in ends]
+        found = compare_spreads(*ends[0], *ends[1])
     return None if found is None else Claim(*found, caveat=caveat, statistic=statistic)
 
 
@@ -175,10 +153,7 @@ FORMS: dict[str, tuple[Callable, Callable, str]] = {
 
 
 def _range(form: str, ratios: Iterable[float], interval: bool = False) -> str:
-    shown, text, _ = FORMS[form]
-    values = sorted(shown(r) for r in ratios)
-    low, high = text(values[0]), text(values[-1])
-    return low if low == high and not interval else f"{low} to {high}"
+    return span([FORMS[form][0](r) for r in ratios], FORMS[form][1], interval)
 
 
 def _clear_best(pairs: list[tuple[Claim, str]], compared: list[Claim], form: str) -> str:

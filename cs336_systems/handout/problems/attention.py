@@ -285,7 +285,7 @@ def compile_observations(rows: list[dict]) -> list[str]:
             lines.append(said + ".")
     first = [number(r, "compile_s") for r in rows if number(r, "compile_s")]
     if first:
-        lines.append(f"Compiling took {span(first, ' s')} before the first step.")
+        lines.append(f"Compiling took {span(first, lambda v: sig3(v) + ' s')} before the first step.")
     return lines
 
 

@@ -164,13 +164,11 @@ UNANSWERABLE = ("cannot be compared", "not compared")  # a line of a section tha
 
 
 def cannot_answer(out: Section) -> set[str]:
-    """The letters whose every observation in the section says the rows cannot answer it (nsys (e) where
-    the profiled operators hold no softmax to compare): never 'measured' in the checklist."""
-    said: dict[str, list[bool]] = {}
-    for text in _texts(out, observed=True):
-        for letter in letters_of(text):
-            said.setdefault(letter, []).append(any(words in text for words in UNANSWERABLE))
-    return {letter for letter, unable in said.items() if all(unable)}
+    """The letters that only observations saying the rows cannot answer them name (nsys (e) where the
+    profiled operators hold no softmax to compare): never 'measured' in the checklist."""
+    texts = _texts(out, observed=True)
+    unable = [t for t in texts if any(words in t for words in UNANSWERABLE)]
+    return set().union(*map(letters_of, unable)) - set().union(*(letters_of(t) for t in texts if t not in unable))
 
 
 def unanswered(results: Results, out: Section) -> list[str]:

@@ -9,7 +9,7 @@ import numpy as np
 from ...report import benchmark, plots
 from ...report.document import Heading, Section, Text, sig3
 from ...report.fields import label_text
-from ...report.observe import busy_loads, maker, number, observations, ok, say, times, versus
+from ...report.observe import maker, number, observations, ok, say, times, under_load, versus
 from ...tools import module_name
 from ..parameters import Options
 from ..plan import Step
@@ -132,8 +132,8 @@ def warmup_observations(rows: list[dict]) -> list[str]:
             where = f"just above {spread}, by less than their spread: not told apart from them"
         else:
             where = f"within the range of {spread}"
-        if busy := busy_loads(runs[key]):
-            where += f"; other processes kept up to {max(busy):.1f} cores busy meanwhile, so a slow step may be theirs"
+        if busy := under_load(runs[key]):
+            where += f"; {busy}, so a slow step may be theirs"
         name = "Without warmup" if key == "0" else f"After {key} warmup step{'s' * (key != '1')}"
         lines.append(
             f"{name} the first measured step took {sig3(first)} ms, {times(first / middle)} the median of the "
