@@ -120,6 +120,12 @@ def test_verify_refuses_the_committed_writeup_with_one_observations_number_chang
     capsys.readouterr()
     assert report.main(["--verify", str(copy), str(WRITEUP / "handout_plan.csv")]) == 1
     assert f"line {at + 1}: reads {changed!r}, the results say {lines[at]!r}" in capsys.readouterr().err
+    # the first page's load sentence is an observation too: another one there is refused
+    at = next(i for i, line in enumerate(lines) if line.startswith("The machine was quiet while the"))
+    busy = "Other processes kept up to 1.7 cores busy, during 90 of 90 rows: those times are inflated."
+    copy.write_text("\n".join([*lines[:at], busy, *lines[at + 1 :]]) + "\n")
+    assert report.main(["--verify", str(copy), str(WRITEUP / "handout_plan.csv")]) == 1
+    assert f"line {at + 1}: reads {busy!r}" in capsys.readouterr().err
 
 
 def test_the_committed_writeup_is_what_handout_makes_from_its_plan(tmp_path):
