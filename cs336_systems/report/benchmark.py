@@ -117,7 +117,7 @@ def warmup_table(frame: pd.DataFrame) -> pd.DataFrame:
         Value("measured steps", "step_ms", "count", where=measured, over="step_index"),
         Value("mean ± std (ms)", "step_ms", "mean±std", where=measured, over="step_index"),
         Value("first measured (ms)", "step_ms", "first", where=measured, over="step_index"),
-        Value("slowest (ms)", "step_ms", "max", where=measured, over="step_index"),
+        Value("later: median (range) (ms)", "step_ms", "later", where=measured, over="step_index"),
     ]
     return grid(
         frame,
