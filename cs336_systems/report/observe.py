@@ -7,6 +7,7 @@ A helper that cannot find its rows returns None: the sentence is left out rather
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -67,6 +68,7 @@ def slope(points: Sequence[tuple[float, float]]) -> float | None:
 # -- claims: the one function that compares two timings, and the one renderer ---------------------
 
 RESOLVED, SAME, UNTOLD, NOT_COMPARED = "resolved", "the same", "cannot tell", "not compared"
+LOADED = "other processes kept"  # how a claim of rows measured on a busy machine says why (under_load)
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ def under_load(rows: list[dict]) -> str:
     if not (busy or gpus):
         return ""
     what = f"up to {max(busy):.1f} cores" if busy else "the GPU"
-    return f"other processes kept {what} busy while {'this row was' if len(rows) == 1 else 'these rows were'} measured"
+    return f"{LOADED} {what} busy while {'this row was' if len(rows) == 1 else 'these rows were'} measured"
 
 
 def _steps(row: dict, phase: str, samples: str | None) -> list | None:
@@ -197,8 +199,13 @@ def say(claims: Claim | Sequence[tuple[Claim | None, str]], a: str, b: str, form
             width = max(c.half_width_pct for c in found)
             text = f"cannot tell{where}, {'±' if count == 1 else 'up to ±'}{width:.0f}%"
             text = text if math.isfinite(width) else f"cannot tell{where}, an interval without bound"
-        else:
-            text = f"not compared{where} ({'; '.join(dict.fromkeys(c.why_not for c in found))})"
+        else:  # the load once, at its most
+            loads = sorted(
+                (c for c in found if c.why_not.startswith(LOADED)),
+                key=lambda c: [float(x) for x in re.findall(r"\d+\.\d+", c.why_not)],
+            )
+            why = dict.fromkeys(c.why_not for c in [*loads[-1:], *(c for c in found if c not in loads)])
+            text = f"not compared{where} ({'; '.join(why)})"
         parts.append(text)
     if not parts:
         return ""
