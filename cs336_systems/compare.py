@@ -146,10 +146,8 @@ def run(args: argparse.Namespace) -> int:
             for key in only:
                 print("- " + " ".join(f"{name}={rows[key].get(name)}" for name in SHOWN))
     withheld = sum(1 for row in table if str(row[-1]).startswith("not compared ("))
-    print(
-        f"\n{len(table)} matched, {regressions} regression(s) beyond {band:g}%"
-        + (f", {withheld} not compared." if withheld else ".")
-    )
+    said = f", {withheld} not compared" if withheld else ""
+    print(f"\n{len(table)} matched, {regressions} regression(s) beyond {band:g}%{said}.")
     return 1 if args.fail_above is not None and regressions else 0
 
 

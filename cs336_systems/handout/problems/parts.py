@@ -117,18 +117,12 @@ PARTS: dict[str, dict[str, tuple[Part, ...]]] = {
             Part(
                 "b", "forward, backward, optimizer-step times per model size, mean and standard deviation", "measured"
             ),
-            Part("c", "repeat timings with zero, one, two warmups; explain the differences", "mixed"),
+            _PARTS_2025["benchmarking_script"][2],
         ),
         "memory_profiling": (
-            Part(
-                "a",
-                "memory-profiler option; active-memory timelines for inference and training step, describe",
-                "mixed",
-            ),
-            Part("b", "peak memory per context length, forward-only and full training step", "measured"),
-            Part("c", "peak memory with bf16 mixed precision, forward and full step; notable change?", "mixed"),
+            *_PARTS_2025["memory_profiling"][:3],
             Part("d", "residual-stream activation tensor size in fp32, in MiB, with working", "derivation"),
-            Part("e", "largest allocations in forward memory timeline and their source in the stack", "mixed"),
+            _PARTS_2025["memory_profiling"][4],
             Part(
                 "f", "nsys memory trace: per-block saved residuals, top-5 ops share, gradient memory per block", "mixed"
             ),
