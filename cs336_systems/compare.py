@@ -3,10 +3,14 @@
     cs336-bench compare results/base.csv results/new.csv --fail-above 10
 
 Rows are matched on the identity columns BenchmarkRecord marks (BenchmarkRecord.row_key, the same
-key as BenchmarkConfig.key()); each matched pair gets NEW/BASE of the median step time and a verdict. With --fail-above PCT the exit
-status is 1 when any matched row is slower by more than PCT percent, or failed in NEW
-after running in BASE; otherwise 0. Without it, verdicts use a 5% band and the exit
-status is 0. Rows present on one side only are listed, never failed.
+key as BenchmarkConfig.key()); each matched pair gets NEW/BASE of the median step time and a verdict,
+the write-up's claim of the two rows (report/observe.py): slower or faster only where the interval of the
+ratio (from the rows' steps, or their interquartile ranges in a CSV) excludes 1, "cannot tell" where it
+does not, "not compared" where either row was measured while other processes kept the machine busy,
+and rows of other thread counts or devices said so. With --fail-above PCT the exit status is 1 when any
+matched row is resolved slower by more than PCT percent, or failed in NEW after running in BASE;
+otherwise 0. Without it, verdicts use a 5% band and the exit status is 0. Rows present on one side only
+are listed, never failed.
 """
 
 from __future__ import annotations
@@ -19,14 +23,17 @@ from tabulate import tabulate
 
 from .argtypes import ArgumentParser, positive_float
 from .command import Command
+from .contention import describe_rows
 from .report.fields import model_label
+from .report.observe import NOT_COMPARED, RESOLVED, versus
 from .results import BenchmarkRecord, ResultFileError, read_results, validate
 from .results.readers import CUT
 from .results.records import NONFINITE_LOSS_NOTE
+from .stats import SAME_BAND_PCT
 from .tools import prog
 
 PROG = prog("compare")
-DEFAULT_BAND_PCT = 5.0
+DEFAULT_BAND_PCT = SAME_BAND_PCT
 SHOWN = ("model", "context_length", "batch_size", "pass_type", "precision", "compile", "attention")
 # What a reader needs to know before trusting a ratio: were both sides measured alike?
 ENVIRONMENT_SHOWN = ("device_name", "torch_version", "cuda_version", "num_threads", "git_commit")
@@ -80,12 +87,19 @@ def verdict(base: dict, new: dict, band_pct: float) -> tuple[float | None, str, 
         return None, "REGRESSION: new row is NaN (time or loss)", True
     if not _finite(base):
         return None, "not comparable: base row is NaN (time or loss)", False
-    ratio = new["median_ms"] / base["median_ms"]
-    if ratio > 1 + band_pct / 100:
-        return ratio, f"SLOWER by {100 * (ratio - 1):.1f}% (> {band_pct:g}%)", True
-    if ratio < 1 - band_pct / 100:
-        return ratio, f"faster by {100 * (1 - ratio):.1f}%", False
-    return ratio, f"same (within ±{band_pct:g}%)", False
+    claim = versus(new, base)
+    if claim is not None and claim.verdict == NOT_COMPARED:
+        return None, f"not compared ({claim.why_not})", False
+    ratio = claim.ratio if claim is not None else new["median_ms"] / base["median_ms"]
+    said = f" ({claim.caveat})" if claim is not None and claim.caveat else ""
+    said += " (no spread recorded: not checked against the noise)" if claim is None else ""
+    if abs(ratio - 1) <= band_pct / 100:
+        return ratio, f"same (within ±{band_pct:g}%){said}", False
+    if claim is not None and claim.verdict != RESOLVED:
+        return ratio, f"cannot tell, ±{claim.half_width_pct:.0f}%{said}", False
+    if ratio > 1:
+        return ratio, f"SLOWER by {100 * (ratio - 1):.1f}% (> {band_pct:g}%){said}", True
+    return ratio, f"faster by {100 * (1 - ratio):.1f}%{said}", False
 
 
 def build_parser() -> ArgumentParser:
@@ -121,8 +135,9 @@ def run(args: argparse.Namespace) -> int:
         )
     headers = [*SHOWN, "base_median_ms", "new_median_ms", "new/base", "verdict"]
     print(f"# {args.new} vs {args.base}\n")
-    print(f"- base: {len(base)} rows; {environment_summary(base)}")
-    print(f"- new: {len(new)} rows; {environment_summary(new)}\n")
+    for side, rows in (("base", base), ("new", new)):
+        print(f"- {side}: {len(rows)} rows; {environment_summary(rows)}. {describe_rows(list(rows.values()))}")
+    print()
     print(tabulate(table, headers=headers, tablefmt="github", floatfmt=".3f") if table else "No matching rows.")
     for side, only in (("base", [k for k in base if k not in new]), ("new", [k for k in new if k not in base])):
         if only:
@@ -130,7 +145,9 @@ def run(args: argparse.Namespace) -> int:
             rows = base if side == "base" else new
             for key in only:
                 print("- " + " ".join(f"{name}={rows[key].get(name)}" for name in SHOWN))
-    print(f"\n{len(table)} matched, {regressions} regression(s) beyond {band:g}%.")
+    withheld = sum(1 for row in table if str(row[-1]).startswith("not compared ("))
+    said = f", {withheld} not compared" if withheld else ""
+    print(f"\n{len(table)} matched, {regressions} regression(s) beyond {band:g}%{said}.")
     return 1 if args.fail_above is not None and regressions else 0
 
 

@@ -174,5 +174,5 @@ def describe_rows(rows: list[dict]) -> str:
         f"Other processes kept up to {most:.1f} cores busy{used}"
         + (f", and shared the GPU during {gpus} rows" if gpus else "")
         + (" while the row was measured" if len(recorded) == 1 else f", during {len(busy)} of {len(recorded)} rows")
-        + ": those times are inflated."
+        + ": those times are inflated, and no sentence compares them with another row."
     )

@@ -149,53 +149,39 @@ def percent_of(part_ms: float | None, median_ms: float | None) -> float | None:
 # -- comparing two measurements ------------------------------------------------------------
 
 BOOTSTRAP_RESAMPLES = 2000
-MIN_SAMPLES = 3  # fewer steps on a side say nothing of the noise: never resolved
+MIN_SAMPLES = 3  # fewer steps on a side say nothing of the noise: never compared
+SAME_BAND_PCT = 5.0  # "the same": the whole interval of the ratio lies within this of 1
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """a against b: the ratio of their medians (a / b) and an interval of it. `resolved`: the
-    interval excludes 1, so the noise cannot explain the difference; otherwise the two are the same
-    within the noise, `half_width_pct` wide either way."""
-
-    ratio: float
-    low: float
-    high: float
-    resolved: bool
-    method: str  # how the interval was made, in words
-
-    @property
-    def half_width_pct(self) -> float:
-        return 100 * max(self.high - self.ratio, self.ratio - self.low) / self.ratio if self.ratio else math.inf
-
-
-def compare(a: Sequence[float], b: Sequence[float], level: float = 0.95, seed: int = 0) -> Comparison | None:
-    """a's steps against b's: a bootstrap interval (`level`) of the ratio of their medians, each side
-    resampled with replacement from its own steps. None without positive medians on both sides."""
+def compare(
+    a: Sequence[float], b: Sequence[float], statistic: str = "median", level: float = 0.95, seed: int = 0
+) -> tuple[float, float, float] | None:
+    """a's steps against b's: (ratio, low, high), the ratio of their `statistic` (median or mean, a / b)
+    and a bootstrap interval of it (`level`), each side resampled with replacement from its own steps.
+    None without a positive statistic on both sides; (ratio, 0, inf) from fewer than MIN_SAMPLES a side."""
     a = np.asarray([x for x in a if x is not None and math.isfinite(x)], dtype=float)
     b = np.asarray([x for x in b if x is not None and math.isfinite(x)], dtype=float)
-    if not len(a) or not len(b) or np.median(a) <= 0 or np.median(b) <= 0:
+    of = getattr(np, statistic)
+    if not len(a) or not len(b) or of(a) <= 0 or of(b) <= 0:
         return None
-    ratio = float(np.median(a) / np.median(b))
+    ratio = float(of(a) / of(b))
     if min(len(a), len(b)) < MIN_SAMPLES:
-        return Comparison(ratio, 0.0, math.inf, False, f"{len(a)} and {len(b)} steps: too few to tell")
+        return ratio, 0.0, math.inf
     rng = np.random.default_rng(seed)
-    ratios = np.median(rng.choice(a, (BOOTSTRAP_RESAMPLES, len(a))), axis=1) / np.median(
+    ratios = of(rng.choice(a, (BOOTSTRAP_RESAMPLES, len(a))), axis=1) / of(
         rng.choice(b, (BOOTSTRAP_RESAMPLES, len(b))), axis=1
     )
     low, high = (float(q) for q in np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2]))
-    method = f"{level:.0%} bootstrap interval of the ratio of medians over {len(a)} and {len(b)} steps"
-    return Comparison(ratio, low, high, low > 1 or high < 1, method)
+    return ratio, low, high
 
 
-def compare_spreads(a_median: float, a_iqr: float, b_median: float, b_iqr: float) -> Comparison | None:
-    """a against b where only each side's median and IQR are left (a CSV row keeps no steps): resolved
-    only when their interquartile ranges do not overlap."""
-    values = (a_median, a_iqr, b_median, b_iqr)
-    if any(v is None or not math.isfinite(v) for v in values) or a_median <= 0 or b_median <= 0:
+def compare_spreads(a: float, a_half: float, b: float, b_half: float) -> tuple[float, float, float] | None:
+    """a against b where only each side's statistic and half its spread are left (a CSV row keeps no
+    steps): (ratio, low, high) with the interval of the two ranges' extremes, which excludes 1 only
+    where the ranges do not overlap."""
+    values = (a, a_half, b, b_half)
+    if any(v is None or not math.isfinite(v) for v in values) or a <= 0 or b <= 0:
         return None
-    a_low, a_high = a_median - a_iqr / 2, a_median + a_iqr / 2
-    b_low, b_high = b_median - b_iqr / 2, b_median + b_iqr / 2
-    ratio = a_median / b_median
-    low, high = (a_low / b_high if b_high > 0 else 0.0), (a_high / b_low if b_low > 0 else math.inf)
-    return Comparison(ratio, low, high, a_low > b_high or a_high < b_low, "interquartile ranges that do not overlap")
+    low = (a - a_half) / (b + b_half) if b + b_half > 0 else 0.0
+    high = (a + a_half) / (b - b_half) if b - b_half > 0 else math.inf
+    return a / b, low, high

@@ -106,6 +106,28 @@ def test_the_committed_writeup_verifies_against_its_results(capsys):
     assert report.main(["--verify", str(WRITEUP / "writeup.md"), *reversed(every)]) == 0
 
 
+def test_verify_refuses_the_committed_writeup_with_one_observations_number_changed(tmp_path, capsys):
+    """Each observation is said again from the rows: a number changed in one of them fails, naming the line."""
+    import re
+
+    lines = (WRITEUP / "writeup.md").read_text().splitlines()
+    at = next(
+        i for i, line in enumerate(lines) if lines[i - 1].startswith("<!-- claims ") and re.search(r"\d\.\d", line)
+    )
+    changed = re.sub(r"(\d)\.(\d)", lambda m: f"{(int(m.group(1)) + 3) % 10}.{m.group(2)}", lines[at], count=1)
+    copy = tmp_path / "writeup.md"
+    copy.write_text("\n".join([*lines[:at], changed, *lines[at + 1 :]]) + "\n")
+    capsys.readouterr()
+    assert report.main(["--verify", str(copy), str(WRITEUP / "handout_plan.csv")]) == 1
+    assert f"line {at + 1}: reads {changed!r}, the results say {lines[at]!r}" in capsys.readouterr().err
+    # the first page's load sentence is an observation too: another one there is refused
+    at = next(i for i, line in enumerate(lines) if line.startswith("The machine was quiet while the"))
+    busy = "Other processes kept up to 1.7 cores busy, during 90 of 90 rows: those times are inflated."
+    copy.write_text("\n".join([*lines[:at], busy, *lines[at + 1 :]]) + "\n")
+    assert report.main(["--verify", str(copy), str(WRITEUP / "handout_plan.csv")]) == 1
+    assert f"line {at + 1}: reads {busy!r}" in capsys.readouterr().err
+
+
 def test_the_committed_writeup_is_what_handout_makes_from_its_plan(tmp_path):
     """The write-up made again from the committed plan and results, beside a copy of them: the same
     Markdown and figures (the PDF is the same document; typst's bytes are not compared)."""

@@ -35,7 +35,7 @@ def test_the_handout_as_slurm_jobs_runs_every_step_once_and_the_same_command_aga
     code, _, err = run_main(handout_cli.main, capsys, *argv)
     assert code == 0, err
     assert "its device as a first Slurm job found it on node" in err and "round 1: 3 step(s) submitted" in err
-    assert "every cell of its" in err  # report --verify on the write-up
+    assert "each cell of its" in err  # report --verify on the write-up
     plan = read_results(out / "handout_plan.csv")
     assert set(plan["outcome"]) == {"ok"} and set(plan["executor"]) == {"slurm"}
     assert plan["slurm_job_id"].nunique() == 3 and set(plan["hostname"]) == {socket.gethostname()}

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from cs336_systems.compare import main as compare_main
@@ -441,6 +442,8 @@ def test_compare_prints_to_a_terminal_that_cannot_show_plus_minus(tmp_path, env)
     path = tmp_path / "r.csv"
     with ResultSink([path]) as out:
         out.write(run_benchmark(tiny_benchmark_config(pass_type="forward")))
+    rows = pd.read_csv(path)  # measured quiet whatever this machine is: busy rows get no verdict to print
+    rows.assign(other_load_cores=0.0).to_csv(path, index=False)
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG", "PYTHONIO", "PYTHONUTF"))}
     done = subprocess.run(
         [sys.executable, "-m", "cs336_systems.compare", str(path), str(path)],

@@ -24,7 +24,12 @@ def results_csv(tmp_path_factory):
                 )
             )
     oom = run_benchmark(tiny_benchmark_config(context_length=16, pass_type="forward-backward", peak_tflops=1.0))
-    oom.status, oom.error, oom.mean_ms = "oom", "CUDA out of memory. Tried to allocate 2.00 GiB", None
+    oom.status, oom.error, oom.mean_ms, oom.median_ms = (
+        "oom",
+        "CUDA out of memory. Tried to allocate 2.00 GiB",
+        None,
+        None,
+    )
     sink.write(oom)
     return path
 
@@ -39,7 +44,7 @@ def test_report_tables_speedups_and_plots(results_csv, tmp_path, capsys):
         and "| custom d32 L2 ff64 V97 | fp32 " in text
         and "| custom d32 L2 ff64 V97 | bf16 " in text
     )
-    assert "±" in text and "ctx 8" in text and "ctx 16" in text
+    assert "Median (interquartile range)" in text and "ctx 8" in text and "ctx 16" in text
     assert "#### forward-backward step time" in text and "OOM" in text and "OOM: out of memory" in text
     assert "#### bf16 against fp32" in text and "speedup" in text
     plots = sorted(output.parent.glob("report_*.png"))
@@ -90,12 +95,21 @@ def test_report_errors(tmp_path, capsys):
     assert "not the output of any tool of this project" in err and "no such file" in err
 
 
+def _quiet(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows measured on a quiet machine with steps alike (IQR 1% of the median), whatever this one is."""
+    return rows.assign(other_load_cores=0.0, gpu_other_processes=None, iqr_ms=rows["median_ms"] * 0.01)
+
+
 def test_compare_exits_1_on_a_planted_regression(results_csv, tmp_path, capsys):
-    new = pd.read_csv(results_csv)
+    base = _quiet(pd.read_csv(results_csv))
+    base_path = tmp_path / "base.csv"
+    base.to_csv(base_path, index=False)
+    new = base.copy()
     new.loc[1, "median_ms"] *= 1.5  # fp32 forward at context 16 got 50% slower
     new = new.drop(index=3)  # bf16 context 16 missing in the new run
     new_path = tmp_path / "new.csv"
     new.to_csv(new_path, index=False)
+    results_csv = base_path
 
     assert compare.main([str(results_csv), str(new_path), "--fail-above", "10"]) == 1
     out = capsys.readouterr().out
@@ -105,6 +119,25 @@ def test_compare_exits_1_on_a_planted_regression(results_csv, tmp_path, capsys):
     assert "- base: 5 rows; device_name " in out and "torch_version " in out  # measured alike?
     assert compare.main([str(results_csv), str(new_path), "--fail-above", "60"]) == 0
     assert compare.main([str(results_csv), str(results_csv), "--fail-above", "1"]) == 0
+
+
+def test_compare_ranks_no_busy_rows_and_says_when_thread_counts_differ(results_csv, tmp_path, capsys):
+    """The issue's 'faster by 96.2%' of a busy 2-thread run against a 1-thread one: withheld, saying why;
+    on a quiet machine the same difference is a verdict that names the thread counts."""
+    base = _quiet(pd.read_csv(results_csv)).assign(num_threads=1)
+    new = base.assign(num_threads=2, median_ms=base["median_ms"] * 0.04)
+    paths = [tmp_path / "base.csv", tmp_path / "quiet.csv", tmp_path / "busy.csv"]
+    for path, rows in zip(paths, (base, new, new.assign(other_load_cores=1.2))):
+        rows.to_csv(path, index=False)
+    assert compare.main([str(paths[0]), str(paths[2]), "--fail-above", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "faster" not in out and "SLOWER" not in out and ", 4 not compared." in out
+    assert "not compared (other processes kept up to 1.2 cores busy while these rows were measured)" in out
+    assert (
+        "- new: 5 rows;" in out and "Other processes kept up to 1.2 cores busy (the rows' torch used 2 threads)" in out
+    )
+    assert compare.main([str(paths[0]), str(paths[1])]) == 0
+    assert "faster by 96.0% (measured with 2 and 1 threads)" in capsys.readouterr().out
 
 
 def test_compare_counts_a_new_failure_as_regression(results_csv, tmp_path, capsys):
@@ -128,8 +161,8 @@ def test_rows_of_one_configuration_from_two_gpus_stay_apart_and_the_report_says_
     and the environment table names both."""
     rows = pd.read_csv(results_csv)
     fp32 = rows[(rows["precision"] == "fp32") & (rows["status"] == "ok")].head(1)
-    fp32 = fp32.assign(device_name="NVIDIA H100 80GB HBM3", mean_ms=2.5)  # the test's names, not this machine's
-    other = fp32.assign(device_name="NVIDIA A100-SXM4-80GB", mean_ms=7.5)
+    fp32 = fp32.assign(device_name="NVIDIA H100 80GB HBM3", median_ms=2.5, iqr_ms=0.1)  # the test's names
+    other = fp32.assign(device_name="NVIDIA A100-SXM4-80GB", median_ms=7.5)
     merged = tmp_path / "two_gpus.csv"
     pd.concat([fp32, other]).to_csv(merged, index=False)
     output = tmp_path / "report.md"
@@ -139,4 +172,34 @@ def test_rows_of_one_configuration_from_two_gpus_stay_apart_and_the_report_says_
     assert [cell.strip() for cell in device_row.split("|")[2:-1]] == ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"]
     for name, rows in (("NVIDIA H100 80GB HBM3", fp32), ("NVIDIA A100-SXM4-80GB", other)):  # a table per device
         table = text.split(f"#### forward step time, {name} (ms)")[1].split("####")[0]
-        assert f"| {float(rows['mean_ms'].iloc[0]):.2f} ±" in table
+        assert f"| {float(rows['median_ms'].iloc[0]):.2f} (0.100)" in table
+
+
+def test_report_on_a_busy_sweep_says_the_load_and_compares_no_busy_rows(tmp_path):
+    """The issue's '2.02x the FLOPs from context 64 to 128 take 0.79x the time' from rows measured while
+    other processes kept 1.05-1.39 cores busy: the report says the load and draws no floor from them."""
+    from tests.test_report_formats import _row
+
+    def rows(load):
+        return [
+            _row(
+                pass_type="forward", context_length=n, flops_per_step=f, median_ms=t, iqr_ms=0.01, other_load_cores=load
+            )
+            for n, f, t in ((64, 1.0e9, 10.0), (128, 2.02e9, 7.9))
+        ]
+
+    made = {}
+    for name, load in (("busy", 1.39), ("quiet", 0.0)):
+        path = tmp_path / f"{name}.csv"
+        pd.DataFrame(rows(load)).to_csv(path, index=False)
+        output = tmp_path / f"{name}.md"
+        assert report.main([str(path), "--output", str(output)]) == 0
+        assert report.main(["--verify", str(output), str(path)]) == 0
+        made[name] = output.read_text()
+    assert "Other processes kept up to 1.4 cores busy, during 2 of 2 rows: those times are inflated" in made["busy"]
+    assert "FLOPs" not in made["busy"]
+    assert "The machine was quiet while the 2 rows were measured" in made["quiet"]
+    assert (
+        "custom d32 L2 ff64 V97, fp32: 2.02x the FLOPs; context 128 against context 64: 0.79x the time "
+        "(interval 0.79x to 0.79x): a floor the arithmetic does not set." in made["quiet"]
+    )

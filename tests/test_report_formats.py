@@ -87,7 +87,7 @@ def test_every_format_holds_every_table_row_and_the_markdown_verifies(files, tmp
     assert "NVIDIA H100 80GB HBM3" in md and "AMD EPYC" in md  # every caption names what its rows share
     capsys.readouterr()
     assert report.main(["--verify", str(outputs[0]), *_all(files)]) == 0
-    assert "every cell of its" in capsys.readouterr().err
+    assert "each cell of its" in capsys.readouterr().err
 
 
 def test_pdf_compiles_with_typst(files, tmp_path):
@@ -104,8 +104,12 @@ def _row(**changes) -> dict:
         k: changes.pop(k) for k in list(changes) if k in ("pass_type", "precision", "compile", "grad_accum_steps")
     }
     row = BenchmarkRecord.for_config(tiny_benchmark_config(**config), "cpu", None, 1000).to_row()
-    row.update(status="ok", std_ms=0.1, cv_pct=1.0, device_name="cpu test", torch_version="2.13.0", **changes)
-    return row
+    if "mean_ms" in changes:  # the tables show the median (IQR): a row of steps alike has the two equal
+        changes.setdefault("median_ms", changes["mean_ms"])
+    row.update(
+        status="ok", std_ms=0.1, cv_pct=1.0, iqr_ms=0.1, iqr_pct=1.0, device_name="cpu test", torch_version="2.13.0"
+    )
+    return {**row, **changes}
 
 
 @pytest.fixture
@@ -133,7 +137,7 @@ def test_rows_that_differ_in_any_setting_never_share_a_cell(coexisting, tmp_path
     text = output.read_text()
     shown = [cell for table in parse_tables(text) for row in table.rows for cell in row]
     for row in rows:  # every row's time is in a cell of its own
-        assert f"{sig3(row['mean_ms'])} ± 0.100" in shown, row["mean_ms"]
+        assert f"{sig3(row['median_ms'])} (0.100)" in shown, row["median_ms"]
     memory = next(t for t in parse_tables(text) if "Peak memory" in t.title)
     cells = {tuple(r[: len(r) - 2]): r for r in memory.rows}
     assert any("14.0" in r for r in memory.rows) and any("88.0" in r for r in memory.rows)
@@ -164,11 +168,11 @@ def test_verify_names_a_changed_cell_and_a_folded_table(coexisting, tmp_path, ca
     assert report.main([str(path), "--output", str(output)]) == 0
     text = output.read_text()
     changed = tmp_path / "changed.md"
-    changed.write_text(text.replace("30.0 ± 0.100", "31.0 ± 0.100", 1))
+    changed.write_text(text.replace("30.0 (0.100)", "31.0 (0.100)", 1))
     capsys.readouterr()
     assert report.main(["--verify", str(changed), str(path)]) == 1
     err = capsys.readouterr().err
-    assert "shows '31.0 ± 0.100', the result row gives '30.0 ± 0.100'" in err and "column" in err
+    assert "shows '31.0 (0.100)', the result row gives '30.0 (0.100)'" in err and "column" in err
     # the same tables with the keys that pick a column's row dropped: fp32 and bf16 rows both fit a cell
     folded = tmp_path / "folded.md"
     folded.write_text(re.sub(r"<!-- cells (.*) -->", lambda m: f"<!-- cells {_unkeyed(m.group(1))} -->", text))

@@ -12,14 +12,15 @@ from cs336_systems.report.markdown_tables import parse_tables
 from cs336_systems.report.spec import Spec
 from tests.test_report_formats import _row
 
-FP32_ROW = "| custom d32 L2 ff64 V97 | fp32        | 10.0 ± 0.100 | 20.0 ± 0.100 |"
-BF16_ROW = "| custom d32 L2 ff64 V97 | bf16        | 5.00 ± 0.100 | 7.00 ± 0.100 |"
-TRAIN_ROW = "| custom d32 L2 ff64 V97 | 30.0 ± 0.100 | 40.0 ± 0.100 |"
+FP32_ROW = "| custom d32 L2 ff64 V97 | fp32        | 10.0 (0.100) | 20.0 (0.100) |"
+BF16_ROW = "| custom d32 L2 ff64 V97 | bf16        | 5.00 (0.100) | 7.00 (0.100) |"
+TRAIN_ROW = "| custom d32 L2 ff64 V97 | 30.0 (0.100) | 40.0 (0.100) |"
 
 
 @pytest.fixture
 def written(tmp_path):
-    """A report of forward rows at two contexts in fp32 and bf16, and train-step rows in fp32."""
+    """A report of forward rows at two contexts in fp32 and bf16, and train-step rows in fp32, measured
+    while other processes kept 1.2 cores busy."""
     rows = [
         _row(pass_type="forward", context_length=8, mean_ms=10.0),
         _row(pass_type="forward", context_length=16, mean_ms=20.0),
@@ -29,7 +30,7 @@ def written(tmp_path):
         _row(pass_type="train-step", context_length=16, mean_ms=40.0),
     ]
     results = tmp_path / "rows.csv"
-    pd.DataFrame(rows).to_csv(results, index=False)
+    pd.DataFrame(rows).assign(other_load_cores=1.2).to_csv(results, index=False)
     output = tmp_path / "report.md"
     assert report.main([str(results), "--output", str(output)]) == 0
     text = output.read_text()
@@ -55,8 +56,8 @@ def _swap_context_keys(text: str) -> str:
         type(ctx16)(ctx16.header, ctx16.field, ctx16.fmt, ctx8.where),
     ]
     text = text.replace(spec, data.to_json().replace("--", "-\\u002d"))
-    text = text.replace(FP32_ROW, "| custom d32 L2 ff64 V97 | fp32        | 20.0 ± 0.100 | 10.0 ± 0.100 |")
-    return text.replace(BF16_ROW, "| custom d32 L2 ff64 V97 | bf16        | 7.00 ± 0.100 | 5.00 ± 0.100 |")
+    text = text.replace(FP32_ROW, "| custom d32 L2 ff64 V97 | fp32        | 20.0 (0.100) | 10.0 (0.100) |")
+    return text.replace(BF16_ROW, "| custom d32 L2 ff64 V97 | bf16        | 7.00 (0.100) | 5.00 (0.100) |")
 
 
 def _around(text: str, row: str, prefix: str, changed: str) -> str:
@@ -81,16 +82,27 @@ EDITS = {
         "its heading or caption says compiled; its rows are eager",
     ),
     "a caption claiming bf16": (
-        lambda t: t.replace("*Every row: batch 2, train-step, fp32,", "*Every row: batch 2, train-step, bf16,"),
-        "its caption reads 'Every row: batch 2, train-step, bf16",
+        lambda t: t.replace("ms. Every row: batch 2, train-step, fp32,", "ms. Every row: batch 2, train-step, bf16,"),
+        "steps, ms. Every row: batch 2, train-step, bf16",
     ),
     "an indented table with a changed number": (
         lambda t: _around(t, TRAIN_ROW, " ", TRAIN_ROW.replace("30.0", "31.0")),
-        "shows '31.0 ± 0.100', the result row gives '30.0 ± 0.100'",
+        "shows '31.0 (0.100)', the result row gives '30.0 (0.100)'",
     ),
     "a blockquoted table with a changed number": (
         lambda t: _around(t, TRAIN_ROW, "> ", TRAIN_ROW.replace("30.0", "31.0")),
-        "shows '31.0 ± 0.100', the result row gives '30.0 ± 0.100'",
+        "shows '31.0 (0.100)', the result row gives '30.0 (0.100)'",
+    ),
+    "an observation whose spec names no maker": (
+        lambda t: t.replace('"maker":"describe_rows"', '"maker":"nothing"'),
+        "(observation): its claims spec cannot be applied (KeyError: 'nothing')",
+    ),
+    "an observation whose spec names a file not given": (
+        lambda t: t.replace(
+            '{"maker":"describe_rows","tool":"","sources":["rows.csv"]',
+            '{"maker":"describe_rows","tool":"","sources":["other.csv"]',
+        ),
+        "(observation): its source other.csv is not among the result files given",
     ),
     "a spec nested 200,000 deep": (
         lambda t: t.replace('"fixed":{', '"fixed":{"x":' + "[" * 200_000 + "]" * 200_000 + ",", 1),
@@ -115,6 +127,20 @@ def test_the_report_as_written_verifies(written, tmp_path, capsys):
     results, text = written
     status, err = _verify(tmp_path, results, text, capsys)
     assert status == 0, err
+
+
+def test_verify_refuses_a_first_page_that_claims_a_quiet_machine(written, tmp_path, capsys):
+    """The load sentence is a claim made from the rows: replaced, or left without its spec, it fails."""
+    results, text = written
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("Other processes kept up to 1.2 cores busy"))
+    assert lines[at - 1].startswith("<!-- claims ") and "during 6 of 6 rows" in lines[at]
+    quiet = "The machine was quiet while the 6 rows were measured: other processes kept at most 0.0 cores busy."
+    status, err = _verify(tmp_path, results, text.replace(lines[at], quiet), capsys)
+    assert status == 1 and f"line {at + 1}: reads {quiet!r}, the results say {lines[at]!r}" in err, err
+    status, err = _verify(tmp_path, results, text.replace(f"{lines[at - 1]}\n{lines[at]}", quiet), capsys)
+    assert status == 1 and "a sentence in the claims' words with no claims spec" in err, err
+    assert "each of its 1 observations" in _verify(tmp_path, results, text, capsys)[1]
 
 
 def test_every_block_that_renders_as_a_table_is_read():

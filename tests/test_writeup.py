@@ -90,10 +90,12 @@ def test_the_first_page_checklist_is_the_plans_outcomes(text):
 
 
 def test_the_benchmarking_observations_are_the_rows_numbers(text):
+    """The table shows means (the handout asks for mean and std): so does the sentence under it."""
     rows = as_todays_rows(pd.read_json(WRITEUP / "benchmarking_script-b-small.jsonl", lines=True))
     step = rows[rows["pass_type"] == "train-step"].iloc[0]
     ratio = step["backward_mean_ms"] / step["forward_mean_ms"]
-    assert f"The backward pass takes {ratio:.2f}x the forward pass" in _section(text, "benchmarking_script")
+    said = f"The backward pass (train-step rows) against the forward pass: {ratio:.2f}x the time (interval "
+    assert said in _section(text, "benchmarking_script")
 
 
 def _bench(model="m", **values) -> dict:
@@ -101,35 +103,30 @@ def _bench(model="m", **values) -> dict:
 
 
 def test_timing_observations_by_hand():
+    """Each ratio is a claim on the means the table shows: steps alike give a point interval."""
     rows = [
         _bench("small", pass_type="forward", mean_ms=10.0, num_params=100, cv_pct=2.0, step_ms=[10.0, 10.1, 9.9]),
         _bench("large", pass_type="forward", mean_ms=40.0, num_params=400, cv_pct=12.0, step_ms=[40.0, 41.0, 39.0]),
-        _bench(
-            "small",
-            pass_type="train-step",
-            forward_mean_ms=10.0,
-            backward_mean_ms=20.0,
-            optimizer_mean_ms=3.0,
-            mean_ms=33.0,
-            cv_pct=1.0,
-        ),
-        _bench(
-            "large",
-            pass_type="train-step",
-            forward_mean_ms=40.0,
-            backward_mean_ms=100.0,
-            optimizer_mean_ms=6.0,
-            mean_ms=146.0,
-            cv_pct=1.0,
-        ),
     ]
+    for model, forward, backward, optimizer in (("small", 10.0, 20.0, 3.0), ("large", 40.0, 100.0, 6.0)):
+        phases = {"forward_samples_ms": [forward] * 3, "backward_samples_ms": [backward] * 3}
+        step = {"optimizer_samples_ms": [optimizer] * 3, "step_ms": [forward + backward + optimizer] * 3}
+        rows.append(_bench(model, pass_type="train-step", cv_pct=1.0, **phases, **step))
     lines = timing_observations(rows)
-    assert (
-        lines[0]
-        == "A forward pass takes 10.0 ms (small) to 40.0 ms (large): 4.00x the time (medians) for 4.00x the parameters."
+    # the bootstrap's means lie between 39/10.1 and 41/9.9: the interval is inside 3.86x to 4.14x
+    assert re.fullmatch(
+        r"A forward pass takes 10\.0 ms on average \(small\) to 40\.0 ms \(large\), with 4\.00x the parameters; "
+        r"large against small: 4\.00x the time \(interval (3\.8[6-9]|3\.9\d)x to (4\.0\d|4\.1[0-4])x, of the means\)\.",
+        lines[0],
+    ), lines[0]
+    assert lines[1] == (
+        "The backward pass (train-step rows) against the forward pass: 2.00x to 2.50x the time at all 2 models; "
+        "the highest at large, its interval clear of every other's."
     )
-    assert lines[1] == "The backward pass takes 2.00x to 2.50x the forward pass (train-step rows)."
-    assert lines[2] == "The optimizer step is 4.11% to 9.09% of a training step."
+    assert lines[2] == (  # 3 / 33 and 6 / 146
+        "The optimizer step as a share of a training step: 4.11% to 9.09% at all 2 models; the highest at small, "
+        "its interval clear of every other's."
+    )
     assert "at most 12.0%" in lines[3] and "the noisiest row: large forward; 1 of 4 rows are above 10%" in lines[3]
 
 
@@ -156,7 +153,7 @@ def test_warmup_observations_read_each_run_against_its_own_later_steps():
     )
     assert lines[2].startswith("After 2 warmup steps the first measured step took 11.2 ms, 1.07x the median")
     assert "just above that run's later steps (10.0 to 11.0 ms), by less than their spread" in lines[2]
-    assert "other processes kept up to 1.5 cores busy meanwhile" in lines[2]
+    assert "other processes kept up to 1.5 cores busy while these rows were measured, so a slow" in lines[2]
     assert lines[3].startswith("After 5 warmup steps the first measured step took 10.0 ms, 1.00x")
     assert "within the range of that run's later steps" in lines[3]
     assert lines[4].startswith("The runs' medians of their later steps range from 10.0 to 11.0 ms:")
@@ -172,8 +169,8 @@ def test_checkpoint_observations_name_the_lowest_and_its_neighbours():
     ]
     lines = checkpoint_observations(rows)
     assert lines[0].startswith(
-        "The lowest peak is with 2 blocks per checkpointed group: -50% against no checkpointing, for a step time "
-        "+30% (interval +2"
+        "The lowest peak is with 2 blocks per checkpointed group: -50% against no checkpointing; its step time "
+        "against no checkpointing's: +30% (interval +2"
     )
     assert lines[1:] == [
         "1 blocks per group: peak +20% against the lowest.",
@@ -188,14 +185,16 @@ def test_attention_observations_find_the_first_oom_and_the_quadratic_growth():
             "context_length": n,
             "status": "ok",
             "memory_before_backward_bytes": 4.0 * n * n,
-            "forward_mean_ms": 0.001 * n * n,
+            "forward_median_ms": 0.001 * n * n,
             "scores_bytes": 4 * n * n,
         }
         for n in (256, 512, 1024)
     ] + [{"head_dim": 16, "context_length": 4096, "status": "oom"}]
     lines = attention_observations(rows)
     assert lines[0].startswith("The first out-of-memory is at sequence length 4096 (head dim 16); 1 of 4 shapes")
-    assert "memory held before backward grows as sequence^2.0, forward time as sequence^2.0" in lines[1]
+    assert "memory held before backward grows as sequence^2.0, forward median time as sequence^2.0" in lines[1]
+    busy = attention_observations([{**row, "other_load_cores": 1.2} for row in rows])  # a slope compares times
+    assert "forward time not compared (other processes kept up to 1.2 cores busy" in busy[1]
     assert "At sequence length 1024 the score matrix alone is 4.00 MiB" in lines[2]
 
 
@@ -216,7 +215,7 @@ def test_ddp_observations_say_when_communication_is_not_measurable():
     rows[2]["comm_step_ms"] = [5.0, 5.1, 4.9]
     lines = ddp_observations(rows)
     assert lines[0].startswith("naive on 2 ranks: median step 20.0 ms, of which 15.0 ms communicating (75.0% of it)")
-    assert "against one process: +300% (interval +" in lines[0]
+    assert "; its step against one process: +300% (interval +" in lines[0]
     assert lines[2].startswith(
         "zero1 on 2 ranks: median step 12.0 ms; exposed communication: per-step differences -31.2..+75.9 ms straddle 0"
     )
@@ -266,10 +265,11 @@ def test_precision_observations_follow_the_size():
         _bench("xl", num_params=9, pass_type="forward", precision="fp32", **steps(100.0)),
         _bench("xl", num_params=9, pass_type="forward", precision="bf16", **steps(40.0)),
     ]
-    lines = precision_observations(rows)
-    assert lines[0].startswith("small, forward: bf16 autocast runs the same within the noise (±")
-    assert lines[1].startswith("xl, forward: bf16 autocast runs 2.50x as fast (interval 2.4")
-    assert len(lines) == 2  # no trend: small's speedup is not resolved
+    (line,) = precision_observations(rows)  # one sentence per pass, over the models
+    assert line.startswith(
+        "bf16 autocast (forward) against fp32: 2.50x as fast at 1 of 2; the highest at xl, its interval clear of "
+        "every other's; cannot tell at 1 of 2, up to ±"
+    )
 
 
 def test_versus_observations_rank_only_what_the_noise_resolves():
@@ -286,9 +286,9 @@ def test_versus_observations_rank_only_what_the_noise_resolves():
         row("compiled", 256, [4.5, 3.5, 5.5, 4.0]),  # the same within the noise
     ]
     (line,) = versus_observations(rows, "naive", "compiled")
-    assert line.startswith("forward: compiled runs 2.00x as fast as naive at 1 of 2 shapes; the others are the same")
-    assert "the largest gain at head dim 16, sequence 128" in line
-    # slower at every shape: the fastest is no gain, and a ratio under 0.1x keeps its digits
+    assert line.startswith("compiled (forward) against naive: 2.00x as fast at 1 of 2; the highest at head dim 16,")
+    assert "sequence 128 (fp32), its interval clear of every other's; cannot tell at 1 of 2, up to ±" in line
+    # slower at every shape: a ratio under 0.1x keeps its digits
     slower = [
         row("naive", 128, [1.0, 1.01, 0.99, 1.0]),
         row("flash", 128, [8.0, 8.1, 7.9, 8.0]),
@@ -296,8 +296,35 @@ def test_versus_observations_rank_only_what_the_noise_resolves():
         row("flash", 256, [260.0, 262.0, 258.0, 260.0]),
     ]
     (line,) = versus_observations(slower, "naive", "flash")
-    assert line.startswith("forward: flash runs 0.0038x to 0.12x as fast as naive;"), line
-    assert "the closest to naive at head dim 16, sequence 128" in line and "gain" not in line
+    assert line.startswith("flash (forward) against naive: 0.0038x to 0.12x as fast at all 2 shapes; the highest")
+
+
+def test_the_same_within_the_noise_only_where_the_interval_lies_inside_the_band():
+    """Samples wholly apart are never 'the same'; the same needs the whole interval within 5% of 1, and an
+    interval wider than that (crossing 1) cannot tell; a busy machine's rows are not compared at all."""
+    from cs336_systems.report.observe import SAME, UNTOLD, say, versus
+
+    def row(samples, load=0.0):
+        return {"step_ms": samples, "other_load_cores": load}
+
+    same = versus(row([10.0, 10.1, 9.9, 10.0, 10.05]), row([10.0, 10.05, 9.95, 10.0, 10.1]))
+    assert same.verdict == SAME and same.low >= 0.95 and same.high <= 1.05
+    assert say(same, "a", "b").startswith("a against b: the same within ±5% (interval 0.99x to 1.0")
+    wide = versus(row([8.0, 12.0, 10.0, 9.0, 11.0]), row([10.0, 10.1, 9.9, 10.0, 10.0]))
+    assert wide.verdict == UNTOLD and say(wide, "a", "b").startswith("a against b: cannot tell, ±")
+    # the issue's flash rows: 21x slower, every sample of one above every sample of the other, under load
+    flash, naive = [21.0, 22.0, 20.5, 21.5], [1.0, 1.02, 0.98, 1.01]
+    busy = say([(versus(row(flash, 1.7), row(naive, 1.7)), "d 16")] * 2, "flash", "naive", "speed", "shapes")
+    assert busy == (
+        "flash against naive: not compared at all 2 shapes (other processes kept up to 1.7 cores busy while "
+        "these rows were measured)"
+    )
+    quiet = versus(row(flash), row(naive))
+    assert say(quiet, "flash", "naive").startswith("flash against naive: 0.047x as fast (interval 0.04")
+    too_few = versus(row([1.0, 2.0]), row(naive))
+    assert say(too_few, "a", "b") == "a against b: not compared (too few steps: 2 and 4)"
+    threads = versus({**row(flash), "num_threads": 1}, {**row(naive), "num_threads": 2})
+    assert say(threads, "a", "b").endswith("(measured with 1 and 2 threads)")
 
 
 def test_a_ratio_keeps_two_significant_figures_below_a_tenth():
@@ -336,11 +363,11 @@ def test_the_residual_stream_answer_is_at_the_handouts_reference_model_whatever_
     from cs336_systems.handout.problems.memory import residual_stream
 
     small_row = {"batch_size": 2, "context_length": 128, "d_model": 512, "model": "d512"}
-    first, measured = residual_stream("2025", [small_row])
+    first, measured = residual_stream([small_row], "2025")
     assert first.startswith("At the handout's reference hyperparameters (2.7B, d_model 2560, batch 4)")
     assert "context 128: 4 x 128 x 2560 x 4 bytes = 5.00 MiB" in first and "context 512:" in first
     assert measured.endswith("batch 2 x context 128 x d_model 512 x 4 bytes = 0.50 MiB (d512).")
-    (xl,) = residual_stream("2026", [])
+    (xl,) = residual_stream([], "2026")
     assert "(xl, d_model 2560, batch 4)" in xl and "context 2048: 4 x 2048 x 2560 x 4 bytes = 80.00 MiB" in xl
 
 
@@ -375,15 +402,61 @@ def test_a_letter_not_measured_here_points_to_the_gpu_command_only_where_that_pl
 def test_no_sentence_compares_two_rows_when_either_was_measured_on_a_busy_machine():
     """Each row's steps say nothing of what the load did to the other row: under two busy loops a 1 ms
     forward had 255 ms steps, and bf16 'ran 225.9x as fast' as fp32 with a tight interval."""
-    from cs336_systems.report.observe import speed_text, versus
+    from cs336_systems.report.observe import say, versus
 
     def row(samples, load):
         return {"step_ms": samples, "other_load_cores": load}
 
     fast, slow = [1.0, 1.01, 0.99, 1.0, 1.0], [255.0, 256.0, 254.0, 255.0, 255.5]
-    assert speed_text(versus(row(fast, 0.0), row(slow, 0.1))).startswith("25")  # quiet: 255x, resolved
-    loaded = versus(row(fast, 0.0), row(slow, 1.01))
-    assert not loaded.resolved
+    assert say(versus(row(fast, 0.0), row(slow, 0.1)), "a", "b").startswith("a against b: 25")  # quiet: 255x
+    loaded = say(versus(row(fast, 0.0), row(slow, 1.01)), "a", "b")
     assert (
-        speed_text(loaded) == "(not compared: other processes kept up to 1.0 cores busy while these rows were measured)"
+        loaded == "a against b: not compared (other processes kept up to 1.0 cores busy while these rows were measured)"
     )
+
+
+def test_a_status_compares_what_ran_with_what_the_handout_asks():
+    """'measured' only at the handout's shapes (its own plan's flags); a small-scale run is 'reduced', saying
+    what and against what; a letter whose section says its rows cannot answer it is never 'measured'."""
+    from pathlib import Path
+
+    from cs336_systems.handout.parameters import SMALL, Options
+    from cs336_systems.handout.problems import PROBLEMS
+    from cs336_systems.handout.problems.base import handout_plan
+    from cs336_systems.handout.target import assumed_target
+    from cs336_systems.handout.writeup import checklist_frame
+
+    def plan(label, steps):
+        return pd.DataFrame(
+            [{"edition": "2026", "problem": label, "step": s.id, "part": s.part, "outcome": "ok", "reductions": None,
+              "command": s.shell(Path("."))} for s in steps]
+        )  # fmt: skip
+
+    asked = checklist_frame(plan("pytorch_attention", handout_plan("2026", "pytorch_attention"))).loc[
+        "pytorch_attention"
+    ]
+    assert (asked["status"], asked["sub-questions"], asked["why"]) == ("measured", "a measured", "nothing left out")
+    small = PROBLEMS["pytorch_attention"].plan(Options("2026", SMALL, "cpu"), assumed_target("H100 80GB"))
+    row = checklist_frame(plan("pytorch_attention", small)).loc["pytorch_attention"]
+    assert (row["status"], row["sub-questions"]) == ("reduced", "a reduced")
+    assert row["why"] == (
+        "less than the handout asks: --context-lengths 64 128 (handout: 256 1024 4096 8192 16384); --head-dims 16 32 "
+        "(handout: 16 32 64 128); --batch-sizes 4 (handout: 8); --measure-steps 10 (handout: 100)"
+    )
+    nsys = [s for s in handout_plan("2026", "nsys_profile")]
+    unable = checklist_frame(plan("nsys_profile", nsys), {"nsys_profile": {"e"}}).loc["nsys_profile"]
+    assert unable["sub-questions"].endswith("e not measured") and unable["status"] == "partly measured"
+    assert "(e) not measured here: its section says why" in unable["why"]
+
+
+def test_a_sub_question_every_observation_says_it_cannot_answer_is_not_answered():
+    from cs336_systems.handout.problems.base import cannot_answer
+    from cs336_systems.report.document import Bullets, Heading, Section
+
+    section = Section("nsys_profile", "nsys_profile").add(
+        Heading("(b-e) The longest operators"),  # a heading names (e) too: it answers nothing by itself
+        Bullets(
+            ["(b) forward: the longest is `aten::mm`.", "(e) Context 32: so the two cannot be compared here."], spec={}
+        ),
+    )
+    assert cannot_answer(section) == {"e"}

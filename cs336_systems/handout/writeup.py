@@ -3,11 +3,12 @@ a checklist of every problem, then one section per problem of the edition in the
 (each problem writes its own: problems/), then the plan itself with every step's command.
 
 The checklist is a result file of its own (handout_checklist.csv: a row per problem, from its steps'
-outcomes), written beside the plan before the document is made, so `report --verify` checks its table
-as any other."""
+outcomes against what the handout asks, and its section's answers), written beside the plan before the
+first page is made, so `report --verify` checks its table as any other."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pandas as pd
@@ -16,11 +17,12 @@ from ..contention import describe_rows
 from ..report.document import Bullets, Document, Section, Text
 from ..report.grid import FoldedRows, Value, grid
 from ..report.load import index_files, read_file
+from ..report.observe import observations
 from ..report.summary import environment_frame, environment_table
 from ..results import write_whole
 from ..results.origin import named
 from .problems import EDITIONS, IMPLEMENTATION, MEASURED, PROBLEMS, of_edition
-from .problems.base import Results, letters_of
+from .problems.base import Results, cannot_answer, handout_plan, letters_of
 
 
 def build_writeup(
@@ -32,9 +34,6 @@ def build_writeup(
     directory = plan_path.parent
     files, missing = index_files(plan, directory)
     files[plan_path.name] = plan.assign(source=plan_path.name)
-    checklist = directory / CHECKLIST_FILE
-    if checklist.is_file():
-        files[CHECKLIST_FILE] = read_file(checklist).assign(source=CHECKLIST_FILE)
     results: dict[str, Results] = {}
     for problem in of_edition(edition) if edition in EDITIONS else []:
         steps = [s for s in plan.to_dict("records") if s["problem"] == problem.label]
@@ -45,6 +44,8 @@ def build_writeup(
             sections.append(left_out(answer))
         else:
             sections.append(answer.problem.write(answer))
+    unable = {section.problem: cannot_answer(section) for section in sections}
+    files[CHECKLIST_FILE] = read_file(write_checklist(plan, directory, unable)).assign(source=CHECKLIST_FILE)
     title = f"CS336 assignment 2 (systems): write-up, {edition} edition"
     front = first_page(plan, files, plan_path.name)
     sections = [front, *sections, plan_appendix(plan, plan_path.name)]
@@ -93,91 +94,111 @@ def plan_appendix(plan: pd.DataFrame, source: str) -> Section:
 # -- the first page -------------------------------------------------------------------------
 
 
-def problem_status(label: str, steps: list[dict]) -> tuple[str, str]:
-    """(status, why) of one problem from its steps' outcomes."""
+# The flags that say how much a step measures (a singular form, --context-length, counts as its plural).
+SHAPE_FLAGS = ("--model-sizes", "--context-lengths", "--head-dims", "--batch-sizes", "--warmup-steps")
+SHAPE_FLAGS += ("--measure-steps", "--precisions", "--sizes", "--world-sizes", "--bucket-cap-mb", "--checkpoint-blocks")
+
+
+def flags_of(command: str) -> dict[str, list[str]]:
+    """A step's flags as its command line gives them."""
+    flags: dict[str, list[str]] = {}
+    key = None
+    for token in shlex.split(command):
+        key = token if token.startswith("--") else key
+        flags.setdefault(key, []).extend([] if token.startswith("--") or key is None else [token])
+    return flags
+
+
+def measured(all_flags: list[dict]) -> dict[str, list[str]]:
+    """What steps of these flags measure, by SHAPE_FLAGS (a model by its shape where one is given)."""
+    found: dict[str, dict[str, None]] = {}
+    for flags in all_flags:
+        flags = {f"{k}s" if f"{k}s" in SHAPE_FLAGS else k: v if isinstance(v, list) else [v] for k, v in flags.items()}
+        shape = [f"d_model {flags['--d-model'][0]}"] if "--d-model" in flags else []
+        shape += [f"{flags['--num-layers'][0]} layers"] if "--num-layers" in flags else []
+        for flag in SHAPE_FLAGS:
+            values = [", ".join(shape)] if flag == "--model-sizes" and shape and flag in flags else flags.get(flag, [])
+            found.setdefault(flag, {}).update(dict.fromkeys(str(v) for v in values))
+    numeric = lambda text: (0, float(text)) if text.replace(".", "", 1).isdigit() else (1, 0.0)  # noqa: E731
+    return {flag: sorted(values, key=numeric) for flag, values in found.items() if values}
+
+
+def against_handout(label: str, edition: str, ran: list[dict]) -> str:
+    """What the steps that ran measure other than the handout asks (its plan for H100s at its own scale),
+    by SHAPE_FLAGS with the handout's values (a flag its plan leaves to the tool's default is not
+    compared); '' where nothing differs."""
+    asked = measured([step.flags for step in handout_plan(edition, label)])
+    got = measured([flags_of(s["command"]) for s in ran if isinstance(s.get("command"), str)])
+    differ = [f"{f} {' '.join(v)} (handout: {' '.join(asked[f])})" for f, v in got.items() if v != asked.get(f, v)]
+    return f"less than the handout asks: {'; '.join(differ)}" if differ else ""
+
+
+RAN = ("ok", "failed rows")
+
+
+def problem_status(label: str, edition: str, steps: list[dict], unable: set[str]) -> dict[str, str]:
+    """One checklist row: the problem's status and why from its steps' outcomes, what ran against what
+    the handout asks, and each lettered sub-question's status (measured, reduced, not measured: no step
+    answers it, or its section says the rows cannot; or the student's: code, a derivation)."""
     problem = PROBLEMS[label]
     if problem.kind == IMPLEMENTATION:
-        return "code", f"checked by the official tests: uv run pytest {problem.official_test}"
-    if problem.kind != MEASURED:
-        return "derivation", "the student's calculation: nothing to measure"
-    if not steps:
-        return "not measured", "not in this plan (--problems)"
+        status, why = "code", f"checked by the official tests: uv run pytest {problem.official_test}"
+    elif problem.kind != MEASURED:
+        status, why = "derivation", "the student's calculation: nothing to measure"
+    elif not steps:
+        status, why = "not measured", "not in this plan (--problems)"
     outcomes = [str(s.get("outcome")) for s in steps]
-    skipped = [s for s in steps if str(s.get("outcome")) == "skipped"]
-    why = list(dict.fromkeys(str(s.get("reason") or "").rstrip(".") for s in skipped))
-    why += list(
-        dict.fromkeys(
-            str(s["reductions"]).rstrip(".") for s in steps if isinstance(s.get("reductions"), str) and s["reductions"]
-        )
-    )
-    if any(o not in ("ok", "skipped", "failed rows") for o in outcomes):
-        status = "not finished"
-        why = [
-            f"{s['step']}: {s['outcome']}"
-            for s in steps
-            if str(s.get("outcome")) not in ("ok", "skipped", "failed rows")
-        ] + why
-    elif all(o == "skipped" for o in outcomes):
-        status = "not measured"
-    elif "failed rows" in outcomes:
-        status = "measured, some rows failed"
-    elif skipped:
-        status = "partly measured"
-    elif any(isinstance(s.get("reductions"), str) and s["reductions"] for s in steps):
-        status = "reduced"
-    else:
-        status = "measured"
-    return status, "; ".join(w for w in why if w)
-
-
-def part_statuses(label: str, edition: str, steps: list[dict]) -> str:
-    """Each lettered sub-question's status: the student's (code, a derivation), or as the steps that
-    name its letter ran (measured, reduced, not measured); a letter no step names is not measured here
-    (Nsight's own figures without Nsight Systems), and its section says so."""
-    words = []
-    for part in PROBLEMS[label].parts_in(edition):
-        if not part.letter:
-            continue
+    reduced = [
+        str(s["reductions"]).rstrip(".") for s in steps if isinstance(s.get("reductions"), str) and s["reductions"]
+    ]
+    against = against_handout(label, edition, [s for s in steps if str(s.get("outcome")) in RAN]) if steps else ""
+    parts = []
+    for part in (p for p in problem.parts_in(edition) if p.letter):
+        done = [s for s in steps if part.letter in letters_of(str(s.get("part") or "")) and s.get("outcome") in RAN]
         if part.answer in ("code", "derivation"):
-            words.append(f"{part.letter} student's")
-            continue
-        named = [s for s in steps if part.letter in letters_of(str(s.get("part") or ""))]
-        done = [s for s in named if str(s.get("outcome")) in ("ok", "failed rows")]
-        if not named or not done:  # no step of the plan answers it here (its section says why)
-            status = "not measured"
-        elif any(isinstance(s.get("reductions"), str) and s["reductions"] for s in done):
-            status = "reduced"
+            parts.append(f"{part.letter} student's")
+        elif not done or part.letter in unable:
+            parts.append(f"{part.letter} not measured")
         else:
-            status = "measured"
-        words.append(f"{part.letter} {status}")
-    return "; ".join(words)
+            parts.append(
+                f"{part.letter} {'reduced' if against or any(s.get('reductions') for s in done) else 'measured'}"
+            )
+    if problem.kind == MEASURED and steps:
+        failed = [f"{s['step']}: {o}" for s, o in zip(steps, outcomes) if o not in (*RAN, "skipped")]
+        skipped = [str(s.get("reason") or "").rstrip(".") for s, o in zip(steps, outcomes) if o == "skipped"]
+        unanswered = [word.split()[0] for word in parts if word.endswith("not measured")]
+        status = (
+            "not finished" if failed
+            else "not measured" if all(o == "skipped" for o in outcomes)
+            else "measured, some rows failed" if "failed rows" in outcomes
+            else "partly measured" if skipped or unanswered
+            else "reduced" if reduced or against
+            else "measured"
+        )  # fmt: skip
+        notes = [f"({', '.join(unanswered)}) not measured here: its section says why"] if unanswered else []
+        why = (
+            "; ".join(dict.fromkeys(w for w in (*failed, *skipped, against, *reduced, *notes) if w))
+            or "nothing left out"
+        )
+    return {"problem": label, "status": status, "sub-questions": "; ".join(parts), "why": why}
 
 
-def checklist_frame(plan: pd.DataFrame) -> pd.DataFrame:
+def checklist_frame(plan: pd.DataFrame, unable: dict[str, set[str]] | None = None) -> pd.DataFrame:
     edition = str(plan["edition"].iloc[0]).split(".")[0]
     records = plan.astype(object).where(plan.notna(), None).to_dict("records")
-    body = []
-    for label in EDITIONS.get(edition, ()):
-        steps = [r for r in records if r["problem"] == label]
-        status, why = problem_status(label, steps)
-        parts = part_statuses(label, edition, steps)
-        if status in ("measured", "reduced") and "not measured" in parts:  # a letter no step answers here
-            status = "partly measured"
-        unanswered = [word.split()[0] for word in parts.split("; ") if word.endswith("not measured")]
-        if not why and unanswered:  # the section says why, beside the letter
-            why = f"({', '.join(unanswered)}) not measured here: its section says why and how to measure it"
-        elif not why:
-            why = "nothing left out"
-        body.append({"problem": label, "status": status, "sub-questions": parts, "why": why})
+    body = [
+        problem_status(label, edition, [r for r in records if r["problem"] == label], (unable or {}).get(label, set()))
+        for label in EDITIONS.get(edition, ())
+    ]
     return pd.DataFrame(body).set_index("problem")
 
 
 CHECKLIST_FILE = "handout_checklist.csv"
 
 
-def write_checklist(plan: pd.DataFrame, directory: Path) -> Path:
+def write_checklist(plan: pd.DataFrame, directory: Path, unable: dict[str, set[str]] | None = None) -> Path:
     """The checklist's rows, beside the plan: the write-up's first table is made from them."""
-    rows = checklist_frame(plan).reset_index().to_dict("records")
+    rows = checklist_frame(plan, unable).reset_index().to_dict("records")
     path = directory / CHECKLIST_FILE
     write_whole(path, pd.DataFrame(named("handout_checklist", rows)).to_csv(index=False))
     return path
@@ -214,8 +235,7 @@ def first_page(plan: pd.DataFrame, files: dict[str, pd.DataFrame], plan_name: st
         )
     section.add(Text(text))
     used = {name: frame for name, frame in files.items() if "device_name" in frame.columns}
-    rows = [row for frame in used.values() for row in frame.to_dict("records")]
-    section.add(Text(describe_rows(rows)))
+    section.add(observations(describe_rows, pd.concat(list(used.values()), ignore_index=True)))
     section.add(environment_table(used))
     machines = environment_frame(used).shape[1] if used else 0
     section.add(
@@ -240,7 +260,6 @@ def write_up(directory: Path, paragraphs: list[str], formats: list[str]) -> list
 
     plan_path = directory / PLAN_FILE
     plan = read_file(plan_path)
-    write_checklist(plan, directory)
     plots.UNWRITTEN.clear()
     try:
         document, problems = build_writeup(plan, plan_path, directory, WRITEUP, paragraphs)

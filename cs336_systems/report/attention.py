@@ -19,8 +19,8 @@ def implementations(frame: pd.DataFrame) -> list[str]:
 
 
 def timing_table(frame: pd.DataFrame, title: str, phases=("forward", "backward", "end_to_end")) -> pd.DataFrame:
-    """One row per (implementation, d, seq): each phase's mean ± std ms, and what it held before backward."""
-    values = [Value(f"{p.replace('_', '-')} (ms)", f"{p}_mean_ms", "ms±") for p in phases]
+    """One row per (implementation, d, seq): each phase's median (IQR) ms, and what it held before backward."""
+    values = [Value(f"{p.replace('_', '-')} (ms)", f"{p}_median_ms", "ms") for p in phases]
     column = "memory_before_backward_bytes"
     if column in frame.columns and pd.to_numeric(frame[column], errors="coerce").notna().any():
         unit = byte_unit(frame[column])
@@ -31,7 +31,7 @@ def timing_table(frame: pd.DataFrame, title: str, phases=("forward", "backward",
         frame,
         "attention_bench",
         title=title,
-        caption="Mean ± std of the measured passes, ms",
+        caption="Median (interquartile range) of the measured passes, ms",
         labels=[("implementation", "implementation"), *SHAPE],
         values=values,
     )
@@ -45,14 +45,15 @@ def versus_table(
     pick, against = {"implementation": base}, {"implementation": other}
     values = []
     for phase in phases:
-        name, field = phase.replace("_", "-"), f"{phase}_mean_ms"
+        name, field = phase.replace("_", "-"), f"{phase}_median_ms"
         if times:
             values += [
-                Value(f"{base} {name} (ms)", field, "ms±", where=pick),
-                Value(f"{other} {name} (ms)", field, "ms±", where=against),
+                Value(f"{base} {name} (ms)", field, "ms", where=pick),
+                Value(f"{other} {name} (ms)", field, "ms", where=against),
             ]
         values.append(Value(f"{name} speedup" if times else name, field, "ratio", where=pick, ratio_to=against))
-    caption = f"Speedup = {base} time / {other} time" + ("" if times else f": above 1x, {other} is faster")
+    caption = f"Median (interquartile range) ms; speedup = {base} median / {other} median" if times else ""
+    caption = caption or f"Speedup = {base} median / {other} median: above 1x, {other} is faster"
     return grid(frame, "attention_bench", title=title, caption=caption, labels=list(SHAPE), values=values)
 
 

@@ -11,6 +11,7 @@ from ..stats import is_noise_warning
 from .document import byte_unit, missing
 from .fields import PHASES, label_text
 from .grid import Value, grid
+from .observe import maker
 
 NOTE_LABEL = ("model_size", "context_length", "batch_size", "pass_type", "precision", "device_name")
 
@@ -19,15 +20,24 @@ def _filled(frame: pd.DataFrame, column: str) -> bool:
     return column in frame.columns and pd.to_numeric(frame[column], errors="coerce").notna().any()
 
 
-def phase_table(frame: pd.DataFrame, title: str, caption: str = "") -> pd.DataFrame:
-    """forward / backward / optimizer / whole step of each (model, pass) row, mean ± std ms."""
-    values = [Value(f"{p} (ms)", f"{p}_mean_ms", "ms±") for p in PHASES if _filled(frame, f"{p}_mean_ms")]
-    values.append(Value("step (ms)", "mean_ms", "ms±"))
+MEDIAN_CAPTION = "Median (interquartile range) of the measured steps, ms"
+STATISTIC = {
+    "median": ("median_ms", "ms", MEDIAN_CAPTION),
+    "mean": ("mean_ms", "ms±", "Mean ± sample standard deviation of the measured steps, ms"),
+}
+
+
+def phase_table(frame: pd.DataFrame, title: str, statistic: str = "median") -> pd.DataFrame:
+    """forward / backward / optimizer / whole step of each (model, pass) row: the median (IQR) ms, or the
+    mean ± std where the handout asks for them."""
+    field, fmt, caption = STATISTIC[statistic]
+    values = [Value(f"{p} (ms)", f"{p}_{field}", fmt) for p in PHASES if _filled(frame, f"{p}_{field}")]
+    values.append(Value("step (ms)", field, fmt))
     return grid(
         frame,
         "benchmark",
         title=title,
-        caption=caption or "Mean ± sample standard deviation of the measured steps, ms",
+        caption=caption,
         labels=[("model", "model"), ("pass", "pass_type")],
         values=values,
     )
@@ -38,26 +48,28 @@ def contexts(frame: pd.DataFrame) -> list[str]:
     return [str(c) for c in numbers]
 
 
-def context_table(frame: pd.DataFrame, title: str, field: str = "mean_ms", fmt: str = "ms±") -> pd.DataFrame:
+def context_table(frame: pd.DataFrame, title: str, field: str = "median_ms", fmt: str = "ms") -> pd.DataFrame:
     """One row per model, one column per context length."""
     values = [Value(f"ctx {c}", field, fmt, where={"context_length": c}) for c in contexts(frame)]
-    unit = {"ms±": "ms", "x100": "%"}.get(fmt, fmt)
-    return grid(frame, "benchmark", title=f"{title} ({unit})", labels=[("model", "model")], values=values)
+    unit, caption = {"ms": ("ms", MEDIAN_CAPTION), "x100": ("%", "")}.get(fmt, (fmt, ""))
+    return grid(
+        frame, "benchmark", title=f"{title} ({unit})", caption=caption, labels=[("model", "model")], values=values
+    )
 
 
 def speedup_table(frame: pd.DataFrame, key: str, base: str, other: str, title: str, labels=None) -> pd.DataFrame:
-    """Both times and their ratio (base / other: above 1x, `other` is faster), per model and pass."""
+    """Both medians and their ratio (base / other: above 1x, `other` is faster), per model and pass."""
     names = {"compile": {"eager": "eager", "compiled": "compiled"}}.get(key, {})
     values = [
-        Value(f"{names.get(base, base)} (ms)", "mean_ms", "ms±", where={key: base}),
-        Value(f"{names.get(other, other)} (ms)", "mean_ms", "ms±", where={key: other}),
-        Value("speedup", "mean_ms", "ratio", where={key: base}, ratio_to={key: other}),
+        Value(f"{names.get(base, base)} (ms)", "median_ms", "ms", where={key: base}),
+        Value(f"{names.get(other, other)} (ms)", "median_ms", "ms", where={key: other}),
+        Value("speedup", "median_ms", "ratio", where={key: base}, ratio_to={key: other}),
     ]
     return grid(
         frame,
         "benchmark",
         title=title,
-        caption=f"Mean ± std of the measured steps; speedup = {base} time / {other} time",
+        caption=f"{MEDIAN_CAPTION}; speedup = {base} median / {other} median",
         labels=labels or [("model", "model"), ("pass", "pass_type")],
         values=values,
     )
@@ -105,7 +117,7 @@ def warmup_table(frame: pd.DataFrame) -> pd.DataFrame:
         Value("measured steps", "step_ms", "count", where=measured, over="step_index"),
         Value("mean ± std (ms)", "step_ms", "mean±std", where=measured, over="step_index"),
         Value("first measured (ms)", "step_ms", "first", where=measured, over="step_index"),
-        Value("slowest (ms)", "step_ms", "max", where=measured, over="step_index"),
+        Value("later: median (range) (ms)", "step_ms", "later", where=measured, over="step_index"),
     ]
     return grid(
         frame,
@@ -117,16 +129,18 @@ def warmup_table(frame: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def row_notes(frame: pd.DataFrame) -> list[str]:
+@maker
+def row_notes(rows: list[dict]) -> str:
     """Each distinct note of the rows once (noise is marked in the cells), with the rows it is on."""
     seen: dict[str, list[str]] = {}
-    for row in frame.astype(object).where(frame.notna(), None).to_dict("records"):
+    for row in rows:
         for line in row_warnings(row, NOTE_LABEL):
             if is_noise_warning(line):
                 continue
             text = line.split(": ", 1)[1] if ": " in line else line
             seen.setdefault(text, []).append(row_label(row, ("model", "context_length", "pass_type", "precision")))
-    return [f"{text} ({len(rows)} row{'s' * (len(rows) > 1)})" for text, rows in seen.items()]
+    notes = [f"{text} ({len(rows)} row{'s' * (len(rows) > 1)})" for text, rows in seen.items()]
+    return f"Notes on these rows: {'; '.join(notes)}." if notes else ""
 
 
 def has(frame: pd.DataFrame, column: str, value: str) -> bool:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 
 from . import attention, benchmark, distributed, observed, plots
-from .document import Bullets, Document, Section, Text, sig3
+from .document import Document, Section, Text
 from .fields import label_text
-from .observe import number, ok, records, times
+from .observe import NOT_COMPARED, describe_rows, maker, number, observations, ok, say, times, versus
 from .summary import environment_table
 
 
@@ -29,8 +29,9 @@ def build_document(
         for name, rows in by_file.items()
         if "device_name" in rows.columns and "torch_version" in rows.columns
     }
-    if used:
-        sections.append(Section("Environment").add(environment_table(used)))
+    if used:  # where, and how busy the machine was: no sentence below compares rows measured busy
+        load = observations(describe_rows, pd.concat(list(used.values()), ignore_index=True))
+        sections.append(Section("Environment").add(environment_table(used), load))
     if "benchmark" in frames:
         sections += benchmark_sections(frames["benchmark"], directory, stem)
     if "warmup_study" in frames:
@@ -73,7 +74,9 @@ def benchmark_sections(frame: pd.DataFrame, directory: Path, stem: str) -> list[
     for (device, pass_type), rows in frame.groupby(["device_name", "pass_type"], dropna=False, sort=False):
         title = f"{pass_type} step time, {device}"
         timing.add(benchmark.context_table(rows, title))
-        timing.add(Bullets(floor_observations(records(rows, "benchmark"))))
+        first = rows.iloc[0].to_dict()
+        where = {key: label_text(key, first) for key in ("device_name", "pass_type")}
+        timing.add(observations(floor_observations, rows, "benchmark", where))
         timing.add(*plots.context_plot(rows, directory, f"{stem}_{_slug(device)}_{_slug(pass_type)}", title))
     sections = [timing]
     phased = frame[
@@ -124,28 +127,26 @@ def benchmark_sections(frame: pd.DataFrame, directory: Path, stem: str) -> list[
     return sections
 
 
+@maker
 def floor_observations(rows: list[dict]) -> list[str]:
-    """Where a model's step time stops growing with the work: a floor the device's work does not
-    set (kernel launches and the host, when the rows say how many kernels a step launches)."""
+    """Where a model's step time stops growing with the work: a floor the device's work does not set
+    (kernel launches and the host, when the rows say how many kernels a step launches). The time ratio
+    is a claim: said only where its whole interval lies below 1.15x (none from rows measured busy)."""
     lines = []
     for (model, precision), group in _by(ok(rows), ("model", "precision")).items():
         ordered = sorted(group, key=lambda r: number(r, "context_length") or 0)
         for a, b in zip(ordered, ordered[1:], strict=False):
             work = (number(b, "flops_per_step") or 0) / (number(a, "flops_per_step") or 1)
-            if not number(a, "mean_ms") or number(b, "mean_ms") is None:  # a row with no time says nothing
+            claim = versus(b, a)
+            if claim is None or claim.verdict == NOT_COMPARED or work < 1.8 or claim.high >= 1.15:
                 continue
-            time = number(b, "mean_ms") / number(a, "mean_ms")
-            if work >= 1.8 and time < 1.15:
-                text = (
-                    f"{model}, {precision}: {times(work)} the FLOPs from context {label_text('context_length', a)} to "
-                    f"{label_text('context_length', b)} take {times(time)} the time ({sig3(number(a, 'mean_ms'))} and "
-                    f"{sig3(number(b, 'mean_ms'))} ms): a floor the arithmetic does not set"
-                )
-                kernels = number(a, "kernels_per_step")
-                if kernels:
-                    text += f"; {kernels:.0f} kernels per step at {1000 * number(a, 'mean_ms') / kernels:.1f} us each would make it"
-                lines.append(text + ".")
-                break
+            contexts = [f"context {label_text('context_length', r)}" for r in (b, a)]
+            text = f"{model}, {precision}: {times(work)} the FLOPs; {say(claim, *contexts, 'time')}: a floor the arithmetic does not set"
+            kernels, median = number(a, "kernels_per_step"), number(a, "median_ms")
+            if kernels and median:
+                text += f"; {kernels:.0f} kernels per step at {1000 * median / kernels:.1f} us each would make it"
+            lines.append(text + ".")
+            break
     return lines
 
 

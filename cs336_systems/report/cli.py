@@ -41,9 +41,10 @@ typst package: pip install "typst>=0.14"). RESULTS are .csv/.jsonl files of {", 
 A file of no tool is named in one line and left out; the others are reported, and the exit status
 is 1. --tables-only writes one file per table (OUTPUT's stem + the table's name).
 
---verify reads each table of WRITEUP.md with its spec and makes it again from RESULTS (a plan brings
-its own results): exit 0 when each table, heading, caption, columns and rows, reads as the one its
-rows make, each cell exactly one row's value; 1 naming each table and what differs.
+--verify reads each table and each observation of WRITEUP.md with its spec and makes it again from
+RESULTS (a plan brings its own results): exit 0 when each table (heading, caption, columns, rows) reads
+as the one its rows make, each cell exactly one row's value, and each observation word for word as its
+maker says it of its rows; 1 naming each difference. Other prose is not checked.
 """
 
 
@@ -83,7 +84,7 @@ def build_parser() -> ArgumentParser:
         "--verify",
         metavar="WRITEUP.md",
         type=Path,
-        help="check that every table of this Markdown write-up is the one RESULTS make, each cell one row's value; write nothing",
+        help="check that every table and observation of this Markdown write-up is what RESULTS make; write nothing",
     )
     return parser
 
@@ -222,7 +223,7 @@ def run_verify(writeup: Path, raws: list[str]) -> int:
     named = {name for table in parse_tables(writeup.read_text(errors="replace")) for name in _sources(table)}
     beside = [str(folder / name) for folder in folders for name in named - set(frames) if (folder / name).is_file()]
     more, _, more_where = result_files(beside)
-    checked, failures = verify(writeup, {**more, **frames})
+    tables, said, failures = verify(writeup, {**more, **frames})
     # a file whose sha256 the tool that made it recorded (a handout step's output) is still what it made
     for name, given in {**more_where, **where}.items():
         path = given.parent / str(next(iter({**more, **frames}[name]["source"]), name))  # a plan's CSV: its JSONL
@@ -231,12 +232,14 @@ def run_verify(writeup: Path, raws: list[str]) -> int:
     for line in failures:
         print(f"{PROG}: {writeup}: {line}", file=sys.stderr)
     if failures:
-        print(
-            f"{PROG}: {len(failures)} difference(s) in {checked} tables from the tables the results make",
-            file=sys.stderr,
-        )
+        print(f"{PROG}: {len(failures)} difference(s) from what the results make", file=sys.stderr)
         return EXIT_FAILED
-    print(f"{writeup}: every cell of its {checked} tables is one row's value of the results", file=sys.stderr)
+    print(
+        f"{writeup}: each cell of its {tables} tables is one row's value of the results, and each of its {said} "
+        "observations (a sentence or list under a claims spec) is what its maker says of those rows; the "
+        "rest of the text (headings, the plan's notes and reductions, the commands) is not checked",
+        file=sys.stderr,
+    )
     return EXIT_OK
 
 

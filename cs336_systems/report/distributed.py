@@ -42,7 +42,7 @@ def allreduce_tables(frame: pd.DataFrame, heading: str = "") -> list:
             frame,
             "allreduce_bench",
             title=f"All-reduce time{heading}",
-            caption="Median of the measured all-reduces (the statistic the bandwidth below is computed on), ms",
+            caption="Median (interquartile range) of the measured all-reduces, ms",
             labels=labels,
             values=time,
         ),
@@ -50,7 +50,7 @@ def allreduce_tables(frame: pd.DataFrame, heading: str = "") -> list:
             frame,
             "allreduce_bench",
             title=f"All-reduce bus bandwidth{heading}",
-            caption="Bus bandwidth = size x 2(n-1)/n / time, GB/s (comparable across world sizes)",
+            caption="Bus bandwidth = size x 2(n-1)/n / median time, GB/s (comparable across world sizes)",
             labels=labels,
             values=bandwidth,
         ),
@@ -81,7 +81,8 @@ def ddp_time_table(frame: pd.DataFrame, title: str) -> pd.DataFrame:
         if _filled(frame, column, numeric=fmt != "head"):
             values.append(Value(header, column, fmt))
     caption = (
-        "Median of the measured steps (each step the slowest rank's), ms, and the communication's share of it; "
+        "Median (interquartile range) of the measured steps (each step the slowest rank's), ms, and the "
+        "communication's share of the median; "
         "communication as each strategy measures it"
     )
     if _filled(frame, "fsdp_all_gather_ms"):

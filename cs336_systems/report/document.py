@@ -42,6 +42,7 @@ class Figure:
 @dataclass
 class Text:
     text: str  # `code` spans are kept as code
+    spec: Any = None  # an observation's (spec.ClaimSpec), for `report --verify`
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Heading:
 @dataclass
 class Bullets:
     items: list[str]
+    spec: Any = None  # observations' (spec.ClaimSpec), for `report --verify`
 
 
 Block = Table | Figure | Text | Heading | Bullets

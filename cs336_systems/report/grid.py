@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import pandas as pd
 
 from ..results import plausibility
@@ -61,9 +62,12 @@ def mean_std(row: dict, name: str) -> str:
 
 
 def median(row: dict, name: str) -> str:
-    """The median of a timing column, † by IQR/median (torch.utils.benchmark's rule)."""
+    """'median (IQR)' of a timing column (a *_median_ms field), † by IQR/median (torch.utils.benchmark's rule)."""
     value = _number(row, name)
-    return "" if value is None else sig3(value) + _noise_mark(row, name, "median")
+    if value is None:
+        return ""
+    iqr = _number(row, f"{_stats_prefix(name)}iqr_ms")
+    return sig3(value) + ("" if iqr is None else f" ({sig3(iqr)})") + _noise_mark(row, name, "median")
 
 
 def _scaled(scale: float) -> Callable[[dict, str], str]:
@@ -82,7 +86,7 @@ def _percent_of_fraction(row: dict, name: str) -> str:
 FORMATS: dict[str, Callable[[dict, str], str]] = {
     "sig3": lambda row, name: "" if (v := _number(row, name)) is None else sig3(v),
     "ms±": mean_std,  # a *_mean_ms field
-    "ms": median,  # a *_median_ms field
+    "ms": median,  # a *_median_ms field, with its IQR
     "GiB": _scaled(2**30),
     "MiB": _scaled(2**20),
     "KiB": _scaled(2**10),
@@ -132,7 +136,7 @@ def cell_text(row: dict, value: Value) -> str:
 AGGREGATES: dict[str, Callable[[list[dict], str], str]] = {
     "mean±std": lambda rows, name: _agg_mean_std([_number(r, name) for r in rows]),
     "first": lambda rows, name: sig3(_number(rows[0], name)) if rows else "",
-    "max": lambda rows, name: sig3(max((v for r in rows if (v := _number(r, name)) is not None), default=None)),
+    "later": lambda rows, name: _agg_later([v for r in rows[1:] if (v := _number(r, name)) is not None]),
     "count": lambda rows, name: str(len(rows)),
 }
 
@@ -144,6 +148,11 @@ def _agg_mean_std(values: list[float | None]) -> str:
     series = pd.Series(values, dtype=float)
     std = series.std()
     return sig3(series.mean()) + ("" if missing(std) else f" ± {sig3(std)}")
+
+
+def _agg_later(values: list[float]) -> str:
+    """The steps after the first: their median and range, as the warmup study's sentences read them."""
+    return f"{sig3(float(np.median(values)))} ({sig3(min(values))} to {sig3(max(values))})" if values else ""
 
 
 def aggregate_text(rows: list[dict], value: Value) -> str:

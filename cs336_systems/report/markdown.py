@@ -40,19 +40,25 @@ def figure_markdown(figure: Figure, directory: Path) -> str:
     return f"![{figure.title}]({Path(os.path.relpath(figure.path, directory)).as_posix()})\n"
 
 
+def sentences_markdown(block: Text | Bullets) -> list[str]:
+    """A paragraph or a list, after its spec where it is an observation (nothing where it says nothing)."""
+    lines = [block.text] if isinstance(block, Text) else [f"- {item}" for item in block.items]
+    if not any(lines):
+        return []
+    return [*([spec_comment(block.spec)] if block.spec is not None else []), *lines, ""]
+
+
 def document_markdown(document: Document, directory: Path) -> str:
     lines = [f"# {document.title}", "", *(line for p in document.paragraphs for line in (p, ""))]
     for section in document.sections:
         lines += [f"## {section.title}", ""]
         for block in section.blocks:
-            if isinstance(block, Text):
-                lines += [block.text, ""]
+            if isinstance(block, (Text, Bullets)):
+                lines += sentences_markdown(block)
             elif isinstance(block, Heading):
                 lines += [f"### {block.text}", ""]
             elif isinstance(block, Table):
                 lines.append(table_markdown(block, heading=True))
             elif isinstance(block, Figure):
                 lines.append(figure_markdown(block, directory))
-            elif isinstance(block, Bullets):
-                lines += [*(f"- {item}" for item in block.items), ""]
     return "\n".join(lines).rstrip("\n") + "\n"

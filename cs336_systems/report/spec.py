@@ -14,6 +14,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 SPEC_MARK = "cells"  # <!-- cells {...} --> before a Markdown table: its spec
+CLAIMS_MARK = "claims"  # <!-- claims {...} --> before an observation (a paragraph or a list): its spec
 MAX_SPEC_DEPTH = 8  # a spec is four levels deep; json.loads of a spec nested 200,000 deep is a RecursionError
 
 
@@ -73,11 +74,13 @@ class Spec:
         )
 
 
-def spec_comment(spec: Spec) -> str:
-    """The spec as an HTML comment (invisible where the Markdown is rendered)."""
+def spec_comment(spec: Spec | dict) -> str:
+    """The spec as an HTML comment (invisible where the Markdown is rendered): a table's, or an
+    observation's (a dict: observe.observations)."""
+    text = spec.to_json() if isinstance(spec, Spec) else json.dumps(spec, ensure_ascii=False, separators=(",", ":"))
     # '--' may not appear inside a comment; nor is a result's '<script>' written there (JSON reads both back)
-    text = re.sub(r"<(?=[A-Za-z/!?])", r"\\u003c", spec.to_json().replace("--", "-\\u002d"))
-    return f"<!-- {SPEC_MARK} {text} -->"
+    text = re.sub(r"<(?=[A-Za-z/!?])", r"\\u003c", text.replace("--", "-\\u002d"))
+    return f"<!-- {SPEC_MARK if isinstance(spec, Spec) else CLAIMS_MARK} {text} -->"
 
 
 def nesting_depth(text: str) -> int:

@@ -29,6 +29,7 @@ from .fields import derive, label_text
 from .grid import FoldedRows, grid, matches
 from .markdown import table_markdown
 from .markdown_tables import ParsedTable, parse_tables
+from .sentences import check_sentences
 from .spec import Spec, Value
 
 __all__ = ["parse_tables", "verify"]
@@ -188,8 +189,11 @@ def _claims(spec: Spec, behind: list[dict]) -> list[str]:
     return problems
 
 
-def verify(writeup: Path, frames_by_file: dict[str, pd.DataFrame]) -> tuple[int, list[str]]:
-    """(tables checked, failures) for the Markdown write-up against the files' rows (by file name)."""
-    tables = parse_tables(writeup.read_text(errors="replace"))
+def verify(writeup: Path, frames_by_file: dict[str, pd.DataFrame]) -> tuple[int, int, list[str]]:
+    """(tables checked, observations checked, failures) for the Markdown write-up against the files' rows
+    (by file name): its tables here, its sentences by sentences.py."""
+    text = writeup.read_text(errors="replace")
+    tables = parse_tables(text)
     problems = [p for table in tables for p in check_table(table, frames_by_file)]
-    return len(tables), problems
+    said, wrong = check_sentences(text, frames_by_file)
+    return len(tables), said, problems + wrong

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pandas as pd
 
 from ...report import attention, benchmark, plots
-from ...report.document import Bullets, Heading, Section, Text, sig3
+from ...report.document import Heading, Section, sig3
 from ...report.fields import label_text
-from ...report.observe import number, ok, pick, records, slope, span, speed_text, versus
+from ...report.observe import maker, number, observations, ok, pick, say, slope, span, under_load, versus
 from ...stats import is_noise_warning
 from ...tools import module_name
 from ...units import MIB
@@ -139,10 +139,11 @@ def write_pytorch_attention(problem: Results) -> Section:
     if not rows.empty:
         out.add(attention.timing_table(rows, "Naive attention: time and memory per head dimension and sequence length"))
         out.add(*plots.attention_plot(rows, problem.out_dir, f"{problem.stem}_pytorch_attention"))
-        out.add(Bullets(attention_observations(records(rows, "attention_bench"))))
+        out.add(observations(attention_observations, rows, "attention_bench"))
     return finish(problem, out)
 
 
+@maker
 def attention_observations(rows: list[dict]) -> list[str]:
     lines = []
     failed = [r for r in rows if r.get("status") == "oom"]
@@ -157,12 +158,15 @@ def attention_observations(rows: list[dict]) -> list[str]:
     for d in dict.fromkeys(label_text("head_dim", r) for r in ok(rows)):
         mine = [r for r in ok(rows) if label_text("head_dim", r) == d]
         held = slope([(number(r, "context_length"), number(r, "memory_before_backward_bytes")) for r in mine])
-        took = slope([(number(r, "context_length"), number(r, "forward_mean_ms")) for r in mine])
+        took = slope([(number(r, "context_length"), number(r, "forward_median_ms")) for r in mine])
         parts = []
         if held is not None:
             parts.append(f"memory held before backward grows as sequence^{held:.1f}")
-        if took is not None:
-            parts.append(f"forward time as sequence^{took:.1f}")
+        if took is not None:  # a slope of times compares the rows' times: none measured busy
+            busy = under_load(mine)
+            parts.append(
+                f"forward time not compared ({busy})" if busy else f"forward median time as sequence^{took:.1f}"
+            )
         if parts:
             lines.append(f"Head dim {d}: " + ", ".join(parts) + " (log-log slope over the measured lengths).")
     largest = max(ok(rows), key=lambda r: number(r, "scores_bytes") or 0, default=None)
@@ -184,15 +188,14 @@ def write_torch_compile(problem: Results) -> Section:
         base = eager.rows("attention_bench") if eager else pd.DataFrame()
         both = pd.concat([base, compiled], ignore_index=True)
         out.add(attention.versus_table(both, "naive", "compiled", "Uncompiled (naive) and compiled attention"))
-        out.add(Bullets(versus_observations(records(both, "attention_bench"), "naive", "compiled")))
+        out.add(observations(versus_observations, both, "attention_bench", base="naive", other="compiled"))
     compiled_model(problem, out)
     return finish(problem, out)
 
 
+@maker
 def versus_observations(rows: list[dict], base: str, other: str) -> list[str]:
-    """`other` against `base` per phase over the shapes both ran, each from the two rows' steps
-    (stats.compare): the resolved speedups' range, how many shapes the noise cannot tell apart, and
-    the largest only where its interval clears every other shape's."""
+    """`other` against `base` per phase over the shapes both ran, each claim from the two rows' steps."""
     lines = []
     for phase in ("forward", "backward", "end_to_end"):
         found = []
@@ -201,26 +204,11 @@ def versus_observations(rows: list[dict], base: str, other: str) -> list[str]:
                 continue
             shape = {k: label_text(k, row) for k in ("head_dim", "context_length", "precision")}
             partner = pick(ok(rows), implementation=other, **shape)
-            if (comparison := versus(partner, row, phase)) is not None:
-                found.append((comparison, shape))
-        if not found:
-            continue
-        resolved = [(c, s) for c, s in found if c.resolved]
+            where = f"head dim {shape['head_dim']}, sequence {shape['context_length']} ({shape['precision']})"
+            found.append((versus(partner, row, phase), where))
         name = phase.replace("_", "-")
-        if not resolved:
-            lines.append(f"{name}: {other} and {base} are the same within the noise at all {len(found)} shapes.")
-            continue
-        text = f"{name}: {other} runs {span([1 / c.ratio for c, _ in resolved])} as fast as {base}"
-        text += f" at {len(resolved)} of {len(found)} shapes" if len(resolved) < len(found) else ""
-        text += "; the others are the same within the noise" if len(resolved) < len(found) else ""
-        best, shape = min(resolved, key=lambda r: r[0].ratio)  # the smallest time ratio: the fastest
-        if all(best.high < c.low for c, _ in found if c is not best):
-            where = "the largest gain" if best.ratio < 1 else f"the closest to {base}"  # slower everywhere
-            text += (
-                f"; {where} at head dim {shape['head_dim']}, sequence {shape['context_length']} "
-                f"({shape['precision']}), its interval clear of every other shape's"
-            )
-        lines.append(text + ".")
+        if text := say(found, f"{other} ({name})", base, "speed", "shapes"):
+            lines.append(text + ".")
     return lines
 
 
@@ -231,33 +219,29 @@ def write_flash_benchmarking(problem: Results) -> Section:
     if not rows.empty:
         flash = [i for i in attention.implementations(rows) if i.startswith("flash")]
         out.add(attention.timing_table(rows, "Your FlashAttention-2 and PyTorch attention"))
-        caveats = _flash_caveats(rows)
-        if caveats:
-            out.add(Text("About these rows: " + " ".join(caveats)))
+        out.add(observations(flash_caveats, rows, "attention_bench"))
         base = "naive" if (rows["implementation"] == "naive").any() else None
         for name in flash:
             if base:
                 out.add(attention.speedup_only_table(rows, base, name, f"Speedup of {name} over {base}"))
-                out.add(
-                    Bullets(
-                        versus_observations(records(rows, "attention_bench"), base, name)
-                        + correctness(records(rows, "attention_bench"), name)
-                    )
-                )
+                out.add(observations(versus_observations, rows, "attention_bench", base=base, other=name))
+                out.add(observations(correctness, rows, "attention_bench", implementation=name))
     return finish(problem, out)
 
 
-def _flash_caveats(rows: pd.DataFrame) -> list[str]:
-    """Each distinct note of the flash rows once (e.g. a forward that ignores is_causal), not per row."""
+@maker
+def flash_caveats(rows: list[dict]) -> str:
+    """Each distinct note of the rows once (e.g. a forward that ignores is_causal), not per row."""
     notes = []
-    for row in records(rows, "attention_bench"):
+    for row in rows:
         for note in str(row.get("notes") or "").split("; "):
             if note and not is_noise_warning(note) and note not in notes and note != "None":
                 notes.append(note)
-    implementations = ", ".join(i for i in attention.implementations(rows) if i.startswith("flash"))
-    return [f"{implementations}: {note}." for note in notes]
+    names = ", ".join(dict.fromkeys(i for r in rows if (i := label_text("implementation", r)).startswith("flash")))
+    return f"About these rows: {' '.join(f'{names}: {note}.' for note in notes)}" if notes else ""
 
 
+@maker
 def correctness(rows: list[dict], implementation: str) -> list[str]:
     """The check against fp32 attention as the rows' own verdict (a `wrong` row failed it, an `ok` row
     passed): how many shapes passed, and the largest errors beside what the check allows."""
@@ -286,21 +270,23 @@ def compiled_model(problem: Results, out: Section) -> None:
     if rows.empty:
         return
     out.add(benchmark.speedup_table(rows, "compile", "eager", "compiled", "Eager and compiled model"))
-    lines = []
-    for r in records(rows, "benchmark"):
-        if label_text("compile", r) != "eager":
-            continue
-        other = pick(
-            ok(records(rows, "benchmark")), model=r["model"], pass_type=label_text("pass_type", r), compile="compiled"
-        )
-        if r.get("status") == "ok" and (comparison := versus(other, r)) is not None:
-            lines.append(
-                f"{r['model']}, {label_text('pass_type', r)}: compiled runs {speed_text(comparison)} against eager."
-            )
-    first = [number(r, "compile_s") for r in records(rows, "benchmark") if number(r, "compile_s")]
+    out.add(observations(compile_observations, rows, "benchmark"))
+
+
+@maker
+def compile_observations(rows: list[dict]) -> list[str]:
+    rows, lines = ok(rows), []
+    for pass_type in dict.fromkeys(label_text("pass_type", r) for r in rows):
+        claims = [
+            (versus(*(pick(rows, model=m, pass_type=pass_type, compile=c) for c in ("compiled", "eager"))), m)
+            for m in dict.fromkeys(r["model"] for r in rows)
+        ]
+        if said := say(claims, f"compiled ({pass_type})", "eager", "speed", "models"):
+            lines.append(said + ".")
+    first = [number(r, "compile_s") for r in rows if number(r, "compile_s")]
     if first:
-        lines.append(f"Compiling took {span(first, ' s')} before the first step.")
-    out.add(Bullets(lines))
+        lines.append(f"Compiling took {span(first, lambda v: sig3(v) + ' s')} before the first step.")
+    return lines
 
 
 PYTORCH_ATTENTION_PROBLEM = Problem(

@@ -148,11 +148,27 @@ def letters_of(text: str) -> set[str]:
     return found
 
 
+def _texts(out: Section, observed: bool = False) -> list[str]:
+    """The section's headings and lines (only its observations: what its rows say)."""
+    blocks = [b for b in out.blocks if not observed or getattr(b, "spec", None) is not None]
+    texts = [b.text for b in blocks if isinstance(b, (Heading, Text))]
+    return texts + [item for b in blocks if isinstance(b, Bullets) for item in b.items]
+
+
 def answered(out: Section) -> set[str]:
     """The letters a section's headings and lines name."""
-    texts = [b.text for b in out.blocks if isinstance(b, (Heading, Text))]
-    texts += [item for b in out.blocks if isinstance(b, Bullets) for item in b.items]
-    return set().union(*(letters_of(text) for text in texts)) if texts else set()
+    return set().union(*(letters_of(text) for text in _texts(out)))
+
+
+UNANSWERABLE = ("cannot be compared", "not compared")  # a line of a section that answers nothing from its rows
+
+
+def cannot_answer(out: Section) -> set[str]:
+    """The letters that only observations saying the rows cannot answer them name (nsys (e) where the
+    profiled operators hold no softmax to compare): never 'measured' in the checklist."""
+    texts = _texts(out, observed=True)
+    unable = [t for t in texts if any(words in t for words in UNANSWERABLE)]
+    return set().union(*map(letters_of, unable)) - set().union(*(letters_of(t) for t in texts if t not in unable))
 
 
 def unanswered(results: Results, out: Section) -> list[str]:
@@ -179,18 +195,21 @@ def unanswered(results: Results, out: Section) -> list[str]:
 
 
 @functools.cache
-def gpu_plan_letters(edition: str, label: str) -> frozenset[str]:
-    """The sub-question letters the plan of `label` names for an H100 at the handout's scale: what the
-    command a section points to on a GPU would measure."""
+def handout_plan(edition: str, label: str) -> tuple[Step, ...]:
+    """The steps of `label`'s plan for a node of H100s at the handout's scale: what the handout asks of it
+    (its all-reduce runs up to 6 ranks)."""
     from ..parameters import FULL
     from ..target import assumed_target
     from . import PROBLEMS
 
     problem = PROBLEMS[label]
-    if problem.plan is None:
-        return frozenset()
-    steps = problem.plan(Options(edition, FULL, "cuda"), assumed_target("H100 80GB"))
-    return frozenset(set().union(*(letters_of(step.part) for step in steps)) if steps else ())
+    return tuple(problem.plan(Options(edition, FULL, "cuda"), assumed_target("8x H100 80GB"))) if problem.plan else ()
+
+
+def gpu_plan_letters(edition: str, label: str) -> frozenset[str]:
+    """The sub-question letters the handout's plan of `label` names: what the command a section points to
+    on a GPU would measure."""
+    return frozenset().union(*(letters_of(step.part) for step in handout_plan(edition, label)))
 
 
 def finish(results: Results, out: Section) -> Section:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from ...report import benchmark, plots
-from ...report.document import Bullets, Heading, Section, Text, sig3
+from ...report.document import Heading, Section, Text, sig3
 from ...report.fields import label_text
-from ...report.observe import busy_loads, noise_text, number, ok, records, span, times, versus
+from ...report.observe import maker, number, observations, ok, say, times, under_load, versus
 from ...tools import module_name
 from ..parameters import Options
 from ..plan import Step
@@ -71,39 +71,31 @@ def _model_rows(rows: list[dict], pass_type: str) -> dict[str, dict]:
     return {model: group[0] for model, group in found.items() if len(group) == 1}
 
 
+@maker
 def timing_observations(rows: list[dict]) -> list[str]:
+    """The table's statistic (the mean: the handout asks for mean and standard deviation), each ratio a
+    claim from the rows' steps."""
     rows = ok(rows)
     lines = []
     forward = _model_rows(rows, "forward")
     if forward:
         ordered = sorted(forward.items(), key=lambda kv: number(kv[1], "num_params") or 0)
         (small, a), (large, b) = ordered[0], ordered[-1]
-        text = f"A forward pass takes {sig3(number(a, 'mean_ms'))} ms ({small})"
+        text = f"A forward pass takes {sig3(number(a, 'mean_ms'))} ms on average ({small})"
         if small != large:
             params = (number(b, "num_params") or 0) / (number(a, "num_params") or 1)
-            text += f" to {sig3(number(b, 'mean_ms'))} ms ({large})"
-            growth = versus(b, a)  # the medians' ratio, where the two rows' noise resolves it
-            if growth is not None and growth.resolved:
-                text += f": {times(growth.ratio)} the time (medians) for {times(params)} the parameters"
-            elif growth is not None:
-                text += f": {noise_text(growth)}, for {times(params)} the parameters"
+            text += f" to {sig3(number(b, 'mean_ms'))} ms ({large}), with {times(params)} the parameters"
+            if claim := versus(b, a, statistic="mean"):
+                text += f"; {say(claim, f'{large}', f'{small}', 'time')}"
         lines.append(text + ".")
     full = _model_rows(rows, "train-step") or _model_rows(rows, "forward-backward")
-    ratios = {
-        m: number(r, "backward_mean_ms") / number(r, "forward_mean_ms")
-        for m, r in full.items()
-        if number(r, "forward_mean_ms") and number(r, "backward_mean_ms")
-    }
-    if ratios:
-        where = next(iter(full.values()))["pass_type"]
-        lines.append(f"The backward pass takes {span(list(ratios.values()))} the forward pass ({where} rows).")
-    shares = {
-        m: number(r, "optimizer_mean_ms") / number(r, "mean_ms")
-        for m, r in _model_rows(rows, "train-step").items()
-        if number(r, "optimizer_mean_ms")
-    }
-    if shares:
-        lines.append(f"The optimizer step is {span([100 * s for s in shares.values()], '%')} of a training step.")
+    where = f" ({next(iter(full.values()))['pass_type']} rows)" if full else ""
+    backward = [(versus(r, r, "backward", "forward", "mean"), m) for m, r in full.items()]
+    if text := say(backward, f"The backward pass{where}", "the forward pass", "time", "models"):
+        lines.append(text + ".")
+    steps = [(versus(r, r, "optimizer", "", "mean"), m) for m, r in _model_rows(rows, "train-step").items()]
+    if text := say(steps, "The optimizer step", "a training step", "share", "models"):
+        lines.append(text + ".")
     cvs = [(number(r, "cv_pct"), r) for r in rows if number(r, "cv_pct") is not None]
     if cvs:
         worst, row = max(cvs, key=lambda x: x[0])
@@ -115,6 +107,7 @@ def timing_observations(rows: list[dict]) -> list[str]:
     return lines
 
 
+@maker
 def warmup_observations(rows: list[dict]) -> list[str]:
     """What warmup changes, read within each run: its first measured step against its own later steps.
     Each warmup count runs in a fresh process, so two runs' medians differ by the process as much as by
@@ -139,8 +132,8 @@ def warmup_observations(rows: list[dict]) -> list[str]:
             where = f"just above {spread}, by less than their spread: not told apart from them"
         else:
             where = f"within the range of {spread}"
-        if busy := busy_loads(runs[key]):
-            where += f"; other processes kept up to {max(busy):.1f} cores busy meanwhile, so a slow step may be theirs"
+        if busy := under_load(runs[key]):
+            where += f"; {busy}, so a slow step may be theirs"
         name = "Without warmup" if key == "0" else f"After {key} warmup step{'s' * (key != '1')}"
         lines.append(
             f"{name} the first measured step took {sig3(first)} ms, {times(first / middle)} the median of the "
@@ -172,17 +165,15 @@ def write(problem: Results) -> Section:
     rows = problem.rows("benchmark", "-b")
     out.add(Heading("(b) Forward, backward and optimizer step"))
     if not rows.empty:
-        out.add(benchmark.phase_table(rows, "Time per phase of each model"))
-        out.add(Bullets(timing_observations(records(rows, "benchmark"))))
-        notes = benchmark.row_notes(rows)
-        if notes:
-            out.add(Text("Notes on these rows: " + "; ".join(notes) + "."))
+        out.add(benchmark.phase_table(rows, "Time per phase of each model", "mean"))
+        out.add(observations(timing_observations, rows, "benchmark"))
+        out.add(observations(benchmark.row_notes, rows, "benchmark"))
     warmup = problem.rows("warmup_study")
     out.add(Heading("(c) Without warmup, and with 1 or 2 warmup steps"))
     if not warmup.empty:
         out.add(benchmark.warmup_table(warmup))
         out.add(*plots.warmup_plot(warmup, problem.out_dir, problem.stem))
-        out.add(Bullets(warmup_observations(records(warmup, "warmup_study"))))
+        out.add(observations(warmup_observations, warmup, "warmup_study"))
     return finish(problem, out)
 
 

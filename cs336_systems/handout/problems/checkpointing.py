@@ -4,10 +4,10 @@ size (off, 1, 2, 4, sqrt, all blocks), each configuration in a process of its ow
 
 from __future__ import annotations
 
-from ...report.document import Bullets, Heading, Section, byte_unit
+from ...report.document import Heading, Section, byte_unit
 from ...report.fields import label_text, sort_key
 from ...report.grid import Value, grid
-from ...report.observe import change, change_text, number, ok, pick, records, versus
+from ...report.observe import change, maker, number, observations, ok, pick, say, versus
 from ..parameters import Options
 from ..plan import Step
 from ..target import Target
@@ -53,13 +53,14 @@ def write(problem: Results) -> Section:
                 title="Peak memory and step time per checkpointed group size",
                 caption="Each run of K consecutive blocks wrapped in one torch.utils.checkpoint (off: none; all: one group)",
                 labels=[("checkpoint blocks", "checkpoint_blocks")],
-                values=[Value(f"peak ({unit})", "peak_memory_bytes", unit), Value("step (ms)", "mean_ms", "ms±")],
+                values=[Value(f"peak ({unit})", "peak_memory_bytes", unit), Value("step (ms)", "median_ms", "ms")],
             )
         )
-        out.add(Bullets(checkpoint_observations(records(rows, "benchmark"))))
+        out.add(observations(checkpoint_observations, rows, "benchmark"))
     return finish(problem, out)
 
 
+@maker
 def checkpoint_observations(rows: list[dict]) -> list[str]:
     rows = [r for r in ok(rows) if number(r, "peak_memory_bytes")]
     if not rows:
@@ -76,8 +77,8 @@ def checkpoint_observations(rows: list[dict]) -> list[str]:
         text += (
             f": {change(number(best, 'peak_memory_bytes'), number(base, 'peak_memory_bytes'))} against no checkpointing"
         )
-        if (time := versus(best, base)) is not None:  # the peak is one number; the step time has its noise
-            text += f", for a step time {change_text(time)}"
+        if claim := versus(best, base):  # the peak is one number; the step time has its noise
+            text += "; " + say(claim, "its step time", "no checkpointing's", "change")
     lines = [text + "."]
     ordered = sorted(rows, key=lambda r: benchmark_sort(r))
     at = ordered.index(best)

@@ -4,9 +4,9 @@ CPU and NCCL on the GPUs there are; the section shows time and bus bandwidth per
 from __future__ import annotations
 
 from ...report import distributed, plots
-from ...report.document import Bullets, Section, sig3
+from ...report.document import Section, sig3
 from ...report.fields import label_text
-from ...report.observe import change_text, noise_text, number, ok, records, times, versus
+from ...report.observe import maker, number, observations, ok, say, times, versus
 from ...tools import module_name
 from ..parameters import Options
 from ..plan import Step
@@ -64,13 +64,14 @@ def write(problem: Results) -> Section:
         for backend, group in rows.groupby("backend", sort=False):
             out.add(*distributed.allreduce_tables(group, f", {backend}"))
         out.add(*plots.allreduce_plot(rows, problem.out_dir, problem.stem))
-        out.add(Bullets(allreduce_observations(records(rows, "allreduce_bench"))))
+        out.add(observations(allreduce_observations, rows, "allreduce_bench"))
     return finish(problem, out)
 
 
+@maker
 def allreduce_observations(rows: list[dict]) -> list[str]:
-    """Bus bandwidth from the smallest to the largest size, and how the time grows with the data and
-    with the ranks, each time ratio from the two rows' steps (stats.compare)."""
+    """Bus bandwidth (from the median, as the table's time) from the smallest to the largest size, and
+    how the time grows with the data and with the ranks, each a claim from the two rows' steps."""
     lines = []
     for (backend, world), group in _groups(ok(rows), ("backend", "world_size")).items():
         ordered = sorted(group, key=lambda r: number(r, "size_bytes") or 0)
@@ -81,19 +82,16 @@ def allreduce_observations(rows: list[dict]) -> list[str]:
             f"{backend}, {world} ranks: bus bandwidth {sig3(number(small, 'busbw_gbps'))} GB/s at "
             f"{label_text('size', small)} and {sig3(number(large, 'busbw_gbps'))} GB/s at {label_text('size', large)}"
         )
-        if (growth := versus(large, small)) is not None:
+        if claim := versus(large, small):
             data = times(number(large, "size_bytes") / number(small, "size_bytes"))
-            took = f"{times(growth.ratio)} the time" if growth.resolved else noise_text(growth) + " in time"
-            text += f"; {data} the data takes {took}"
+            text += f"; {say(claim, label_text('size', large), label_text('size', small), 'time')}, {data} the data"
         lines.append(text + ".")
     for (backend, size), group in _groups(ok(rows), ("backend", "size")).items():
         if len(group) > 1:
             ordered = sorted(group, key=lambda r: number(r, "world_size"))
-            if (c := versus(ordered[-1], ordered[0])) is not None:
-                lines.append(
-                    f"{backend}, {size}: from {label_text('world_size', ordered[0])} to "
-                    f"{label_text('world_size', ordered[-1])} ranks the median all-reduce time is {change_text(c)}."
-                )
+            if claim := versus(ordered[-1], ordered[0]):
+                a, b = (f"{label_text('world_size', r)} ranks" for r in (ordered[-1], ordered[0]))
+                lines.append(f"{backend}, {size}: {say(claim, a, b, 'change')}.")
     return lines
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 import functools
 
 from ...report import distributed
-from ...report.document import Bullets, Heading, Section, sig3
+from ...report.document import Heading, Section, sig3
 from ...report.fields import label_text
-from ...report.observe import change_text, number, ok, pick, records, times, under_load, versus
+from ...report.observe import maker, number, observations, ok, pick, say, times, versus
 from ...results import plausibility
-from ...stats import compare
 from ...tools import module_name
 from ...units import MIB
 from ..parameters import DDP_CPU_SHAPE, Options
@@ -144,14 +143,15 @@ def write_ddp(problem: Results) -> Section:
         out.add(Heading("(a) Time per training step, each strategy against one process and the others"))
     if not rows.empty:
         out.add(distributed.ddp_time_table(rows, "Time per training step"))
-        out.add(Bullets(ddp_observations(records(rows, "ddp_bench"))))
+        out.add(observations(ddp_observations, rows, "ddp_bench"))
     return finish(problem, out)
 
 
+@maker
 def ddp_observations(rows: list[dict]) -> list[str]:
     """Each strategy's median step and the communication it exposes (only where it is a result:
     results/plausibility.py), against one process; the flat all-reduce against one per tensor from the
-    two rows' timed loops (stats.compare)."""
+    two rows' timed loops, each a claim."""
     lines = []
     single = _step(rows, "single")
     for row in ok(rows):
@@ -168,16 +168,13 @@ def ddp_observations(rows: list[dict]) -> list[str]:
             text += (
                 f", of which {sig3(number(row, 'comm_ms'))} ms communicating ({sig3(number(row, 'comm_pct'))}% of it)"
             )
-        if single is not None and (against := versus(row, single)) is not None:
-            text += f"; against one process: {change_text(against)}"
+        if claim := versus(row, single):
+            text += f"; {say(claim, 'its step', 'one process', 'change')}"
         lines.append(text + ".")
     naive, flat = _step(rows, "naive"), _step(rows, "flat")
-    loops = (naive or {}).get("comm_step_ms"), (flat or {}).get("comm_step_ms")
-    if (
-        all(isinstance(steps, list) and steps for steps in loops)
-        and (c := under_load(compare(loops[1], loops[0]), [naive, flat])) is not None
-    ):
-        lines.append(f"One flat all-reduce against one all-reduce per parameter tensor: {change_text(c)}.")
+    if all(isinstance((r or {}).get("comm_step_ms"), list) for r in (naive, flat)):
+        claim = versus(flat, naive, samples="comm_step_ms")
+        lines.append(say(claim, "One flat all-reduce", "one all-reduce per parameter tensor", "change") + ".")
     return lines
 
 
@@ -187,24 +184,27 @@ def accounting(problem: Results, memory: str, timing: str, compared_with: str, t
     out = section(problem)
     rows = problem.rows("ddp_bench")
     if not rows.empty:
-        files = against_their_baseline(rows)
         out.add(Heading(f"(a) {memory}"))
         out.add(distributed.held_table(rows, "Bytes each rank holds after a step"))
         out.add(distributed.peaks_table(rows, "Peak memory of a rank"))
         out.add(distributed.breakdown_table(rows, "What a rank's memory holds at each peak"))
-        out.add(Bullets([line for group in files for line in held_observations(group, compared_with)]))
+        out.add(observations(held_observations, rows, "ddp_bench", base=compared_with))
         out.add(Heading(f"(b) {timing}"))
         out.add(distributed.ddp_time_table(rows, "Time per training step"))
-        out.add(Bullets([line for group in files for line in time_observations(group)]))
+        out.add(observations(time_observations, rows, "ddp_bench"))
     return finish(problem, out)
 
 
-def against_their_baseline(rows) -> list[list[dict]]:
+def against_their_baseline(rows: list[dict]) -> list[list[dict]]:
     """Each file's rows with their one-process row: their own (a student's model), else the plan's one."""
-    files = [records(group, "ddp_bench") for _, group in rows.groupby("source", sort=False)]
-    shared = [group for group in files if {label_text("strategy", row) for row in group} == {"single"}]
+    by_file: dict = {}
+    for row in rows:
+        by_file.setdefault(row.get("source"), []).append(row)
+    shared = [group for group in by_file.values() if {label_text("strategy", row) for row in group} == {"single"}]
     return [
-        group + (shared[0] if shared and not _step(group, "single") else []) for group in files if group not in shared
+        group + (shared[0] if shared and not _step(group, "single") else [])
+        for group in by_file.values()
+        if group not in shared
     ]
 
 
@@ -219,36 +219,41 @@ def write_fsdp(problem: Results) -> Section:
     )
 
 
+@maker
 def held_observations(rows: list[dict], base: str) -> list[str]:
+    """What each strategy holds against `base` (else one process) of its own file."""
     lines = []
-    reference = _step(rows, base) or _step(rows, "single")
-    for row in ok(rows):
-        strategy = label_text("strategy", row)
-        if reference is None or row is reference:
-            continue
-        parts = []
-        for header, column in distributed.HELD:
-            a, b = number(row, column), number(reference, column)
-            if a is not None and b:
-                parts.append(f"{header} {sig3(a / MIB)} MiB ({times(a / b)} of {label_text('strategy', reference)}'s)")
-        if parts:
-            lines.append(f"{strategy}: " + ", ".join(parts) + ".")
+    for group in against_their_baseline(rows):
+        reference = _step(group, base) or _step(group, "single")
+        for row in ok(group):
+            if reference is None or row is reference:
+                continue
+            parts = []
+            for header, column in distributed.HELD:
+                a, b = number(row, column), number(reference, column)
+                if a is not None and b:
+                    parts.append(
+                        f"{header} {sig3(a / MIB)} MiB ({times(a / b)} of {label_text('strategy', reference)}'s)"
+                    )
+            if parts:
+                lines.append(f"{label_text('strategy', row)}: " + ", ".join(parts) + ".")
     return lines
 
 
+@maker
 def sharding_time(rows: list[dict]) -> list[str]:
-    """Each sharded strategy's step against ddp's, from their steps (stats.compare)."""
-    base = _step(rows, "ddp")
+    """Each sharded strategy's step against ddp's of its own file, a claim from their steps."""
     lines = []
-    for row in ok(rows):
-        strategy = label_text("strategy", row)
-        if strategy not in ("ddp", "single") and (against := versus(row, base)) is not None:
-            lines.append(
-                f"{strategy}: median step {sig3(number(row, 'median_ms'))} ms, {change_text(against)} against ddp."
-            )
+    for group in against_their_baseline(rows):
+        for row in ok(group):
+            strategy = label_text("strategy", row)
+            if strategy not in ("ddp", "single") and (claim := versus(row, _step(group, "ddp"))):
+                said = say(claim, "its step", "ddp's", "change")
+                lines.append(f"{strategy}: median step {sig3(number(row, 'median_ms'))} ms; {said}.")
     return lines
 
 
+@maker
 def gather_observations(rows: list[dict]) -> list[str]:
     lines = []
     for row in ok(rows):

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from ...models import size_table
 from ...report import benchmark
-from ...report.document import Bullets, Figure, Heading, Section, sig3
+from ...report.document import Figure, Heading, Section, sig3
 from ...report.fields import label_text
 from ...report.grid import Value, grid
-from ...report.observe import change, number, ok, pick, records, span, times
+from ...report.observe import change, maker, number, observations, ok, pick, span, times
 from ...tools import module_name
 from ...units import MIB
 from ..parameters import FULL, Options
@@ -148,13 +148,13 @@ def write(problem: Results) -> Section:
         fp32 = rows[rows["precision"] == "fp32"]
         out.add(Heading("(b) Peak memory per context: forward and full training step"))
         out.add(benchmark.memory_table(fp32, "Peak memory, fp32", benchmark.peak_columns(fp32), predicted=True))
-        out.add(Bullets(peak_observations(records(fp32, "benchmark"))))
+        out.add(observations(peak_observations, fp32, "benchmark", {"precision": "fp32"}))
         if (rows["precision"] != "fp32").any():
             out.add(Heading("(c) Mixed precision"))
             out.add(benchmark.memory_table(rows, "Peak memory, fp32 and bf16 autocast", benchmark.peak_columns(rows)))
-            out.add(Bullets(precision_memory_observations(records(rows, "benchmark"))))
+            out.add(observations(precision_memory_observations, rows, "benchmark"))
         out.add(Heading("(d) One residual-stream activation"))
-        out.add(Bullets(residual_stream(problem.edition, records(rows, "benchmark"))))
+        out.add(observations(residual_stream, rows, "benchmark", edition=problem.edition))
     residuals = problem.rows("residuals")
     if not residuals.empty:
         out.add(Heading("(f) What one block saves for backward"))
@@ -174,10 +174,11 @@ def write(problem: Results) -> Section:
                 ],
             )
         )
-        out.add(Bullets(residual_observations(records(residuals, "residuals"))))
+        out.add(observations(residual_observations, residuals, "residuals"))
     return finish(problem, out)
 
 
+@maker
 def residual_observations(rows: list[dict]) -> list[str]:
     total = sum(number(r, "bytes") or 0 for r in rows)
     top = sorted(rows, key=lambda r: number(r, "rank") or 0)[:5]
@@ -190,6 +191,7 @@ def residual_observations(rows: list[dict]) -> list[str]:
     ]
 
 
+@maker
 def peak_observations(rows: list[dict]) -> list[str]:
     lines = []
     ratios = [
@@ -217,6 +219,7 @@ def peak_observations(rows: list[dict]) -> list[str]:
     return lines
 
 
+@maker
 def precision_memory_observations(rows: list[dict]) -> list[str]:
     lines = []
     for context in dict.fromkeys(label_text("context_length", r) for r in rows):
@@ -231,7 +234,8 @@ def precision_memory_observations(rows: list[dict]) -> list[str]:
     return lines
 
 
-def residual_stream(edition: str, rows: list[dict]) -> list[str]:
+@maker
+def residual_stream(rows: list[dict], edition: str) -> list[str]:
     """The size of one (batch, context, d_model) fp32 activation: the handout's question, at its reference
     model, batch and contexts (a derivation, whatever scale ran), then at the shapes the rows measured."""
     size = FULL.memory_size[edition]

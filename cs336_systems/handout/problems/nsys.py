@@ -8,10 +8,10 @@ from __future__ import annotations
 import pandas as pd
 
 from ...profiling import MATMUL
-from ...report.document import Bullets, Heading, Section, Text, sig3
+from ...report.document import Heading, Section, Text, sig3
 from ...report.fields import derive, label_text
 from ...report.grid import Value, grid
-from ...report.observe import number, records, times
+from ...report.observe import maker, number, observations, times
 from ...tools import module_name
 from ..parameters import Options
 from ..plan import SWEEP, Step, fit_verdict, model_configs, predicted_peak
@@ -177,12 +177,12 @@ def write(problem: Results) -> Section:
         profiled = derive(profiled, "benchmark")
         for (model, context), group in profiled.groupby(["model", "context_length"], sort=False):
             out.add(kernel_table(kernel_rows(group), f"Longest operators: {model}, context {context}"))
-        out.add(Bullets(kernel_observations(records(kernel_rows(profiled), "kernels"))))
+        out.add(observations(profiled_observations, rows, "kernels"))
     for step in problem.steps:  # Nsight Systems' own kernel summary, where nsys ran
         for name in [n for n in reads(step) if n.endswith("cuda_gpu_kern_sum.csv") and n in problem.files]:
             rows = problem.files[name]
             out.add(nsys_kernel_table(rows, f"CUDA kernels by total time: {step['part']}"))
-            out.add(Bullets(nsys_observations(records(rows, "nsys_kernels"))))
+            out.add(observations(nsys_observations, rows, "nsys_kernels"))
     return finish(problem, out)
 
 
@@ -202,6 +202,7 @@ def nsys_kernel_table(rows: pd.DataFrame, title: str):
     )
 
 
+@maker
 def nsys_observations(rows: list[dict]) -> list[str]:
     if not rows:
         return []
@@ -232,6 +233,12 @@ def kernel_table(frame: pd.DataFrame, title: str):
             Value("ahead", "kernel_ahead", "text"),
         ],
     )
+
+
+@maker
+def profiled_observations(rows: list[dict]) -> list[str]:
+    """kernel_observations of each profiled step's TOP_OPERATORS operators (the kernel tables' rows)."""
+    return kernel_observations([r for r in rows if (number(r, "kernel_rank") or 0) <= TOP_OPERATORS])
 
 
 def kernel_observations(rows: list[dict]) -> list[str]:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pandas as pd
 
 from ...report.document import Bullets, Section, Text, sig3
-from ...report.fields import label_text
+from ...report.fields import label_text, model_label
 from ...report.load import tool_of
-from ...report.observe import number, ok, records
+from ...report.observe import maker, number, observations, ok
 from .base import ANALYTIC, IMPLEMENTATION, Problem, Results, unanswered
 
 # Each implementation and the official test it passes (`uv run pytest ...`, as the handout says).
@@ -56,27 +56,26 @@ def _with_parts(problem: Results, section: Section) -> Section:
 def analytic_section(problem: Results) -> Section:
     section = Section(f"{problem.label}: {problem.title}", problem.label)
     section.add(Text("A derivation, not a measurement: the student's to write. Not measured here."))
-    measured = rates(problem.files)
+    measured = [f for f in problem.files.values() if tool_of(f) in RATES and RATES[tool_of(f)] in f.columns]
     if measured:
-        section.add(Text(f"Measured here, should the calculation want them: {'; '.join(measured)}."))
+        section.add(observations(rates, pd.concat(measured, ignore_index=True)))
     return _with_parts(problem, section)
 
 
-def rates(frames: dict[str, pd.DataFrame]) -> list[str]:
+RATES = {"allreduce_bench": "busbw_gbps", "benchmark": "achieved_tflops"}
+
+
+@maker
+def rates(rows: list[dict]) -> str:
     """What the analytic problems may use: the fastest all-reduce bus bandwidth and the fastest model
-    FLOP rate among the results measured on a GPU (one line each; none from a CPU)."""
+    FLOP rate among the results measured on a GPU (none from a CPU)."""
     best: dict[str, tuple[float, dict]] = {}
-    for frame in frames.values():
-        tool = tool_of(frame)
-        column = {"allreduce_bench": "busbw_gbps", "benchmark": "achieved_tflops"}.get(tool)
-        if column is None or column not in frame.columns:
-            continue
-        for row in ok(records(frame, tool)):
-            if not str(row.get("device") or "").startswith("cuda"):
-                continue  # the calculations are posed on the handout's GPUs: a CPU's rates answer none of them
-            value = number(row, column)
-            if value is not None and value > best.get(tool, (0.0, {}))[0]:
-                best[tool] = (value, row)
+    for row in ok(rows):
+        value = number(row, RATES.get(str(row.get("tool")), ""))
+        if not str(row.get("device") or "").startswith("cuda") or value is None:
+            continue  # the calculations are posed on the handout's GPUs: a CPU's rates answer none of them
+        if value > best.get(row["tool"], (0.0, {}))[0]:
+            best[row["tool"]] = (value, row)
     lines = []
     if "allreduce_bench" in best:
         value, row = best["allreduce_bench"]
@@ -87,14 +86,14 @@ def rates(frames: dict[str, pd.DataFrame]) -> list[str]:
     if "benchmark" in best:
         value, row = best["benchmark"]
         lines.append(
-            f"model FLOP rate {sig3(value)} TFLOP/s ({row['model']}, {label_text('pass_type', row)}, "
+            f"model FLOP rate {sig3(value)} TFLOP/s ({model_label(row)}, {label_text('pass_type', row)}, "
             f"{label_text('precision', row)}; {row['source']})"
         )
         if number(row, "peak_tflops"):
             lines.append(
                 f"the {label_text('precision', row)} peak that rate's MFU divides by: {sig3(number(row, 'peak_tflops'))} TFLOP/s ({row.get('peak_source')})"
             )
-    return lines
+    return f"Measured here, should the calculation want them: {'; '.join(lines)}." if lines else ""
 
 
 PROBLEMS = (

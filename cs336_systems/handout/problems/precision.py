@@ -9,7 +9,7 @@ import pandas as pd
 from ...report import benchmark
 from ...report.document import Bullets, Heading, Section
 from ...report.grid import Value, grid
-from ...report.observe import number, ok, pick, records, speed_text, times, versus
+from ...report.observe import maker, number, observations, ok, pick, say, times, versus
 from ...tools import module_name
 from ..parameters import Options
 from ..plan import Step
@@ -99,10 +99,11 @@ def write_accumulation(problem: Results) -> Section:
                 ],
             )
         )
-        out.add(Bullets(accumulation_observations(records(rows, "mixed_precision"))))
+        out.add(observations(accumulation_observations, rows, "mixed_precision", {"table": "accumulation"}))
     return finish(problem, out)
 
 
+@maker
 def accumulation_observations(rows: list[dict]) -> list[str]:
     by = {(str(r.get("accumulator")), str(r.get("addend"))): r for r in rows}
     lines = []
@@ -137,17 +138,7 @@ def write_benchmarking(problem: Results) -> Section:
                 values=[Value("fp16 autocast", "fp16", "text"), Value("bf16 autocast", "bf16", "text")],
             )
         )
-        norm = [r for r in records(dtypes, "mixed_precision") if "LayerNorm" in str(r.get("tensor"))]
-        if norm:
-            out.add(
-                Bullets(
-                    [
-                        f"LayerNorm's output is {norm[0]['fp16']} under fp16 autocast and {norm[0]['bf16']} under bf16 "
-                        f"autocast on {norm[0].get('device')}; autocast's op lists differ between devices, so on a GPU "
-                        "measure it there."
-                    ]
-                )
-            )
+        out.add(observations(layernorm_observations, dtypes, "mixed_precision", {"table": "autocast"}))
     bf16 = problem.rows("benchmark")
     fp32 = timing_rows(timing)
     out.add(Heading("(c) bf16 autocast against fp32, per size"))
@@ -158,39 +149,35 @@ def write_benchmarking(problem: Results) -> Section:
         both = pd.concat([fp32, bf16], ignore_index=True)
         both = both[both["pass_type"].isin(set(bf16["pass_type"]))]
         out.add(benchmark.speedup_table(both, "precision", "fp32", "bf16", "fp32 and bf16 autocast"))
-        out.add(Bullets(precision_observations(records(both, "benchmark"))))
+        out.add(observations(precision_observations, both, "benchmark"))
     return finish(problem, out)
+
+
+@maker
+def layernorm_observations(rows: list[dict]) -> list[str]:
+    return [
+        f"LayerNorm's output is {r['fp16']} under fp16 autocast and {r['bf16']} under bf16 autocast on "
+        f"{r.get('device')}; autocast's op lists differ between devices, so on a GPU measure it there."
+        for r in [r for r in rows if "LayerNorm" in str(r.get("tensor"))][:1]
+    ]
 
 
 def timing_rows(timing: Results | None) -> pd.DataFrame:
     return timing.rows("benchmark", "-b") if timing else pd.DataFrame()
 
 
+@maker
 def precision_observations(rows: list[dict]) -> list[str]:
-    """bf16 against fp32 per model and pass, each from the two rows' steps (stats.compare); the trend
-    with model size only where the smallest and the largest model's speedups are resolved apart."""
-    rows = ok(rows)
-    found = []
-    for model in dict.fromkeys(r["model"] for r in rows):
-        for pass_type in ("forward", "forward-backward", "train-step"):
-            fp32 = pick(rows, model=model, pass_type=pass_type, precision="fp32")
-            bf16 = pick(rows, model=model, pass_type=pass_type, precision="bf16")
-            if (comparison := versus(bf16, fp32)) is not None:
-                found.append((number(fp32, "num_params") or 0, model, pass_type, comparison))
-    if not found:
-        return []
-    lines = [
-        f"{model}, {pass_type}: bf16 autocast runs {speed_text(c)} against fp32." for _, model, pass_type, c in found
-    ]
-    ordered = sorted(found, key=lambda f: f[0])
-    (_, small, _, a), (_, large, pass_type, b) = ordered[0], ordered[-1]
-    # the speedup is fp32 / bf16 = 1 / ratio: apart when one's interval lies wholly beyond the other's
-    if small != large and a.resolved and b.resolved and (b.high < a.low or b.low > a.high):
-        trend = "grows" if b.ratio < a.ratio else "shrinks"
-        lines.append(
-            f"The speedup {trend} with model size: {times(1 / a.ratio)} for {small}, {times(1 / b.ratio)} for {large} "
-            f"({pass_type}); their intervals do not overlap."
-        )
+    """bf16 against fp32 per pass over the models, each a claim from the two rows' steps (the model where
+    the speedup is highest named only where its interval clears every other model's)."""
+    rows, lines = ok(rows), []
+    for pass_type in ("forward", "forward-backward", "train-step"):
+        claims = [
+            (versus(*(pick(rows, model=m, pass_type=pass_type, precision=p) for p in ("bf16", "fp32"))), m)
+            for m in dict.fromkeys(r["model"] for r in rows)
+        ]
+        if said := say(claims, f"bf16 autocast ({pass_type})", "fp32", "speed", "models"):
+            lines.append(said + ".")
     return lines
 
 
