@@ -17,12 +17,13 @@ Inside the block:
   (a process forked inside, e.g. a DataLoader worker, still exits for real); a process the code forked
   that comes back out of the block ends there, so only the process that started writes rows;
 - our SIGINT, SIGTERM and SIGALRM handlers are put back at each rearm() and on leaving, so a handler
-  the code installed cannot make the tool unstoppable;
+  the code installed cannot make the tool unstoppable; inside, signal.signal cannot replace them;
 - no return within the time limit raises UserCodeTimeout (SIGALRM, main thread only). The limit is
   `timeout_s` seconds (a user's --timeout), or by default StepLimits: FIRST_STEP_TIMEOUT_S up to the end
   of the first step (torch.compile can take minutes), then LATER_STEP_FACTOR times the step before
   (at least LATER_STEP_FLOOR_S). Imports and adapter getters get import_limit_s(): the command's --timeout,
-  inherited by the processes it starts, else DEFAULT_IMPORT_TIMEOUT_S. Code stuck
+  inherited by the processes it starts, else DEFAULT_IMPORT_TIMEOUT_S. The limit does not rest on the alarm
+  alone: code that cancels it (signal.alarm(0)) gets SIGALRM from the watchdog thread NUDGE_S late. Code stuck
   where Python cannot raise (inside one C call) is ended WATCHDOG_GRACE_S later: one line on stderr,
   then the process exits with status 1 (a watchdog thread), or, under an address-space cap where no
   thread fits, is killed by the reaper (reaper.py), which also ends every helper process the code left.
@@ -61,7 +62,9 @@ LATER_STEP_FLOOR_S = 60.0
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # setitimer and threading take no more; a week is past any run
 WATCHDOG_GRACE_S = 30.0
 REPEAT_S = 1.0  # a timeout the code caught and swallowed is raised again this often
+NUDGE_S = 1.0  # past the deadline by this, the watchdog sends the alarm itself (the code may have cancelled ours)
 _real_os_exit = os._exit  # guarded replaces os._exit; the watchdog must still end the process
+_real_signal = signal.signal  # and signal.signal; our alarm installs its handler with the real one
 
 
 @dataclass(frozen=True)
@@ -192,8 +195,8 @@ class _Watchdog:
     a thread of ours, or under an address-space cap (where a thread's stack and malloc arena count
     against --memory-limit) the reaper process."""
 
-    def __init__(self, what: str):
-        self.what, self.limit_s = what, 0.0
+    def __init__(self, what: str, nudge: Callable[[], None]):
+        self.what, self.limit_s, self.nudge = what, 0.0, nudge
         self.deadline = math.inf
         self.done = threading.Event()
         self.by_reaper = _address_space_capped()
@@ -215,10 +218,15 @@ class _Watchdog:
             reaper.arm(deadline + WATCHDOG_GRACE_S, self.message())
 
     def _watch(self) -> None:
-        while not self.done.wait(1.0):
-            if time.monotonic() > self.deadline + WATCHDOG_GRACE_S:
+        with contextlib.suppress(ValueError, OSError):  # the alarm is the main thread's to receive
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        while not self.done.wait(min(1.0, max(0.05, self.deadline + NUDGE_S - time.monotonic()))):
+            late_s = time.monotonic() - self.deadline
+            if late_s > WATCHDOG_GRACE_S:
                 print(self.message(), file=sys.stderr, flush=True)
                 _real_os_exit(1)
+            if late_s > NUDGE_S:
+                self.nudge()
 
     def stop(self) -> None:
         self.done.set()
@@ -258,7 +266,7 @@ def guarded(what: str, timeout_s: float | StepLimits | None = DEFAULT_TIMEOUT) -
     timer = _Alarm(what, timeout_s, lambda: _restore_handlers(handlers)) if timeout_s is not None else None
     os._exit = exit_instead
     real_signal = signal.signal
-    signal.signal = _keeping(handlers, real_signal)
+    signal.signal = _keeping(handlers, real_signal, timer)
     try:
         with timer or contextlib.nullcontext():
             yield timer.rearm if timer else (lambda: None)
@@ -285,11 +293,14 @@ def guarded(what: str, timeout_s: float | StepLimits | None = DEFAULT_TIMEOUT) -
         _restore_handlers(handlers)
 
 
-def _keeping(handlers: dict, real_signal: Callable) -> Callable:
+def _keeping(handlers: dict, real_signal: Callable, timer: _Alarm | None) -> Callable:
     """signal.signal inside the block: the code may install any handler but ours for SIGINT and SIGTERM
-    (one that ignores them would make the tool unstoppable); those calls are no-ops returning ours."""
+    (one that ignores them would make the tool unstoppable) and, while our alarm is set, SIGALRM (one that
+    ignores it would lift the time limit); those calls are no-ops returning ours."""
 
     def install(signum, handler):
+        if signum == signal.SIGALRM and timer is not None and timer.installed:
+            return timer._fire
         if signum in handlers:
             return (
                 real_signal(signum, handlers[signum])
@@ -318,15 +329,16 @@ class _Alarm:
         self.step_started: float | None = None
         self.last_step_s: float | None = None
         self.installed = False
+        self.lock = threading.RLock()  # the watchdog's nudge never lands after _restore put the handler back
 
     @property
     def timeout_s(self) -> float:
         return self.fixed_s if self.limits is None else self.limits.limit_s(self.last_step_s)
 
     def __enter__(self) -> _Alarm:
-        self.watchdog = _Watchdog(self.what)
+        self.watchdog = _Watchdog(self.what, self._nudge)
         try:
-            self.previous_handler = signal.signal(signal.SIGALRM, self._fire)
+            self.previous_handler = _real_signal(signal.SIGALRM, self._fire)
         except ValueError:  # not the main thread: only the watchdog guards
             self._arm()
             return self
@@ -347,7 +359,7 @@ class _Alarm:
         if self.installed:
             self.restore()
             if signal.getsignal(signal.SIGALRM) is not self._fire:  # the code replaced ours
-                signal.signal(signal.SIGALRM, self._fire)
+                _real_signal(signal.SIGALRM, self._fire)
         self._arm(now)
 
     def _arm(self, now: float | None = None) -> None:
@@ -357,6 +369,12 @@ class _Alarm:
         if self.installed:
             until = self.deadline if self.outer_deadline is None else min(self.deadline, self.outer_deadline)
             signal.setitimer(signal.ITIMER_REAL, max(until - now, 1e-3), REPEAT_S)
+
+    def _nudge(self) -> None:
+        """The watchdog thread's: the deadline passed and the code is still inside (it cancelled our alarm)."""
+        with self.lock, contextlib.suppress(OSError, ValueError):
+            if self.installed:
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
 
     def _fire(self, signum, frame) -> None:
         if self.outer_deadline is not None and time.monotonic() >= self.outer_deadline - 1e-3:
@@ -376,11 +394,12 @@ class _Alarm:
         return f"{self.timeout_s:g} s (the default limit {which}; --timeout SECONDS sets one)"
 
     def _restore(self, rearm_outer: bool = True) -> None:
-        if not self.installed:
-            return
-        self.installed = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, self.previous_handler)
+        with self.lock:
+            if not self.installed:
+                return
+            self.installed = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            _real_signal(signal.SIGALRM, self.previous_handler)
         if rearm_outer and self.outer_deadline is not None:
             signal.setitimer(signal.ITIMER_REAL, max(self.outer_deadline - time.monotonic(), 1e-3))
 

@@ -92,6 +92,25 @@ def test_a_swallowed_timeout_is_raised_again():
         time.sleep(60)  # it returns, and the block with it, unless the timeout is raised again
 
 
+@pytest.mark.parametrize(
+    "cancel",
+    [
+        lambda: signal.alarm(0),
+        lambda: signal.setitimer(signal.ITIMER_REAL, 0),
+        lambda: signal.signal(signal.SIGALRM, signal.SIG_IGN),
+        lambda: signal.signal(signal.SIGALRM, lambda *args: None),
+    ],
+    ids=["alarm-0", "setitimer-0", "sigalrm-ignored", "sigalrm-replaced"],
+)
+def test_code_that_cancels_our_alarm_is_still_held_to_the_limit(cancel):
+    """The limit rested on SIGALRM alone: code that cancelled it hung until the watchdog ended the process."""
+    with pytest.raises(UserCodeTimeout, match=r"my step did not return within --timeout 0.2 s"):  # noqa: SIM117
+        with guarded("my step", timeout_s=0.2):
+            cancel()
+            time.sleep(30)
+    assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.default_int_handler, None)
+
+
 def test_an_outer_alarm_still_goes_off_and_is_set_again():
     fired = []
     previous = signal.signal(signal.SIGALRM, lambda *args: fired.append(1))
