@@ -3,6 +3,7 @@ or a user's own (`--optimizer package.module:callable`, e.g. their AdamW)."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -66,6 +67,8 @@ def check_user_optimizer(spec: str, import_timeout_s: float | None = None) -> Us
     worker exists: one that cannot be built is an OptimizerFactoryError (one line) now, not in every row."""
     optimizer = load_user_optimizer(spec, import_timeout_s)
     given = nn.Parameter(torch.zeros(2))
+    # torch.optim.Optimizer's first build imports torch._dynamo (seconds on a busy machine): ours, not the user's time
+    importlib.import_module("torch._dynamo")
     try:
         with guarded(f"--optimizer {spec}", import_limit_s() if import_timeout_s is None else import_timeout_s):
             built = optimizer([given])
