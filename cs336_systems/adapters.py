@@ -27,8 +27,8 @@ from .editions import (
     edition_of_names,
 )
 from .errors import UsageError
-from .loading import UserImportError, import_user_module, put_first_on_path, repo_paths
-from .usercode import guarded, import_limit_s
+from .loading import UserImportError, hung_before, import_user_module, note_hung, put_first_on_path, repo_paths
+from .usercode import UserCodeTimeout, guarded, import_limit_s
 
 FLASH_ADAPTERS = {
     "pytorch": "get_flashattention_autograd_function_pytorch",
@@ -95,14 +95,21 @@ class Adapters:
         """Call adapter `name`; NotImplementedAdapter if it raises NotImplementedError,
         MissingAdapter if the module lacks it. Other exceptions are the student's and propagate; a getter
         (get_*) that exits or takes longer than an import may (usercode.import_limit_s) raises UserCodeError /
-        UserCodeTimeout."""
+        UserCodeTimeout; one that hung is not waited for again in the run (a row per configuration asks it)."""
         if name not in self.functions:
             raise MissingAdapter(f"{self.spec} defines no {name}")
         # a getter only builds or returns something: it gets an import's limit, not a step's
         limit = import_limit_s() if name.startswith("get_") else None
+        shown = f"{self.spec}:{name}()"
+        if limit and (why := hung_before(shown)) is not None:
+            raise UserCodeTimeout(f"{why} (earlier in this run: not tried again)")
         try:
             with guarded(f"{name}()", limit) if limit else contextlib.nullcontext():
                 return self.functions[name](*args, **kwargs)
+        except UserCodeTimeout as exc:
+            if limit:
+                note_hung(shown, str(exc))
+            raise
         except NotImplementedError as exc:
             raise NotImplementedAdapter(f"{name} is not implemented yet (raises NotImplementedError)") from exc
 

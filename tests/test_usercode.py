@@ -335,6 +335,20 @@ def test_an_import_that_hung_is_not_waited_for_again_in_the_run(monkeypatch):
         loading.import_user_module("tests.fixtures.hostile.hang_at_import", timeout_s=0.5)
 
 
+def test_a_getter_that_hung_is_not_waited_for_again_in_the_run(tmp_path):
+    """attention_bench asks the getter once per row: each row waited the whole limit again."""
+    from cs336_systems import attention_bench
+    from cs336_systems.results import read_results
+
+    output = tmp_path / "rows.csv"
+    flags = ["--adapters", str(REPO / "tests/fixtures/hostile/adapters_hang.py"), "--implementations", "flash-pytorch"]
+    grid = ["--context-lengths", "16", "32", "--head-dims", "8", "--measure-steps", "2", "--device", "cpu"]
+    assert attention_bench.main([*flags, *grid, "--timeout", "0.5", "--output", str(output)]) == 1
+    errors = list(read_results(output)["error"])
+    assert "did not return within --timeout 0.5 s" in errors[0] and "not tried again" not in errors[0]
+    assert "(earlier in this run: not tried again)" in errors[1]
+
+
 def test_an_optimizer_import_that_hangs_in_the_ranks_is_cut_at_the_limit_and_waited_for_once(tmp_path, monkeypatch):
     """ddp_bench's ranks inherit the command's import limit (here 1 s) and share the note of what hung."""
     from cs336_systems import ddp_bench
