@@ -18,6 +18,7 @@ from . import jsontext, nvtx
 from .argtypes import (
     EXIT_FAILED,
     ArgumentParser,
+    add_timeout_argument,
     as_flag_value,
     exit_status,
     given_flags,
@@ -50,7 +51,7 @@ from .size_tables import SizeTableChoice
 from .step import describe_measurement
 from .terminal import show
 from .tools import prog
-from .usercode import add_timeout_argument, import_timeout
+from .usercode import import_timeout
 
 PROG = prog("benchmark")
 

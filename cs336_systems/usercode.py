@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from . import lifetime, reaper
+from . import lifetime, process_state, reaper
 
 
 class DefaultLimit(float):
@@ -140,37 +140,11 @@ class UserCodeTimeout(Exception):
 def check_timeout(value: float, flag: str = "--timeout") -> float:
     """A time limit in seconds within (0, MAX_TIMEOUT_S]; ValueError (one line) otherwise, nan and inf too."""
     if not 0 < value <= MAX_TIMEOUT_S:
-        raise ValueError(f"{flag} {_BOUNDS}, got {value:g}")
+        raise ValueError(f"{flag} {TIMEOUT_BOUNDS}, got {value:g}")
     return value
 
 
-_BOUNDS = f"must be more than 0 and at most {MAX_TIMEOUT_S:g} seconds (a week)"
-
-
-def timeout_seconds(text: str) -> float:
-    """argparse type for --timeout: a number of seconds within check_timeout's bounds."""
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 < value <= MAX_TIMEOUT_S:  # argparse names the flag
-        raise argparse.ArgumentTypeError(f"{_BOUNDS}, got {text}")
-    return value
-
-
-def add_timeout_argument(parser, what: str) -> None:
-    """--timeout SECONDS: one limit for every step, model build and import of the user's code; by default
-    DEFAULT_TIMEOUT (StepLimits) and DEFAULT_IMPORT_TIMEOUT_S for imports and adapter getters."""
-    parser.add_argument(
-        "--timeout",
-        type=timeout_seconds,
-        default=DEFAULT_TIMEOUT,
-        metavar="SECONDS",
-        help=f"{what}: past it the row is 'timeout' (default: {DEFAULT_TIMEOUT}; importing your code and "
-        f"calling an adapter's getter {DEFAULT_IMPORT_TIMEOUT_S:g} s)",
-    )
+TIMEOUT_BOUNDS = f"must be more than 0 and at most {MAX_TIMEOUT_S:g} seconds (a week)"
 
 
 def _real_interrupt(exc: KeyboardInterrupt) -> bool:
@@ -249,9 +223,12 @@ def _restore_handlers(handlers: dict) -> None:
 
 
 @contextlib.contextmanager
-def guarded(what: str, timeout_s: float | StepLimits | None = DEFAULT_TIMEOUT) -> Iterator[Callable[[], None]]:
+def guarded(
+    what: str, timeout_s: float | StepLimits | None = DEFAULT_TIMEOUT, changed: dict | None = None
+) -> Iterator[Callable[[], None]]:
     """Run the user's code inside; yields `rearm()`, which starts the next step's time limit (call it
-    at the start of each step). `timeout_s`: seconds per step (a user's --timeout), StepLimits, or None."""
+    at the start of each step). `timeout_s`: seconds per step (a user's --timeout), StepLimits, or None.
+    `changed` gets the process settings the code changed, each put back on leaving (process_state.kept)."""
     owner = os.getpid()
     real_exit = os._exit  # a guard inside a guard puts back the outer one's
     handlers = {sig: signal.getsignal(sig) for sig in _OUR_SIGNALS}
@@ -268,7 +245,7 @@ def guarded(what: str, timeout_s: float | StepLimits | None = DEFAULT_TIMEOUT) -
     real_signal = signal.signal
     signal.signal = _keeping(handlers, real_signal, timer)
     try:
-        with timer or contextlib.nullcontext():
+        with process_state.kept({} if changed is None else changed), timer or contextlib.nullcontext():
             yield timer.rearm if timer else (lambda: None)
     except _OsExit as exc:
         raise UserCodeError(f"{what} called os._exit({exc.status})") from None
@@ -282,8 +259,12 @@ def guarded(what: str, timeout_s: float | StepLimits | None = DEFAULT_TIMEOUT) -
     except Exception:
         raise
     except BaseException as exc:  # GeneratorExit, a BaseException of the code's own: its row's error
+        try:
+            text = " ".join(str(exc).split())  # one line
+        except Exception:  # a __str__ of the code's own that raises
+            text = ""
         raise UserCodeError(
-            f"{what} raised {type(exc).__name__} (a BaseException, not an Exception): {exc}".rstrip(": ")
+            f"{what} raised {type(exc).__name__} (a BaseException, not an Exception): {text}".rstrip(": ")
         ) from None
     finally:
         os._exit = real_exit
