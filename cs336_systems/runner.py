@@ -19,12 +19,7 @@ from torch import nn
 from . import cuda_graphs, nvtx, process_state
 from .config import BenchmarkConfig
 from .contention import Load, machine_load, with_load
-from .device import (
-    compile_unsupported_reason,
-    failure_status,
-    release_memory,
-    resolve_device,
-)
+from .device import compile_unsupported_reason, failure_status, release_memory, resolve_device
 from .factory import build_model, count_parameters_for
 from .flops import flops_per_step, mfu
 from .memory import (
@@ -59,7 +54,7 @@ from .progress import StepHeartbeat
 from .results import BenchmarkRecord, Environment, collect_environment
 from .results.records import NONFINITE_LOSS_NOTE
 from .stats import per_second, summarize
-from .step import CUDA_GRAPH_NOTE, captured_step, combine_phases, compiled, describe_config, make_step
+from .step import CUDA_GRAPH_NOTE, captured_step, combine_phases, compiled, compiling, describe_config, make_step
 from .timing import (
     HostTimer,
     PhaseRecorder,
@@ -218,7 +213,9 @@ def _measure(run: Run, model: nn.Module, rearm: Callable[[], None], seen: Measur
             seen.optimizer = optimizer_name(optimizer) if optimizer is not None else None
             steps = _eager_steps(run, runnable, optimizer, memory, rearm)
             if config.compile:
-                seen.compile_s = HostTimer(run.clock, synchronize).time_ms(steps.step) / 1e3
+                seen.compile_s = (
+                    compiling(lambda: HostTimer(run.clock, synchronize).time_ms(steps.step), seen.notes) / 1e3
+                )
             elif config.pass_type == "train-step" and config.warmup_steps == 0 and config.timer != "do-bench":
                 seen.notes.append(OPTIMIZER_STATE_NOTE)  # do_bench's own first calls create the state, untimed
         seen.times, seen.load = _time(run, steps, memory)

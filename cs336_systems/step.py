@@ -9,7 +9,10 @@ so timing, memory tracing and NVTX ranges wrap them without the step knowing.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +51,60 @@ def compiled(model: nn.Module, scope: str, mode: str = "default") -> Iterator[nn
     finally:
         for index, block in enumerate(originals):
             blocks[index] = block
+
+
+T = TypeVar("T")
+
+
+def compiling(first_call: Callable[[], T], notes: list[str]) -> T:
+    """`first_call()`, the first call of a compiled model (which compiles it). A compile killed mid-build
+    (--timeout, a stage's limit, Ctrl-C) leaves a .so or .o of torch's inductor cache unfinished, which
+    every later compile loads ("ImportError: ...main.so: file too short"; a vector ISA probe's, and every
+    kernel after it is built without AVX): such files are removed first, and where the call still fails
+    on one, it is removed and the call made once more. The row's note says so."""
+    removed = _remove_unfinished_builds()
+    try:
+        result = first_call()
+    except Exception as exc:
+        text, cause = "", exc
+        for _ in range(8):  # the InductorError and the errors it wraps name the file
+            text, cause = f"{text} {cause}", cause.__cause__ or cause.__context__
+            if cause is None:
+                break
+        if not (again := _remove_unfinished_builds(text)):
+            raise
+        removed += again
+        torch._dynamo.reset()
+        torch._inductor.utils.clear_caches()  # the loaders it made of those files
+        result = first_call()
+    if removed:
+        notes.append(f"removed {removed} unfinished file(s) of a compile killed mid-build from torch's inductor cache")
+    return result
+
+
+def _remove_unfinished_builds(error_text: str = "") -> int:
+    """Remove the .so and .o files of torch's inductor cache that are not whole (no ELF header, or named
+    in `error_text`) and that no build holds (torch builds each under a lock of its key): how many."""
+    from filelock import FileLock, Timeout
+    from torch._inductor.codecache import get_lock_dir
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    root = Path(cache_dir())
+    named = set(re.findall(r"/[^\s:'\"]+\.s?o\b", error_text))
+    removed = 0
+    for path in [*root.rglob("*.so"), *root.rglob("*.o")]:
+        if str(path) in named or not _is_elf(path):
+            lock = FileLock(Path(get_lock_dir(), f"{path.name.partition('.')[0]}.lock"), timeout=0)
+            with contextlib.suppress(Timeout, OSError), lock:
+                path.unlink()
+                removed += 1
+    return removed
+
+
+def _is_elf(path: Path) -> bool:
+    with contextlib.suppress(OSError), open(path, "rb") as handle:
+        return handle.read(4) == b"\x7fELF"
+    return False
 
 
 Phase = Callable[[str], contextlib.AbstractContextManager]
