@@ -60,7 +60,7 @@ FIRST_STEP_TIMEOUT_S = 1800.0
 LATER_STEP_FACTOR = 10.0
 LATER_STEP_FLOOR_S = 60.0
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # setitimer and threading take no more; a week is past any run
-WATCHDOG_GRACE_S = 30.0
+WATCHDOG_GRACE_S = 10.0
 REPEAT_S = 1.0  # a timeout the code caught and swallowed is raised again this often
 NUDGE_S = 1.0  # past the deadline by this, the watchdog sends the alarm itself (the code may have cancelled ours)
 _real_os_exit = os._exit  # guarded replaces os._exit; the watchdog must still end the process
@@ -137,6 +137,10 @@ class UserCodeTimeout(Exception):
     """The user's code did not return within its time limit."""
 
 
+class _Expired(BaseException):
+    """UserCodeTimeout inside the block: the code's own `except Exception` cannot swallow it."""
+
+
 def check_timeout(value: float, flag: str = "--timeout") -> float:
     """A time limit in seconds within (0, MAX_TIMEOUT_S]; ValueError (one line) otherwise, nan and inf too."""
     if not 0 < value <= MAX_TIMEOUT_S:
@@ -182,8 +186,8 @@ class _Watchdog:
 
     def message(self) -> str:
         return (
-            f"error: {self.what} did not return within {self.limit_s:g} s and cannot be interrupted "
-            "(stuck inside one native call); ending the process"
+            f"error: {self.what} did not return within {self.limit_s:g} s and could not be interrupted (stuck in "
+            "one native call, or blocking or catching every interrupt); ending the process"
         )
 
     def set(self, deadline: float, limit_s: float) -> None:
@@ -251,6 +255,8 @@ def guarded(
         raise UserCodeError(f"{what} called os._exit({exc.status})") from None
     except SystemExit as exc:
         raise UserCodeError(f"{what} called sys.exit({exc.code!r})") from None
+    except _Expired as exc:
+        raise UserCodeTimeout(str(exc)) from None
     except KeyboardInterrupt as exc:
         if _real_interrupt(exc):
             raise
@@ -362,7 +368,7 @@ class _Alarm:
             self._restore(rearm_outer=False)
             signal.raise_signal(signal.SIGALRM)  # the outer alarm's own action (usually: end the process)
             return
-        raise UserCodeTimeout(f"{self.what} did not return within {self.describe()}")
+        raise _Expired(f"{self.what} did not return within {self.describe()}")
 
     def describe(self) -> str:
         if isinstance(self.fixed_s, DefaultLimit):

@@ -111,6 +111,13 @@ def test_code_that_cancels_our_alarm_is_still_held_to_the_limit(cancel):
     assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.default_int_handler, None)
 
 
+def test_code_that_catches_every_exception_cannot_swallow_the_timeout():
+    with pytest.raises(UserCodeTimeout), guarded("my step", timeout_s=0.2):
+        while True:  # a retry loop of the user's: it swallowed the timeout until the watchdog ended the process
+            with contextlib.suppress(Exception):
+                time.sleep(1)
+
+
 def test_an_outer_alarm_still_goes_off_and_is_set_again():
     fired = []
     previous = signal.signal(signal.SIGALRM, lambda *args: fired.append(1))
@@ -165,14 +172,16 @@ def test_the_code_cannot_replace_our_interrupt_handlers():
 
 def test_default_limits_follow_the_measured_step():
     limits = StepLimits(first_s=0.6, factor=2.0, floor_s=0.05)
-    with guarded("my step", limits) as rearm:
+    with (
+        pytest.raises(UserCodeTimeout, match=r"my step did not return within 0.1\d* s \(the default limit 2x"),
+        guarded("my step", limits) as rearm,
+    ):
         rearm()
         time.sleep(0.3)  # the first step: under first_s
         rearm()
         time.sleep(0.05)  # 0.05 s: under 2 x 0.3 s
         rearm()
-        with pytest.raises(UserCodeTimeout, match=r"my step did not return within 0.1\d* s \(the default limit 2x"):
-            time.sleep(2)  # over 2 x 0.05 s
+        time.sleep(2)  # over 2 x 0.05 s
     assert limits.limit_s(None) == 0.6 and limits.limit_s(10.0) == 20.0 and limits.limit_s(0.001) == 0.05
 
 
@@ -418,4 +427,4 @@ def test_under_an_address_space_cap_a_hang_no_handler_can_reach_is_still_ended()
     )
     result = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=60, env=child_env())
     assert result.returncode == -signal.SIGKILL, result.stderr
-    assert "my step did not return within 0.5 s and cannot be interrupted" in result.stderr
+    assert "my step did not return within 0.5 s and could not be interrupted" in result.stderr
