@@ -368,6 +368,10 @@ class _Alarm:
             self._restore(rearm_outer=False)
             signal.raise_signal(signal.SIGALRM)  # the outer alarm's own action (usually: end the process)
             return
+        if (early_s := self.deadline - time.monotonic()) > 1e-3:  # the code's own signal.alarm(n): ours again
+            until = early_s if self.outer_deadline is None else min(early_s, self.outer_deadline - time.monotonic())
+            signal.setitimer(signal.ITIMER_REAL, max(until, 1e-3), REPEAT_S)
+            return
         raise _Expired(f"{self.what} did not return within {self.describe()}")
 
     def describe(self) -> str:

@@ -111,6 +111,13 @@ def test_code_that_cancels_our_alarm_is_still_held_to_the_limit(cancel):
     assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.default_int_handler, None)
 
 
+def test_an_alarm_of_the_codes_own_is_no_timeout_before_the_limit():
+    with guarded("my step", timeout_s=5):
+        signal.signal(signal.SIGALRM, lambda *args: None)  # refused: ours stays
+        signal.setitimer(signal.ITIMER_REAL, 0.1)  # its own alarm goes off long before our limit
+        time.sleep(0.5)
+
+
 def test_code_that_catches_every_exception_cannot_swallow_the_timeout():
     with pytest.raises(UserCodeTimeout), guarded("my step", timeout_s=0.2):
         while True:  # a retry loop of the user's: it swallowed the timeout until the watchdog ended the process
