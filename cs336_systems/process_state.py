@@ -1,7 +1,5 @@
-"""What the user's code can change for the whole process that a measurement depends on: the clocks, and
-where torch is loaded its default dtype and float32 matmul precision. usercode.guarded puts each back on
-leaving (`kept`), so no change reaches our code, a later row or the next tool, and says which it undid.
-"""
+"""What the user's code can change for the whole process that a measurement depends on (the clocks, torch's
+default dtype and float32 matmul precision): usercode.guarded puts each back (`kept`) and says which."""
 
 from __future__ import annotations
 
@@ -42,17 +40,13 @@ def kept(changed: dict) -> Iterator[None]:
 
 
 def verdict(changed: dict, who: str) -> tuple[str | None, list[str]]:
-    """(the row's error, or None; its notes) for the settings `who` changed while it ran: a clock or the
-    default dtype changed for the whole process make the step measured another than the configuration
-    names ('wrong', times kept); the matmul precision is recorded as it was in effect, with a note."""
+    """(the row's error, or None; its notes) for what `who` changed while it ran: a clock or the default
+    dtype make the step another than its configuration's ('wrong'); the matmul precision is the row's own."""
     said = {
-        name: f"called {name}({value!r})" if name.startswith("torch.") else f"replaced {name}"
-        for name, value in changed.items()
+        name: f"called {name}({value!r})" if "set_" in name else f"replaced {name}" for name, value in changed.items()
     }
     notes = [f"{who} {said.pop(MATMUL)}: matmul_precision is what it set"] if MATMUL in said else []
-    if not said:
-        return None, notes
-    return (
-        f"{who} {'; '.join(said.values())} for the whole process (put back after it ran): the step is not this configuration's",
-        notes,
+    error = (
+        f"{who} {'; '.join(said.values())} for the whole process (put back after it ran): not this configuration's step"
     )
+    return (error if said else None), notes

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import re
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -53,25 +54,16 @@ def compiled(model: nn.Module, scope: str, mode: str = "default") -> Iterator[nn
             blocks[index] = block
 
 
-T = TypeVar("T")
-
-
-def compiling(first_call: Callable[[], T], notes: list[str]) -> T:
+def compiling(first_call: Callable[[], Any], notes: list[str]) -> Any:
     """`first_call()`, the first call of a compiled model (which compiles it). A compile killed mid-build
-    (--timeout, a stage's limit, Ctrl-C) leaves a .so or .o of torch's inductor cache unfinished, which
-    every later compile loads ("ImportError: ...main.so: file too short"; a vector ISA probe's, and every
-    kernel after it is built without AVX): such files are removed first, and where the call still fails
-    on one, it is removed and the call made once more. The row's note says so."""
+    (--timeout, a stage's limit, Ctrl-C) leaves a .so or .o of torch's inductor cache unfinished, which every
+    later compile loads ("ImportError: ...main.so: file too short"; a vector-ISA probe's: no AVX after it).
+    Those are removed first, and a call failing on one is made once more; the row's note says so."""
     removed = _remove_unfinished_builds()
     try:
         result = first_call()
     except Exception as exc:
-        text, cause = "", exc
-        for _ in range(8):  # the InductorError and the errors it wraps name the file
-            text, cause = f"{text} {cause}", cause.__cause__ or cause.__context__
-            if cause is None:
-                break
-        if not (again := _remove_unfinished_builds(text)):
+        if not (again := _remove_unfinished_builds("".join(traceback.format_exception(exc)))):
             raise
         removed += again
         torch._dynamo.reset()

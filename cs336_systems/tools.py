@@ -23,16 +23,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 COMMAND = "cs336-bench"
-# Libraries we import whose name a file in a student's repository could have (a tabulate.py of their own):
-# that root comes first on the path (python -m, the dispatcher below, --adapters), so they are imported first.
+# Libraries of ours a file in a student's repository root (first on the path: python -m, main below,
+# --adapters) could be named like, a tabulate.py of their own: imported first, that root off the path.
 SHADOWED_BY_NAME = ("tabulate",)
 
 
 def import_ours_first() -> None:
-    """Import SHADOWED_BY_NAME with the current directory off the path for the moment: later imports of
-    them, ours (a Markdown table after the rows are measured) and the student's, get the library."""
-    here = Path.cwd().resolve()
-    saved = list(sys.path)
+    saved, here = list(sys.path), Path.cwd().resolve()
     sys.path[:] = [entry for entry in saved if Path(entry or ".").resolve() != here]
     try:
         for name in SHADOWED_BY_NAME:
