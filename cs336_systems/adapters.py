@@ -113,6 +113,15 @@ class Adapters:
         except NotImplementedError as exc:
             raise NotImplementedAdapter(f"{name} is not implemented yet (raises NotImplementedError)") from exc
 
+    def wrapper(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """call() of a getter that wraps the model (get_ddp, get_fsdp): BadAdapter unless it returns a Module."""
+        import torch
+
+        wrapped = self.call(name, *args, **kwargs)
+        if not isinstance(wrapped, torch.nn.Module):
+            raise BadAdapter(f"{name}() returned {type(wrapped).__name__} {wrapped!r:.60}, not a torch.nn.Module")
+        return wrapped
+
     def flash_function(self, kind: str) -> type:
         """The student's FlashAttention-2 autograd Function class ('pytorch' or 'triton')."""
         import torch
