@@ -27,7 +27,15 @@ from .editions import (
     edition_of_names,
 )
 from .errors import UsageError
-from .loading import UserImportError, hung_before, import_user_module, note_hung, put_first_on_path, repo_paths
+from .loading import (
+    UserImportError,
+    hung_before,
+    import_user_module,
+    note_hung,
+    put_first_on_path,
+    reading_user_names,
+    repo_paths,
+)
 from .usercode import UserCodeTimeout, guarded, import_limit_s
 
 FLASH_ADAPTERS = {
@@ -138,7 +146,8 @@ class Adapters:
 def load_adapters(spec: str) -> Adapters:
     """Import `spec` (dotted module name or path to a .py file) and collect its adapter functions."""
     module = _import(spec)
-    functions = {name: getattr(module, name) for name in ADAPTER_NAMES if callable(getattr(module, name, None))}
+    with reading_user_names(f"--adapters {spec}: reading its names", AdapterError):
+        functions = {name: getattr(module, name) for name in ADAPTER_NAMES if callable(getattr(module, name, None))}
     if not functions:
         raise AdapterError(
             f"--adapters {spec}: defines none of the official adapter functions "

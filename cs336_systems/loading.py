@@ -178,14 +178,30 @@ def load_callable(spec: str, flag: str, error: type[Exception] = LoadError, time
         target = import_user_module(module_name, timeout_s)
     except UserImportError as exc:
         raise error(f"cannot load {flag} {spec}: {exc}") from exc.__cause__
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            hint = namespace_hint(ImportError(name=module_name)) if module_name.startswith("cs336_systems") else ""
-            raise error(f"cannot load {flag} {spec}: {module_name!r} has no attribute {attribute!r}{hint}")
-        target = getattr(target, part)
-    if not callable(target):
-        raise error(f"{flag} {spec} is not callable")
+    with reading_user_names(f"cannot load {flag} {spec}: reading {attribute!r}", error):
+        for part in attribute.split("."):
+            if not hasattr(target, part):
+                hint = namespace_hint(ImportError(name=module_name)) if module_name.startswith("cs336_systems") else ""
+                raise error(f"cannot load {flag} {spec}: {module_name!r} has no attribute {attribute!r}{hint}")
+            target = getattr(target, part)
+        if not callable(target):
+            raise error(f"{flag} {spec} is not callable")
     return target
+
+
+@contextlib.contextmanager
+def reading_user_names(what: str, error: type[Exception]) -> Iterator[None]:
+    """Inside, the attributes of the user's module are read (its module-level __getattr__ runs): whatever it
+    raises or does (exits, hangs past an import's limit) is `error` of one line, `what` first."""
+    try:
+        with guarded(what, import_limit_s()):
+            yield
+    except (UserCodeError, UserCodeTimeout) as exc:  # their line starts with `what`
+        raise error(str(exc)) from None
+    except UsageError:
+        raise
+    except Exception as exc:
+        raise error(f"{what}: {type(exc).__name__}: {exc}") from None
 
 
 def fit_keywords(
