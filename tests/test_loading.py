@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from cs336_systems.loading import LoadError, load_callable
@@ -54,7 +56,7 @@ def test_a_module_getattr_that_raises_or_exits_is_one_line(tmp_path, monkeypatch
 
     (tmp_path / "odd.py").write_text(f"def __getattr__(name):\n    {body}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(LoadError, match=f"cannot load --thing odd:build: {words}"):
+    with pytest.raises(LoadError, match=re.escape(f"cannot load --thing odd:build: {words}")):
         load_callable("odd:build", "--thing")
     with pytest.raises(AdapterError, match="--adapters .*odd.py: reading its names"):
         load_adapters(str(tmp_path / "odd.py"))
