@@ -44,19 +44,19 @@ def test_a_package_that_reads_its_own_version_but_is_not_installed_says_how_to_i
 
 
 @pytest.mark.parametrize(
-    ("body", "words"),
+    ("name", "body", "words"),
     [
-        ("raise RuntimeError('no ' + name)", "reading 'build': RuntimeError: no build"),
-        ("import sys; sys.exit(0)", "reading 'build' called sys.exit(0)"),
+        ("odd_raises", "raise RuntimeError('no ' + name)", "reading 'build': RuntimeError: no build"),
+        ("odd_exits", "import sys; sys.exit(0)", "reading 'build' called sys.exit(0)"),
     ],
 )
-def test_a_module_getattr_that_raises_or_exits_is_one_line(tmp_path, monkeypatch, body, words):
+def test_a_module_getattr_that_raises_or_exits_is_one_line(tmp_path, monkeypatch, name, body, words):
     """A module-level __getattr__ of the user's runs as its names are read: it was a traceback, or exit 0."""
     from cs336_systems.adapters import AdapterError, load_adapters
 
-    (tmp_path / "odd.py").write_text(f"def __getattr__(name):\n    {body}\n")
+    (tmp_path / f"{name}.py").write_text(f"def __getattr__(name):\n    {body}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(LoadError, match=re.escape(f"cannot load --thing odd:build: {words}")):
-        load_callable("odd:build", "--thing")
-    with pytest.raises(AdapterError, match="--adapters .*odd.py: reading its names"):
-        load_adapters(str(tmp_path / "odd.py"))
+    with pytest.raises(LoadError, match=re.escape(f"cannot load --thing {name}:build: {words}")):
+        load_callable(f"{name}:build", "--thing")
+    with pytest.raises(AdapterError, match=f"--adapters .*{name}.py: reading its names"):
+        load_adapters(str(tmp_path / f"{name}.py"))
