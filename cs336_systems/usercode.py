@@ -94,14 +94,6 @@ DEFAULT_TIMEOUT = StepLimits()
 IMPORT_TIMEOUT_ENV = "CS336_BENCH_IMPORT_TIMEOUT"
 
 
-def import_timeout(timeout: float | StepLimits | None) -> float:
-    """The limit of importing the user's code under a tool's --timeout: the user's own number, else the
-    command's (import_limit_s)."""
-    if isinstance(timeout, float | int) and not isinstance(timeout, DefaultLimit):
-        return timeout
-    return import_limit_s()
-
-
 def import_limit_s() -> float:
     """The limit in force on importing the user's code (and on an adapter's getter): the --timeout of this
     command or of the one that started it (IMPORT_TIMEOUT_ENV), else DEFAULT_IMPORT_TIMEOUT_S."""
@@ -114,12 +106,11 @@ def import_limit_s() -> float:
 
 @contextlib.contextmanager
 def import_limit(timeout: float | StepLimits | None) -> Iterator[None]:
-    """Inside, import_limit_s() is `timeout`'s import limit where the user gave a number, in this process
+    """Inside, import_limit_s() is `timeout` where the user gave a number (their --timeout), in this process
     and in every process started inside; the limit before is put back on leaving."""
     saved = os.environ.get(IMPORT_TIMEOUT_ENV)
-    limit = import_timeout(timeout)
-    if not isinstance(limit, DefaultLimit):
-        os.environ[IMPORT_TIMEOUT_ENV] = repr(float(limit))
+    if isinstance(timeout, float | int) and not isinstance(timeout, DefaultLimit):
+        os.environ[IMPORT_TIMEOUT_ENV] = repr(float(timeout))
     try:
         yield
     finally:
