@@ -224,7 +224,9 @@ def _measure(run: Run, model: nn.Module, rearm: Callable[[], None], seen: Measur
         if steps.losses and not torch.isfinite(steps.losses[-1]).item():  # the model computes garbage
             seen.wrong = f"{NONFINITE_LOSS_NOTE} after the measured steps (times kept)"
         trained = [p for p in model.parameters() if p.requires_grad] if config.pass_type != "forward" else []
-        if steps.traced is not None and trained and all(p.grad is None for p in trained):
+        # no .grad after the step, and (train-step: an optimizer may set them to None) no parameter changed
+        unchanged = config.pass_type != "train-step" or OPTIMIZER_UNCHANGED_NOTE in seen.notes
+        if steps.traced is not None and trained and unchanged and all(p.grad is None for p in trained):
             seen.wrong = "backward reached no parameter of the model (every .grad stayed None; times kept)"
         if config.profile_step:
             median_ms = summarize(seen.times.measured_ms).median

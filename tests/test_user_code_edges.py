@@ -85,6 +85,21 @@ def test_a_factory_that_changes_the_process_or_skips_backward_says_so_on_its_row
     )  # put back for what runs next
 
 
+@pytest.mark.parametrize(
+    ("changes", "status"),
+    [
+        ({"model_factory": f"{MODELS}:no_backward"}, "wrong"),  # and so its AdamW changed nothing
+        ({"optimizer_factory": "tests.fixtures.hostile.optimizers:ClearsTheGradients"}, "ok"),
+    ],
+)
+def test_a_training_step_without_gradients_is_wrong_only_when_nothing_was_trained(changes, status):
+    from cs336_systems.runner import run_benchmark
+    from tests.helpers import tiny_benchmark_config
+
+    record = run_benchmark(tiny_benchmark_config(pass_type="train-step", **changes))
+    assert record.status == status, record.error
+
+
 def test_an_optimizer_that_does_not_hold_the_parameters_it_is_given_is_refused(capsys):
     from cs336_systems import benchmark
 
