@@ -48,3 +48,7 @@ class TheirsFirst(importlib.abc.MetaPathFinder):
 
 if not any(isinstance(finder, TheirsFirst) for finder in sys.meta_path):
     sys.meta_path.insert(0, TheirsFirst())
+
+from .tools import import_ours_first  # noqa: E402
+
+import_ours_first()

@@ -27,8 +27,16 @@ from .editions import (
     edition_of_names,
 )
 from .errors import UsageError
-from .loading import UserImportError, import_user_module, put_first_on_path, repo_paths
-from .usercode import guarded, import_limit_s
+from .loading import (
+    UserImportError,
+    hung_before,
+    import_user_module,
+    note_hung,
+    put_first_on_path,
+    reading_user_names,
+    repo_paths,
+)
+from .usercode import UserCodeTimeout, guarded, import_limit_s
 
 FLASH_ADAPTERS = {
     "pytorch": "get_flashattention_autograd_function_pytorch",
@@ -95,16 +103,32 @@ class Adapters:
         """Call adapter `name`; NotImplementedAdapter if it raises NotImplementedError,
         MissingAdapter if the module lacks it. Other exceptions are the student's and propagate; a getter
         (get_*) that exits or takes longer than an import may (usercode.import_limit_s) raises UserCodeError /
-        UserCodeTimeout."""
+        UserCodeTimeout; one that hung is not waited for again in the run (a row per configuration asks it)."""
         if name not in self.functions:
             raise MissingAdapter(f"{self.spec} defines no {name}")
         # a getter only builds or returns something: it gets an import's limit, not a step's
         limit = import_limit_s() if name.startswith("get_") else None
+        shown = f"{self.spec}:{name}()"
+        if limit and (why := hung_before(shown)) is not None:
+            raise UserCodeTimeout(f"{why} (earlier in this run: not tried again)")
         try:
             with guarded(f"{name}()", limit) if limit else contextlib.nullcontext():
                 return self.functions[name](*args, **kwargs)
+        except UserCodeTimeout as exc:
+            if limit:
+                note_hung(shown, str(exc))
+            raise
         except NotImplementedError as exc:
             raise NotImplementedAdapter(f"{name} is not implemented yet (raises NotImplementedError)") from exc
+
+    def wrapper(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """call() of a getter that wraps the model (get_ddp, get_fsdp): BadAdapter unless it returns a Module."""
+        import torch
+
+        wrapped = self.call(name, *args, **kwargs)
+        if not isinstance(wrapped, torch.nn.Module):
+            raise BadAdapter(f"{name}() returned {type(wrapped).__name__} {wrapped!r:.60}, not a torch.nn.Module")
+        return wrapped
 
     def flash_function(self, kind: str) -> type:
         """The student's FlashAttention-2 autograd Function class ('pytorch' or 'triton')."""
@@ -122,7 +146,8 @@ class Adapters:
 def load_adapters(spec: str) -> Adapters:
     """Import `spec` (dotted module name or path to a .py file) and collect its adapter functions."""
     module = _import(spec)
-    functions = {name: getattr(module, name) for name in ADAPTER_NAMES if callable(getattr(module, name, None))}
+    with reading_user_names(f"--adapters {spec}: reading its names", AdapterError):
+        functions = {name: getattr(module, name) for name in ADAPTER_NAMES if callable(getattr(module, name, None))}
     if not functions:
         raise AdapterError(
             f"--adapters {spec}: defines none of the official adapter functions "

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from . import terminal
 from .errors import UsageError
 from .units import format_bytes, parse_bytes
+from .usercode import DEFAULT_IMPORT_TIMEOUT_S, DEFAULT_TIMEOUT, MAX_TIMEOUT_S, TIMEOUT_BOUNDS
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # a row is 'error', 'timeout' or 'wrong'
@@ -305,6 +306,27 @@ def _parse(kind, text: str):
         raise argparse.ArgumentTypeError(
             f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
         ) from None
+
+
+def timeout_seconds(text: str) -> float:
+    """argparse type for --timeout: a number of seconds within usercode.check_timeout's bounds."""
+    value = _parse(float, text)
+    if not 0 < value <= MAX_TIMEOUT_S:  # argparse names the flag
+        raise argparse.ArgumentTypeError(f"{TIMEOUT_BOUNDS}, got {text}")
+    return value
+
+
+def add_timeout_argument(parser, what: str) -> None:
+    """--timeout SECONDS: one limit for every step, model build and import of the user's code; by default
+    usercode.DEFAULT_TIMEOUT (StepLimits) and DEFAULT_IMPORT_TIMEOUT_S for imports and adapter getters."""
+    parser.add_argument(
+        "--timeout",
+        type=timeout_seconds,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"{what}: past it the row is 'timeout' (default: {DEFAULT_TIMEOUT}; importing your code and "
+        f"calling an adapter's getter {DEFAULT_IMPORT_TIMEOUT_S:g} s)",
+    )
 
 
 # -- --device ---------------------------------------------------------------------------

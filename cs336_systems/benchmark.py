@@ -19,6 +19,7 @@ from .argtypes import (
     EXIT_FAILED,
     ArgumentParser,
     add_all_columns_argument,
+    add_timeout_argument,
     as_flag_value,
     exit_status,
     given_flags,
@@ -50,7 +51,6 @@ from .size_tables import SizeTableChoice
 from .step import describe_measurement
 from .terminal import show
 from .tools import prog
-from .usercode import add_timeout_argument, import_timeout
 
 PROG = prog("benchmark")
 
@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args, parser, table)
     device = resolve_device(config.device)
     try:
-        check_runnable(config, device, import_timeout(args.timeout))
+        check_runnable(config, device)
     except UsageError as exc:  # the configuration is the file's: say so
         if not args.config:
             raise

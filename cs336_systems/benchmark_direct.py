@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 
-from . import sweep_jobs
+from . import process_state, sweep_jobs
 from .child import failed_record
 from .command import Command
 from .device import failure_status, release_memory, resolve_device
@@ -37,12 +37,15 @@ def execute(pending, args, env, writer, limits=None) -> None:
         device = resolve_device(group[0].device)
         release_memory(device)
         baseline = baseline_memory_bytes(device, group)
-        model, failure = None, None
+        model, failure, changed = None, None, {}
+        label = f"--model-factory {args.model_factory}" if args.model_factory else "building the model"
         try:
-            with guarded(f"--model-factory {args.model_factory}" if args.model_factory else "building the model"):
+            with guarded(label, changed=changed):
                 model = build_model(model_config, device, args.model_factory)
                 if args.model_factory:
-                    check_model_output(model, model_config, device, f"--model-factory {args.model_factory}")
+                    check_model_output(model, model_config, device, label)
+            if error := process_state.verdict(changed, label)[0]:  # e.g. a float64 default dtype built the model
+                failure = ("wrong", error)
         except ModelFactoryError as exc:
             failure = ("error", str(exc))
         except Exception as exc:  # building can fail like a step can

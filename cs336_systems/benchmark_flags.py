@@ -266,7 +266,6 @@ def benchmark_config_from_args(args: argparse.Namespace, model: ModelConfig, **r
 def check_runnable(
     config: BenchmarkConfig,
     device,
-    import_timeout_s: float | None = None,
     check_model_elsewhere: Callable[[BenchmarkConfig], None] | None = None,
 ) -> None:
     """What a configuration cannot know of itself, checked before any work (the configuration checks
@@ -284,6 +283,6 @@ def check_runnable(
     if config.model_factory and check_model_elsewhere:
         check_model_elsewhere(config)
     elif config.model_factory:
-        check_user_model(config.model, config.model_factory, device, import_timeout_s)
+        check_user_model(config.model, config.model_factory, device)
     if config.optimizer_factory:
-        check_user_optimizer(config.optimizer_factory, import_timeout_s)
+        check_user_optimizer(config.optimizer_factory)

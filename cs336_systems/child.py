@@ -27,6 +27,7 @@ from .argtypes import (
     add_memory_limit_argument,
     describe_memory_limit,
     resolve_memory_limit,
+    timeout_seconds,
 )
 from .config import BenchmarkConfig
 from .device import resolve_device
@@ -37,7 +38,6 @@ from .progress import HEARTBEAT_ENV, HeartbeatRelay, heartbeat_interval
 from .results import ENVIRONMENT_FIELDS, BenchmarkRecord, Environment, collect_environment
 from .tools import module_name
 from .user_model import ModelFactoryError
-from .usercode import timeout_seconds
 
 
 def failed_record(

@@ -31,6 +31,7 @@ from .argtypes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE
 from .errors import ResultWriteError, UsageError
 from .flagfile import with_config_file
 from .lifetime import Terminated, check_interrupted, exit_with, signals_interrupt
+from .loading import hung_imports_shared
 from .usercode import import_limit
 
 
@@ -55,11 +56,13 @@ class Command:
         Command._running += 1
         try:
             args = with_config_file(parser, args)  # a sweep's or handout's --config FILE.json of flags
-            # --timeout limits importing the user's code too, here and in the processes the tool starts.
-            # The spine serves every tool, and --timeout (like --output below) is a flag only some declare.
+            # --timeout limits importing the user's code too, here and in the processes the tool starts, and
+            # what hung once is not waited for again in the run. The spine serves every tool, and --timeout
+            # (like --output below) is a flag only some declare.
             with (
                 signals_interrupt() if outermost else contextlib.nullcontext(),
                 import_limit(getattr(args, "timeout", None)),
+                hung_imports_shared(),
             ):
                 status = self.run(args)
                 check_interrupted()  # one Python swallowed (e.g. raised in an at-fork hook) still counts

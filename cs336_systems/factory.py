@@ -57,22 +57,19 @@ def count_parameters_for(config: ModelConfig, model_factory: str | None = None) 
         return None
 
 
-def check_user_model(
-    config: ModelConfig, spec: str, device: torch.device, import_timeout_s: float | None = None
-) -> None:
+def check_user_model(config: ModelConfig, spec: str, device: torch.device) -> None:
     """A --model-factory model dry-built before any measurement or rank starts, as every tool checks it:
     one layer of it on `device` (the factory raising, exiting or hanging past the import limit, returning
     no Module, building on the meta device), then its logits (floating (B, T, V), not a tuple). A
     ModelFactoryError (one line) otherwise. A sweep of child processes runs it in a child of its own
     (child.check_user_model_in_child)."""
     label = f"--model-factory {spec}"
-    limit = import_limit_s() if import_timeout_s is None else import_timeout_s
-    load_model_factory(spec, limit)
+    load_model_factory(spec)
     # what a step needs of it, in a fraction of the memory; two layers where its blocks are to be checkpointed
     checkpointed = config.checkpoint_group_size > 0
     probe = {**factory_kwargs(config), "num_layers": 2 if checkpointed else 1}
     try:
-        with guarded(label, limit):
+        with guarded(label, import_limit_s()):
             try:
                 model = build_user_model(spec, probe, device)
             except ModelContractError:

@@ -43,6 +43,7 @@ TEMP_PREFIX = "cs336-"
 _OWNED = re.compile(rf"^{re.escape(TEMP_PREFIX)}[a-z]+-(\d+)-")
 _libc = None
 _os_exit = os._exit  # saved at import, before any user code could replace it
+_signal = signal.signal  # and signal.signal, which usercode.guarded replaces for the user's code
 OWNER_MARK = ".cs336-owned"  # inside each temporary directory we make: only those are removed as stale
 
 
@@ -149,7 +150,7 @@ def _handlers(handlers: dict) -> Iterator[bool]:
     """These signal handlers inside, the previous ones again on leaving; yields whether they were
     installed (only the main thread can: elsewhere this does nothing)."""
     try:
-        previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+        previous = {sig: _signal(sig, handler) for sig, handler in handlers.items()}
     except ValueError:  # not the main thread
         yield False
         return
@@ -157,7 +158,7 @@ def _handlers(handlers: dict) -> Iterator[bool]:
         yield True
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            _signal(sig, handler)
 
 
 def pid_running(pid: int, started: float | None = None) -> bool:

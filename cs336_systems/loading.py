@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import secrets
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -85,20 +86,20 @@ class UserImportError(Exception):
     """A user's module that could not be imported; the message is one line saying why."""
 
 
-# Within one run (hung_imports_shared: a group of ranks per unit, each would wait the whole limit again),
-# an import that hung is not tried again, in any of the run's processes. Outside a run it is: the user may
-# have fixed the module since.
+# Within one run (a command: hung_imports_shared; a group of ranks per unit, a row per configuration, each
+# would wait the whole limit again), an import or adapter getter that hung is not tried again, in any of the
+# run's processes. Outside a run it is: the user may have fixed the module since.
 HUNG_IMPORTS_ENV = "CS336_BENCH_HUNG_IMPORTS"  # the note's path: a line "shown<TAB>why" per import that hung
 
 
 @contextlib.contextmanager
 def hung_imports_shared() -> Iterator[None]:
-    """Inside, the processes started share one note of the user's imports that hung (a temporary file)."""
+    """Inside, the processes started share one note of the user's imports that hung (a temporary file,
+    made by the first hang: most runs have none)."""
     if os.environ.get(HUNG_IMPORTS_ENV):  # a parent's: shared already
         yield
         return
-    fd, path = tempfile.mkstemp(prefix="cs336-hung-imports-")
-    os.close(fd)
+    path = os.path.join(tempfile.gettempdir(), f"cs336-hung-imports-{os.getpid()}-{secrets.token_hex(8)}")
     os.environ[HUNG_IMPORTS_ENV] = path
     try:
         yield
@@ -108,7 +109,8 @@ def hung_imports_shared() -> Iterator[None]:
             os.unlink(path)
 
 
-def _hung_before(shown: str) -> str | None:
+def hung_before(shown: str) -> str | None:
+    """Why `shown` (an import, a getter) hung earlier in this run, or None."""
     with contextlib.suppress(OSError, UnicodeDecodeError):
         for line in Path(os.environ.get(HUNG_IMPORTS_ENV) or "/nonexistent").read_text().splitlines():
             name, _, why = line.partition("\t")
@@ -117,10 +119,12 @@ def _hung_before(shown: str) -> str | None:
     return None
 
 
-def _note_hung(shown: str, why: str) -> None:
+def note_hung(shown: str, why: str) -> None:
     if path := os.environ.get(HUNG_IMPORTS_ENV):
-        with contextlib.suppress(OSError), open(path, "a") as note:
-            note.write(f"{shown}\t{why}\n")
+        with contextlib.suppress(OSError):
+            note = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            with open(note, "a") as handle:
+                handle.write(f"{shown}\t{why}\n")
 
 
 def import_user_module(name: str, timeout_s: float | None = None, file: Path | None = None) -> ModuleType:
@@ -128,15 +132,15 @@ def import_user_module(name: str, timeout_s: float | None = None, file: Path | N
     usercode.guarded: whatever the import does (raises, exits, interrupts itself, hangs past `timeout_s`)
     is a UserImportError of one line; a real Ctrl-C stays a KeyboardInterrupt. The one place a user's
     module is imported; each caller puts its flag in front of the line. `timeout_s` None: the command's
-    limit (usercode.import_limit_s). Within a run, one that hung is refused at once the next time (_hung_before)."""
+    limit (usercode.import_limit_s). Within a run, one that hung is refused at once the next time (hung_before)."""
     shown = repr(str(file) if file is not None else name)
-    if (why := _hung_before(shown)) is not None:
+    if (why := hung_before(shown)) is not None:
         raise UserImportError(f"{why} (earlier in this run: not tried again)")
     try:
         with guarded(f"importing {shown}", import_limit_s() if timeout_s is None else timeout_s):
             return importlib.import_module(name) if file is None else _import_file(name, file)
     except UserCodeTimeout as exc:
-        _note_hung(shown, str(exc))
+        note_hung(shown, str(exc))
         raise UserImportError(str(exc)) from None
     except UserCodeError as exc:
         raise UserImportError(str(exc)) from None
@@ -174,14 +178,30 @@ def load_callable(spec: str, flag: str, error: type[Exception] = LoadError, time
         target = import_user_module(module_name, timeout_s)
     except UserImportError as exc:
         raise error(f"cannot load {flag} {spec}: {exc}") from exc.__cause__
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            hint = namespace_hint(ImportError(name=module_name)) if module_name.startswith("cs336_systems") else ""
-            raise error(f"cannot load {flag} {spec}: {module_name!r} has no attribute {attribute!r}{hint}")
-        target = getattr(target, part)
-    if not callable(target):
-        raise error(f"{flag} {spec} is not callable")
+    with reading_user_names(f"cannot load {flag} {spec}: reading {attribute!r}", error):
+        for part in attribute.split("."):
+            if not hasattr(target, part):
+                hint = namespace_hint(ImportError(name=module_name)) if module_name.startswith("cs336_systems") else ""
+                raise error(f"cannot load {flag} {spec}: {module_name!r} has no attribute {attribute!r}{hint}")
+            target = getattr(target, part)
+        if not callable(target):
+            raise error(f"{flag} {spec} is not callable")
     return target
+
+
+@contextlib.contextmanager
+def reading_user_names(what: str, error: type[Exception]) -> Iterator[None]:
+    """Inside, the attributes of the user's module are read (its module-level __getattr__ runs): whatever it
+    raises or does (exits, hangs past an import's limit) is `error` of one line, `what` first."""
+    try:
+        with guarded(what, import_limit_s()):
+            yield
+    except (UserCodeError, UserCodeTimeout) as exc:  # their line starts with `what`
+        raise error(str(exc)) from None
+    except UsageError:
+        raise
+    except Exception as exc:
+        raise error(f"{what}: {type(exc).__name__}: {exc}") from None
 
 
 def fit_keywords(

@@ -3,6 +3,7 @@ or a user's own (`--optimizer package.module:callable`, e.g. their AdamW)."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -48,10 +49,10 @@ class UserOptimizer:
         return optimizer
 
 
-def load_user_optimizer(spec: str, import_timeout_s: float | None = None) -> UserOptimizer:
+def load_user_optimizer(spec: str) -> UserOptimizer:
     """The user's callable and the hyperparameters it takes; a parameter none of them fills (besides
     the parameters, its first argument) is an OptimizerFactoryError naming it."""
-    make = load_callable(spec, "--optimizer", OptimizerFactoryError, import_timeout_s)
+    make = load_callable(spec, "--optimizer", OptimizerFactoryError)
     keywords, unfilled = fit_keywords(make, OPTIMIZER_KWARGS, positional=1)
     if unfilled:
         raise OptimizerFactoryError(
@@ -61,13 +62,15 @@ def load_user_optimizer(spec: str, import_timeout_s: float | None = None) -> Use
     return UserOptimizer(spec, make, keywords)
 
 
-def check_user_optimizer(spec: str, import_timeout_s: float | None = None) -> UserOptimizer:
+def check_user_optimizer(spec: str) -> UserOptimizer:
     """Load the user's optimizer and build it once on a dummy parameter, before any model, rank or
     worker exists: one that cannot be built is an OptimizerFactoryError (one line) now, not in every row."""
-    optimizer = load_user_optimizer(spec, import_timeout_s)
+    optimizer = load_user_optimizer(spec)
     given = nn.Parameter(torch.zeros(2))
+    # torch.optim.Optimizer's first build imports torch._dynamo (seconds on a busy machine): ours, not the user's time
+    importlib.import_module("torch._dynamo")
     try:
-        with guarded(f"--optimizer {spec}", import_limit_s() if import_timeout_s is None else import_timeout_s):
+        with guarded(f"--optimizer {spec}", import_limit_s()):
             built = optimizer([given])
     except (UserCodeError, UserCodeTimeout) as exc:
         raise OptimizerFactoryError(f"--optimizer {spec}: building it on one parameter failed: {exc}") from None

@@ -89,23 +89,41 @@ def disarm() -> None:
 
 def end_descendants() -> None:
     """End every process below this one now (lifetime.exit_with, as the tool exits): the reaper's
-    snapshot may be up to SNAPSHOT_S old, this is not."""
-    skip = _pid if _owner == os.getpid() else None
+    snapshot may be up to SNAPSHOT_S old, this is not. Each ended process is reaped here, and the reaper
+    let go and waited for: a zombie left to the init of a container (which may reap late) still has its
+    pid, and is counted as a process that outlived the tool."""
+    global _pipe
+    ours = _owner == os.getpid()
+    skip = _pid if ours else None
     _end(
         _descendants({pid: started for pid in _children(os.getpid()) if pid != skip and (started := _start_time(pid))})
     )
+    for pid in _children(os.getpid()):  # ended above, or before: reparented to us (the subreaper) when their parent was
+        if pid != skip:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+    if ours and _pipe is not None:
+        with contextlib.suppress(OSError):
+            os.close(_pipe)  # end of file: the reaper ends what it knew of (ended already) and exits
+        _pipe = None
+        deadline = time.monotonic() + TERM_GRACE_S
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(_pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+                time.sleep(0.01)
 
 
 # -- the reaper's side ------------------------------------------------------------------------
 
 
 def _start_time(pid: int) -> str | None:
-    """Field 22 of /proc/PID/stat (ticks since boot): with the pid, names one process across pid reuse."""
+    """Field 22 of /proc/PID/stat (ticks since boot): with the pid, names one process across pid reuse.
+    None once it has ended (a zombie, not yet reaped, too)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
+            fields = handle.read().rsplit(b")", 1)[1].split()
+    except OSError:
         return None
+    return fields[19].decode() if len(fields) > 19 and fields[0] not in (b"Z", b"X") else None
 
 
 def _children(pid: int) -> list[int]:
@@ -140,8 +158,8 @@ def _end(processes: dict[int, str]) -> None:
         for pid in alive:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
-        deadline = time.monotonic() + TERM_GRACE_S
-        while sig == signal.SIGTERM and alive and time.monotonic() < deadline:
+        deadline = time.monotonic() + TERM_GRACE_S  # after SIGKILL too: the kernel takes a moment to end them
+        while alive and time.monotonic() < deadline:
             time.sleep(0.05)
             alive = [pid for pid in alive if _start_time(pid) == processes[pid]]
 

@@ -42,6 +42,7 @@ from .memory.estimate import FP32, block_saved_bytes
 from .models import ConfigError, ModelConfig, TransformerLM
 from .precision import autocast, unsupported_reason
 from .results import check_output_paths
+from .step import compiling
 from .tools import prog
 from .units import MIB
 
@@ -208,9 +209,10 @@ def block_residuals(
                 return checkpoint(forward, x, use_reentrant=False)
             return forward(x)
 
-    if compiled:
-        torch._dynamo.reset()
-    return record_saved(block, run, config.attention, checkpointed, compiled)
+    if not compiled:
+        return record_saved(block, run, config.attention, checkpointed, compiled)
+    torch._dynamo.reset()  # and the files a compile killed mid-build left in its cache removed (step.compiling)
+    return compiling(lambda: record_saved(block, run, config.attention, checkpointed, compiled), [])
 
 
 def model_residuals(

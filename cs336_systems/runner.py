@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from . import cuda_graphs, nvtx
+from . import cuda_graphs, nvtx, process_state
 from .config import BenchmarkConfig
 from .contention import Load, machine_load, with_load
 from .device import compile_unsupported_reason, failure_status, release_memory, resolve_device
@@ -54,7 +54,7 @@ from .progress import StepHeartbeat
 from .results import BenchmarkRecord, Environment, collect_environment
 from .results.records import NONFINITE_LOSS_NOTE
 from .stats import per_second, summarize
-from .step import CUDA_GRAPH_NOTE, captured_step, combine_phases, compiled, describe_config, make_step
+from .step import CUDA_GRAPH_NOTE, captured_step, combine_phases, compiled, compiling, describe_config, make_step
 from .timing import (
     HostTimer,
     PhaseRecorder,
@@ -98,7 +98,8 @@ class Measured:
     compile_s: float | None = None
     times: StepTimes | None = None
     load: Load | None = None  # how busy other processes kept the machine over the measured steps
-    nonfinite_loss: bool = False
+    wrong: str | None = None  # why the row measured another step than its configuration's (times kept)
+    changed: dict = field(default_factory=dict)  # process settings the user's code changed (process_state)
     profile: StepProfile | None = None
     failure: tuple[str, str] | None = None  # (status, error)
 
@@ -216,13 +217,21 @@ def _measure(run: Run, model: nn.Module, rearm: Callable[[], None], seen: Measur
             steps = _eager_steps(run, runnable, optimizer, memory, rearm)
             if config.compile:
                 run.heartbeat.phase("compiling: the first step, timed apart as compile_s")
-                seen.compile_s = HostTimer(run.clock, synchronize).time_ms(steps.step) / 1e3
+                seen.compile_s = (
+                    compiling(lambda: HostTimer(run.clock, synchronize).time_ms(steps.step), seen.notes) / 1e3
+                )
             elif config.pass_type == "train-step" and config.warmup_steps == 0 and config.timer != "do-bench":
                 seen.notes.append(OPTIMIZER_STATE_NOTE)  # do_bench's own first calls create the state, untimed
         seen.times, seen.load = _time(run, steps, memory)
         seen.notes += _steady_step(run, model, steps, memory)
         synchronize()
-        seen.nonfinite_loss = bool(steps.losses) and not torch.isfinite(steps.losses[-1]).item()
+        if steps.losses and not torch.isfinite(steps.losses[-1]).item():  # the model computes garbage
+            seen.wrong = f"{NONFINITE_LOSS_NOTE} after the measured steps (times kept)"
+        trained = [p for p in model.parameters() if p.requires_grad] if config.pass_type != "forward" else []
+        # no .grad after the step, and (train-step: an optimizer may set them to None) no parameter changed
+        unchanged = config.pass_type != "train-step" or OPTIMIZER_UNCHANGED_NOTE in seen.notes
+        if steps.traced is not None and trained and unchanged and all(p.grad is None for p in trained):
+            seen.wrong = "backward reached no parameter of the model (every .grad stayed None; times kept)"
         if config.profile_step:
             run.heartbeat.phase("one more step under torch.profiler: kernels_per_step, device_busy_pct")
             median_ms = summarize(seen.times.measured_ms).median
@@ -275,7 +284,7 @@ def _build_and_measure(run: Run, model: nn.Module | None, seen: Measured) -> Non
     with precision_mode(config.precision, device) as state:
         seen.precision = state
         try:
-            with guarded(run.user_code, run.timeout_s) as rearm:
+            with guarded(run.user_code, run.timeout_s, seen.changed) as rearm:
                 torch.manual_seed(config.seed)
                 if model is None:
                     run.heartbeat.phase("building the model")
@@ -300,8 +309,9 @@ def _build_and_measure(run: Run, model: nn.Module | None, seen: Measured) -> Non
 def _fill(record: BenchmarkRecord, run: Run, seen: Measured, model_flops: float | None) -> None:
     """What the run saw, into its record: the one place a measured row is filled."""
     state = seen.precision
-    record.autocast_dtype, record.matmul_precision = state.autocast_dtype, state.matmul_precision
-    record.cuda_matmul_allow_tf32, record.cudnn_allow_tf32 = state.cuda_matmul_allow_tf32, state.cudnn_allow_tf32
+    matmul = seen.changed.get(process_state.MATMUL, state.matmul_precision)  # in effect over the measured steps
+    record.autocast_dtype, record.matmul_precision = state.autocast_dtype, matmul
+    record.cuda_matmul_allow_tf32, record.cudnn_allow_tf32 = matmul != "highest", state.cudnn_allow_tf32
     record.grad_scaler = state.grad_scaler
     if seen.num_params is not None:
         record.num_params, record.param_dtype = seen.num_params, record.param_dtype or seen.built_dtype
@@ -309,12 +319,13 @@ def _fill(record: BenchmarkRecord, run: Run, seen: Measured, model_flops: float 
     if seen.times is not None:
         record.environment = with_load(record.environment, seen.load)
         record.iqr_target_reached = seen.times.target_reached
-    notes = list(seen.notes)
+    changed_error, changed_notes = process_state.verdict(seen.changed, run.user_code)
+    notes = seen.notes + changed_notes
     if seen.failure is not None:
         record.status, record.error = seen.failure
     else:
-        if seen.nonfinite_loss:  # the model computes garbage: its row says so
-            record.status, record.error = "wrong", f"{NONFINITE_LOSS_NOTE} after the measured steps (times kept)"
+        if seen.wrong or changed_error:
+            record.status, record.error = "wrong", f"{changed_error} (times kept)" if changed_error else seen.wrong
         times = seen.times
         record.step_ms, record.warmup_step_ms = list(times.measured_ms), list(times.warmup_ms)
         record.add_summary(summarize(times.measured_ms))

@@ -9,7 +9,11 @@ so timing, memory tracing and NVTX ranges wrap them without the step knowing.
 from __future__ import annotations
 
 import contextlib
+import re
+import traceback
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +53,51 @@ def compiled(model: nn.Module, scope: str, mode: str = "default") -> Iterator[nn
     finally:
         for index, block in enumerate(originals):
             blocks[index] = block
+
+
+def compiling(first_call: Callable[[], Any], notes: list[str]) -> Any:
+    """`first_call()`, the first call of a compiled model (which compiles it). A compile killed mid-build
+    (--timeout, a stage's limit, Ctrl-C) leaves a .so or .o of torch's inductor cache unfinished, which every
+    later compile loads ("ImportError: ...main.so: file too short"; a vector-ISA probe's: no AVX after it).
+    Those are removed first, and a call failing on one is made once more; the row's note says so."""
+    removed = _remove_unfinished_builds()
+    try:
+        result = first_call()
+    except Exception as exc:
+        if not (again := _remove_unfinished_builds("".join(traceback.format_exception(exc)))):
+            raise
+        removed += again
+        torch._dynamo.reset()
+        torch._inductor.utils.clear_caches()  # the loaders it made of those files
+        result = first_call()
+    if removed:
+        notes.append(f"removed {removed} unfinished file(s) of a compile killed mid-build from torch's inductor cache")
+    return result
+
+
+def _remove_unfinished_builds(error_text: str = "") -> int:
+    """Remove the .so and .o files of torch's inductor cache that are not whole (no ELF header, or named
+    in `error_text`) and that no build holds (torch builds each under a lock of its key): how many."""
+    from filelock import FileLock, Timeout
+    from torch._inductor.codecache import get_lock_dir
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    root = Path(cache_dir())
+    named = set(re.findall(r"/[^\s:'\"]+\.s?o\b", error_text))
+    removed = 0
+    for path in [*root.rglob("*.so"), *root.rglob("*.o")]:
+        if str(path) in named or not _is_elf(path):
+            lock = FileLock(Path(get_lock_dir(), f"{path.name.partition('.')[0]}.lock"), timeout=0)
+            with contextlib.suppress(Timeout, OSError), lock:
+                path.unlink()
+                removed += 1
+    return removed
+
+
+def _is_elf(path: Path) -> bool:
+    with contextlib.suppress(OSError), open(path, "rb") as handle:
+        return handle.read(4) == b"\x7fELF"
+    return False
 
 
 Phase = Callable[[str], contextlib.AbstractContextManager]

@@ -15,13 +15,29 @@ is started under `top_package()`.
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
+import importlib
 import runpy
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 COMMAND = "cs336-bench"
+# Libraries of ours a file in a student's repository root (first on the path: python -m, main below,
+# --adapters) could be named like, a tabulate.py of their own: imported first, that root off the path.
+SHADOWED_BY_NAME = ("tabulate",)
+
+
+def import_ours_first() -> None:
+    saved, here = list(sys.path), Path.cwd().resolve()
+    sys.path[:] = [entry for entry in saved if Path(entry or ".").resolve() != here]
+    try:
+        for name in SHADOWED_BY_NAME:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
+    finally:
+        sys.path[:] = saved
 
 
 def top_package() -> str:

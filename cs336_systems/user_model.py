@@ -62,10 +62,10 @@ def factory_keywords(factory: Callable, keywords: dict, spec: str) -> dict:
     return given
 
 
-def load_model_factory(spec: str, import_timeout_s: float | None = None) -> Callable[..., nn.Module]:
+def load_model_factory(spec: str) -> Callable[..., nn.Module]:
     """Resolve 'package.module:callable' (the callable may be a dotted attribute path); a parameter
     it has that no keyword fills is an error now, before any model is built."""
-    factory = load_callable(spec, "--model-factory", ModelFactoryError, import_timeout_s)
+    factory = load_callable(spec, "--model-factory", ModelFactoryError)
     factory_keywords(factory, dict.fromkeys(FACTORY_KEYWORDS + PLACEMENT_KEYWORDS), spec)
     return factory
 

@@ -17,12 +17,13 @@ Inside the block:
   (a process forked inside, e.g. a DataLoader worker, still exits for real); a process the code forked
   that comes back out of the block ends there, so only the process that started writes rows;
 - our SIGINT, SIGTERM and SIGALRM handlers are put back at each rearm() and on leaving, so a handler
-  the code installed cannot make the tool unstoppable;
+  the code installed cannot make the tool unstoppable; inside, signal.signal cannot replace them;
 - no return within the time limit raises UserCodeTimeout (SIGALRM, main thread only). The limit is
   `timeout_s` seconds (a user's --timeout), or by default StepLimits: FIRST_STEP_TIMEOUT_S up to the end
   of the first step (torch.compile can take minutes), then LATER_STEP_FACTOR times the step before
   (at least LATER_STEP_FLOOR_S). Imports and adapter getters get import_limit_s(): the command's --timeout,
-  inherited by the processes it starts, else DEFAULT_IMPORT_TIMEOUT_S. Code stuck
+  inherited by the processes it starts, else DEFAULT_IMPORT_TIMEOUT_S. The limit does not rest on the alarm
+  alone: code that cancels it (signal.alarm(0)) gets SIGALRM from the watchdog thread NUDGE_S late. Code stuck
   where Python cannot raise (inside one C call) is ended WATCHDOG_GRACE_S later: one line on stderr,
   then the process exits with status 1 (a watchdog thread), or, under an address-space cap where no
   thread fits, is killed by the reaper (reaper.py), which also ends every helper process the code left.
@@ -44,7 +45,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from . import lifetime, reaper
+from . import lifetime, process_state, reaper
 
 
 class DefaultLimit(float):
@@ -59,9 +60,11 @@ FIRST_STEP_TIMEOUT_S = 1800.0
 LATER_STEP_FACTOR = 10.0
 LATER_STEP_FLOOR_S = 60.0
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # setitimer and threading take no more; a week is past any run
-WATCHDOG_GRACE_S = 30.0
+WATCHDOG_GRACE_S = 10.0
 REPEAT_S = 1.0  # a timeout the code caught and swallowed is raised again this often
+NUDGE_S = 1.0  # past the deadline by this, the watchdog sends the alarm itself (the code may have cancelled ours)
 _real_os_exit = os._exit  # guarded replaces os._exit; the watchdog must still end the process
+_real_signal = signal.signal  # and signal.signal; our alarm installs its handler with the real one
 
 
 @dataclass(frozen=True)
@@ -91,14 +94,6 @@ DEFAULT_TIMEOUT = StepLimits()
 IMPORT_TIMEOUT_ENV = "CS336_BENCH_IMPORT_TIMEOUT"
 
 
-def import_timeout(timeout: float | StepLimits | None) -> float:
-    """The limit of importing the user's code under a tool's --timeout: the user's own number, else the
-    command's (import_limit_s)."""
-    if isinstance(timeout, float | int) and not isinstance(timeout, DefaultLimit):
-        return timeout
-    return import_limit_s()
-
-
 def import_limit_s() -> float:
     """The limit in force on importing the user's code (and on an adapter's getter): the --timeout of this
     command or of the one that started it (IMPORT_TIMEOUT_ENV), else DEFAULT_IMPORT_TIMEOUT_S."""
@@ -111,12 +106,11 @@ def import_limit_s() -> float:
 
 @contextlib.contextmanager
 def import_limit(timeout: float | StepLimits | None) -> Iterator[None]:
-    """Inside, import_limit_s() is `timeout`'s import limit where the user gave a number, in this process
+    """Inside, import_limit_s() is `timeout` where the user gave a number (their --timeout), in this process
     and in every process started inside; the limit before is put back on leaving."""
     saved = os.environ.get(IMPORT_TIMEOUT_ENV)
-    limit = import_timeout(timeout)
-    if not isinstance(limit, DefaultLimit):
-        os.environ[IMPORT_TIMEOUT_ENV] = repr(float(limit))
+    if isinstance(timeout, float | int) and not isinstance(timeout, DefaultLimit):
+        os.environ[IMPORT_TIMEOUT_ENV] = repr(float(timeout))
     try:
         yield
     finally:
@@ -134,40 +128,18 @@ class UserCodeTimeout(Exception):
     """The user's code did not return within its time limit."""
 
 
+class _Expired(BaseException):
+    """UserCodeTimeout inside the block: the code's own `except Exception` cannot swallow it."""
+
+
 def check_timeout(value: float, flag: str = "--timeout") -> float:
     """A time limit in seconds within (0, MAX_TIMEOUT_S]; ValueError (one line) otherwise, nan and inf too."""
     if not 0 < value <= MAX_TIMEOUT_S:
-        raise ValueError(f"{flag} {_BOUNDS}, got {value:g}")
+        raise ValueError(f"{flag} {TIMEOUT_BOUNDS}, got {value:g}")
     return value
 
 
-_BOUNDS = f"must be more than 0 and at most {MAX_TIMEOUT_S:g} seconds (a week)"
-
-
-def timeout_seconds(text: str) -> float:
-    """argparse type for --timeout: a number of seconds within check_timeout's bounds."""
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 < value <= MAX_TIMEOUT_S:  # argparse names the flag
-        raise argparse.ArgumentTypeError(f"{_BOUNDS}, got {text}")
-    return value
-
-
-def add_timeout_argument(parser, what: str) -> None:
-    """--timeout SECONDS: one limit for every step, model build and import of the user's code; by default
-    DEFAULT_TIMEOUT (StepLimits) and DEFAULT_IMPORT_TIMEOUT_S for imports and adapter getters."""
-    parser.add_argument(
-        "--timeout",
-        type=timeout_seconds,
-        default=DEFAULT_TIMEOUT,
-        metavar="SECONDS",
-        help=f"{what}: past it the row is 'timeout' (default: {DEFAULT_TIMEOUT}; importing your code and "
-        f"calling an adapter's getter {DEFAULT_IMPORT_TIMEOUT_S:g} s)",
-    )
+TIMEOUT_BOUNDS = f"must be more than 0 and at most {MAX_TIMEOUT_S:g} seconds (a week)"
 
 
 def _real_interrupt(exc: KeyboardInterrupt) -> bool:
@@ -192,8 +164,8 @@ class _Watchdog:
     a thread of ours, or under an address-space cap (where a thread's stack and malloc arena count
     against --memory-limit) the reaper process."""
 
-    def __init__(self, what: str):
-        self.what, self.limit_s = what, 0.0
+    def __init__(self, what: str, nudge: Callable[[], None]):
+        self.what, self.limit_s, self.nudge = what, 0.0, nudge
         self.deadline = math.inf
         self.done = threading.Event()
         self.by_reaper = _address_space_capped()
@@ -205,8 +177,8 @@ class _Watchdog:
 
     def message(self) -> str:
         return (
-            f"error: {self.what} did not return within {self.limit_s:g} s and cannot be interrupted "
-            "(stuck inside one native call); ending the process"
+            f"error: {self.what} did not return within {self.limit_s:g} s and could not be interrupted (stuck in "
+            "one native call, or blocking or catching every interrupt); ending the process"
         )
 
     def set(self, deadline: float, limit_s: float) -> None:
@@ -215,10 +187,15 @@ class _Watchdog:
             reaper.arm(deadline + WATCHDOG_GRACE_S, self.message())
 
     def _watch(self) -> None:
-        while not self.done.wait(1.0):
-            if time.monotonic() > self.deadline + WATCHDOG_GRACE_S:
+        with contextlib.suppress(ValueError, OSError):  # the alarm is the main thread's to receive
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        while not self.done.wait(min(1.0, max(0.05, self.deadline + NUDGE_S - time.monotonic()))):
+            late_s = time.monotonic() - self.deadline
+            if late_s > WATCHDOG_GRACE_S:
                 print(self.message(), file=sys.stderr, flush=True)
                 _real_os_exit(1)
+            if late_s > NUDGE_S:
+                self.nudge()
 
     def stop(self) -> None:
         self.done.set()
@@ -241,9 +218,12 @@ def _restore_handlers(handlers: dict) -> None:
 
 
 @contextlib.contextmanager
-def guarded(what: str, timeout_s: float | StepLimits | None = DEFAULT_TIMEOUT) -> Iterator[Callable[[], None]]:
+def guarded(
+    what: str, timeout_s: float | StepLimits | None = DEFAULT_TIMEOUT, changed: dict | None = None
+) -> Iterator[Callable[[], None]]:
     """Run the user's code inside; yields `rearm()`, which starts the next step's time limit (call it
-    at the start of each step). `timeout_s`: seconds per step (a user's --timeout), StepLimits, or None."""
+    at the start of each step). `timeout_s`: seconds per step (a user's --timeout), StepLimits, or None.
+    `changed` gets the process settings the code changed, each put back on leaving (process_state.kept)."""
     owner = os.getpid()
     real_exit = os._exit  # a guard inside a guard puts back the outer one's
     handlers = {sig: signal.getsignal(sig) for sig in _OUR_SIGNALS}
@@ -258,14 +238,16 @@ def guarded(what: str, timeout_s: float | StepLimits | None = DEFAULT_TIMEOUT) -
     timer = _Alarm(what, timeout_s, lambda: _restore_handlers(handlers)) if timeout_s is not None else None
     os._exit = exit_instead
     real_signal = signal.signal
-    signal.signal = _keeping(handlers, real_signal)
+    signal.signal = _keeping(handlers, real_signal, timer)
     try:
-        with timer or contextlib.nullcontext():
+        with process_state.kept({} if changed is None else changed), timer or contextlib.nullcontext():
             yield timer.rearm if timer else (lambda: None)
     except _OsExit as exc:
         raise UserCodeError(f"{what} called os._exit({exc.status})") from None
     except SystemExit as exc:
         raise UserCodeError(f"{what} called sys.exit({exc.code!r})") from None
+    except _Expired as exc:
+        raise UserCodeTimeout(str(exc)) from None
     except KeyboardInterrupt as exc:
         if _real_interrupt(exc):
             raise
@@ -274,8 +256,12 @@ def guarded(what: str, timeout_s: float | StepLimits | None = DEFAULT_TIMEOUT) -
     except Exception:
         raise
     except BaseException as exc:  # GeneratorExit, a BaseException of the code's own: its row's error
+        try:
+            text = " ".join(str(exc).split())  # one line
+        except Exception:  # a __str__ of the code's own that raises
+            text = ""
         raise UserCodeError(
-            f"{what} raised {type(exc).__name__} (a BaseException, not an Exception): {exc}".rstrip(": ")
+            f"{what} raised {type(exc).__name__} (a BaseException, not an Exception): {text}".rstrip(": ")
         ) from None
     finally:
         os._exit = real_exit
@@ -285,11 +271,14 @@ def guarded(what: str, timeout_s: float | StepLimits | None = DEFAULT_TIMEOUT) -
         _restore_handlers(handlers)
 
 
-def _keeping(handlers: dict, real_signal: Callable) -> Callable:
+def _keeping(handlers: dict, real_signal: Callable, timer: _Alarm | None) -> Callable:
     """signal.signal inside the block: the code may install any handler but ours for SIGINT and SIGTERM
-    (one that ignores them would make the tool unstoppable); those calls are no-ops returning ours."""
+    (one that ignores them would make the tool unstoppable) and, while our alarm is set, SIGALRM (one that
+    ignores it would lift the time limit); those calls are no-ops returning ours."""
 
     def install(signum, handler):
+        if signum == signal.SIGALRM and timer is not None and timer.installed:
+            return timer._fire
         if signum in handlers:
             return (
                 real_signal(signum, handlers[signum])
@@ -318,15 +307,16 @@ class _Alarm:
         self.step_started: float | None = None
         self.last_step_s: float | None = None
         self.installed = False
+        self.lock = threading.RLock()  # the watchdog's nudge never lands after _restore put the handler back
 
     @property
     def timeout_s(self) -> float:
         return self.fixed_s if self.limits is None else self.limits.limit_s(self.last_step_s)
 
     def __enter__(self) -> _Alarm:
-        self.watchdog = _Watchdog(self.what)
+        self.watchdog = _Watchdog(self.what, self._nudge)
         try:
-            self.previous_handler = signal.signal(signal.SIGALRM, self._fire)
+            self.previous_handler = _real_signal(signal.SIGALRM, self._fire)
         except ValueError:  # not the main thread: only the watchdog guards
             self._arm()
             return self
@@ -347,7 +337,7 @@ class _Alarm:
         if self.installed:
             self.restore()
             if signal.getsignal(signal.SIGALRM) is not self._fire:  # the code replaced ours
-                signal.signal(signal.SIGALRM, self._fire)
+                _real_signal(signal.SIGALRM, self._fire)
         self._arm(now)
 
     def _arm(self, now: float | None = None) -> None:
@@ -358,12 +348,22 @@ class _Alarm:
             until = self.deadline if self.outer_deadline is None else min(self.deadline, self.outer_deadline)
             signal.setitimer(signal.ITIMER_REAL, max(until - now, 1e-3), REPEAT_S)
 
+    def _nudge(self) -> None:
+        """The watchdog thread's: the deadline passed and the code is still inside (it cancelled our alarm)."""
+        with self.lock, contextlib.suppress(OSError, ValueError):
+            if self.installed:
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
+
     def _fire(self, signum, frame) -> None:
         if self.outer_deadline is not None and time.monotonic() >= self.outer_deadline - 1e-3:
             self._restore(rearm_outer=False)
             signal.raise_signal(signal.SIGALRM)  # the outer alarm's own action (usually: end the process)
             return
-        raise UserCodeTimeout(f"{self.what} did not return within {self.describe()}")
+        if (early_s := self.deadline - time.monotonic()) > 1e-3:  # the code's own signal.alarm(n): ours again
+            until = early_s if self.outer_deadline is None else min(early_s, self.outer_deadline - time.monotonic())
+            signal.setitimer(signal.ITIMER_REAL, max(until, 1e-3), REPEAT_S)
+            return
+        raise _Expired(f"{self.what} did not return within {self.describe()}")
 
     def describe(self) -> str:
         if isinstance(self.fixed_s, DefaultLimit):
@@ -376,11 +376,12 @@ class _Alarm:
         return f"{self.timeout_s:g} s (the default limit {which}; --timeout SECONDS sets one)"
 
     def _restore(self, rearm_outer: bool = True) -> None:
-        if not self.installed:
-            return
-        self.installed = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, self.previous_handler)
+        with self.lock:
+            if not self.installed:
+                return
+            self.installed = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            _real_signal(signal.SIGALRM, self.previous_handler)
         if rearm_outer and self.outer_deadline is not None:
             signal.setitimer(signal.ITIMER_REAL, max(self.outer_deadline - time.monotonic(), 1e-3))
 

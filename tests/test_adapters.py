@@ -51,6 +51,13 @@ def test_an_adapter_returning_a_plain_function_is_a_bad_adapter(fixtures_on_path
         load_adapters("adapters_wrong").flash_function("triton")
 
 
+def test_a_wrapping_getter_that_returns_no_module_is_a_bad_adapter(tmp_path):
+    """get_ddp returning 42 failed in every rank with "'int' object has no attribute 'parameters'"."""
+    (tmp_path / "adapters.py").write_text("def get_ddp(module):\n    return 42\n")
+    with pytest.raises(BadAdapter, match=r"get_ddp\(\) returned int 42, not a torch.nn.Module"):
+        load_adapters(str(tmp_path / "adapters.py")).wrapper("get_ddp", torch.nn.Linear(1, 1))
+
+
 @pytest.mark.parametrize(
     "spec, message",
     [

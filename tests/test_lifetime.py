@@ -431,6 +431,34 @@ def test_a_helper_the_code_left_ends_with_the_process_however_it_ends(end):
     assert _ends_soon(helper)
 
 
+def test_ending_the_descendants_reaps_them_and_the_reaper_so_no_zombie_keeps_a_pid():
+    """A sleeper the user's code forked was ended but left a zombie: a container's init reaps late, and
+    the pid looked alive after the tool exited (one run in two)."""
+    script = textwrap.dedent(
+        """
+        import os, time
+        from cs336_systems import reaper
+        assert reaper.start()
+        sleeper = os.fork()
+        if sleeper == 0:
+            time.sleep(3600)
+            os._exit(0)
+        exited = os.fork()
+        if exited == 0:
+            os._exit(0)  # ended on its own, never waited for
+        reaper.end_descendants()
+        for pid in (sleeper, exited, reaper._pid):
+            try:
+                os.waitpid(pid, os.WNOHANG)
+                print("not reaped", pid)
+            except ChildProcessError:
+                print("reaped")
+        """
+    )
+    result = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert result.stdout.split("\n")[:3] == ["reaped"] * 3, result.stdout + result.stderr
+
+
 def test_under_an_address_space_cap_the_reaper_ends_a_hang_python_cannot_interrupt():
     then = (
         "reaper.arm(time.monotonic() + 0.5, 'error: my step did not return; ending the process')\n"

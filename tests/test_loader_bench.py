@@ -353,6 +353,16 @@ def test_a_failing_dataset_is_a_row_not_a_traceback(capsys, tmp_path, fixtures_o
     assert rows["error"].str.contains("OSError: item .* is corrupt").all()
 
 
+def test_a_dataset_item_raising_a_base_exception_is_the_rows_error(capsys, tmp_path, fixtures_on_path):
+    """In this process (no workers) the user's __getitem__ ran unguarded: a BaseException ended the tool."""
+    out = tmp_path / "boom.csv"
+    flags = ["--batch-size", "4", "--compute-ms", "1", "--epochs", "1", "--num-workers", "0", "--output", str(out)]
+    assert loader_bench.main(["--dataset", "user_datasets:make_boom_items", *flags]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+    (error,) = pd.read_csv(out)["error"]
+    assert "--dataset user_datasets:make_boom_items raised Boom (a BaseException, not an Exception): item" in error
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -365,6 +375,8 @@ def test_a_failing_dataset_is_a_row_not_a_traceback(capsys, tmp_path, fixtures_o
         (["--model", "tiny", "--compute-ms", "5"], "either --model tiny or --compute-ms"),
         (["--dataset", "no_such_module_xyz:make"], "cannot load --dataset no_such_module_xyz:make"),
         (["--dataset", "user_datasets:not_a_dataset"], "expected a map-style Dataset"),
+        (["--dataset", "user_datasets:exits"], r"--dataset user_datasets:exits called sys.exit(0)"),
+        (["--dataset", "user_datasets:raises_boom"], "raised Boom (a BaseException, not an Exception): the dataset's"),
         (["--num-items", "4", "--batch-size", "8"], "no full batch"),
         (["--num-items", "8", "--batch-size", "4", "--processes", "3"], "per process with 3 processes"),
         (["--processes", "0"], "must be a positive integer"),

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from cs336_systems.loading import LoadError, load_callable
@@ -39,3 +41,22 @@ def test_a_package_that_reads_its_own_version_but_is_not_installed_says_how_to_i
     assert "No package metadata was found for no-such-dist-x9" in message
     assert "your package no-such-dist-x9 is not installed in this Python: run `uv sync`" in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "words"),
+    [
+        ("odd_raises", "raise RuntimeError('no ' + name)", "reading 'build': RuntimeError: no build"),
+        ("odd_exits", "import sys; sys.exit(0)", "reading 'build' called sys.exit(0)"),
+    ],
+)
+def test_a_module_getattr_that_raises_or_exits_is_one_line(tmp_path, monkeypatch, name, body, words):
+    """A module-level __getattr__ of the user's runs as its names are read: it was a traceback, or exit 0."""
+    from cs336_systems.adapters import AdapterError, load_adapters
+
+    (tmp_path / f"{name}.py").write_text(f"def __getattr__(name):\n    {body}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(LoadError, match=re.escape(f"cannot load --thing {name}:build: {words}")):
+        load_callable(f"{name}:build", "--thing")
+    with pytest.raises(AdapterError, match=f"--adapters .*{name}.py: reading its names"):
+        load_adapters(str(tmp_path / f"{name}.py"))

@@ -1,4 +1,6 @@
+import json
 import math
+import subprocess
 
 import pytest
 import torch
@@ -8,7 +10,8 @@ from cs336_systems.config import PASS_TYPES
 from cs336_systems.device import compile_unsupported_reason, is_out_of_memory
 from cs336_systems.precision import cpu_has_native
 from cs336_systems.runner import OPTIMIZER_STATE_NOTE, run_benchmark
-from tests.helpers import tiny_benchmark_config
+from tests.helpers import HANG_GUARD_S, PYTHON, child_env, tiny_benchmark_config
+from tests.tiny import TINY
 
 
 @pytest.mark.parametrize("pass_type", PASS_TYPES)
@@ -151,6 +154,65 @@ def test_compile_measures_compile_time_apart():
     # the compile call is a step of its own: neither a warmup nor a measured one (a busy machine's slow
     # step may take as long as compiling: counted, not timed)
     assert len(record.warmup_step_ms) == 1 and len(record.step_ms) == 2
+
+
+@pytest.mark.slow
+def test_a_compile_killed_mid_build_does_not_poison_the_next_one(tmp_path):
+    """A stage limit killed a compile mid-build: it left zero-byte .so files in torch's inductor cache (by
+    hand: a compile child's process group SIGKILLed while g++ wrote main.so), and every later compile of the
+    same graph failed with "ImportError: ...main.so: file too short". The next run removes them and compiles
+    again, and its row says so."""
+    if compile_unsupported_reason(torch.device("cpu")):
+        pytest.skip("torch.compile unavailable here")
+    output = tmp_path / "row.jsonl"
+    flags = ["--compile", "--pass-type", "forward", "--warmup-steps", "0", "--measure-steps", "1", "--output"]
+    command = [PYTHON, "-m", "cs336_systems.benchmark", *TINY, *flags, str(output)]
+    cache = {**child_env(), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    rows = []
+    for run in ("builds the cache", "finds it damaged"):
+        output.unlink(missing_ok=True)
+        result = subprocess.run(command, env=cache, capture_output=True, text=True, timeout=HANG_GUARD_S)
+        rows.append(json.loads(output.read_text()))
+        assert rows[-1]["status"] == "ok", (run, result.stderr)
+        built = [path for path in (tmp_path / "inductor").rglob("*.so") if path.stat().st_size]
+        for path in built if run == "builds the cache" else ():
+            path.write_bytes(b"")  # what the kill leaves: each file made, nothing written into it
+    assert rows[0]["notes"] is None or "inductor cache" not in rows[0]["notes"]
+    assert "unfinished file(s) of a compile killed mid-build from torch's inductor cache" in rows[1]["notes"]
+    assert not [path for path in (tmp_path / "inductor").rglob("*.so") if not path.stat().st_size]
+
+
+def test_only_unfinished_files_no_build_holds_are_removed_and_a_call_failing_on_one_runs_again(tmp_path, monkeypatch):
+    from filelock import FileLock
+
+    from cs336_systems.step import compiling
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    (tmp_path / "ab").mkdir()
+    (tmp_path / "cd").mkdir()
+    elf = b"\x7fELF" + bytes(60)
+    files = {"ab/cab.main.so": b"", "ab/cab.main.o": b"\x7fEL", "ab/cab.kernel.o": elf, "ab/cab.cpp": b""}
+    files |= {"cd/ccd.so": b"", "cd/cef.so": elf}  # ccd: being built by another process (its lock held)
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    calls, notes = [], []
+
+    def first_call():  # cef.so has an ELF header but is cut short after it: the loader says so
+        calls.append(1)
+        if len(calls) == 1:
+            raise ImportError(f"{tmp_path / 'cd' / 'cef.so'}: ELF load command past end of file")
+        return 7
+
+    with FileLock(tmp_path / "locks" / "ccd.lock"):
+        assert compiling(first_call, notes) == 7 and len(calls) == 2
+    assert sorted(str(path.relative_to(tmp_path)) for path in tmp_path.glob("??/*")) == [
+        "ab/cab.cpp",
+        "ab/cab.kernel.o",
+        "cd/ccd.so",
+    ]
+    assert notes == ["removed 3 unfinished file(s) of a compile killed mid-build from torch's inductor cache"]
+    with pytest.raises(ValueError, match="a bug of the step"):  # a failure on nothing of the cache is raised
+        compiling(lambda: (_ for _ in ()).throw(ValueError("a bug of the step")), [])
 
 
 @pytest.mark.slow

@@ -94,6 +94,15 @@ def test_benchmark_runs_ours_with_the_students_optimizer(tmp_path):
     assert row["status"] == "ok" and row["optimizer"] == "cs336_systems.optimizer.AdamW"  # theirs, not torch's
 
 
+def test_a_module_of_the_students_named_like_a_library_of_ours_does_not_replace_it(tmp_path):
+    """A tabulate.py in the repository root (first on the path) was imported for ours: the row was lost."""
+    (tmp_path / "tabulate.py").write_text("raise ImportError('the student tabulate, not the library')\n")
+    out = tmp_path / "rows.md"
+    result = run("benchmark", *TINY_CPU, *TINY_SHAPE, *TINY_BATCH, *STEPS, "--output", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "| model_size" in out.read_text()
+
+
 def test_children_start_under_the_running_package_name():
     probe = "from cs336_bench.tools import module_name; import cs336_bench.child as c; print(module_name('benchmark'), c.__name__)"
     result = subprocess.run(

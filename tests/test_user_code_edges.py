@@ -54,6 +54,52 @@ def test_a_user_model_built_in_fp16_says_so_on_its_row(tmp_path):
     assert code == 0 and row["param_dtype"] == "fp16", row["error"]
 
 
+@pytest.mark.parametrize(
+    ("factory", "status", "words"),
+    [
+        ("freezes_the_clock", "wrong", "replaced time.perf_counter for the whole process (put back after it ran)"),
+        ("float64_by_default", "wrong", "called torch.set_default_dtype(torch.float64) for the whole process"),
+        ("no_backward", "wrong", "backward reached no parameter of the model (every .grad stayed None"),
+        ("medium_matmuls", "ok", "called torch.set_float32_matmul_precision('medium')"),
+    ],
+)
+def test_a_factory_that_changes_the_process_or_skips_backward_says_so_on_its_row(factory, status, words):
+    """These were ok rows: a frozen clock, a float64 default dtype, a backward that reaches nothing; and the
+    row recorded the matmul precision set before the user's code changed it."""
+    import time
+
+    import torch
+
+    from cs336_systems.runner import run_benchmark
+    from tests.helpers import tiny_benchmark_config
+
+    clock, dtype = time.perf_counter, torch.get_default_dtype()
+    record = run_benchmark(tiny_benchmark_config(model_factory=f"{MODELS}:{factory}", pass_type="forward-backward"))
+    assert record.status == status and words in (record.error or record.notes), (record.error, record.notes)
+    assert record.step_ms and record.median_ms > 0  # the times are kept, measured with our clock
+    assert record.matmul_precision == ("medium" if factory == "medium_matmuls" else "highest")
+    assert (time.perf_counter, torch.get_default_dtype(), torch.get_float32_matmul_precision()) == (
+        clock,
+        dtype,
+        "highest",
+    )  # put back for what runs next
+
+
+@pytest.mark.parametrize(
+    ("changes", "status"),
+    [
+        ({"model_factory": f"{MODELS}:no_backward"}, "wrong"),  # and so its AdamW changed nothing
+        ({"optimizer_factory": "tests.fixtures.hostile.optimizers:ClearsTheGradients"}, "ok"),
+    ],
+)
+def test_a_training_step_without_gradients_is_wrong_only_when_nothing_was_trained(changes, status):
+    from cs336_systems.runner import run_benchmark
+    from tests.helpers import tiny_benchmark_config
+
+    record = run_benchmark(tiny_benchmark_config(pass_type="train-step", **changes))
+    assert record.status == status, record.error
+
+
 def test_an_optimizer_that_does_not_hold_the_parameters_it_is_given_is_refused(capsys):
     from cs336_systems import benchmark
 

@@ -92,6 +92,39 @@ def test_a_swallowed_timeout_is_raised_again():
         time.sleep(60)  # it returns, and the block with it, unless the timeout is raised again
 
 
+@pytest.mark.parametrize(
+    "cancel",
+    [
+        lambda: signal.alarm(0),
+        lambda: signal.setitimer(signal.ITIMER_REAL, 0),
+        lambda: signal.signal(signal.SIGALRM, signal.SIG_IGN),
+        lambda: signal.signal(signal.SIGALRM, lambda *args: None),
+    ],
+    ids=["alarm-0", "setitimer-0", "sigalrm-ignored", "sigalrm-replaced"],
+)
+def test_code_that_cancels_our_alarm_is_still_held_to_the_limit(cancel):
+    """The limit rested on SIGALRM alone: code that cancelled it hung until the watchdog ended the process."""
+    with pytest.raises(UserCodeTimeout, match=r"my step did not return within --timeout 0.2 s"):  # noqa: SIM117
+        with guarded("my step", timeout_s=0.2):
+            cancel()
+            time.sleep(30)
+    assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.default_int_handler, None)
+
+
+def test_an_alarm_of_the_codes_own_is_no_timeout_before_the_limit():
+    with guarded("my step", timeout_s=5):
+        signal.signal(signal.SIGALRM, lambda *args: None)  # refused: ours stays
+        signal.setitimer(signal.ITIMER_REAL, 0.1)  # its own alarm goes off long before our limit
+        time.sleep(0.5)
+
+
+def test_code_that_catches_every_exception_cannot_swallow_the_timeout():
+    with pytest.raises(UserCodeTimeout), guarded("my step", timeout_s=0.2):
+        while True:  # a retry loop of the user's: it swallowed the timeout until the watchdog ended the process
+            with contextlib.suppress(Exception):
+                time.sleep(1)
+
+
 def test_an_outer_alarm_still_goes_off_and_is_set_again():
     fired = []
     previous = signal.signal(signal.SIGALRM, lambda *args: fired.append(1))
@@ -146,14 +179,16 @@ def test_the_code_cannot_replace_our_interrupt_handlers():
 
 def test_default_limits_follow_the_measured_step():
     limits = StepLimits(first_s=0.6, factor=2.0, floor_s=0.05)
-    with guarded("my step", limits) as rearm:
+    with (
+        pytest.raises(UserCodeTimeout, match=r"my step did not return within 0.1\d* s \(the default limit 2x"),
+        guarded("my step", limits) as rearm,
+    ):
         rearm()
         time.sleep(0.3)  # the first step: under first_s
         rearm()
         time.sleep(0.05)  # 0.05 s: under 2 x 0.3 s
         rearm()
-        with pytest.raises(UserCodeTimeout, match=r"my step did not return within 0.1\d* s \(the default limit 2x"):
-            time.sleep(2)  # over 2 x 0.05 s
+        time.sleep(2)  # over 2 x 0.05 s
     assert limits.limit_s(None) == 0.6 and limits.limit_s(10.0) == 20.0 and limits.limit_s(0.001) == 0.05
 
 
@@ -316,6 +351,20 @@ def test_an_import_that_hung_is_not_waited_for_again_in_the_run(monkeypatch):
         loading.import_user_module("tests.fixtures.hostile.hang_at_import", timeout_s=0.5)
 
 
+def test_a_getter_that_hung_is_not_waited_for_again_in_the_run(tmp_path):
+    """attention_bench asks the getter once per row: each row waited the whole limit again."""
+    from cs336_systems import attention_bench
+    from cs336_systems.results import read_results
+
+    output = tmp_path / "rows.csv"
+    flags = ["--adapters", str(REPO / "tests/fixtures/hostile/adapters_hang.py"), "--implementations", "flash-pytorch"]
+    grid = ["--context-lengths", "16", "32", "--head-dims", "8", "--measure-steps", "2", "--device", "cpu"]
+    assert attention_bench.main([*flags, *grid, "--timeout", "0.5", "--output", str(output)]) == 1
+    errors = list(read_results(output)["error"])
+    assert "did not return within --timeout 0.5 s" in errors[0] and "not tried again" not in errors[0]
+    assert "(earlier in this run: not tried again)" in errors[1]
+
+
 def test_an_optimizer_import_that_hangs_in_the_ranks_is_cut_at_the_limit_and_waited_for_once(tmp_path, monkeypatch):
     """ddp_bench's ranks inherit the command's import limit (here 1 s) and share the note of what hung."""
     from cs336_systems import ddp_bench
@@ -385,4 +434,4 @@ def test_under_an_address_space_cap_a_hang_no_handler_can_reach_is_still_ended()
     )
     result = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=60, env=child_env())
     assert result.returncode == -signal.SIGKILL, result.stderr
-    assert "my step did not return within 0.5 s and cannot be interrupted" in result.stderr
+    assert "my step did not return within 0.5 s and could not be interrupted" in result.stderr

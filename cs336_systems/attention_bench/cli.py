@@ -13,6 +13,7 @@ from ..argtypes import (
     add_device_argument,
     add_memory_limit_argument,
     add_output_argument,
+    add_timeout_argument,
     add_timer_argument,
     non_negative_float,
     output_path,
@@ -22,7 +23,6 @@ from ..argtypes import (
 )
 from ..command import Command, add_argument_with_aliases
 from ..tools import prog
-from ..usercode import add_timeout_argument
 from .grid import configs_from_args, default_implementations  # noqa: F401  (the handout's planner reads them here)
 from .names import IMPLEMENTATIONS, LAYOUTS, is_custom
 

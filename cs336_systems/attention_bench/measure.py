@@ -19,6 +19,7 @@ from ..memory import PhaseMemory, current_memory_bytes, rss_high_water_mark_avai
 from ..precision import cpu_has_native, precision_mode, unsupported_reason
 from ..results import Environment, collect_environment, fill_timing
 from ..stats import NOISE, per_second, summarize
+from ..step import compiling
 from ..timing import HostTimer, device_synchronizer, make_timer
 from ..usercode import DEFAULT_TIMEOUT, StepLimits, guarded
 from .config import FLASH_IMPLEMENTATIONS, PASSES, TENSOR_DTYPES, AttentionConfig
@@ -211,7 +212,8 @@ def _measure(run: Run, rearm: Callable[[], None], seen: Measured) -> None:
     if config.implementation == "flash-triton" and device.type != "cuda":
         raise NotHere("flash-triton: Triton kernels need a CUDA device")
     if config.implementation == "compiled":
-        seen.compile_s = _compile_s(run, attend, HostTimer(run.clock, device_synchronizer(device)))
+        timer = HostTimer(run.clock, device_synchronizer(device))
+        seen.compile_s = compiling(lambda: _compile_s(run, attend, timer), seen.notes)
 
     seen.phase = "setup"
     release_memory(device)

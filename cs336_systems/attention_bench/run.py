@@ -22,7 +22,6 @@ from ..results import (
 )
 from ..tools import prog
 from ..units import format_bytes
-from ..usercode import import_timeout
 from .config import FLASH_IMPLEMENTATIONS, is_custom
 from .figure import plot
 from .grid import configs_from_args, default_implementations
@@ -35,9 +34,7 @@ def check_implementations(args) -> Adapters | None:
     implementations = args.implementations or default_implementations(args.adapters)
     for implementation in implementations:
         if is_custom(implementation):
-            load_callable(
-                implementation, "--implementations", error=AdapterError, timeout_s=import_timeout(args.timeout)
-            )
+            load_callable(implementation, "--implementations", error=AdapterError)
     flash = [name for name in implementations if name in FLASH_IMPLEMENTATIONS]
     if flash and not args.adapters:
         raise AdapterError(f"--implementations {flash[0]} needs --adapters MODULE (the student's adapters module)")

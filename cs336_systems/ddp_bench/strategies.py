@@ -254,7 +254,7 @@ class AdapterDdp(Adapter):
     def wrap(self, module):
         super().wrap(module)
         self.get = self.first("get_ddp", "get_ddp_individual_parameters")
-        return self.adapters.call(self.get, module)
+        return self.adapters.wrapper(self.get, module)
 
     def after_backward(self, model, optimizer):
         hook = "ddp_on_after_backward" if self.get == "get_ddp" else "ddp_individual_parameters_on_after_backward"
@@ -266,7 +266,7 @@ class AdapterDdpBucketed(Adapter):
 
     def wrap(self, module):
         super().wrap(module)
-        return self.adapters.call("get_ddp_bucketed", module, self.setup.bucket_cap_mb or 25.0)
+        return self.adapters.wrapper("get_ddp_bucketed", module, self.setup.bucket_cap_mb or 25.0)
 
     def before_step(self, model, optimizer):
         if self.adapters.has("ddp_bucketed_on_train_batch_start"):
@@ -299,7 +299,7 @@ class AdapterFsdp(Adapter):
     def wrap(self, module):
         super().wrap(module)
         # by keyword, as the handout's signature names it: get_fsdp(module, compute_dtype=None)
-        return self.adapters.call("get_fsdp", module, compute_dtype=COMPUTE_DTYPES[self.setup.compute_dtype])
+        return self.adapters.wrapper("get_fsdp", module, compute_dtype=COMPUTE_DTYPES[self.setup.compute_dtype])
 
     def after_backward(self, model, optimizer):
         self.adapters.call("fsdp_on_after_backward", model, optimizer)

@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-from ..argtypes import ArgumentParser, add_device_argument, add_output_argument, positive_int
+from ..argtypes import ArgumentParser, add_device_argument, add_output_argument, positive_int, timeout_seconds
 from ..command import add_argument_with_aliases
 from ..contention import LoadMeter, with_load
 from ..loading import hung_imports_shared
 from ..placement import EXECUTOR_ENV
 from ..results import Environment, collect_environment
 from ..tools import prog
-from ..usercode import DefaultLimit, timeout_seconds
+from ..usercode import DefaultLimit
 from .group import (
     BACKENDS,
     DEFAULT_INIT_TIMEOUT_S,

@@ -10,14 +10,13 @@ import time
 from pathlib import Path
 
 from ..adapters import add_adapters_argument
-from ..argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser
+from ..argtypes import EXIT_FAILED, EXIT_OK, ArgumentParser, timeout_seconds
 from ..command import Command
 from ..contention import LoadMeter
 from ..errors import UsageError
 from ..executor import add_executor_arguments
 from ..flagfile import add_config_file_argument
 from ..results.writing import MADE, place_of
-from ..usercode import timeout_seconds
 from .budget import fit_budget, format_seconds, parse_duration, total_seconds, wall_seconds
 from .executing import (
     PROG,

@@ -48,6 +48,7 @@ from ..storage import (
 )
 from ..tools import prog
 from ..units import format_bytes
+from ..usercode import guarded
 from .config import BenchConfig, LoaderConfig, load_dataset, loader_grid
 from .measure import error_text, run_configuration
 from .recommend import recommend, recommendation_text
@@ -218,7 +219,9 @@ def run(args: argparse.Namespace) -> int:
                 location_note = reason or "item files evicted from the page cache before epoch 0"
             notes = configuration_notes(bench, loader, device, location_note)
             try:
-                per_process = run_configuration(bench, loader)
+                # the user's __getitem__ runs here when there are no workers: its exit or BaseException is the row's
+                with guarded(f"--dataset {bench.dataset}", None) if bench.dataset else contextlib.nullcontext():
+                    per_process = run_configuration(bench, loader)
                 records = records_for(bench, loader, per_process, env, compute_desc, ram_budget, notes)
             except Exception as exc:  # a failing configuration is a row; the sweep goes on
                 record = new_record(bench, loader, env, compute_desc, ram_budget, None)

@@ -12,6 +12,7 @@ from ..errors import UsageError
 from ..latency_model import LatencyModel
 from ..loading import load_callable
 from ..storage import HttpStore, LocalStore, SimulatedStore
+from ..usercode import UserCodeError, UserCodeTimeout, guarded, import_limit_s
 
 COMPUTE_KINDS = ("sleep", "tiny-model")
 LOADER_FLAGS = ("processes", "num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
@@ -111,12 +112,20 @@ class DatasetError(UsageError):
 
 
 def load_dataset(spec: str) -> Dataset:
-    """Call 'package.module:callable' (no arguments); it must return a map-style Dataset."""
+    """Call 'package.module:callable' (no arguments); it must return a map-style Dataset. The call and its
+    len() run under usercode.guarded with an import's limit (it only builds): exiting, any BaseException or
+    a hang is a DatasetError of one line too."""
     target = load_callable(spec, "--dataset", DatasetError)
     try:
-        dataset = target()
+        with guarded(f"--dataset {spec}", import_limit_s()):
+            dataset = target()
+            if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+                raise DatasetError(f"--dataset {spec} returned {type(dataset).__name__}, expected a map-style Dataset")
+            len(dataset)
+    except (UserCodeError, UserCodeTimeout) as exc:
+        raise DatasetError(str(exc)) from None
+    except DatasetError:
+        raise
     except Exception as exc:
         raise DatasetError(f"--dataset {spec} raised {type(exc).__name__}: {exc}") from exc
-    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-        raise DatasetError(f"--dataset {spec} returned {type(dataset).__name__}, expected a map-style Dataset")
     return dataset

@@ -15,13 +15,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..argtypes import EXIT_FAILED, ArgumentParser, non_negative_int, positive_float
+from ..argtypes import EXIT_FAILED, ArgumentParser, non_negative_int, positive_float, timeout_seconds
 from ..command import Command
 from ..errors import UsageError
 from ..lifetime import child_preexec
 from ..terminal import show
 from ..tools import prog
-from ..usercode import timeout_seconds
 from .files import SampleCsvWriter, check_monitor_path, report_text, write_report
 from .sampling import DEFAULT_INTERVAL_S, GpuProbe, ResourceMonitor
 
