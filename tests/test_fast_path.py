@@ -252,8 +252,8 @@ def test_the_report_keeps_fast_path_rows_apart():
     from cs336_systems.report.benchmark import context_table
 
     row = BenchmarkRecord.for_config(tiny_benchmark_config(pass_type="train-step"), CPU, None, 1).to_row()
-    row.update(status="ok", mean_ms=10.0, std_ms=0.1, cv_pct=1.0, device_name="cpu", source="x.csv")
-    fast = {**row, "grad_accum_steps": 4, "mean_ms": 30.0}
+    row.update(status="ok", median_ms=10.0, iqr_ms=0.1, iqr_pct=1.0, device_name="cpu", source="x.csv")
+    fast = {**row, "grad_accum_steps": 4, "median_ms": 30.0}
     table = context_table(pd.DataFrame([row, fast]), "step")
     assert "gradient accumulation" in table.frame.columns or "grad accum steps" in table.frame.columns
-    assert sorted(table.frame["ctx 16"]) == ["10.0 ± 0.100", "30.0 ± 0.100"]  # a row each, never one cell
+    assert sorted(table.frame["ctx 16"]) == ["10.0 (0.100)", "30.0 (0.100)"]  # median (IQR): a row each, never one cell

@@ -13,6 +13,7 @@ from cs336_systems import nvtx, runner
 from cs336_systems.device import compile_unsupported_reason
 from cs336_systems.factory import build_model
 from cs336_systems.optimizer import make_optimizer
+from cs336_systems.profiling import PROFILED_STEPS
 from cs336_systems.step import make_step
 from cs336_systems.timing import HostTimer, time_steps
 from tests.helpers import REPO, tiny_benchmark_config
@@ -116,7 +117,8 @@ def test_benchmark_run_marks_steps_phases_and_naive_attention(recorded_ranges):
     assert len(pushes) == recorded_ranges.count("pop")
     assert pushes[0] == "warmup" and pushes.count("measured") == 1 and pushes.count("step") == 2
     layers = config.model.num_layers
-    steps = 1 + 2 + 1 + 1  # warmup, measured, the untimed step that traces memory, the profiled step
+    # warmup, measured, the untimed step that traces memory, the profiled steps
+    steps = 1 + 2 + 1 + PROFILED_STEPS
     for name in ("forward", "backward", "optimizer"):
         assert pushes.count(name) == steps
     for name in ("attention/scores", "attention/softmax", "attention/weighted_sum"):
